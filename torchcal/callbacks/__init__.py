@@ -1,0 +1,1 @@
+"""Lightning callbacks (import lightning on use)."""

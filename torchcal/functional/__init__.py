@@ -1,0 +1,45 @@
+"""Pure tensor math: scoring rules, continuous scores, regularisers, calibration statistics."""
+
+from torchcal.functional._validation import validation_enabled
+from torchcal.functional.calibration import (
+    brier_decomposition,
+    calibration_error,
+    reliability_table,
+)
+from torchcal.functional.continuous import (
+    crps_ensemble,
+    crps_laplace,
+    crps_logistic,
+    crps_normal,
+    dawid_sebastiani_score,
+    energy_score,
+    gaussian_nll,
+    interval_score,
+    quantile_score,
+)
+from torchcal.functional.scoring import (
+    brier_score,
+    log_score,
+    ranked_probability_score,
+    spherical_score,
+)
+
+__all__ = [
+    "brier_decomposition",
+    "brier_score",
+    "calibration_error",
+    "crps_ensemble",
+    "crps_laplace",
+    "crps_logistic",
+    "crps_normal",
+    "dawid_sebastiani_score",
+    "energy_score",
+    "gaussian_nll",
+    "interval_score",
+    "log_score",
+    "quantile_score",
+    "ranked_probability_score",
+    "reliability_table",
+    "spherical_score",
+    "validation_enabled",
+]

@@ -1,0 +1,1 @@
+"""torchmetrics Metrics over the binned core in torchcal.functional.calibration."""

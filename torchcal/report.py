@@ -1,0 +1,2 @@
+class ReliabilityTable:  # placeholder
+    pass

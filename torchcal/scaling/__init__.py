@@ -1,0 +1,1 @@
+"""Post-hoc calibrators fitted on held-out logits."""
