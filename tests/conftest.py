@@ -3,6 +3,6 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def _seed_and_threads():
+def _seed():
     torch.manual_seed(0)
     yield

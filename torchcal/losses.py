@@ -1,5 +1,422 @@
 """``nn.Module`` losses: thin shells over :mod:`torchcal.functional`."""
 
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+import torchcal.functional as TF
+
 # ---- classification scoring rules (owner: scoring) ----
 
+
+class _ClassScoreLoss(nn.Module):
+    """Shared shell: stores ``weight`` (buffer), ``ignore_index``, ``reduction``."""
+
+    weight: Tensor | None
+    _score: staticmethod  # the functional rule, set by each subclass
+
+    def __init__(self, weight: Tensor | None = None, ignore_index: int = -100,
+                 reduction: str = "mean") -> None:
+        super().__init__()
+        TF._validation.check_reduction(reduction)
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+            raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+        if weight is not None:
+            TF._validation.check_floating("weight", weight)
+        self.register_buffer("weight", weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        return self._score(logits, target, weight=self.weight, ignore_index=self.ignore_index,
+                           reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+
+
+class LogScoreLoss(_ClassScoreLoss):
+    r"""Logarithmic score (cross-entropy) as a loss (:func:`torchcal.functional.log_score`).
+
+    Binary (``target`` of the logits' shape, floats in {0, 1}) or multiclass (``logits``
+    ``(N, C, *)``, class indices ``(N, *)``); ``weight``, ``ignore_index`` and
+    ``reduction`` as in ``nn.CrossEntropyLoss`` (``weight`` is a buffer).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import LogScoreLoss
+        >>> loss = LogScoreLoss(weight=torch.tensor([1.0, 2.0, 1.0]))
+        >>> round(loss(torch.zeros(2, 3), torch.tensor([0, 1])).item(), 4)
+        1.0986
+    """
+
+    _score = staticmethod(TF.log_score)
+
+
+class BrierLoss(_ClassScoreLoss):
+    r"""Brier score as a loss (:func:`torchcal.functional.brier_score`).
+
+    Multiclass ``sum_c (p_c - y_c)^2``; binary ``(p - y)^2`` (half the 2-class value).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import BrierLoss
+        >>> round(BrierLoss()(torch.zeros(2, 4), torch.tensor([0, 3])).item(), 4)
+        0.75
+    """
+
+    _score = staticmethod(TF.brier_score)
+
+
+class SphericalLoss(_ClassScoreLoss):
+    r"""Spherical score ``1 - p_y / ||p||_2`` as a loss (:func:`torchcal.functional.spherical_score`).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import SphericalLoss
+        >>> round(SphericalLoss()(torch.zeros(1, 4), torch.tensor([2])).item(), 4)
+        0.5
+    """
+
+    _score = staticmethod(TF.spherical_score)
+
+
+class RPSLoss(_ClassScoreLoss):
+    r"""Ranked probability score for ordered classes as a loss.
+
+    See :func:`torchcal.functional.ranked_probability_score` (not normalised by
+    ``C - 1``; the class order along ``dim=1`` is the ordinal order).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import RPSLoss
+        >>> round(RPSLoss()(torch.zeros(1, 3), torch.tensor([0])).item(), 4)
+        0.5556
+    """
+
+    _score = staticmethod(TF.ranked_probability_score)
+
+
+class FocalLoss(_ClassScoreLoss):
+    r"""Focal loss, or FLSD-53 with ``gamma='adaptive'`` (:func:`torchcal.functional.focal_loss`).
+
+    Not a proper scoring rule: a training objective that tends to reduce over-confidence.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import FocalLoss
+        >>> loss = FocalLoss(gamma="adaptive")
+        >>> round(loss(torch.zeros(2, 4), torch.tensor([0, 3])).item(), 4)
+        0.5848
+    """
+
+    def __init__(self, gamma: float | str = 2.0, weight: Tensor | None = None,
+                 ignore_index: int = -100, reduction: str = "mean") -> None:
+        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
+        self.gamma = TF.regularizers._check_gamma(gamma)
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        return TF.focal_loss(logits, target, gamma=self.gamma, weight=self.weight,
+                             ignore_index=self.ignore_index, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"gamma={self.gamma!r}, " + super().extra_repr()
+
+
+class MMCELoss(nn.Module):
+    r"""MMCE calibration penalty of a batch (:func:`torchcal.functional.mmce`).
+
+    Usually added to a proper score: ``loss = log_score + lam * mmce``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import MMCELoss
+        >>> logits = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 0.5]])
+        >>> round(MMCELoss()(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
+        0.1647
+    """
+
+    def __init__(self, width: float = 0.4, squared: bool = False,
+                 ignore_index: int = -100) -> None:
+        super().__init__()
+        width = TF.regularizers._check_positive_float("width", width)
+        if not isinstance(squared, bool):
+            raise TypeError(f"squared: expected a bool, got {type(squared).__name__}")
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+            raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+        self.width = width
+        self.squared = squared
+        self.ignore_index = ignore_index
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        return TF.mmce(logits, target, width=self.width, squared=self.squared,
+                       ignore_index=self.ignore_index)
+
+    def extra_repr(self) -> str:
+        return f"width={self.width}, squared={self.squared}, ignore_index={self.ignore_index}"
+
+
+class SoftBinnedECELoss(nn.Module):
+    r"""Soft-binned ECE of a batch (:func:`torchcal.functional.soft_binned_ece`).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import SoftBinnedECELoss
+        >>> logits = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 0.5]])
+        >>> round(SoftBinnedECELoss()(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
+        0.3192
+    """
+
+    def __init__(self, bins: int = 15, temperature: float = 0.01, p: float = 2.0,
+                 ignore_index: int = -100) -> None:
+        super().__init__()
+        self.bins = TF._validation.check_int("bins", bins, minimum=1)
+        self.temperature = TF.regularizers._check_positive_float("temperature", temperature)
+        self.p = TF.regularizers._check_positive_float("p", p)
+        if self.p < 1:
+            raise ValueError(f"p: expected a number >= 1, got {p!r}")
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+            raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+        self.ignore_index = ignore_index
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        return TF.soft_binned_ece(logits, target, bins=self.bins, temperature=self.temperature,
+                                  p=self.p, ignore_index=self.ignore_index)
+
+    def extra_repr(self) -> str:
+        return (f"bins={self.bins}, temperature={self.temperature}, p={self.p}, "
+                f"ignore_index={self.ignore_index}")
+
+
 # ---- continuous scoring rules (owner: continuous) ----
+
+_CRPS_DISTRIBUTIONS = ("normal", "laplace", "logistic", "ensemble")
+
+
+def _check_reduction_option(reduction: str) -> str:
+    TF._validation.check_reduction(reduction)
+    return reduction
+
+
+def _check_estimator_option(estimator: str) -> str:
+    TF._validation.check_option("estimator", estimator, ("fair", "nrg"))
+    return estimator
+
+
+class CRPSLoss(nn.Module):
+    r"""Continuous ranked probability score as a loss (see :func:`torchcal.functional.crps_normal`).
+
+    One module for the closed forms and for ensembles; ``distribution`` fixes the
+    ``forward`` signature:
+
+    * ``'normal'`` | ``'laplace'`` | ``'logistic'``: ``forward(loc, scale, target)``
+      (:func:`~torchcal.functional.crps_normal` etc., exact closed-form gradients);
+    * ``'ensemble'``: ``forward(samples, target)`` with members along ``ensemble_dim``
+      (:func:`~torchcal.functional.crps_ensemble`, ``estimator='fair'`` by default: the
+      ``'nrg'`` estimator under-disperses trained ensembles).
+
+    ``estimator`` and ``ensemble_dim`` are used only with ``'ensemble'``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import CRPSLoss
+        >>> loss = CRPSLoss("normal")
+        >>> round(loss(torch.zeros(3), torch.ones(3), torch.zeros(3)).item(), 5)
+        0.23369
+        >>> ens = CRPSLoss("ensemble")
+        >>> round(ens(torch.tensor([[0.0, 1.0, 2.0, 3.0]]), torch.tensor([1.5])).item(), 4)
+        0.1667
+    """
+
+    def __init__(self, distribution: str = "normal", *, estimator: str = "fair",
+                 ensemble_dim: int = -1, reduction: str = "mean") -> None:
+        super().__init__()
+        TF._validation.check_option("distribution", distribution, _CRPS_DISTRIBUTIONS)
+        if isinstance(ensemble_dim, bool) or not isinstance(ensemble_dim, int):
+            raise TypeError(f"ensemble_dim: expected an int, got {type(ensemble_dim).__name__}")
+        self.distribution = distribution
+        self.estimator = _check_estimator_option(estimator)
+        self.ensemble_dim = ensemble_dim
+        self.reduction = _check_reduction_option(reduction)
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        if self.distribution == "ensemble":
+            if len(inputs) != 2:
+                raise TypeError(f"CRPSLoss('ensemble').forward expects (samples, target), got "
+                                f"{len(inputs)} tensors")
+            samples, target = inputs
+            return TF.crps_ensemble(samples, target, estimator=self.estimator,
+                                    ensemble_dim=self.ensemble_dim, reduction=self.reduction)
+        if len(inputs) != 3:
+            raise TypeError(f"CRPSLoss({self.distribution!r}).forward expects (loc, scale, "
+                            f"target), got {len(inputs)} tensors")
+        fn = {"normal": TF.crps_normal, "laplace": TF.crps_laplace,
+              "logistic": TF.crps_logistic}[self.distribution]
+        return fn(*inputs, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        if self.distribution == "ensemble":
+            return (f"distribution='ensemble', estimator={self.estimator!r}, "
+                    f"ensemble_dim={self.ensemble_dim}, reduction={self.reduction!r}")
+        return f"distribution={self.distribution!r}, reduction={self.reduction!r}"
+
+
+class EnergyScoreLoss(nn.Module):
+    r"""Energy score of a multivariate ensemble as a loss (:func:`torchcal.functional.energy_score`).
+
+    ``forward(samples, target)`` with ``samples`` ``(..., M, D)`` and ``target`` ``(..., D)``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import EnergyScoreLoss
+        >>> x = torch.tensor([[[0.0, 0.0], [3.0, 4.0]]])
+        >>> EnergyScoreLoss(estimator="nrg")(x, torch.tensor([[0.0, 0.0]])).item()
+        1.25
+    """
+
+    def __init__(self, *, estimator: str = "fair", reduction: str = "mean") -> None:
+        super().__init__()
+        self.estimator = _check_estimator_option(estimator)
+        self.reduction = _check_reduction_option(reduction)
+
+    def forward(self, samples: Tensor, target: Tensor) -> Tensor:
+        return TF.energy_score(samples, target, estimator=self.estimator,
+                               reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"estimator={self.estimator!r}, reduction={self.reduction!r}"
+
+
+class IntervalScoreLoss(nn.Module):
+    r"""Interval score of central ``(1 - alpha)`` intervals (:func:`torchcal.functional.interval_score`).
+
+    ``alpha`` is a float in (0, 1) or a tensor of levels (kept as a buffer, so it moves
+    with ``.to(device)``). ``forward(lower, upper, target)``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import IntervalScoreLoss
+        >>> loss = IntervalScoreLoss(alpha=0.5, reduction="sum")
+        >>> loss(torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0]), torch.tensor([0.5, 2.0])).item()
+        6.0
+    """
+
+    alpha: Tensor | float
+
+    def __init__(self, alpha: float | Tensor, *, reduction: str = "mean") -> None:
+        super().__init__()
+        if isinstance(alpha, Tensor):
+            if not alpha.is_floating_point() or alpha.numel() == 0:
+                raise ValueError(f"alpha: expected a non-empty floating tensor, got dtype "
+                                 f"{alpha.dtype} and shape {tuple(alpha.shape)}")
+            TF._validation.check_finite("alpha", alpha)
+            TF._validation.check_open_unit("alpha", alpha)
+            self.register_buffer("alpha", alpha.detach().clone())
+        else:
+            if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+                raise TypeError(f"alpha: expected a float or a tensor, got {type(alpha).__name__}")
+            TF._validation.check_open_unit("alpha", alpha)
+            self.alpha = float(alpha)
+        self.reduction = _check_reduction_option(reduction)
+
+    def forward(self, lower: Tensor, upper: Tensor, target: Tensor) -> Tensor:
+        return TF.interval_score(lower, upper, target, alpha=self.alpha,
+                                 reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        alpha = self.alpha if isinstance(self.alpha, float) else "tensor"
+        return f"alpha={alpha}, reduction={self.reduction!r}"
+
+
+class QuantileLoss(nn.Module):
+    r"""Pinball loss over several quantile levels (:func:`torchcal.functional.quantile_score`).
+
+    ``quantiles`` (``Q`` levels in (0, 1)) are stored as a float64 buffer;
+    ``forward(pred, target)`` with ``pred`` ``(..., Q)`` and ``target`` ``(...)``.
+    1x convention (level 0.5 gives half the absolute error), as scoringrules.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import QuantileLoss
+        >>> loss = QuantileLoss([0.1, 0.5, 0.9])
+        >>> round(loss(torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([1.5])).item(), 4)
+        0.15
+    """
+
+    quantiles: Tensor
+
+    def __init__(self, quantiles: Tensor | list[float] | tuple[float, ...], *,
+                 reduction: str = "mean") -> None:
+        super().__init__()
+        levels = torch.as_tensor(quantiles, dtype=torch.float64).detach().clone()
+        if levels.dim() != 1 or levels.numel() == 0:
+            raise ValueError(f"quantiles: expected a non-empty 1-d sequence of levels, got "
+                             f"shape {tuple(levels.shape)}")
+        TF._validation.check_finite("quantiles", levels)
+        TF._validation.check_open_unit("quantiles", levels)
+        self.register_buffer("quantiles", levels)
+        self.reduction = _check_reduction_option(reduction)
+
+    def forward(self, pred: Tensor, target: Tensor) -> Tensor:
+        return TF.quantile_score(pred, target, self.quantiles, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"quantiles={self.quantiles.tolist()}, reduction={self.reduction!r}"
+
+
+class GaussianNLLLoss(nn.Module):
+    r"""Gaussian negative log-likelihood (:func:`torchcal.functional.gaussian_nll`).
+
+    ``forward(loc, target, var)`` in the argument order of ``torch.nn.GaussianNLLLoss``
+    (``input, target, var``), but: ``full=True`` by default (the true log score), no
+    ``eps`` clamp of the variance (non-positive variances raise), and
+    ``spread='scale'`` accepts the standard deviation instead of the variance.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import GaussianNLLLoss
+        >>> round(GaussianNLLLoss()(torch.zeros(2), torch.zeros(2), torch.ones(2)).item(), 5)
+        0.91894
+    """
+
+    def __init__(self, *, full: bool = True, spread: str = "var",
+                 reduction: str = "mean") -> None:
+        super().__init__()
+        if not isinstance(full, bool):
+            raise TypeError(f"full: expected a bool, got {type(full).__name__}")
+        if spread not in ("var", "scale"):
+            raise ValueError(f"spread: expected one of ('var', 'scale'), got {spread!r}")
+        self.full = full
+        self.spread = spread
+        self.reduction = _check_reduction_option(reduction)
+
+    def forward(self, loc: Tensor, target: Tensor, var: Tensor) -> Tensor:
+        kw = {"var": var} if self.spread == "var" else {"scale": var}
+        return TF.gaussian_nll(loc, target, full=self.full, reduction=self.reduction, **kw)
+
+    def extra_repr(self) -> str:
+        return f"full={self.full}, spread={self.spread!r}, reduction={self.reduction!r}"
+
+
+class DawidSebastianiLoss(nn.Module):
+    r"""Dawid-Sebastiani score as a loss (:func:`torchcal.functional.dawid_sebastiani_score`).
+
+    ``forward(loc, scale, target)`` with ``scale`` the predictive standard deviation.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import DawidSebastianiLoss
+        >>> DawidSebastianiLoss()(torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)).item()
+        4.0
+    """
+
+    def __init__(self, *, reduction: str = "mean") -> None:
+        super().__init__()
+        self.reduction = _check_reduction_option(reduction)
+
+    def forward(self, loc: Tensor, scale: Tensor, target: Tensor) -> Tensor:
+        return TF.dawid_sebastiani_score(loc, scale, target, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}"

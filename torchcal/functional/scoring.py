@@ -1,12 +1,470 @@
-def log_score(*args, **kwargs):  # placeholder
-    raise NotImplementedError
+"""Strictly proper scoring rules for class forecasts, taking logits.
 
-def brier_score(*args, **kwargs):  # placeholder
-    raise NotImplementedError
+Every rule is negatively oriented (lower is better), strictly proper, and has an
+``nn.Module`` twin in :mod:`torchcal.losses`. All four share one signature::
 
-def spherical_score(*args, **kwargs):  # placeholder
-    raise NotImplementedError
+    fn(logits, target, *, weight=None, ignore_index=-100, reduction="mean")
 
-def ranked_probability_score(*args, **kwargs):  # placeholder
-    raise NotImplementedError
+Layouts (decided by shapes and dtypes, never by values):
 
+* **binary**: ``target.shape == logits.shape`` and ``target`` is floating with values
+  in {0, 1}; ``p = sigmoid(logits)`` is the probability of the label 1.
+* **multiclass**: ``logits`` is ``(N, C, *)`` and ``target`` ``(N, *)`` holds integer
+  class indices; ``p = softmax(logits, dim=1)``, ``C >= 2``. A floating ``target`` of
+  that shape raises (it is not read as soft labels); so does ``C = 1`` (a binary head
+  of shape ``(N, 1)`` with ``(N,)`` indices would silently score 0).
+
+``weight``, ``ignore_index`` and ``reduction`` follow ``torch.nn.functional.cross_entropy``
+exactly: multiclass ``weight`` is per class ``(C,)`` and item ``i`` gets
+``w_i = weight[target_i]``; binary ``weight`` is per element (broadcastable to
+``target``). Items whose target equals ``ignore_index`` get ``w_i = 0`` (zero score,
+zero gradient). ``'none'`` returns ``w_i * S_i`` in the shape of ``target``, ``'sum'``
+returns ``sum_i w_i S_i`` and ``'mean'`` returns ``sum_i w_i S_i / sum_i w_i`` (NaN when
+every item is ignored, as in ``F.cross_entropy``). Note that the binary weighted
+``'mean'`` therefore divides by the sum of the weights, unlike
+``F.binary_cross_entropy_with_logits`` (which divides by the number of elements).
+
+Validation (see :mod:`torchcal.functional._validation`): NaN and ``+inf`` logits raise,
+anywhere. In the multiclass layout ``-inf`` logits are allowed as masks of impossible
+classes, as long as every item keeps a finite logit and the true class of every
+non-ignored item is finite; binary logits must be finite. Class indices out of range,
+binary labels outside {0, 1}, shape mismatches, unknown reductions and empty inputs
+raise ``ValueError`` naming the argument. The multiclass value checks cost O(N), not
+O(N * C): they inspect the per-item results (a NaN or ``+inf`` logit propagates into
+its item's normaliser) and only on failure scan the logits to name the culprit.
+
+Dtypes: float16/bfloat16 logits are computed and returned in float32 (also under
+``torch.autocast``, which is switched off inside these functions); float32 and float64
+are computed in their own precision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from torchcal.functional._validation import (
+    check_binary_target,
+    check_class_target,
+    check_finite,
+    check_floating,
+    check_nonempty,
+    check_reduction,
+    check_tensor,
+    first_bad_position,
+    reduce,
+    values_checked,
+)
+
+__all__ = [
+    "log_score",
+    "brier_score",
+    "spherical_score",
+    "ranked_probability_score",
+]
+
+_HALF = (torch.float16, torch.bfloat16)
+_NEG_INF = float("-inf")
+
+
+class _Prepared(NamedTuple):
+    binary: bool
+    logits: Tensor  # in the compute dtype
+    target: Tensor  # binary: 0/1 floats; multiclass: long indices (ignored items -> 0)
+    used: Tensor  # bool, shape of target: False where target == ignore_index
+    weight: Tensor  # per-item weight w_i (0 where ignored), compute dtype, shape of target
+
+
+def _prepare(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
+             reduction: str) -> _Prepared:
+    """Validate the common arguments and bring them into one canonical form."""
+    check_tensor("logits", logits)
+    check_tensor("target", target)
+    check_reduction(reduction)
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+    check_floating("logits", logits)
+    check_nonempty("logits", logits)
+    dtype = torch.float32 if logits.dtype in _HALF else logits.dtype
+    if weight is not None:
+        check_floating("weight", weight)
+    if target.shape == logits.shape:
+        return _prepare_binary(logits, target, weight, ignore_index, dtype)
+    class_shape = logits.shape[:1] + logits.shape[2:]
+    if logits.dim() >= 2 and target.shape == class_shape:
+        return _prepare_multiclass(logits, target, weight, ignore_index, dtype)
+    expected = f"{tuple(logits.shape)} (binary labels)"
+    if logits.dim() >= 2:
+        expected += f" or {tuple(class_shape)} (class indices for logits (N, C, *))"
+    raise ValueError(f"target: expected shape {expected}, got {tuple(target.shape)}")
+
+
+def _prepare_binary(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
+                    dtype: torch.dtype) -> _Prepared:
+    if not target.is_floating_point():
+        raise ValueError(f"target: expected floating-point labels in {{0, 1}} for binary logits "
+                         f"of the same shape, got dtype {target.dtype}; for multiclass pass "
+                         f"logits (N, C, *) and class indices (N, *)")
+    check_binary_target("target", target, ignore_index=ignore_index)
+    check_finite("logits", logits)
+    used = target != ignore_index
+    y = torch.where(used, target, 0).to(dtype)
+    w = used.to(dtype)
+    if weight is not None:
+        try:
+            shape = torch.broadcast_shapes(weight.shape, target.shape)
+        except RuntimeError:
+            shape = None
+        if shape != target.shape:
+            raise ValueError(f"weight: expected a tensor broadcastable to the target's shape "
+                             f"{tuple(target.shape)}, got {tuple(weight.shape)}")
+        _check_weight_values(weight)
+        w = w * weight.to(device=logits.device, dtype=dtype)
+    return _Prepared(True, logits.to(dtype), y, used, w)
+
+
+def _prepare_multiclass(logits: Tensor, target: Tensor, weight: Tensor | None,
+                        ignore_index: int, dtype: torch.dtype) -> _Prepared:
+    num_classes = logits.shape[1]
+    if num_classes < 2:
+        raise ValueError(f"logits: expected at least 2 classes along dim 1, got shape "
+                         f"{tuple(logits.shape)}; for a binary model pass logits of the "
+                         f"target's shape (e.g. logits.squeeze(1)) and 0/1 float targets")
+    check_class_target("target", target, num_classes, ignore_index=ignore_index)
+    used = target != ignore_index
+    t = torch.where(used, target, 0).long()
+    if weight is None:
+        w = used.to(dtype)
+    else:
+        if weight.shape != (num_classes,):
+            raise ValueError(f"weight: expected a 1-d tensor of {num_classes} class weights, "
+                             f"got shape {tuple(weight.shape)}")
+        _check_weight_values(weight)
+        w = weight.to(device=logits.device, dtype=dtype)[t] * used
+    return _Prepared(False, logits.to(dtype), t, used, w)
+
+
+def _check_weight_values(weight: Tensor) -> None:
+    check_finite("weight", weight)
+    if values_checked() and bool((weight < 0).any()):
+        raise ValueError(f"weight: expected non-negative values, got a negative value at "
+                         f"position {first_bad_position(weight < 0)}")
+
+
+def _autocast_off(x: Tensor) -> contextlib.AbstractContextManager:
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.autocast(device_type=device, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _check_rows(prep: _Prepared, row_ok: Tensor, true_logit: Tensor | None) -> None:
+    """O(N) value check of the multiclass logits.
+
+    ``row_ok`` (shape of target) must be finite for every item whose logits are free of
+    NaN/+inf and hold a finite entry (whatever the target); ``true_logit`` is the logit
+    of the (safe) target class, which must not be ``-inf`` on used items.
+    """
+    if not values_checked():
+        return
+    bad = ~torch.isfinite(row_ok)
+    if true_logit is not None:
+        bad = bad | ((true_logit == _NEG_INF) & prep.used)
+    if bool(bad.any()):
+        _diagnose(prep, bad)
+
+
+def _diagnose(prep: _Prepared, flagged: Tensor) -> None:
+    """Slow path, only after a failed O(N) check: name the offending logit, then raise."""
+    logits = prep.logits
+    check_finite("logits", logits, allow_neg_inf=True)
+    no_finite = ~torch.isfinite(logits).any(dim=1)
+    if bool(no_finite.any()):
+        raise ValueError(f"logits: expected at least one finite logit per item (-inf may only "
+                         f"mask classes), item {first_bad_position(no_finite)} is all -inf")
+    true_logit = logits.gather(1, prep.target.unsqueeze(1)).squeeze(1)
+    masked_true = (true_logit == _NEG_INF) & prep.used
+    if bool(masked_true.any()):
+        raise ValueError(f"logits: the true class has logit -inf at item "
+                         f"{first_bad_position(masked_true)}; -inf may only mask classes "
+                         f"other than the target")
+    raise ValueError(f"logits: the score is not finite at item {first_bad_position(flagged)}: "
+                     f"logits too large in magnitude for {logits.dtype}")
+
+
+# --------------------------------------------------------------------------- log score
+
+
+def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
+              ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    r"""Logarithmic score (negative log-likelihood, cross-entropy) from logits.
+
+    ``S(p, y) = -log p_y`` (Good 1952, *J. R. Stat. Soc. B* 14, 107-114; Gneiting &
+    Raftery 2007, *JASA* 102, 359-378, sec. 3.4). Multiclass: ``-log_softmax(logits)_y``,
+    identical to ``F.cross_entropy`` (including ``weight``, ``ignore_index``,
+    ``reduction`` and the ``(N, C, d1, ...)`` layout). Binary:
+    ``-[y log sigmoid(z) + (1 - y) log sigmoid(-z)]`` via
+    ``F.binary_cross_entropy_with_logits``; equals ``scoringrules.log_score``. Never
+    computed as ``log(softmax)``. See the module docstring for layouts, weights,
+    ignored items and validation.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import log_score
+        >>> logits = torch.tensor([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+        >>> round(log_score(logits, torch.tensor([0, 2])).item(), 4)
+        0.6342
+        >>> round(log_score(torch.tensor([0.0, 3.0]), torch.tensor([1.0, 1.0]),
+        ...                 reduction="sum").item(), 4)
+        0.7417
+    """
+    prep = _prepare(logits, target, weight, ignore_index, reduction)
+    with _autocast_off(prep.logits):
+        if prep.binary:
+            score = F.binary_cross_entropy_with_logits(prep.logits, prep.target,
+                                                       reduction="none")
+            return reduce(score, reduction, prep.weight)
+        # Unweighted per-item scores, 0 (and zero gradient) on ignored items.
+        score = F.cross_entropy(prep.logits, torch.where(prep.used, prep.target, -100),
+                                ignore_index=-100, reduction="none")
+        if values_checked():
+            # A NaN/+inf logit or an all -inf row makes the item's score non-finite; the
+            # ignored items (score 0 here) get their log-normaliser checked separately.
+            row_ok = score.detach()
+            ignored = ~prep.used
+            if bool(ignored.any()):
+                rows = prep.logits.detach().movedim(1, -1)[ignored]
+                lse = torch.zeros_like(row_ok)
+                lse[ignored] = torch.logsumexp(rows, dim=-1)
+                row_ok = row_ok + lse
+            _check_rows(prep, row_ok, None)
+        return reduce(score, reduction, prep.weight)
+
+
+# --------------------------------------------------------------------------- Brier score
+
+
+class _SoftmaxBrier(torch.autograd.Function):
+    """Per-item multiclass Brier score ``||softmax(z) - e_y||^2`` with a fused backward.
+
+    Gradient: ``dS/dz_j = 2 p_j (p_j - [j = y] - d)`` with ``d = ||p||^2 - p_y``. The first
+    backward uses the saved softmax (two passes over the logits); when a graph of the
+    backward is requested (double backward) it recomputes the same closed form with
+    differentiable ops from the saved logits.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, index: Tensor) -> Tensor:  # type: ignore[override]
+        p = torch.softmax(logits, dim=1)
+        p_y = p.gather(1, index)
+        # ||p - e_y||^2 exactly as written (never negative): shift the true class in place,
+        # take the norm, restore the saved value bit for bit.
+        p.scatter_add_(1, index, torch.full_like(p_y, -1.0))
+        score = torch.linalg.vector_norm(p, dim=1, keepdim=True).square_()
+        p.scatter_(1, index, p_y)
+        d = score + p_y - 1.0  # = ||p||^2 - p_y
+        ctx.save_for_backward(logits, index, p, p_y, d)
+        return score.squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        logits, index, p, p_y, d = ctx.saved_tensors
+        g2 = (2.0 * grad).unsqueeze(1)
+        if torch.is_grad_enabled():  # create_graph=True: differentiable recomputation
+            p = torch.softmax(logits, dim=1)
+            p_y = p.gather(1, index)
+            d = (p * p).sum(dim=1, keepdim=True) - p_y
+            out = g2 * p * (p - d)
+            return out.scatter_add(1, index, -g2 * p_y), None
+        out = torch.addcmul(-g2 * d, p, g2).mul_(p)
+        out.scatter_add_(1, index, -g2 * p_y)
+        return out, None
+
+
+def brier_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
+                ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    r"""Brier (quadratic) score from logits.
+
+    Multiclass: ``S(p, y) = sum_c (p_c - [c = y])^2``, Brier's original definition
+    (Brier 1950, *Mon. Weather Rev.* 78, 1-3; Gneiting & Raftery 2007, eq. 11), in
+    [0, 2]. Binary: ``S(p, y) = (p - y)^2`` with ``p = sigmoid(z)``, in [0, 1], the
+    convention of ``properscoring.brier_score`` and ``scoringrules.brier_score``; it is
+    half of the 2-class multiclass score of the same forecast.
+
+    The multiclass path is a ``torch.autograd.Function`` with a closed-form backward
+    (about the cost of ``F.cross_entropy``); it supports double backward and passes
+    ``gradcheck``/``gradgradcheck``. See the module docstring for layouts, weights,
+    ignored items and validation.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import brier_score
+        >>> logits = torch.tensor([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+        >>> round(brier_score(logits, torch.tensor([0, 2])).item(), 4)
+        0.3529
+        >>> brier_score(torch.tensor([0.0]), torch.tensor([1.0])).item()
+        0.25
+    """
+    prep = _prepare(logits, target, weight, ignore_index, reduction)
+    with _autocast_off(prep.logits):
+        if prep.binary:
+            # |p - y| = sigmoid((1 - 2y) z): no cancellation when p is close to y.
+            score = torch.sigmoid((1.0 - 2.0 * prep.target) * prep.logits).square()
+            return reduce(score, reduction, prep.weight)
+        index = prep.target.unsqueeze(1)
+        score = _SoftmaxBrier.apply(prep.logits, index)
+        if values_checked():
+            true_logit = prep.logits.detach().gather(1, index).squeeze(1)
+            _check_rows(prep, score.detach(), true_logit)
+        return reduce(score, reduction, prep.weight)
+
+
+# --------------------------------------------------------------------------- spherical
+
+
+class _SoftmaxSpherical(torch.autograd.Function):
+    """Per-item ``1 - p_y / ||p||_2`` of ``p = softmax(z)`` with a fused backward.
+
+    With ``a = p_y / ||p||`` and ``q = p^2 / ||p||^2`` (``= softmax(2 z)``):
+    ``dS/dz_j = a (q_j - [j = y])``. ``||p|| >= p_y`` holds in floating point too (a sum
+    of non-negative squares never rounds below one of its terms), so ``S >= 0``.
+    Double backward recomputes the closed form with differentiable ops.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, index: Tensor) -> Tensor:  # type: ignore[override]
+        p = torch.softmax(logits, dim=1)
+        norm = torch.linalg.vector_norm(p, dim=1, keepdim=True)
+        ratio = p.gather(1, index) / norm
+        ctx.save_for_backward(logits, index, p, norm, ratio)
+        return (1.0 - ratio).squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        logits, index, p, norm, ratio = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiable recomputation
+            p = torch.softmax(logits, dim=1)
+            norm2 = (p * p).sum(dim=1, keepdim=True)
+            ratio = p.gather(1, index) / norm2.sqrt()
+            ga = grad.unsqueeze(1) * ratio
+            return (ga * p * p / norm2).scatter_add(1, index, -ga), None
+        ga = grad.unsqueeze(1) * ratio
+        out = torch.mul(p, ga / norm.square()).mul_(p)
+        return out.scatter_add_(1, index, -ga), None
+
+
+def spherical_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
+                    ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    r"""Spherical score from logits, negatively oriented: ``S(p, y) = 1 - p_y / ||p||_2``.
+
+    The spherical score ``p_y / ||p||_2`` (Good 1971; Gneiting & Raftery 2007, eq. 13,
+    with ``alpha = 2``) is positively oriented; torchcal reports ``1 - p_y / ||p||_2``
+    in [0, 1], 0 for a certain correct forecast. Multiclass: a ``torch.autograd.Function``
+    on ``softmax(logits)`` with a closed-form backward that supports double backward.
+    Binary: the forecast ``(1 - p, p)``, computed as ``-expm1(y z - log(1 + e^{2z}) / 2)``.
+    See the module docstring for layouts, weights, ignored items and validation.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import spherical_score
+        >>> logits = torch.tensor([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+        >>> round(spherical_score(logits, torch.tensor([0, 2])).item(), 4)
+        0.2164
+        >>> round(spherical_score(torch.tensor([0.0]), torch.tensor([1.0])).item(), 4)
+        0.2929
+    """
+    prep = _prepare(logits, target, weight, ignore_index, reduction)
+    z = prep.logits
+    with _autocast_off(z):
+        if prep.binary:
+            half_norm = 0.5 * torch.logaddexp(torch.zeros_like(z), 2.0 * z)
+            score = -torch.expm1(prep.target * z - half_norm)
+            return reduce(score, reduction, prep.weight)
+        index = prep.target.unsqueeze(1)
+        score = _SoftmaxSpherical.apply(z, index)
+        if values_checked():
+            _check_rows(prep, score.detach(), z.detach().gather(1, index).squeeze(1))
+        return reduce(score, reduction, prep.weight)
+
+
+# --------------------------------------------------------------------------- RPS
+
+
+class _SoftmaxRPS(torch.autograd.Function):
+    """Per-item RPS ``sum_{k<C-1} (P_k - [y <= k])^2`` of ``p = softmax(z)``, fused backward.
+
+    With ``d_k = P_k - [y <= k]`` (``d_{C-1} = 0``) and suffix sums ``h_j = sum_{k>=j} d_k``:
+    ``dS/dp_j = 2 h_j`` and ``dS/dz = 2 p (h - <p, h>)``, where ``<p, h> = S + h_y``
+    (``sum_k d_k P_k = sum_k d_k^2 + sum_{k>=y} d_k``). One cumulative sum in each pass;
+    double backward recomputes the same closed form with differentiable ops.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, index: Tensor) -> Tensor:  # type: ignore[override]
+        num_classes = logits.shape[1]
+        p = torch.softmax(logits, dim=1)
+        p_y = p.gather(1, index)
+        p.scatter_add_(1, index, torch.full_like(p_y, -1.0))
+        diff = torch.cumsum(p, dim=1)  # P_k - [y <= k] = cumsum(p - e_y)
+        p.scatter_(1, index, p_y)  # restore p bit for bit
+        diff.narrow(1, num_classes - 1, 1).zero_()  # P_{C-1} - 1 is 0 up to rounding
+        score = torch.linalg.vector_norm(diff, dim=1, keepdim=True).square_()
+        ctx.save_for_backward(logits, index, p, diff, score)
+        return score.squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        logits, index, p, diff, score = ctx.saved_tensors
+        num_classes = logits.shape[1]
+        g2 = (2.0 * grad).unsqueeze(1)
+        if torch.is_grad_enabled():  # create_graph=True: differentiable recomputation
+            p = torch.softmax(logits, dim=1)
+            head = p.scatter_add(1, index, -torch.ones_like(index, dtype=p.dtype))
+            head = head.cumsum(dim=1).narrow(1, 0, num_classes - 1)
+            h = torch.cat([head.flip(1).cumsum(dim=1).flip(1),
+                           torch.zeros_like(p.narrow(1, 0, 1))], dim=1)
+            centre = head.square().sum(dim=1, keepdim=True) + h.gather(1, index)
+            return g2 * p * (h - centre), None
+        h = torch.cumsum(diff, dim=1)
+        total = h.narrow(1, num_classes - 1, 1).clone()
+        h.sub_(diff).neg_().add_(total)  # suffix sums: h_j = total - sum_{k<j} d_k
+        centre = score + h.gather(1, index)  # <p, h>
+        return h.sub_(centre).mul_(p).mul_(g2), None
+
+
+def ranked_probability_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
+                             ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    r"""Ranked probability score for ordered classes, from logits.
+
+    ``S(p, y) = sum_{k=0}^{C-2} (P_k - [y <= k])^2`` with ``P_k = p_0 + ... + p_k`` the
+    forecast's cumulative distribution over the ordered classes (Epstein 1969,
+    *J. Appl. Meteorol.* 8, 985-987; Murphy 1971). Not normalised by ``C - 1``: this is
+    the convention of ``scoringrules.rps_score`` (whose last term is identically 0), in
+    [0, C - 1]. Binary (``C = 2``): ``(p - y)^2``, equal to the binary
+    :func:`brier_score`. The class order along ``dim=1`` is the ordinal order. The
+    multiclass path is a ``torch.autograd.Function`` with a closed-form backward (one
+    cumulative sum per pass) that supports double backward. See the module docstring
+    for layouts, weights, ignored items and validation.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import ranked_probability_score
+        >>> logits = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
+        >>> round(ranked_probability_score(logits, torch.tensor([2])).item(), 4)
+        0.26
+    """
+    prep = _prepare(logits, target, weight, ignore_index, reduction)
+    z = prep.logits
+    with _autocast_off(z):
+        if prep.binary:
+            score = torch.sigmoid((1.0 - 2.0 * prep.target) * z).square()
+            return reduce(score, reduction, prep.weight)
+        index = prep.target.unsqueeze(1)
+        score = _SoftmaxRPS.apply(z, index)
+        if values_checked():
+            _check_rows(prep, score.detach(), z.detach().gather(1, index).squeeze(1))
+        return reduce(score, reduction, prep.weight)

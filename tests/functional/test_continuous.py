@@ -1,0 +1,620 @@
+"""Continuous proper scoring rules: peers, quadrature, brute force, gradients, numerics, errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.autograd import gradcheck, gradgradcheck
+
+import torchcal.functional as TF
+from torchcal.functional import (
+    crps_ensemble,
+    crps_laplace,
+    crps_logistic,
+    crps_normal,
+    dawid_sebastiani_score,
+    energy_score,
+    gaussian_nll,
+    interval_score,
+    quantile_score,
+    validation_enabled,
+)
+
+D64 = torch.float64
+CLOSED = {"normal": crps_normal, "laplace": crps_laplace, "logistic": crps_logistic}
+
+
+def _rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def _t(a) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(a), dtype=D64)
+
+
+def _close(actual: torch.Tensor, expected, tol: float = 1e-12) -> None:
+    expected = np.asarray(expected, dtype=np.float64)
+    np.testing.assert_allclose(actual.detach().numpy(), expected, rtol=tol, atol=tol)
+
+
+def _params(n: int = 200, seed: int = 0):
+    rng = _rng(seed)
+    loc = rng.normal(0, 3, n)
+    scale = np.exp(rng.normal(0, 1, n))
+    y = loc + scale * rng.normal(0, 3, n)  # z out to about +-10
+    return loc, scale, y
+
+
+# ------------------------------------------------------------------- peers, float64, 1e-12
+
+
+def test_closed_forms_match_scoringrules_and_properscoring():
+    sr = pytest.importorskip("scoringrules")
+    ps = pytest.importorskip("properscoring")
+    loc, scale, y = _params()
+    args = (_t(loc), _t(scale), _t(y))
+    _close(crps_normal(*args, reduction="none"), sr.crps_normal(y, loc, scale, backend="numpy"))
+    _close(crps_normal(*args, reduction="none"), ps.crps_gaussian(y, loc, scale))
+    _close(crps_laplace(*args, reduction="none"), sr.crps_laplace(y, loc, scale, backend="numpy"))
+    _close(crps_logistic(*args, reduction="none"),
+           sr.crps_logistic(y, loc, scale, backend="numpy"))
+
+
+@pytest.mark.parametrize("m", [2, 3, 10, 51])
+def test_crps_ensemble_matches_peers(m):
+    sr = pytest.importorskip("scoringrules")
+    ps = pytest.importorskip("properscoring")
+    rng = _rng(m)
+    x = rng.normal(2.0, 1.5, (40, m))
+    x[0, 1] = x[0, 0]  # a tie
+    y = rng.normal(2.0, 2.0, 40)
+    y[1] = x[1, 0]  # target on a member
+    for est in ("fair", "nrg"):
+        ours = crps_ensemble(_t(x), _t(y), estimator=est, reduction="none")
+        _close(ours, sr.crps_ensemble(y, x, estimator=est, backend="numpy"))
+        # brute force O(M^2)
+        pair = np.abs(x[:, :, None] - x[:, None, :]).sum((1, 2))
+        den = 2 * m * (m - 1) if est == "fair" else 2 * m * m
+        _close(ours, np.abs(x - y[:, None]).mean(1) - pair / den)
+    _close(crps_ensemble(_t(x), _t(y), estimator="nrg", reduction="none"),
+           ps.crps_ensemble(y, x))
+
+
+def test_crps_ensemble_dim_broadcast_and_reductions():
+    rng = _rng(1)
+    x = rng.normal(size=(3, 7, 4))  # members on dim 1
+    y = rng.normal(size=(3, 4))
+    ref = crps_ensemble(_t(np.moveaxis(x, 1, -1)), _t(y), reduction="none")
+    ours = crps_ensemble(_t(x), _t(y), ensemble_dim=1, reduction="none")
+    assert ours.shape == (3, 4)
+    _close(ours, ref.numpy())
+    _close(crps_ensemble(_t(x), _t(y), ensemble_dim=-2, reduction="sum"), ref.sum().numpy())
+    _close(crps_ensemble(_t(x), _t(y), ensemble_dim=1), ref.mean().numpy())
+    # a scalar target broadcasts over the batch
+    b = crps_ensemble(_t(x), torch.tensor(0.5, dtype=D64), ensemble_dim=1, reduction="none")
+    _close(b, crps_ensemble(_t(x), torch.full((3, 4), 0.5, dtype=D64), ensemble_dim=1,
+                            reduction="none").numpy())
+
+
+@pytest.mark.parametrize("estimator", ["fair", "nrg"])
+def test_energy_score_matches_scoringrules_and_brute_force(estimator):
+    sr = pytest.importorskip("scoringrules")
+    rng = _rng(2)
+    x = rng.normal(1.0, 2.0, (2, 5, 9, 3))
+    y = rng.normal(1.0, 2.0, (2, 5, 3))
+    ours = energy_score(_t(x), _t(y), estimator=estimator, reduction="none")
+    assert ours.shape == (2, 5)
+    _close(ours, sr.es_ensemble(y, x, estimator=estimator, backend="numpy"))
+    m = x.shape[-2]
+    pair = np.linalg.norm(x[..., :, None, :] - x[..., None, :, :], axis=-1).sum((-1, -2))
+    den = 2 * m * (m - 1) if estimator == "fair" else 2 * m * m
+    _close(ours, np.linalg.norm(x - y[..., None, :], axis=-1).mean(-1) - pair / den)
+    # D = 1 is the ensemble CRPS
+    _close(energy_score(_t(x[..., :1]), _t(y[..., :1]), estimator=estimator, reduction="none"),
+           crps_ensemble(_t(x[..., 0]), _t(y[..., 0]), estimator=estimator,
+                         reduction="none").numpy())
+
+
+def test_interval_score_matches_scoringrules():
+    sr = pytest.importorskip("scoringrules")
+    rng = _rng(3)
+    centre, width = rng.normal(size=(50, 4)), np.exp(rng.normal(size=(50, 4)))
+    lo, hi = centre - width, centre + width
+    y = rng.normal(0, 2, 50)
+    alphas = np.array([0.05, 0.1, 0.5, 0.9])
+    ours = interval_score(_t(lo), _t(hi), _t(y)[:, None], alpha=_t(alphas), reduction="none")
+    _close(ours, sr.interval_score(y, lo, hi, alphas, backend="numpy"))
+    ours_f = interval_score(_t(lo[:, 0]), _t(hi[:, 0]), _t(y), alpha=0.2, reduction="none")
+    _close(ours_f, sr.interval_score(y, lo[:, 0], hi[:, 0], 0.2, backend="numpy"))
+
+
+def test_quantile_score_matches_scoringrules_1x_convention():
+    sr = pytest.importorskip("scoringrules")
+    rng = _rng(4)
+    levels = np.array([0.05, 0.25, 0.5, 0.75, 0.95])
+    pred = np.sort(rng.normal(size=(30, 5)), axis=-1)
+    y = rng.normal(size=30)
+    ours = quantile_score(_t(pred), _t(y), _t(levels), reduction="none")
+    assert ours.shape == (30, 5)
+    _close(ours, sr.quantile_score(y[:, None], pred, levels, backend="numpy"))
+    _close(quantile_score(_t(pred), _t(y), levels.tolist()), ours.mean().numpy())
+    # the 1x convention: level 0.5 is half the absolute error
+    _close(ours[:, 2], 0.5 * np.abs(y - pred[:, 2]))
+
+
+def test_quantile_score_approximates_half_crps():
+    # mean pinball over dense levels of the true quantiles -> CRPS / 2 (Laio & Tamea 2007)
+    from scipy.stats import norm
+
+    levels = (np.arange(4000) + 0.5) / 4000
+    q = norm.ppf(levels)
+    y = np.array([-1.3, 0.2, 2.5])
+    qs = quantile_score(_t(np.tile(q, (3, 1))), _t(y), _t(levels), reduction="none").mean(-1)
+    crps = crps_normal(torch.zeros(3, dtype=D64), torch.ones(3, dtype=D64), _t(y),
+                       reduction="none")
+    np.testing.assert_allclose(2 * qs.numpy(), crps.numpy(), atol=2e-4)
+
+
+def test_gaussian_nll_and_dss_against_references():
+    from scipy.stats import norm
+
+    loc, scale, y = _params(50, seed=5)
+    args = dict(scale=_t(scale))
+    _close(gaussian_nll(_t(loc), _t(y), reduction="none", **args),
+           -norm.logpdf(y, loc, scale))
+    _close(gaussian_nll(_t(loc), _t(y), var=_t(scale**2), reduction="none"),
+           -norm.logpdf(y, loc, scale))
+    torch_nll = torch.nn.functional.gaussian_nll_loss(_t(loc), _t(y), _t(scale**2),
+                                                      full=False, reduction="none")
+    _close(gaussian_nll(_t(loc), _t(y), var=_t(scale**2), full=False, reduction="none"),
+           torch_nll.numpy())
+    dss = dawid_sebastiani_score(_t(loc), _t(scale), _t(y), reduction="none")
+    _close(dss, ((y - loc) / scale) ** 2 + 2 * np.log(scale))
+    assert dawid_sebastiani_score(torch.tensor(1.0), torch.tensor(2.0),
+                                  torch.tensor(5.0)).item() == pytest.approx(4 + 2 * math.log(2))
+
+
+# ------------------------------------------------------------------------------ quadrature
+
+
+def _quad_crps(cdf, sf, y: float) -> float:
+    """integral of (F(x) - 1{x >= y})^2, split at y; tight tolerances."""
+    from scipy.integrate import quad
+
+    kw = dict(epsabs=1e-14, epsrel=1e-14, limit=500)
+    lower = quad(lambda x: cdf(x) ** 2, -np.inf, y, **kw)[0]
+    upper = quad(lambda x: sf(x) ** 2, y, np.inf, **kw)[0]
+    return lower + upper
+
+
+@pytest.mark.filterwarnings("ignore::scipy.integrate.IntegrationWarning")
+def test_closed_forms_match_quadrature():
+    from scipy.special import expit
+    from scipy.stats import laplace, norm
+
+    cases = [(0.0, 1.0, 0.0), (0.3, 0.7, 1.9), (-2.0, 3.0, -9.0), (1.0, 0.2, 0.1), (5.0, 2.0, 5.5)]
+    families = {
+        "normal": lambda m, s: (lambda x: norm.cdf(x, m, s), lambda x: norm.sf(x, m, s)),
+        "laplace": lambda m, s: (lambda x: laplace.cdf(x, m, s), lambda x: laplace.sf(x, m, s)),
+        "logistic": lambda m, s: (lambda x: expit((x - m) / s), lambda x: expit(-(x - m) / s)),
+    }
+    for name, fn in CLOSED.items():
+        for m, s, y in cases:
+            ref = _quad_crps(*families[name](m, s), y)
+            ours = fn(torch.tensor(m, dtype=D64), torch.tensor(s, dtype=D64),
+                      torch.tensor(y, dtype=D64)).item()
+            # measured: at most 4.4e-16 apart on these cases (quad warns of roundoff)
+            assert abs(ours - ref) <= 1e-12 * max(1.0, abs(ref)), (name, m, s, y, ours, ref)
+
+
+# ----------------------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("name", list(CLOSED))
+def test_closed_form_gradcheck_and_gradgradcheck(name):
+    fn = CLOSED[name]
+    g = torch.Generator().manual_seed(1)
+    loc = torch.randn(4, 1, dtype=D64, generator=g).requires_grad_()
+    scale = (torch.rand(1, 3, dtype=D64, generator=g) + 0.3).requires_grad_()  # broadcast
+    y = (torch.randn(4, 3, dtype=D64, generator=g) * 2).requires_grad_()
+
+    def f(a, b, c):
+        return fn(a, b, c, reduction="none")
+
+    assert gradcheck(f, (loc, scale, y))
+    assert gradgradcheck(f, (loc, scale, y))
+
+
+def _naive_normal(loc, scale, y):
+    z = (y - loc) / scale
+    phi = torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1 + torch.erf(z / math.sqrt(2)))
+    return scale * (z * (2 * cdf - 1) + 2 * phi - 1 / math.sqrt(math.pi))
+
+
+def _scale_grad_reference(name: str, z: np.ndarray) -> np.ndarray:
+    """float64 references for d CRPS / d scale written independently (scipy)."""
+    from scipy.special import expit, log1p
+    from scipy.stats import norm
+
+    a = np.abs(z)
+    if name == "normal":
+        return 2 * norm.pdf(z) - 1 / np.sqrt(np.pi)
+    if name == "laplace":
+        return np.exp(-a) * (1 + a) - 0.75
+    # logistic: g(z) - z g'(z), g = z - 2 log F(z) - 1, g' = 2F(z) - 1
+    with np.errstate(over="ignore"):
+        return 2 * log1p(np.exp(-a)) + 2 * a * expit(-a) - 1
+
+
+@pytest.mark.parametrize("name", list(CLOSED))
+def test_scale_gradient_float32_relative_accuracy_large_z(name):
+    # |z| from about 1.6 (away from the root of d/dscale) to 1e7, both signs
+    mag = np.logspace(0.2, 7, 60)
+    z = np.concatenate([mag, -mag]).astype(np.float32)
+    scale = np.float32(0.37)
+    y = (z.astype(np.float64) * np.float64(scale)).astype(np.float32)  # exact float32 inputs
+    loc = torch.zeros(z.size, requires_grad=True)
+    sc = torch.full((z.size,), float(scale), requires_grad=True)
+    tgt = torch.tensor(y, requires_grad=True)
+    CLOSED[name](loc, sc, tgt, reduction="sum").backward()
+    z64 = y.astype(np.float64) / np.float64(scale)
+    ref = _scale_grad_reference(name, z64)
+    np.testing.assert_allclose(sc.grad.double().numpy(), ref, rtol=1e-6, atol=0)
+    # d/dloc = -d/dtarget, bounded by 1 with the sign of z
+    assert torch.equal(loc.grad, -tgt.grad)
+    assert torch.all(tgt.grad.abs() <= 1) and torch.all(torch.sign(tgt.grad) == torch.sign(tgt))
+
+
+@pytest.mark.parametrize("name", list(CLOSED))
+def test_gradient_limits_as_scale_goes_to_zero(name):
+    # CRPS -> |y - mu| as scale -> 0: d/dtarget -> sign, d/dscale -> g(inf) - z g'(z) limit
+    limit = {"normal": -1 / math.sqrt(math.pi), "laplace": -0.75, "logistic": -1.0}[name]
+    for dtype, tiny in ((torch.float32, 1e-30), (torch.float64, 1e-300)):
+        loc = torch.zeros(2, dtype=dtype, requires_grad=True)
+        scale = torch.full((2,), tiny, dtype=dtype, requires_grad=True)
+        y = torch.tensor([1.5, -2.0], dtype=dtype, requires_grad=True)
+        out = CLOSED[name](loc, scale, y, reduction="none")
+        torch.testing.assert_close(out, y.detach().abs())
+        out.sum().backward()
+        torch.testing.assert_close(scale.grad, torch.full_like(scale, limit))
+        torch.testing.assert_close(y.grad, torch.tensor([1.0, -1.0], dtype=dtype))
+    # plain autograd through the textbook formula is broken there
+    loc = torch.zeros(1, dtype=D64, requires_grad=True)
+    scale = torch.full((1,), 1e-300, dtype=D64, requires_grad=True)
+    _naive_normal(loc, scale, torch.ones(1, dtype=D64)).sum().backward()
+    assert not torch.isfinite(scale.grad).all() or scale.grad.item() != pytest.approx(
+        -1 / math.sqrt(math.pi))
+
+
+def test_sample_scores_gradcheck():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 6, dtype=D64, generator=g).requires_grad_()
+    y = torch.randn(3, dtype=D64, generator=g).requires_grad_()
+    for est in ("fair", "nrg"):
+        assert gradcheck(lambda a, b, e=est: crps_ensemble(a, b, estimator=e, reduction="none"),
+                         (x, y))
+        assert gradgradcheck(lambda a, b, e=est: crps_ensemble(a, b, estimator=e), (x, y))
+    xs = torch.randn(2, 5, 3, dtype=D64, generator=g).requires_grad_()
+    ys = torch.randn(2, 3, dtype=D64, generator=g).requires_grad_()
+    for est in ("fair", "nrg"):
+        assert gradcheck(lambda a, b, e=est: energy_score(a, b, estimator=e, reduction="none"),
+                         (xs, ys))
+
+
+def test_energy_score_gradient_finite_at_coincident_members():
+    x = torch.zeros(1, 3, 2, dtype=D64, requires_grad=True)  # all members equal
+    y = torch.zeros(1, 2, dtype=D64, requires_grad=True)  # and equal to the target
+    energy_score(x, y).backward()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(y.grad).all()
+
+
+def test_remaining_functions_gradcheck():
+    g = torch.Generator().manual_seed(4)
+    lo = torch.randn(8, dtype=D64, generator=g)
+    hi = (lo + torch.rand(8, dtype=D64, generator=g) + 0.2).requires_grad_()
+    lo.requires_grad_()
+    y = (torch.randn(8, dtype=D64, generator=g) * 2).requires_grad_()
+    assert gradcheck(lambda a, b, c: interval_score(a, b, c, alpha=0.3, reduction="none"),
+                     (lo, hi, y))
+    pred = torch.randn(5, 3, dtype=D64, generator=g).requires_grad_()
+    t = torch.randn(5, dtype=D64, generator=g).requires_grad_()
+    assert gradcheck(lambda a, b: quantile_score(a, b, [0.1, 0.5, 0.9], reduction="none"),
+                     (pred, t))
+    loc = torch.randn(6, dtype=D64, generator=g).requires_grad_()
+    sc = (torch.rand(6, dtype=D64, generator=g) + 0.5).requires_grad_()
+    tg = torch.randn(6, dtype=D64, generator=g).requires_grad_()
+    assert gradcheck(lambda a, b, c: gaussian_nll(a, c, scale=b, reduction="none"), (loc, sc, tg))
+    assert gradcheck(lambda a, b, c: gaussian_nll(a, c, var=b, reduction="none"), (loc, sc, tg))
+    assert gradcheck(lambda a, b, c: dawid_sebastiani_score(a, b, c, reduction="none"),
+                     (loc, sc, tg))
+
+
+# ------------------------------------------------------------------------------- float32
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e4])
+def test_float32_sample_scores_at_offset(offset):
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(500, 50, generator=g) + offset).float()
+    y = (torch.randn(500, generator=g) * 1.3 + offset).float()
+    for est in ("fair", "nrg"):
+        ours = crps_ensemble(x, y, estimator=est, reduction="none")
+        ref = crps_ensemble(x.double(), y.double(), estimator=est, reduction="none")
+        assert (ours.double() - ref).abs().max().item() <= 2e-6
+    xs = (torch.randn(200, 30, 3, generator=g) + offset).float()
+    ys = (torch.randn(200, 3, generator=g) + offset).float()
+    for est in ("fair", "nrg"):
+        ours = energy_score(xs, ys, estimator=est, reduction="none")
+        ref = energy_score(xs.double(), ys.double(), estimator=est, reduction="none")
+        assert (ours.double() - ref).abs().max().item() <= 2e-6
+
+
+def test_float32_closed_forms_vs_float64():
+    loc, scale, y = _params(300, seed=6)
+    f32 = [torch.tensor(a, dtype=torch.float32) for a in (loc, scale, y)]
+    for fn in CLOSED.values():
+        ours = fn(*f32, reduction="none").double()
+        ref = fn(*(a.double() for a in f32), reduction="none")
+        torch.testing.assert_close(ours, ref, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_and_autocast_are_finite(dtype):
+    g = torch.Generator().manual_seed(7)
+    loc, scale, y = torch.randn(16, generator=g), torch.rand(16, generator=g) + 0.1, torch.randn(16)
+    x, xs = torch.randn(16, 8, generator=g) + 100, torch.randn(16, 8, 2, generator=g)
+    lo, hi = torch.zeros(16), torch.ones(16)
+    pred = torch.sort(torch.randn(16, 3, generator=g), dim=-1).values
+
+    def run(cast):
+        outs = [fn(cast(loc), cast(scale), cast(y)) for fn in CLOSED.values()]
+        outs += [crps_ensemble(cast(x), cast(y)), energy_score(cast(xs), cast(torch.zeros(16, 2))),
+                 interval_score(cast(lo), cast(hi), cast(y), alpha=0.1),
+                 quantile_score(cast(pred), cast(y), [0.1, 0.5, 0.9]),
+                 gaussian_nll(cast(loc), cast(y), scale=cast(scale)),
+                 dawid_sebastiani_score(cast(loc), cast(scale), cast(y))]
+        return outs
+
+    low = run(lambda t: t.to(dtype))
+    full = run(lambda t: t)
+    for a, b in zip(low, full):
+        assert a.dtype == torch.float32 and torch.isfinite(a)
+        assert abs(a.item() - b.item()) <= 0.05 * max(1.0, abs(b.item()))
+    # under autocast, with gradients
+    p = torch.randn(16, requires_grad=True)
+    with torch.autocast("cpu", dtype=dtype):
+        h = torch.mm(p[None, :], torch.eye(16))[0]  # autocast runs mm in low precision
+        assert h.dtype == dtype
+        out = crps_normal(h, scale, y) + crps_ensemble(x + h[:, None], y)
+    out.backward()
+    assert torch.isfinite(out) and torch.isfinite(p.grad).all()
+
+
+# -------------------------------------------------------------------------------- training
+
+
+def _fit_sigma(estimator: str) -> float:
+    g = torch.Generator().manual_seed(0)
+    log_sigma = torch.zeros((), requires_grad=True)
+    opt = torch.optim.Adam([log_sigma], lr=0.05)
+    history = []
+    for step in range(200):
+        eps = torch.randn(4096, 4, generator=g)  # M = 4 members per row, re-drawn per step
+        y = torch.randn(4096, generator=g)
+        loss = crps_ensemble(log_sigma.exp() * eps, y, estimator=estimator)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step >= 100:
+            history.append(log_sigma.exp().item())
+    return float(np.mean(history))
+
+
+def test_training_fair_learns_true_spread_nrg_underdisperses():
+    fair = _fit_sigma("fair")
+    assert abs(fair - 1.0) <= 0.03
+    nrg = _fit_sigma("nrg")
+    # expected nrg score sqrt(2/pi) sqrt(1+s^2) - (M-1)/M s/sqrt(pi) is minimal at
+    # s / sqrt(1 + s^2) = 3 / (4 sqrt 2): s = 0.6255 for M = 4
+    r = 3 / (4 * math.sqrt(2))
+    assert 0.58 <= nrg <= 0.70
+    assert abs(nrg - r / math.sqrt(1 - r * r)) <= 0.02
+
+
+# ------------------------------------------------------------------------------- bad input
+
+_V = torch.ones(3)
+_S = torch.ones(3, 4)
+_NAN = torch.tensor([1.0, float("nan"), 1.0])
+_INF = torch.tensor([1.0, float("inf"), 1.0])
+_NEG = torch.tensor([1.0, -1.0, 1.0])
+_ZERO = torch.tensor([1.0, 0.0, 1.0])
+_E = torch.ones(0)
+_Q = [0.1, 0.5, 0.9]
+
+BAD = [
+    # (id, call, first word of the message)
+    *[(f"{n}-nan-loc", lambda f=f: f(_NAN, _V, _V), "loc") for n, f in CLOSED.items()],
+    *[(f"{n}-inf-target", lambda f=f: f(_V, _V, _INF), "target") for n, f in CLOSED.items()],
+    *[(f"{n}-neg-scale", lambda f=f: f(_V, _NEG, _V), "scale") for n, f in CLOSED.items()],
+    *[(f"{n}-zero-scale", lambda f=f: f(_V, _ZERO, _V), "scale") for n, f in CLOSED.items()],
+    *[(f"{n}-shape", lambda f=f: f(_V, _V, torch.ones(4)), "target") for n, f in CLOSED.items()],
+    *[(f"{n}-empty", lambda f=f: f(_E, _E, _E), "loc") for n, f in CLOSED.items()],
+    *[(f"{n}-reduction", lambda f=f: f(_V, _V, _V, reduction="avg"), "reduction")
+      for n, f in CLOSED.items()],
+    *[(f"{n}-int", lambda f=f: f(_V, _V, torch.ones(3, dtype=torch.long)), "target")
+      for n, f in CLOSED.items()],
+    ("ens-nan", lambda: crps_ensemble(_S.clone().fill_(float("nan")), _V), "samples"),
+    ("ens-inf-target", lambda: crps_ensemble(_S, _INF), "target"),
+    ("ens-shape", lambda: crps_ensemble(_S, torch.ones(4)), "target"),
+    ("ens-m1-fair", lambda: crps_ensemble(torch.ones(3, 1), _V), "samples"),
+    ("ens-estimator", lambda: crps_ensemble(_S, _V, estimator="pwm"), "estimator"),
+    ("ens-reduction", lambda: crps_ensemble(_S, _V, reduction=None), "reduction"),
+    ("ens-dim", lambda: crps_ensemble(_S, _V, ensemble_dim=2), "ensemble_dim"),
+    ("ens-empty", lambda: crps_ensemble(torch.ones(0, 4), torch.ones(0)), "samples"),
+    ("ens-empty-target", lambda: crps_ensemble(_S, _E), "target"),
+    ("es-nan", lambda: energy_score(torch.full((3, 4, 2), float("nan")), torch.ones(3, 2)),
+     "samples"),
+    ("es-dim", lambda: energy_score(torch.ones(3, 4, 2), torch.ones(3, 3)), "target"),
+    ("es-batch", lambda: energy_score(torch.ones(3, 4, 2), torch.ones(5, 2)), "target"),
+    ("es-m1", lambda: energy_score(torch.ones(3, 1, 2), torch.ones(3, 2)), "samples"),
+    ("es-1d", lambda: energy_score(torch.ones(4), torch.ones(4)), "samples"),
+    ("es-estimator", lambda: energy_score(torch.ones(3, 4, 2), torch.ones(3, 2), estimator="x"),
+     "estimator"),
+    ("es-empty", lambda: energy_score(torch.ones(0, 4, 2), torch.ones(0, 2)), "samples"),
+    ("is-lower-gt-upper", lambda: interval_score(_V * 2, _V, _V, alpha=0.1), "upper"),
+    ("is-alpha-0", lambda: interval_score(_V, _V, _V, alpha=0.0), "alpha"),
+    ("is-alpha-1", lambda: interval_score(_V, _V, _V, alpha=1.0), "alpha"),
+    ("is-alpha-tensor", lambda: interval_score(_V, _V, _V, alpha=torch.tensor([0.1, 1.5, 0.2])),
+     "alpha"),
+    ("is-alpha-nan", lambda: interval_score(_V, _V, _V, alpha=float("nan")), "alpha"),
+    ("is-nan", lambda: interval_score(_V, _V, _NAN, alpha=0.1), "target"),
+    ("is-shape", lambda: interval_score(_V, torch.ones(2), _V, alpha=0.1), "upper"),
+    ("is-empty", lambda: interval_score(_E, _E, _E, alpha=0.1), "lower"),
+    ("is-reduction", lambda: interval_score(_V, _V, _V, alpha=0.1, reduction="x"), "reduction"),
+    ("qs-level-0", lambda: quantile_score(_S[:, :3], _V, [0.0, 0.5, 0.9]), "quantiles"),
+    ("qs-level-1", lambda: quantile_score(_S[:, :3], _V, [0.1, 0.5, 1.0]), "quantiles"),
+    ("qs-q-mismatch", lambda: quantile_score(_S, _V, _Q), "pred"),
+    ("qs-target-shape", lambda: quantile_score(_S[:, :3], torch.ones(4), _Q), "target"),
+    ("qs-levels-2d", lambda: quantile_score(_S[:, :3], _V, torch.full((1, 3), 0.5)), "quantiles"),
+    ("qs-nan", lambda: quantile_score(_S[:, :3], _NAN, _Q), "target"),
+    ("qs-empty", lambda: quantile_score(torch.ones(0, 3), torch.ones(0), _Q), "pred"),
+    ("nll-both", lambda: gaussian_nll(_V, _V, scale=_V, var=_V), "scale"),
+    ("nll-neither", lambda: gaussian_nll(_V, _V), "scale"),
+    ("nll-neg-var", lambda: gaussian_nll(_V, _V, var=_NEG), "var"),
+    ("nll-zero-scale", lambda: gaussian_nll(_V, _V, scale=_ZERO), "scale"),
+    ("nll-nan", lambda: gaussian_nll(_NAN, _V, var=_V), "loc"),
+    ("nll-shape", lambda: gaussian_nll(_V, torch.ones(2), var=_V), "target"),
+    ("nll-empty", lambda: gaussian_nll(_E, _E, var=_E), "loc"),
+    ("dss-neg", lambda: dawid_sebastiani_score(_V, _NEG, _V), "scale"),
+    ("dss-inf", lambda: dawid_sebastiani_score(_V, _V, _INF), "target"),
+    ("dss-reduction", lambda: dawid_sebastiani_score(_V, _V, _V, reduction="x"), "reduction"),
+]
+
+
+@pytest.mark.parametrize("call,arg", [(c, a) for _, c, a in BAD], ids=[i for i, _, _ in BAD])
+def test_bad_input_raises_value_error_naming_argument(call, arg):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert str(info.value).startswith(f"{arg}:"), str(info.value)
+
+
+def test_value_checks_can_be_disabled():
+    with validation_enabled(False):
+        out = crps_normal(_V, _NEG, _V, reduction="none")  # garbage in, no raise
+    assert out.shape == (3,)
+    with pytest.raises(ValueError, match="^samples"):  # size rules still hold
+        with validation_enabled(False):
+            crps_ensemble(torch.ones(3, 1), _V)
+
+
+def test_exports():
+    for name in CLOSED:
+        assert getattr(TF, f"crps_{name}") is CLOSED[name]
+
+
+# ------------------------------------------------------------------------------ hypothesis
+
+_small = st.floats(-1e3, 1e3, allow_nan=False, width=64)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=st.lists(st.integers(1, 3), min_size=0, max_size=3), m=st.integers(1, 6),
+       est=st.sampled_from(["fair", "nrg"]), seed=st.integers(0, 2**16),
+       scale=st.floats(1e-3, 1e3), shift=_small)
+def test_hypothesis_ensemble_and_closed_forms(batch, m, est, seed, scale, shift):
+    rng = _rng(seed)
+    x = rng.normal(shift, scale, (*batch, m))
+    y = rng.normal(shift, scale, tuple(batch))
+    if est == "fair" and m < 2:
+        with pytest.raises(ValueError, match="^samples"):
+            crps_ensemble(_t(x), _t(y), estimator=est)
+        return
+    ours = crps_ensemble(_t(x), _t(y), estimator=est, reduction="none")
+    assert ours.shape == tuple(batch)
+    pair = np.abs(x[..., :, None] - x[..., None, :]).sum((-1, -2))
+    den = 2 * m * (m - 1) if est == "fair" else 2 * m * m
+    ref = np.abs(x - y[..., None]).mean(-1) - pair / den
+    np.testing.assert_allclose(ours.numpy(), ref, rtol=1e-9, atol=1e-9 * scale)
+    # a closed form at the sample mean / std is finite, non-negative, right shape
+    sd = np.abs(x.std(-1)) + scale * 1e-3
+    for fn in CLOSED.values():
+        c = fn(_t(x.mean(-1)), _t(sd), _t(y), reduction="none")
+        assert c.shape == tuple(batch) and bool((c >= 0).all()) and bool(torch.isfinite(c).all())
+    # a non-broadcastable trailing dim raises naming target
+    if batch and batch[-1] > 1:
+        bad = list(batch)
+        bad[-1] += 1
+        with pytest.raises(ValueError, match="^target"):
+            crps_ensemble(_t(x), torch.zeros(bad, dtype=D64), estimator=est)
+
+
+def test_crps_ensemble_torch_sort_path_matches(monkeypatch):
+    # off-CPU devices sort with torch.sort; check that path gives the same values and grads
+    from torchcal.functional import continuous
+
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(7, 9, dtype=D64, generator=g).requires_grad_()
+    y = torch.randn(7, dtype=D64, generator=g).requires_grad_()
+    out = crps_ensemble(x, y, reduction="none")
+    gx, gy = torch.autograd.grad(out.sum(), (x, y))
+    monkeypatch.setattr(continuous, "_argsort_last",
+                        lambda t: torch.sort(t.detach(), dim=-1).indices)
+    out2 = crps_ensemble(x, y, reduction="none")
+    gx2, gy2 = torch.autograd.grad(out2.sum(), (x, y))
+    torch.testing.assert_close(out2, out, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(gx2, gx, rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(gy2, gy, rtol=1e-14, atol=1e-14)
+
+
+def test_crps_ensemble_gradient_equals_autograd_of_pairwise_formula():
+    g = torch.Generator().manual_seed(9)
+    x = (torch.randn(6, 11, dtype=D64, generator=g) * 3).requires_grad_()
+    y = torch.randn(6, dtype=D64, generator=g).requires_grad_()
+    w = torch.rand(6, dtype=D64, generator=g)  # a non-uniform upstream gradient
+    for est, den in (("fair", 2 * 11 * 10), ("nrg", 2 * 11 * 11)):
+        ours = torch.autograd.grad((crps_ensemble(x, y, estimator=est, reduction="none") * w)
+                                   .sum(), (x, y))
+        brute = ((x - y[:, None]).abs().mean(-1)
+                 - (x[:, :, None] - x[:, None, :]).abs().sum((-1, -2)) / den)
+        ref = torch.autograd.grad((brute * w).sum(), (x, y))
+        for a, b in zip(ours, ref):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_energy_score_double_backward_is_documented_unsupported():
+    x = torch.randn(2, 4, 3, dtype=D64, requires_grad=True)
+    (gx,) = torch.autograd.grad(energy_score(x, torch.zeros(2, 3, dtype=D64)), x,
+                                create_graph=True)
+    with pytest.raises(NotImplementedError, match="cdist"):
+        gx.sum().backward()
+
+
+_THREE_ARG = {**CLOSED, "dss": dawid_sebastiani_score,
+              "nll": lambda a, b, c, **k: gaussian_nll(a, c, scale=b, **k)}
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), fn=st.sampled_from(
+    list(_THREE_ARG)), which=st.integers(0, 2), bad=st.sampled_from(["nan", "inf", "-inf", "neg"]),
+    pos=st.integers(0, 10**6))
+def test_hypothesis_bad_values_name_the_argument(shape, fn, which, bad, pos):
+    names = ("loc", "scale", "target")
+    args = [torch.ones(shape) for _ in range(3)]
+    flat = args[which].reshape(-1)
+    if bad == "neg":
+        if which != 1:  # only the scale has a sign constraint
+            return
+        flat[pos % flat.numel()] = -0.5
+    else:
+        flat[pos % flat.numel()] = float(bad)
+    with pytest.raises(ValueError) as info:
+        _THREE_ARG[fn](*args)
+    assert str(info.value).startswith(names[which] + ":")
+    assert "position" in str(info.value)

@@ -1,0 +1,133 @@
+"""Tests for the classification scoring-rule Modules in torchcal.losses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torchcal.functional as TF
+from torchcal.losses import BrierLoss, LogScoreLoss, RPSLoss, SphericalLoss
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny tensors: intra-op threads only add contention on the shared CI cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+PAIRS = [(LogScoreLoss, TF.log_score), (BrierLoss, TF.brier_score),
+         (SphericalLoss, TF.spherical_score), (RPSLoss, TF.ranked_probability_score)]
+IDS = [m.__name__ for m, _ in PAIRS]
+
+
+@pytest.mark.parametrize(("module", "fn"), PAIRS, ids=IDS)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_module_equals_functional(module, fn, reduction):
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(6, 4, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 4, (6, 2), generator=g)
+    t[2, 1] = 3
+    w = torch.rand(4, generator=g, dtype=torch.float64)
+    loss = module(weight=w, ignore_index=3, reduction=reduction)
+    out = loss(z, t)
+    expected = fn(z, t, weight=w, ignore_index=3, reduction=reduction)
+    assert torch.equal(out, expected)
+    (g_mod,) = torch.autograd.grad(out.sum(), z)
+    (g_fn,) = torch.autograd.grad(expected.sum(), z)
+    assert torch.equal(g_mod, g_fn)
+    zb = torch.randn(5, generator=g, dtype=torch.float64)
+    yb = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0])
+    assert torch.equal(module(reduction=reduction)(zb, yb), fn(zb, yb, reduction=reduction))
+
+
+@pytest.mark.parametrize(("module", "fn"), PAIRS, ids=IDS)
+def test_weight_is_a_buffer_in_state_dict_and_moves_with_the_module(module, fn):
+    w = torch.tensor([1.0, 2.0, 0.5])
+    loss = module(weight=w)
+    assert isinstance(loss, nn.Module)
+    assert "weight" in loss.state_dict()
+    assert torch.equal(loss.state_dict()["weight"], w)
+    assert [name for name, _ in loss.named_parameters()] == []
+    loss = loss.double()
+    assert loss.weight.dtype == torch.float64
+    fresh = module(weight=torch.zeros(3, dtype=torch.float64))
+    fresh.load_state_dict(loss.state_dict())
+    assert torch.equal(fresh.weight, w.double())
+    assert "weight" not in module().state_dict()
+    assert "reduction='mean'" in repr(loss) and "ignore_index=-100" in repr(loss)
+
+
+def test_weighted_log_score_loss_equals_cross_entropy_loss():
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(8, 5, 3, 3, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 5, (8, 3, 3), generator=g)
+    t[0, 0, 0] = 4
+    w = torch.rand(5, generator=g, dtype=torch.float64)
+    ours = LogScoreLoss(weight=w, ignore_index=4)(z, t)
+    theirs = nn.CrossEntropyLoss(weight=w, ignore_index=4)(z, t)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+BAD_INIT = [
+    ({"reduction": "avg"}, ValueError, r"reduction: expected one of"),
+    ({"reduction": None}, ValueError, r"reduction: expected one of"),
+    ({"ignore_index": 1.0}, TypeError, r"ignore_index: expected an int"),
+    ({"weight": torch.tensor([1, 2])}, ValueError, r"weight: expected a floating-point tensor"),
+    ({"weight": [1.0, 2.0]}, TypeError, r"weight: expected a torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize(("module", "fn"), PAIRS, ids=IDS)
+@pytest.mark.parametrize("case", BAD_INIT, ids=[str(c[0]) for c in BAD_INIT])
+def test_bad_constructor_arguments(module, fn, case):
+    kwargs, exc, match = case
+    with pytest.raises(exc, match=match):
+        module(**kwargs)
+
+
+BAD_FORWARD = [
+    ("nan", torch.tensor([[0.0, float("nan")]]), torch.tensor([0]), {},
+     r"logits: expected finite values"),
+    ("class out of range", torch.zeros(3, 2), torch.tensor([0, 2, 1]), {},
+     r"target: expected class indices in \[0, 1\], got 2 at position 1"),
+    ("float multiclass target", torch.zeros(3, 2), torch.tensor([0.0, 1.0, 1.0]), {},
+     r"target: expected integer class indices"),
+    ("binary label", torch.zeros(3), torch.tensor([0.0, 0.5, 1.0]), {},
+     r"target: expected binary labels in \{0, 1\}, got 0.5 at position 1"),
+    ("shape", torch.zeros(3, 2), torch.zeros(2, dtype=torch.long), {}, r"target: expected shape"),
+    ("empty", torch.zeros(0, 2), torch.zeros(0, dtype=torch.long), {},
+     r"logits: expected a non-empty tensor"),
+    ("weight size", torch.zeros(3, 2), torch.tensor([0, 1, 1]), {"weight": torch.ones(3)},
+     r"weight: expected a 1-d tensor of 2 class weights"),
+    ("true class masked", torch.tensor([[float("-inf"), 0.0]]), torch.tensor([0]), {},
+     r"logits: the true class has logit -inf"),
+]
+
+
+@pytest.mark.parametrize(("module", "fn"), PAIRS, ids=IDS)
+@pytest.mark.parametrize("case", BAD_FORWARD, ids=[c[0] for c in BAD_FORWARD])
+def test_bad_forward_inputs(module, fn, case):
+    _, logits, target, kwargs, match = case
+    with pytest.raises(ValueError, match=match):
+        module(**kwargs)(logits, target)
+
+
+@pytest.mark.parametrize(("module", "fn"), PAIRS, ids=IDS)
+def test_module_trains_a_linear_model(module, fn):
+    torch.manual_seed(0)
+    x = torch.randn(256, 3)
+    t = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()  # 3 ordered classes
+    model = nn.Linear(3, 3)
+    loss_fn = module()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    first = loss_fn(model(x), t).item()
+    for _ in range(50):
+        opt.zero_grad()
+        loss = loss_fn(model(x), t)
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.7 * first
