@@ -4,6 +4,8 @@ from torchcal.functional._validation import validation_enabled
 from torchcal.functional.calibration import (
     brier_decomposition,
     calibration_error,
+    calibration_error_bootstrap,
+    negative_log_likelihood,
     reliability_table,
 )
 from torchcal.functional.continuous import (
@@ -17,6 +19,7 @@ from torchcal.functional.continuous import (
     interval_score,
     quantile_score,
 )
+from torchcal.functional.regularizers import focal_loss, mmce, soft_binned_ece
 from torchcal.functional.scoring import (
     brier_score,
     log_score,
@@ -28,6 +31,7 @@ __all__ = [
     "brier_decomposition",
     "brier_score",
     "calibration_error",
+    "calibration_error_bootstrap",
     "crps_ensemble",
     "crps_laplace",
     "crps_logistic",
@@ -37,9 +41,13 @@ __all__ = [
     "gaussian_nll",
     "interval_score",
     "log_score",
+    "negative_log_likelihood",
     "quantile_score",
     "ranked_probability_score",
     "reliability_table",
     "spherical_score",
     "validation_enabled",
+    "focal_loss",
+    "mmce",
+    "soft_binned_ece",
 ]

@@ -1,1 +1,17 @@
-"""torchmetrics Metrics over the binned core in torchcal.functional.calibration."""
+"""torchmetrics Metrics over the binned core in :mod:`torchcal.functional.calibration`."""
+
+from torchcal.metrics.calibration import (
+    BrierDecomposition,
+    CalibrationError,
+    ClasswiseCalibrationError,
+    NegativeLogLikelihood,
+    ReliabilityDiagram,
+)
+
+__all__ = [
+    "BrierDecomposition",
+    "CalibrationError",
+    "ClasswiseCalibrationError",
+    "NegativeLogLikelihood",
+    "ReliabilityDiagram",
+]

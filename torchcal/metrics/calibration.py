@@ -1,0 +1,498 @@
+"""torchmetrics ``Metric`` shells over :mod:`torchcal.functional.calibration`.
+
+Every metric keeps float64 ``sum`` states of size O(groups x slots x bins) (never the
+samples, unless ``exact=True`` asks for it), so memory is independent of N, one all-reduce
+merges ranks under DDP, and ``update``/``compute`` run the same code as the functional twins
+(:func:`~torchcal.functional.calibration_error`, :func:`~torchcal.functional.reliability_table`,
+:func:`~torchcal.functional.brier_decomposition`,
+:func:`~torchcal.functional.calibration.negative_log_likelihood`).
+
+With ``num_groups=G`` every ``update`` needs ``groups`` (a domain id per sample) and
+``compute()`` returns a :class:`~torchcal.report.GroupedResult` (``pooled`` beside
+``per_group``). ``compute()`` before any sample raises ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from torchcal.functional import calibration as C
+from torchcal.functional._validation import check_int, check_option, validation_enabled
+from torchcal.report import GroupedResult, ReliabilityTable
+
+__all__ = [
+    "BrierDecomposition",
+    "CalibrationError",
+    "ClasswiseCalibrationError",
+    "NegativeLogLikelihood",
+    "ReliabilityDiagram",
+]
+
+_STAT_NAMES = ("count", "sum_conf", "sum_acc", "sum_conf2", "sum_conf_acc")
+
+
+class _BinnedMetric(Metric):
+    """Shared state handling: ``(G, K, B)`` binned statistics (+ optional fine histogram,
+    kept samples, bootstrap replicates)."""
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = False
+    plot_lower_bound = 0.0
+
+    def __init__(self, n_bins: int = 15, *, reading: str = "confidence",
+                 input: str = "logits", num_classes: int | None = None,
+                 num_groups: int | None = None, validate_args: bool = True,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.n_bins = check_int("n_bins", n_bins, minimum=1)
+        check_option("reading", reading, C.READINGS)
+        check_option("input", input, C.INPUTS)
+        self.reading = reading
+        self.input = input
+        if reading in ("top_label", "classwise"):
+            if num_classes is None:
+                raise ValueError(f"num_classes: expected the number of classes for "
+                                 f"reading={reading!r} (the state is classes x bins), got None")
+            check_int("num_classes", num_classes, minimum=2)
+        elif num_classes is not None:
+            check_int("num_classes", num_classes, minimum=1)
+        self.num_classes = num_classes
+        self.num_groups = None if num_groups is None else check_int("num_groups", num_groups,
+                                                                    minimum=1)
+        self.validate_args = bool(validate_args)
+        self._G = num_groups or 1
+        self._K = num_classes if reading in ("top_label", "classwise") else 1
+        self._add_stats("", self.n_bins)
+        self.add_state("group_count", torch.zeros(self._G, dtype=torch.int64),
+                       dist_reduce_fx="sum")
+
+    def _add_stats(self, prefix: str, bins: int) -> None:
+        shape = (self._G, self._K, bins)
+        for name in _STAT_NAMES:
+            dtype = torch.int64 if name == "count" else torch.float64
+            self.add_state(prefix + name, torch.zeros(shape, dtype=dtype), dist_reduce_fx="sum")
+
+    def _stats(self, prefix: str = "") -> C.BinnedStats:
+        return C.BinnedStats(*(getattr(self, prefix + n) for n in _STAT_NAMES))
+
+    def _add_to(self, prefix: str, s: C.BinnedStats) -> None:
+        for name, t in zip(_STAT_NAMES, (s.count, s.conf, s.acc, s.conf2, s.conf_acc)):
+            getattr(self, prefix + name).add_(t)
+
+    def _prepare(self, preds: Tensor, target: Tensor, groups: Tensor | None) -> C.PreparedInputs:
+        if self.num_groups is not None and groups is None:
+            raise ValueError(f"groups: expected a group id per sample (the metric was built "
+                             f"with num_groups={self.num_groups}), got None")
+        if self.num_groups is None and groups is not None:
+            raise ValueError("groups: pass num_groups= to the metric's constructor to get "
+                             "per-group results (the state size must be fixed up front)")
+        with validation_enabled(self.validate_args):
+            return C.prepare_inputs(preds, target, reading=self.reading, input=self.input,
+                                    num_classes=self.num_classes, groups=groups,
+                                    num_groups=self.num_groups)
+
+    def _update_binned(self, prep: C.PreparedInputs) -> None:
+        self._add_to("", C.accumulate(prep, self.n_bins))
+        self.group_count.add_(prep.group_counts.to(self.group_count.device))
+
+    def _check_seen(self) -> None:
+        if int(self.group_count.sum()) == 0:
+            raise RuntimeError(f"{type(self).__name__}.compute(): no samples seen; call "
+                               f"update() with at least one sample first")
+
+    def _grouped(self, fn: Any, fine: C.BinnedStats | None = None,
+                 samples: C.CalibrationSamples | None = None) -> Any:
+        """``fn(stats (K, B), fine, samples)`` pooled, or a GroupedResult."""
+        self._check_seen()
+        stats = self._stats()
+        if self.num_groups is None:
+            return fn(stats.pooled(), None if fine is None else fine.pooled(), samples)
+        return C._per_group(fn, stats, fine, samples, self.group_count)
+
+
+class CalibrationError(_BinnedMetric):
+    """Streaming calibration error (ECE / RMSCE / MCE and friends) in O(bins) state.
+
+    Args:
+        n_bins: number of bins ``B`` (equal-width; equal-mass for ``"equal_mass"``).
+        norm: ``"l1"`` (ECE), ``"l2"`` (RMSCE) or ``"max"`` (MCE).
+        reading: ``"binary" | "confidence" | "top_label" | "classwise"``.
+        input: ``"logits"`` or ``"probs"`` (never guessed).
+        estimator: ``"binned"`` (default), ``"debiased"`` (Kumar et al. 2019, ``norm="l2"``),
+            ``"equal_mass"``, ``"sweep"`` (Roelofs et al. 2022), ``"smooth"`` (Blasiok &
+            Nakkiran 2023). The last three add a ``fine_bins`` histogram to the state
+            (``binary``/``confidence`` only), or keep the samples with ``exact=True``.
+        num_classes: required for ``top_label`` / ``classwise`` (state ``C x B``).
+        num_groups: per-group results (state ``G x K x B``); ``update`` then needs ``groups``.
+        fine_bins: sub-bins of the fine histogram (default 4096).
+        exact: keep every (confidence, outcome, group) (24 bytes/sample, ``cat`` under DDP)
+            for the sort-based equal-mass / sweep / smooth estimators.
+        sigma: fixed bandwidth for ``"smooth"`` (default: the fixed point).
+        bootstrap: number ``R`` of streaming Poisson-bootstrap replicates (0: off); adds
+            ``3 x R x K x B`` float64 state and enables :meth:`compute_interval`.
+        level: level of the bootstrap interval.
+        seed: seed of the bootstrap weights (rank ``r`` uses ``seed + 1_000_003 r``). The
+            generator keeps its position across ``reset()`` (``forward()`` resets the states
+            for every batch, and batches must get fresh weights); a new metric with the same
+            seed repeats a run exactly.
+        validate_args: run the value checks (NaN, ranges; one host sync each) in ``update``.
+
+    ``compute()`` returns a float64 scalar, or a :class:`~torchcal.report.GroupedResult`
+    (``pooled`` scalar, ``per_group`` ``(G,)``) with ``num_groups``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.metrics import CalibrationError
+        >>> m = CalibrationError(n_bins=10)
+        >>> m.update(torch.tensor([[2.0, 0.0], [0.0, 3.0]]), torch.tensor([0, 1]))
+        >>> m.update(torch.tensor([[1.0, 0.0]]), torch.tensor([1]))
+        >>> round(float(m.compute()), 4)
+        0.2992
+    """
+
+    def __init__(self, n_bins: int = 15, *, norm: str = "l1", reading: str = "confidence",
+                 input: str = "logits", estimator: str = "binned",
+                 num_classes: int | None = None, num_groups: int | None = None,
+                 fine_bins: int = 4096, exact: bool = False, sigma: float | None = None,
+                 bootstrap: int = 0, level: float = 0.95, seed: int = 0,
+                 validate_args: bool = True, **kwargs: Any) -> None:
+        super().__init__(n_bins, reading=reading, input=input, num_classes=num_classes,
+                         num_groups=num_groups, validate_args=validate_args, **kwargs)
+        check_option("norm", norm, C.NORMS)
+        check_option("estimator", estimator, C.ESTIMATORS)
+        if estimator == "debiased" and norm != "l2":
+            raise ValueError(f"norm: the debiased estimator is an L2 error, expected "
+                             f"norm='l2', got {norm!r}")
+        if estimator in C.FINE_ESTIMATORS and reading not in ("binary", "confidence"):
+            raise ValueError(f"estimator: {estimator!r} is defined for reading='binary' or "
+                             f"'confidence', got reading={reading!r}")
+        self.norm = norm
+        self.estimator = estimator
+        self.sigma = sigma
+        self.exact = bool(exact)
+        self.fine_bins = check_int("fine_bins", fine_bins, minimum=1)
+        self._fine = estimator in C.FINE_ESTIMATORS and not self.exact
+        if self._fine:
+            self._add_stats("fine_", self.fine_bins)
+        if self.exact:
+            self.add_state("sample_conf", [], dist_reduce_fx="cat")
+            self.add_state("sample_outcome", [], dist_reduce_fx="cat")
+            self.add_state("sample_group", [], dist_reduce_fx="cat")
+        self.bootstrap = check_int("bootstrap", bootstrap, minimum=0)
+        C._z(level)
+        self.level = float(level)
+        self.seed = int(seed)
+        self._generator: torch.Generator | None = None
+        if self.bootstrap:
+            cells = self._K * self.n_bins
+            for name in ("boot_n", "boot_conf", "boot_acc"):
+                self.add_state(name, torch.zeros(self.bootstrap, cells, dtype=torch.float64),
+                               dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
+        """Accumulate a batch (shapes as :func:`~torchcal.functional.calibration_error`)."""
+        prep = self._prepare(preds, target, groups)
+        self._update_binned(prep)
+        if self._fine:
+            self._add_to("fine_", C.accumulate(prep, self.fine_bins))
+        if self.exact:
+            s = C._samples_from(prep)
+            self.sample_conf.append(s.conf)
+            self.sample_outcome.append(s.outcome)
+            self.sample_group.append(s.group)
+        if self.bootstrap:
+            if self._generator is None:
+                rank = (torch.distributed.get_rank() if torch.distributed.is_available()
+                        and torch.distributed.is_initialized() else 0)
+                self._generator = torch.Generator(device=prep.conf.device)
+                self._generator.manual_seed(self.seed + 1_000_003 * rank)
+            wn, wc, wo = C.bootstrap_statistics(prep, self.n_bins, self.bootstrap,
+                                                self._generator)
+            self.boot_n.add_(wn)
+            self.boot_conf.add_(wc)
+            self.boot_acc.add_(wo)
+
+    def _samples(self) -> C.CalibrationSamples | None:
+        if not self.exact:
+            return None
+
+        def cat(x: Any) -> Tensor:
+            if isinstance(x, Tensor):
+                return x
+            return torch.cat(x) if len(x) else torch.zeros(0, dtype=torch.float64)
+
+        return C.CalibrationSamples(cat(self.sample_conf), cat(self.sample_outcome),
+                                    cat(self.sample_group).to(torch.int64))
+
+    def compute(self) -> Tensor | GroupedResult:
+        """The calibration error (scalar) or a :class:`~torchcal.report.GroupedResult`."""
+        fine = self._stats("fine_") if self._fine else None
+
+        def fn(s: C.BinnedStats, f: Any, smp: Any) -> Tensor:
+            return C._estimate(self.estimator, stats=s, fine=f, samples=smp,
+                               n_bins=self.n_bins, norm=self.norm, reading=self.reading,
+                               sigma=self.sigma)
+
+        res = self._grouped(fn, fine, self._samples())
+        return res if self.num_groups is None else C._stack_scalars(res)
+
+    def compute_interval(self) -> tuple[Tensor, Tensor]:
+        """Percentile bootstrap interval ``(low, high)`` of the pooled L1 equal-width ECE at
+        ``level`` (needs ``bootstrap > 0``; synchronises ranks like ``compute``)."""
+        if not self.bootstrap:
+            raise ValueError("bootstrap: expected a number of replicates > 0 at construction "
+                             "to compute a bootstrap interval, got 0")
+        with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=True):
+            self._check_seen()
+            return C.ece_bootstrap_from_stats(
+                self.boot_n, self.boot_conf, self.boot_acc, level=self.level,
+                classwise_classes=self._K if self.reading == "classwise" else 1)
+
+    def plot(self, val: Any = None, ax: Any = None) -> Any:
+        """Plot the value(s) with torchmetrics' scalar plot (pooled value for groups)."""
+        val = self.compute() if val is None else val
+        if isinstance(val, GroupedResult):
+            val = val.pooled
+        return self._plot(val, ax)
+
+
+class ClasswiseCalibrationError(_BinnedMetric):
+    """Classwise (one-vs-rest) calibration error, mean over classes (Kull et al. 2019),
+    state ``G x C x B``.
+
+    Args:
+        num_classes: the number of classes ``C``.
+        n_bins, norm, input, num_groups, validate_args: as :class:`CalibrationError`.
+        estimator: ``"binned"`` or ``"debiased"`` (``norm="l2"``).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.metrics import ClasswiseCalibrationError
+        >>> m = ClasswiseCalibrationError(num_classes=3, n_bins=5, input="probs")
+        >>> m.update(torch.tensor([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1]]), torch.tensor([0, 2]))
+        >>> round(float(m.compute()), 4)
+        0.3667
+        >>> [round(v, 4) for v in m.compute_per_class().tolist()]
+        [0.2, 0.5, 0.4]
+    """
+
+    def __init__(self, num_classes: int, n_bins: int = 15, *, norm: str = "l1",
+                 input: str = "logits", estimator: str = "binned",
+                 num_groups: int | None = None, validate_args: bool = True,
+                 **kwargs: Any) -> None:
+        super().__init__(n_bins, reading="classwise", input=input, num_classes=num_classes,
+                         num_groups=num_groups, validate_args=validate_args, **kwargs)
+        check_option("norm", norm, C.NORMS)
+        check_option("estimator", estimator, ("binned", "debiased"))
+        if estimator == "debiased" and norm != "l2":
+            raise ValueError(f"norm: the debiased estimator is an L2 error, expected "
+                             f"norm='l2', got {norm!r}")
+        self.norm = norm
+        self.estimator = estimator
+
+    def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
+        """Accumulate a batch: ``preds`` ``(N, C, *)``, ``target`` ``(N, *)``."""
+        self._update_binned(self._prepare(preds, target, groups))
+
+    def _per_class(self, s: C.BinnedStats) -> Tensor:
+        # each class as its own 'confidence' table: (K, B) -> (K, 1, B)
+        s1 = s._map(lambda t: t.unsqueeze(-2))
+        if self.estimator == "debiased":
+            return C.debiased_calibration_error_from_stats(s1, reading="binary")
+        return C.calibration_error_from_stats(s1, norm=self.norm, reading="binary")
+
+    def compute(self) -> Tensor | GroupedResult:
+        """Mean over classes of the one-vs-rest errors, or a GroupedResult."""
+        res = self._grouped(lambda s, f, smp: self._per_class(s).mean())
+        return res if self.num_groups is None else C._stack_scalars(res)
+
+    def compute_per_class(self) -> Tensor:
+        """Pooled one-vs-rest error of each class, ``(C,)`` (synchronises like ``compute``)."""
+        with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=True):
+            self._check_seen()
+            return self._per_class(self._stats().pooled())
+
+    def plot(self, val: Any = None, ax: Any = None) -> Any:
+        """Plot the value(s) with torchmetrics' scalar plot (pooled value for groups)."""
+        val = self.compute() if val is None else val
+        if isinstance(val, GroupedResult):
+            val = val.pooled
+        return self._plot(val, ax)
+
+
+class ReliabilityDiagram(_BinnedMetric):
+    """Streaming reliability table: ``compute()`` returns a
+    :class:`~torchcal.report.ReliabilityTable` (or a GroupedResult of tables).
+
+    Args:
+        n_bins, reading, input, num_classes, num_groups, validate_args: as
+            :class:`CalibrationError`.
+        interval: ``"wilson"`` (default) or ``"clopper_pearson"`` (needs scipy).
+        level: level of the per-bin intervals.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.metrics import ReliabilityDiagram
+        >>> m = ReliabilityDiagram(n_bins=5, reading="binary", input="probs")
+        >>> m.update(torch.tensor([0.9, 0.9, 0.1]), torch.tensor([1, 0, 0]))
+        >>> t = m.compute()
+        >>> t.count.tolist(), [r["bin"] for r in t.rows()]
+        ([1, 0, 0, 0, 2], [0, 4])
+    """
+
+    higher_is_better = None
+
+    def __init__(self, n_bins: int = 15, *, reading: str = "confidence",
+                 input: str = "logits", num_classes: int | None = None,
+                 num_groups: int | None = None, interval: str = "wilson",
+                 level: float = 0.95, validate_args: bool = True, **kwargs: Any) -> None:
+        super().__init__(n_bins, reading=reading, input=input, num_classes=num_classes,
+                         num_groups=num_groups, validate_args=validate_args, **kwargs)
+        check_option("interval", interval, C.INTERVALS)
+        C._z(level)
+        self.interval = interval
+        self.level = float(level)
+
+    def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
+        """Accumulate a batch (shapes as :func:`~torchcal.functional.reliability_table`)."""
+        self._update_binned(self._prepare(preds, target, groups))
+
+    def compute(self) -> ReliabilityTable | GroupedResult:
+        """The table (pooled), or a GroupedResult with ``per_group`` a list of tables."""
+        return self._grouped(lambda s, f, smp: C.reliability_table_from_stats(
+            s, interval=self.interval, level=self.level, reading=self.reading))
+
+    def plot(self, val: Any = None, ax: Any = None) -> Any:
+        """Draw the (pooled) reliability diagram (see :meth:`ReliabilityTable.plot`);
+        returns ``(figure, axis)`` like torchmetrics' ``plot``."""
+        val = self.compute() if val is None else val
+        if isinstance(val, GroupedResult):
+            val = val.pooled
+        axis = val.plot(ax=ax)
+        return axis.figure, axis
+
+
+class BrierDecomposition(_BinnedMetric):
+    """Streaming Brier score with its exact binned Murphy decomposition.
+
+    ``compute()`` returns a dict of float64 scalars ``brier``, ``reliability``,
+    ``resolution``, ``uncertainty``, ``within_bin_variance``, ``within_bin_covariance``
+    (see :func:`~torchcal.functional.brier_decomposition`), or a GroupedResult.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.metrics import BrierDecomposition
+        >>> m = BrierDecomposition(n_bins=5, input="probs")
+        >>> m.update(torch.tensor([0.9, 0.8, 0.2, 0.1]), torch.tensor([1, 0, 0, 0]))
+        >>> round(float(m.compute()["brier"]), 4)
+        0.175
+    """
+
+    def __init__(self, n_bins: int = 15, *, reading: str = "binary", input: str = "logits",
+                 num_classes: int | None = None, num_groups: int | None = None,
+                 validate_args: bool = True, **kwargs: Any) -> None:
+        super().__init__(n_bins, reading=reading, input=input, num_classes=num_classes,
+                         num_groups=num_groups, validate_args=validate_args, **kwargs)
+
+    def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
+        """Accumulate a batch (shapes as :func:`~torchcal.functional.brier_decomposition`)."""
+        self._update_binned(self._prepare(preds, target, groups))
+
+    def compute(self) -> dict[str, Tensor] | GroupedResult:
+        """The decomposition dict, or a GroupedResult with ``per_group`` a dict of ``(G,)``."""
+        self._check_seen()
+        stats = self._stats()
+        pooled = C.brier_decomposition_from_stats(stats.pooled(), reading=self.reading)
+        if self.num_groups is None:
+            return pooled
+        per = C.brier_decomposition_from_stats(stats, reading=self.reading)
+        return GroupedResult(pooled, per, self.group_count.cpu())
+
+    def plot(self, val: Any = None, ax: Any = None) -> Any:
+        """Plot the components with torchmetrics' plot (pooled values for groups)."""
+        val = self.compute() if val is None else val
+        if isinstance(val, GroupedResult):
+            val = val.pooled
+        return self._plot(val, ax)
+
+
+class NegativeLogLikelihood(Metric):
+    """Streaming mean negative log-likelihood (log score) with float64 sum states.
+
+    Binary when ``target`` has the shape of ``preds``, multiclass for ``(N, C, *)`` scores
+    and ``(N, *)`` class indices (see :func:`~torchcal.functional.calibration.nll_sum`).
+
+    Args:
+        input: ``"logits"`` or ``"probs"``.
+        num_groups: per-group means (``update`` then needs ``groups`` of ``target``'s shape).
+        validate_args: run the value checks in ``update``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.metrics import NegativeLogLikelihood
+        >>> m = NegativeLogLikelihood()
+        >>> m.update(torch.zeros(3, 4), torch.tensor([0, 1, 3]))
+        >>> round(float(m.compute()), 4)
+        1.3863
+    """
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = False
+    plot_lower_bound = 0.0
+
+    def __init__(self, *, input: str = "logits", num_groups: int | None = None,
+                 validate_args: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        check_option("input", input, C.INPUTS)
+        self.input = input
+        self.num_groups = None if num_groups is None else check_int("num_groups", num_groups,
+                                                                    minimum=1)
+        self.validate_args = bool(validate_args)
+        G = num_groups or 1
+        self.add_state("nll_sum", torch.zeros(G, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.zeros(G, dtype=torch.int64), dist_reduce_fx="sum")
+
+    def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
+        """Accumulate a batch."""
+        with validation_enabled(self.validate_args):
+            if self.num_groups is None:
+                if groups is not None:
+                    raise ValueError("groups: pass num_groups= to the metric's constructor to "
+                                     "get per-group results")
+                s, n = C.nll_sum(preds, target, input=self.input)
+                self.nll_sum[0] += s.to(self.nll_sum.device)
+                self.count[0] += n
+                return
+            if groups is None:
+                raise ValueError(f"groups: expected a group id per sample (the metric was "
+                                 f"built with num_groups={self.num_groups}), got None")
+            G = C._check_groups(groups, target.shape, self.num_groups)
+            g = groups.reshape(-1).to(torch.int64)
+            items = C.nll_items(preds, target, input=self.input).reshape(-1).double()
+            self.nll_sum.add_(torch.bincount(g, weights=items, minlength=G))
+            self.count.add_(torch.bincount(g, minlength=G))
+
+    def compute(self) -> Tensor | GroupedResult:
+        """Mean NLL (float64), or a GroupedResult (``NaN`` for empty groups)."""
+        total = int(self.count.sum())
+        if total == 0:
+            raise RuntimeError("NegativeLogLikelihood.compute(): no samples seen; call "
+                               "update() with at least one sample first")
+        pooled = self.nll_sum.sum() / total
+        if self.num_groups is None:
+            return pooled
+        per = self.nll_sum / self.count.to(torch.float64)
+        return GroupedResult(pooled, per, self.count.cpu())
+
+    def plot(self, val: Any = None, ax: Any = None) -> Any:
+        """Plot the value(s) with torchmetrics' scalar plot (pooled value for groups)."""
+        val = self.compute() if val is None else val
+        if isinstance(val, GroupedResult):
+            val = val.pooled
+        return self._plot(val, ax)
