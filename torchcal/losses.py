@@ -20,8 +20,7 @@ class _ClassScoreLoss(nn.Module):
                  reduction: str = "mean") -> None:
         super().__init__()
         TF._validation.check_reduction(reduction)
-        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-            raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+        TF.scoring._check_ignore_index(ignore_index)
         if weight is not None:
             TF._validation.check_floating("weight", weight)
         self.register_buffer("weight", weight)
@@ -140,14 +139,8 @@ class MMCELoss(nn.Module):
     def __init__(self, width: float = 0.4, squared: bool = False,
                  ignore_index: int = -100) -> None:
         super().__init__()
-        width = TF.regularizers._check_positive_float("width", width)
-        if not isinstance(squared, bool):
-            raise TypeError(f"squared: expected a bool, got {type(squared).__name__}")
-        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-            raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
-        self.width = width
-        self.squared = squared
-        self.ignore_index = ignore_index
+        self.width, self.squared = TF.regularizers._check_mmce_options(width, squared)
+        self.ignore_index = TF.scoring._check_ignore_index(ignore_index)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         return TF.mmce(logits, target, width=self.width, squared=self.squared,
@@ -171,14 +164,9 @@ class SoftBinnedECELoss(nn.Module):
     def __init__(self, bins: int = 15, temperature: float = 0.01, p: float = 2.0,
                  ignore_index: int = -100) -> None:
         super().__init__()
-        self.bins = TF._validation.check_int("bins", bins, minimum=1)
-        self.temperature = TF.regularizers._check_positive_float("temperature", temperature)
-        self.p = TF.regularizers._check_positive_float("p", p)
-        if self.p < 1:
-            raise ValueError(f"p: expected a number >= 1, got {p!r}")
-        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-            raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
-        self.ignore_index = ignore_index
+        self.bins, self.temperature, self.p = TF.regularizers._check_soft_bin_options(
+            bins, temperature, p)
+        self.ignore_index = TF.scoring._check_ignore_index(ignore_index)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         return TF.soft_binned_ece(logits, target, bins=self.bins, temperature=self.temperature,
@@ -197,11 +185,6 @@ _CRPS_DISTRIBUTIONS = ("normal", "laplace", "logistic", "ensemble")
 def _check_reduction_option(reduction: str) -> str:
     TF._validation.check_reduction(reduction)
     return reduction
-
-
-def _check_estimator_option(estimator: str) -> str:
-    TF._validation.check_option("estimator", estimator, ("fair", "nrg"))
-    return estimator
 
 
 class CRPSLoss(nn.Module):
@@ -236,7 +219,7 @@ class CRPSLoss(nn.Module):
         if isinstance(ensemble_dim, bool) or not isinstance(ensemble_dim, int):
             raise TypeError(f"ensemble_dim: expected an int, got {type(ensemble_dim).__name__}")
         self.distribution = distribution
-        self.estimator = _check_estimator_option(estimator)
+        self.estimator = TF.continuous._check_estimator(estimator)
         self.ensemble_dim = ensemble_dim
         self.reduction = _check_reduction_option(reduction)
 
@@ -277,7 +260,7 @@ class EnergyScoreLoss(nn.Module):
 
     def __init__(self, *, estimator: str = "fair", reduction: str = "mean") -> None:
         super().__init__()
-        self.estimator = _check_estimator_option(estimator)
+        self.estimator = TF.continuous._check_estimator(estimator)
         self.reduction = _check_reduction_option(reduction)
 
     def forward(self, samples: Tensor, target: Tensor) -> Tensor:
@@ -306,18 +289,11 @@ class IntervalScoreLoss(nn.Module):
 
     def __init__(self, alpha: float | Tensor, *, reduction: str = "mean") -> None:
         super().__init__()
+        alpha = TF.continuous._check_alpha(alpha)
         if isinstance(alpha, Tensor):
-            if not alpha.is_floating_point() or alpha.numel() == 0:
-                raise ValueError(f"alpha: expected a non-empty floating tensor, got dtype "
-                                 f"{alpha.dtype} and shape {tuple(alpha.shape)}")
-            TF._validation.check_finite("alpha", alpha)
-            TF._validation.check_open_unit("alpha", alpha)
             self.register_buffer("alpha", alpha.detach().clone())
         else:
-            if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-                raise TypeError(f"alpha: expected a float or a tensor, got {type(alpha).__name__}")
-            TF._validation.check_open_unit("alpha", alpha)
-            self.alpha = float(alpha)
+            self.alpha = alpha
         self.reduction = _check_reduction_option(reduction)
 
     def forward(self, lower: Tensor, upper: Tensor, target: Tensor) -> Tensor:
@@ -349,13 +325,8 @@ class QuantileLoss(nn.Module):
     def __init__(self, quantiles: Tensor | list[float] | tuple[float, ...], *,
                  reduction: str = "mean") -> None:
         super().__init__()
-        levels = torch.as_tensor(quantiles, dtype=torch.float64).detach().clone()
-        if levels.dim() != 1 or levels.numel() == 0:
-            raise ValueError(f"quantiles: expected a non-empty 1-d sequence of levels, got "
-                             f"shape {tuple(levels.shape)}")
-        TF._validation.check_finite("quantiles", levels)
-        TF._validation.check_open_unit("quantiles", levels)
-        self.register_buffer("quantiles", levels)
+        levels = TF.continuous._check_levels(quantiles)
+        self.register_buffer("quantiles", levels.detach().to(torch.float64, copy=True))
         self.reduction = _check_reduction_option(reduction)
 
     def forward(self, pred: Tensor, target: Tensor) -> Tensor:
@@ -385,8 +356,7 @@ class GaussianNLLLoss(nn.Module):
         super().__init__()
         if not isinstance(full, bool):
             raise TypeError(f"full: expected a bool, got {type(full).__name__}")
-        if spread not in ("var", "scale"):
-            raise ValueError(f"spread: expected one of ('var', 'scale'), got {spread!r}")
+        TF._validation.check_option("spread", spread, ("var", "scale"))
         self.full = full
         self.spread = spread
         self.reduction = _check_reduction_option(reduction)

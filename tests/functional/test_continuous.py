@@ -101,6 +101,41 @@ def test_crps_ensemble_dim_broadcast_and_reductions():
                             reduction="none").numpy())
 
 
+
+def test_crps_ensemble_target_with_more_batch_dims_than_samples():
+    # one ensemble (5, M) scored against 3 sets of observations (3, 5): samples broadcast
+    rng = _rng(11)
+    x = rng.normal(size=(5, 6))
+    y = rng.normal(size=(3, 5))
+    xt = _t(x).requires_grad_()
+    ours = crps_ensemble(xt, _t(y), reduction="none")
+    assert ours.shape == (3, 5)
+    ref = crps_ensemble(_t(np.broadcast_to(x, (3, 5, 6)).copy()), _t(y), reduction="none")
+    _close(ours, ref.numpy())
+    (grad,) = torch.autograd.grad(ours.sum(), xt)
+    assert grad.shape == (5, 6) and bool(torch.isfinite(grad).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, D64])
+def test_crps_ensemble_numpy_sort_path_layouts_and_modes(dtype):
+    # CPU path sorts with numpy: non-contiguous members, every float dtype, grad-requiring
+    # inputs and inference mode must all give the O(M^2) reference.
+    ps = pytest.importorskip("properscoring")
+    g = torch.Generator().manual_seed(12)
+    base = torch.randn(9, 2 * 7, generator=g).to(dtype)
+    x = base[:, ::2]  # non-contiguous, stride 2
+    y = torch.randn(9, generator=g).to(dtype)
+    ref = ps.crps_ensemble(y.double().numpy(), x.double().numpy())
+    tol = 1e-12 if dtype == D64 else (1e-6 if dtype == torch.float32 else 1e-5)
+    xg = x.clone().T.requires_grad_()  # members on dim 0, transposed view
+    out = crps_ensemble(xg, y, estimator="nrg", ensemble_dim=0, reduction="none")
+    np.testing.assert_allclose(out.detach().double().numpy(), ref, rtol=tol, atol=tol)
+    out.sum().backward()
+    assert xg.grad.dtype == dtype and bool(torch.isfinite(xg.grad).all())
+    with torch.inference_mode():
+        inf = crps_ensemble(x, y, estimator="nrg", reduction="none")
+    np.testing.assert_allclose(inf.double().numpy(), ref, rtol=tol, atol=tol)
+
 @pytest.mark.parametrize("estimator", ["fair", "nrg"])
 def test_energy_score_matches_scoringrules_and_brute_force(estimator):
     sr = pytest.importorskip("scoringrules")
@@ -275,7 +310,9 @@ def test_scale_gradient_float32_relative_accuracy_large_z(name):
 def test_gradient_limits_as_scale_goes_to_zero(name):
     # CRPS -> |y - mu| as scale -> 0: d/dtarget -> sign, d/dscale -> g(inf) - z g'(z) limit
     limit = {"normal": -1 / math.sqrt(math.pi), "laplace": -0.75, "logistic": -1.0}[name]
-    for dtype, tiny in ((torch.float32, 1e-30), (torch.float64, 1e-300)):
+    # 1e-40 and 5e-324 are subnormal: |y| / scale overflows to inf, z = inf must not NaN
+    for dtype, tiny in ((torch.float32, 1e-30), (torch.float64, 1e-300),
+                        (torch.float32, 1e-40), (torch.float64, 5e-324)):
         loc = torch.zeros(2, dtype=dtype, requires_grad=True)
         scale = torch.full((2,), tiny, dtype=dtype, requires_grad=True)
         y = torch.tensor([1.5, -2.0], dtype=dtype, requires_grad=True)
@@ -355,9 +392,10 @@ def test_float32_sample_scores_at_offset(offset):
         assert (ours.double() - ref).abs().max().item() <= 2e-6
 
 
-def test_float32_closed_forms_vs_float64():
+@pytest.mark.parametrize("offset", [0.0, 1e4])
+def test_float32_closed_forms_vs_float64(offset):
     loc, scale, y = _params(300, seed=6)
-    f32 = [torch.tensor(a, dtype=torch.float32) for a in (loc, scale, y)]
+    f32 = [torch.tensor(a, dtype=torch.float32) for a in (loc + offset, scale, y + offset)]
     for fn in CLOSED.values():
         ours = fn(*f32, reduction="none").double()
         ref = fn(*(a.double() for a in f32), reduction="none")

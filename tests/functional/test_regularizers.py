@@ -264,6 +264,8 @@ BAD = [
     (lambda: FocalLoss(gamma="x"), ValueError, r"gamma: expected"),
     (lambda: FocalLoss(reduction="avg"), ValueError, r"reduction: expected one of"),
     (lambda: MMCELoss(width=-1.0), ValueError, r"width: expected a finite number > 0"),
+    (lambda: MMCELoss(width=1e-4), ValueError, r"width: expected a kernel width >= 1e-3"),
+    (lambda: SoftBinnedECELoss(p=0.5), ValueError, r"p: expected a number >= 1"),
     (lambda: SoftBinnedECELoss(temperature=0.0), ValueError, r"temperature: expected"),
 ]
 

@@ -497,6 +497,43 @@ def test_shapes_and_weighted_mean(data):
     torch.testing.assert_close(none, unweighted * w_item, **TOL)
 
 
+
+def _position(flat: int, shape: tuple[int, ...]) -> str:
+    idx = np.unravel_index(flat, shape)
+    return str(int(idx[0])) if len(shape) == 1 else "(" + ", ".join(str(int(i)) for i in idx) + ")"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_hypothesis_bad_values_name_the_argument_and_position(data):
+    # a NaN/+inf logit, a class index out of range or a bad binary label, at a random
+    # position of a random (N, C, *) or binary layout: ValueError naming argument + position
+    rule = data.draw(st.sampled_from(RULES))
+    binary = data.draw(st.booleans())
+    n = data.draw(st.integers(1, 5))
+    extra = tuple(data.draw(st.lists(st.integers(1, 3), max_size=2)))
+    kind = data.draw(st.sampled_from(["nan", "inf", "target"]))
+    num_classes = data.draw(st.integers(2, 5))
+    shape = (n,) + extra if binary else (n, num_classes) + extra
+    target_shape = shape if binary else (n,) + extra
+    z = torch.zeros(shape)
+    target = torch.zeros(target_shape) if binary else torch.zeros(target_shape, dtype=torch.long)
+    if kind == "target":
+        flat = data.draw(st.integers(0, target.numel() - 1))
+        bad = data.draw(st.sampled_from([2.0, -1.0, 0.5]) if binary else
+                        st.sampled_from([num_classes, num_classes + 7, -1]))
+        target.view(-1)[flat] = bad
+        name, where = "target", _position(flat, target_shape)
+    else:
+        flat = data.draw(st.integers(0, z.numel() - 1))
+        z.view(-1)[flat] = float("nan") if kind == "nan" else float("inf")
+        name, where = "logits", _position(flat, shape)
+    with pytest.raises(ValueError) as info:
+        rule(z, target)
+    message = str(info.value)
+    assert message.startswith(name + ":") and f"position {where}" in message, message
+
+
 # ------------------------------------------------------------------------ dtypes
 
 
@@ -517,18 +554,41 @@ def test_half_precision_is_finite_and_close(rule, dtype):
 
 
 @pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
-def test_under_bf16_autocast(rule):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_under_autocast(rule, dtype):
     lin = torch.nn.Linear(8, 6)
     x = torch.randn(12, 8) * 10
     t = torch.randint(0, 6, (12,))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=dtype):
         logits = lin(x)
-        assert logits.dtype == torch.bfloat16
+        assert logits.dtype == dtype
         out = rule(logits, t)
     assert out.dtype == torch.float32 and torch.isfinite(out)
     out.backward()
     assert torch.isfinite(lin.weight.grad).all()
 
+
+@pytest.mark.parametrize("rule", [brier_score, ranked_probability_score],
+                         ids=["brier", "rps"])
+def test_binary_quadratic_rules_float32_relative_accuracy_near_certainty(rule):
+    # (p - y)^2 with p = sigmoid(z) rounds p to y in float32 for |z| > ~17 and returns 0;
+    # the score sigmoid(-|z|)^2 is representable, so it must stay relatively accurate
+    z = torch.tensor([5.0, 12.0, 20.0, 30.0, -5.0, -12.0, -20.0, -30.0])
+    y = (z > 0).float()
+    ours = rule(z, y, reduction="none").double()
+    ref = torch.sigmoid(-z.double().abs()).square()
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=0)
+
+def test_rps_float32_is_relatively_accurate_for_confident_forecasts():
+    # P_{C-1} - 1 is 0 by definition; float32 rounding of sum(p) would add ~1e-15, which is
+    # about 1 % of the tiny score of a confident, correct forecast on the last class
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(64, 40, generator=g) * 0.5
+    z[:, -1] += 18.0
+    t = torch.full((64,), 39)
+    ours = ranked_probability_score(z, t, reduction="none").double()
+    ref = torch.from_numpy(reference(ranked_probability_score, z.double(), t))
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=0)
 
 @pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
 def test_extreme_float32_logits_are_finite_and_nonnegative(rule):

@@ -98,8 +98,38 @@ def _prepare(named: Sequence[tuple[str, Tensor]],
     return [x.to(dtype) for _, x in everything]
 
 
-def _check_estimator(estimator: str) -> None:
+def _check_estimator(estimator: str) -> str:
     check_option("estimator", estimator, _ESTIMATORS)
+    return estimator
+
+
+def _check_alpha(alpha: float | Tensor) -> float | Tensor:
+    """``alpha``: a number or a non-empty floating tensor, strictly inside (0, 1)."""
+    if isinstance(alpha, Tensor):
+        check_floating("alpha", alpha)
+        check_nonempty("alpha", alpha)
+        check_finite("alpha", alpha)
+    elif isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise TypeError(f"alpha: expected a float or a tensor, got {type(alpha).__name__}")
+    check_open_unit("alpha", alpha)
+    return alpha if isinstance(alpha, Tensor) else float(alpha)
+
+
+def _check_levels(quantiles: Tensor | Sequence[float]) -> Tensor:
+    """``quantiles``: a non-empty 1-d tensor (or sequence) of levels in (0, 1)."""
+    if not isinstance(quantiles, Tensor):
+        try:
+            quantiles = torch.as_tensor(list(quantiles), dtype=torch.float64)
+        except (TypeError, ValueError):
+            raise TypeError("quantiles: expected a 1-d tensor or a sequence of floats, got "
+                            f"{type(quantiles).__name__}") from None
+    check_floating("quantiles", quantiles)
+    if quantiles.dim() != 1 or quantiles.numel() == 0:
+        raise ValueError(f"quantiles: expected a non-empty 1-d tensor of levels, got shape "
+                         f"{tuple(quantiles.shape)}")
+    check_finite("quantiles", quantiles)
+    check_open_unit("quantiles", quantiles)
+    return quantiles
 
 
 # ------------------------------------------------------------ closed-form CRPS (exact grads)
@@ -373,6 +403,7 @@ def crps_ensemble(samples: Tensor, target: Tensor, *, estimator: str = "fair",
         raise ValueError(f"target: expected a shape broadcastable with samples without "
                          f"ensemble_dim {tuple(x.shape[:-1])}, got {tuple(target.shape)}") from None
     (x, target) = _prepare([("samples", x), ("target", target.unsqueeze(-1))])
+    x = x.expand(*torch.broadcast_shapes(x.shape[:-1], target.shape[:-1]), m)
 
     centre = x.detach().mean(dim=-1, keepdim=True)
     x = x - centre
@@ -463,15 +494,13 @@ def interval_score(lower: Tensor, upper: Tensor, target: Tensor, *, alpha: float
         [1.0, 5.0]
     """
     check_reduction(reduction)
+    alpha = _check_alpha(alpha)
     named = [("lower", lower), ("upper", upper), ("target", target)]
-    if isinstance(alpha, Tensor):
-        named.append(("alpha", alpha))
-    elif isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise TypeError(f"alpha: expected a float or a tensor, got {type(alpha).__name__}")
-    tensors = _prepare(named[:3], named[3:])
-    check_open_unit("alpha", alpha)
+    options = [("alpha", alpha)] if isinstance(alpha, Tensor) else []
+    tensors = _prepare(named, options)
     lower, upper, target = tensors[:3]
-    alpha = tensors[3] if isinstance(alpha, Tensor) else float(alpha)
+    if isinstance(alpha, Tensor):
+        alpha = tensors[3]
     if values_checked():
         bad = lower > upper
         if bool(bad.any()):
@@ -507,16 +536,7 @@ def quantile_score(pred: Tensor, target: Tensor, quantiles: Tensor | Sequence[fl
         [0.15, 0.25, 0.05]
     """
     check_reduction(reduction)
-    if not isinstance(quantiles, Tensor):
-        try:
-            quantiles = torch.as_tensor(list(quantiles), dtype=torch.float64)
-        except (TypeError, ValueError):
-            raise TypeError("quantiles: expected a 1-d tensor or a sequence of floats, got "
-                            f"{type(quantiles).__name__}") from None
-    check_floating("quantiles", quantiles)
-    if quantiles.dim() != 1 or quantiles.numel() == 0:
-        raise ValueError(f"quantiles: expected a non-empty 1-d tensor of levels, got shape "
-                         f"{tuple(quantiles.shape)}")
+    quantiles = _check_levels(quantiles)
     check_floating("pred", pred)
     if pred.dim() < 1 or pred.shape[-1] != quantiles.shape[0]:
         raise ValueError(f"pred: expected shape (..., Q) with Q = {quantiles.shape[0]} "
@@ -527,8 +547,6 @@ def quantile_score(pred: Tensor, target: Tensor, quantiles: Tensor | Sequence[fl
     except RuntimeError:
         raise ValueError(f"target: expected a shape broadcastable with pred without its last "
                          f"dim {tuple(pred.shape[:-1])}, got {tuple(target.shape)}") from None
-    check_finite("quantiles", quantiles)
-    check_open_unit("quantiles", quantiles)
     pred, target, levels = _prepare([("pred", pred), ("target", target.unsqueeze(-1))],
                                     [("quantiles", quantiles)])
     diff = target - pred  # y - q

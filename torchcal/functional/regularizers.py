@@ -48,6 +48,24 @@ def _check_positive_float(name: str, value: float) -> float:
     return float(value)
 
 
+def _check_mmce_options(width: float, squared: bool) -> tuple[float, bool]:
+    width = _check_positive_float("width", width)
+    if width < 1e-3:
+        raise ValueError(f"width: expected a kernel width >= 1e-3, got {width!r}")
+    if not isinstance(squared, bool):
+        raise TypeError(f"squared: expected a bool, got {type(squared).__name__}")
+    return width, squared
+
+
+def _check_soft_bin_options(bins: int, temperature: float, p: float) -> tuple[int, float, float]:
+    bins = check_int("bins", bins, minimum=1)
+    temperature = _check_positive_float("temperature", temperature)
+    p = _check_positive_float("p", p)
+    if p < 1:
+        raise ValueError(f"p: expected a number >= 1, got {p!r}")
+    return bins, temperature, p
+
+
 def focal_loss(logits: Tensor, target: Tensor, *, gamma: float | str = 2.0,
                weight: Tensor | None = None, ignore_index: int = -100,
                reduction: str = "mean") -> Tensor:
@@ -149,11 +167,7 @@ def mmce(logits: Tensor, target: Tensor, *, width: float = 0.4, squared: bool = 
         >>> round(mmce(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
         0.1647
     """
-    width = _check_positive_float("width", width)
-    if width < 1e-3:
-        raise ValueError(f"width: expected a kernel width >= 1e-3, got {width!r}")
-    if not isinstance(squared, bool):
-        raise TypeError(f"squared: expected a bool, got {type(squared).__name__}")
+    width, squared = _check_mmce_options(width, squared)
     prep = _prepare(logits, target, None, ignore_index, "mean")
     with _autocast_off(prep.logits):
         conf, correct = _confidence_reading(prep)
@@ -199,11 +213,7 @@ def soft_binned_ece(logits: Tensor, target: Tensor, *, bins: int = 15,
         >>> round(soft_binned_ece(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
         0.3192
     """
-    bins = check_int("bins", bins, minimum=1)
-    temperature = _check_positive_float("temperature", temperature)
-    p = _check_positive_float("p", p)
-    if p < 1:
-        raise ValueError(f"p: expected a number >= 1, got {p!r}")
+    bins, temperature, p = _check_soft_bin_options(bins, temperature, p)
     prep = _prepare(logits, target, None, ignore_index, "mean")
     with _autocast_off(prep.logits):
         conf, correct = _confidence_reading(prep)

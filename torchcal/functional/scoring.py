@@ -85,8 +85,7 @@ def _prepare(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index
     check_tensor("logits", logits)
     check_tensor("target", target)
     check_reduction(reduction)
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+    _check_ignore_index(ignore_index)
     check_floating("logits", logits)
     check_nonempty("logits", logits)
     dtype = torch.float32 if logits.dtype in _HALF else logits.dtype
@@ -148,6 +147,13 @@ def _prepare_multiclass(logits: Tensor, target: Tensor, weight: Tensor | None,
     return _Prepared(False, logits.to(dtype), t, used, w)
 
 
+def _check_ignore_index(ignore_index: int) -> int:
+    """``ignore_index`` must be a Python int (as in ``F.cross_entropy``)."""
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
+    return ignore_index
+
+
 def _check_weight_values(weight: Tensor) -> None:
     check_finite("weight", weight)
     if values_checked() and bool((weight < 0).any()):
@@ -194,6 +200,22 @@ def _diagnose(prep: _Prepared, flagged: Tensor) -> None:
                          f"other than the target")
     raise ValueError(f"logits: the score is not finite at item {first_bad_position(flagged)}: "
                      f"logits too large in magnitude for {logits.dtype}")
+
+
+def _fused_multiclass(fn: type[torch.autograd.Function], prep: _Prepared,
+                      reduction: str) -> Tensor:
+    """Per-item scores of a fused softmax rule ``fn(logits, index)``, checked and reduced."""
+    z = prep.logits
+    index = prep.target.unsqueeze(1)
+    score = fn.apply(z, index)
+    if values_checked():
+        _check_rows(prep, score.detach(), z.detach().gather(1, index).squeeze(1))
+    return reduce(score, reduction, prep.weight)
+
+
+def _binary_brier(prep: _Prepared) -> Tensor:
+    """``(sigmoid(z) - y)^2`` as ``sigmoid((1 - 2y) z)^2``: no cancellation when p is near y."""
+    return torch.sigmoid((1.0 - 2.0 * prep.target) * prep.logits).square()
 
 
 # --------------------------------------------------------------------------- log score
@@ -312,15 +334,8 @@ def brier_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
     prep = _prepare(logits, target, weight, ignore_index, reduction)
     with _autocast_off(prep.logits):
         if prep.binary:
-            # |p - y| = sigmoid((1 - 2y) z): no cancellation when p is close to y.
-            score = torch.sigmoid((1.0 - 2.0 * prep.target) * prep.logits).square()
-            return reduce(score, reduction, prep.weight)
-        index = prep.target.unsqueeze(1)
-        score = _SoftmaxBrier.apply(prep.logits, index)
-        if values_checked():
-            true_logit = prep.logits.detach().gather(1, index).squeeze(1)
-            _check_rows(prep, score.detach(), true_logit)
-        return reduce(score, reduction, prep.weight)
+            return reduce(_binary_brier(prep), reduction, prep.weight)
+        return _fused_multiclass(_SoftmaxBrier, prep, reduction)
 
 
 # --------------------------------------------------------------------------- spherical
@@ -384,11 +399,7 @@ def spherical_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = N
             half_norm = 0.5 * torch.logaddexp(torch.zeros_like(z), 2.0 * z)
             score = -torch.expm1(prep.target * z - half_norm)
             return reduce(score, reduction, prep.weight)
-        index = prep.target.unsqueeze(1)
-        score = _SoftmaxSpherical.apply(z, index)
-        if values_checked():
-            _check_rows(prep, score.detach(), z.detach().gather(1, index).squeeze(1))
-        return reduce(score, reduction, prep.weight)
+        return _fused_multiclass(_SoftmaxSpherical, prep, reduction)
 
 
 # --------------------------------------------------------------------------- RPS
@@ -458,13 +469,7 @@ def ranked_probability_score(logits: Tensor, target: Tensor, *, weight: Tensor |
         0.26
     """
     prep = _prepare(logits, target, weight, ignore_index, reduction)
-    z = prep.logits
-    with _autocast_off(z):
+    with _autocast_off(prep.logits):
         if prep.binary:
-            score = torch.sigmoid((1.0 - 2.0 * prep.target) * z).square()
-            return reduce(score, reduction, prep.weight)
-        index = prep.target.unsqueeze(1)
-        score = _SoftmaxRPS.apply(z, index)
-        if values_checked():
-            _check_rows(prep, score.detach(), z.detach().gather(1, index).squeeze(1))
-        return reduce(score, reduction, prep.weight)
+            return reduce(_binary_brier(prep), reduction, prep.weight)
+        return _fused_multiclass(_SoftmaxRPS, prep, reduction)
