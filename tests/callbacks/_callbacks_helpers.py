@@ -1,0 +1,127 @@
+"""Tiny Lightning pieces shared by the callback tests (a module, not a conftest, so that
+``ddp_spawn`` children can unpickle the classes by reference)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+N_FEATURES = 8
+N_CLASSES = 3
+
+QUIET = (
+    r".*LeafSpec.*",
+    r".*does not have many workers.*",
+    r".*smaller than the logging interval.*",
+    r".*sync_dist=True.*",
+    r".*GPU available but not used.*",
+    r".*predict_dataloader.*",
+)
+
+
+def quiet_warnings() -> None:
+    """Lightning noise that says nothing about the code under test (the LeafSpec
+    FutureWarning of torch 2.13 + lightning 2.6, worker-count hints)."""
+    for pat in QUIET:
+        warnings.filterwarnings("ignore", message=pat)
+
+
+def make_data(n: int, seed: int, *, binary: bool = False, groups: int = 0,
+              n_classes: int = N_CLASSES) -> TensorDataset:
+    """Noisy linear classes; with ``groups`` a third tensor of group ids."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, N_FEATURES, generator=g)
+    w = torch.randn(N_FEATURES, 1 if binary else n_classes, generator=torch.Generator()
+                    .manual_seed(1234))
+    z = x @ w + 1.5 * torch.randn(n, w.shape[1], generator=g)
+    y = (z[:, 0] > 0).float() if binary else z.argmax(1)
+    if groups:
+        gid = torch.randint(0, groups, (n,), generator=g)
+        return TensorDataset(x, y, gid)
+    return TensorDataset(x, y)
+
+
+def loader(ds: TensorDataset, batch_size: int = 32) -> DataLoader:
+    return DataLoader(ds, batch_size=batch_size, shuffle=False)
+
+
+class TinyModule(L.LightningModule):
+    """Linear classifier whose validation/test steps return ``{"logits", "target"[, "group"]}``."""
+
+    def __init__(self, binary: bool = False, n_classes: int = N_CLASSES, lr: float = 0.5,
+                 mask_last: bool = False, returns: str = "dict", scale: float = 1.0) -> None:
+        super().__init__()
+        self.scale = scale
+        self.binary = binary
+        self.mask_last = mask_last
+        self.returns = returns
+        self.lr = lr
+        self.net = torch.nn.Linear(N_FEATURES, 1 if binary else n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.scale * self.net(x)
+        if self.binary:
+            return z.squeeze(-1)
+        if self.mask_last:  # a masked class, as in filtered link prediction
+            z = torch.cat([z[:, :-1], torch.full_like(z[:, -1:], -float("inf"))], 1)
+        return z
+
+    def loss(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.binary:
+            return F.binary_cross_entropy_with_logits(z, y)
+        return F.cross_entropy(z, y)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch[0], batch[1]
+        return self.loss(self(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        x, y = batch[0], batch[1]
+        z = self(x)
+        if self.returns == "none":
+            return None
+        if self.returns == "loss":
+            return {"loss": self.loss(z, y)}
+        out = {"logits": z, "target": y}
+        if len(batch) > 2:
+            out["group"] = batch[2]
+        return out
+
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        return self.validation_step(batch, batch_idx, dataloader_idx)
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        z = self(batch[0])
+        scaler = getattr(self, "temperature_scaler", None)
+        return z if scaler is None else scaler(z)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def trainer(tmp_path: Any, **kw: Any) -> L.Trainer:
+    """A fast single-process CPU trainer."""
+    opts: dict[str, Any] = dict(
+        accelerator="cpu", devices=1, max_epochs=2, default_root_dir=str(tmp_path),
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        logger=False, enable_checkpointing=False, log_every_n_steps=1)
+    opts.update(kw)
+    return L.Trainer(**opts)
+
+
+class TemperatureRecorder(L.Callback):
+    """Writes each rank's fitted temperature to ``<dirpath>/T_rank<r>.txt`` at fit end (runs
+    after TemperatureScaling when listed after it)."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = dirpath
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        t = pl_module.temperature_scaler.temperature
+        with open(f"{self.dirpath}/T_rank{trainer.global_rank}.txt", "w") as fh:
+            fh.write(repr(t))

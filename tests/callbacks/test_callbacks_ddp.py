@@ -1,0 +1,63 @@
+"""Two CPU processes (``ddp_spawn``, gloo) against one process on the same data: the same
+reliability CSV, the same temperature on every rank and as in one process."""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import lightning as L
+import pytest
+import torch
+from _callbacks_helpers import TemperatureRecorder, TinyModule, loader, make_data, quiet_warnings
+from lightning.pytorch.loggers import CSVLogger
+
+from torchcal.callbacks import CalibrationMonitor, TemperatureScaling
+
+N_TRAIN, N_VAL = 256, 200
+
+
+def run(tmp, name: str, **kw) -> str:
+    torch.manual_seed(0)
+    model = TinyModule(lr=0.0, scale=3.0)  # lr 0: identical weights whatever the sharding
+    out = tmp / name
+    out.mkdir()
+    tr = L.Trainer(accelerator="cpu", max_epochs=2, default_root_dir=str(out),
+                   logger=CSVLogger(str(out), name="logs", version=0),
+                   callbacks=[CalibrationMonitor(n_bins=10), TemperatureScaling(n_bins=10),
+                              TemperatureRecorder(str(out))],
+                   enable_progress_bar=False, enable_model_summary=False,
+                   enable_checkpointing=False, num_sanity_val_steps=0, **kw)
+    batch = 64 if kw.get("devices", 1) == 1 else 32  # the same number of steps per epoch
+    tr.fit(model, loader(make_data(N_TRAIN, 1), batch), loader(make_data(N_VAL, 2), 32))
+    return str(out)
+
+
+def read(path: str) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.ddp
+def test_ddp_spawn_matches_single_process(tmp_path):
+    quiet_warnings()
+    single = run(tmp_path, "single", devices=1)
+    ddp = run(tmp_path, "ddp", devices=2, strategy="ddp_spawn")
+    a = read(os.path.join(single, "logs", "version_0", "reliability.csv"))
+    b = read(os.path.join(ddp, "logs", "version_0", "reliability.csv"))
+    assert len(a) == len(b) > 0
+    for ra, rb in zip(a, b):
+        assert list(ra) == list(rb)
+        for col in ("epoch", "step", "bin", "count"):
+            assert ra[col] == rb[col]
+        for col in ("lo", "hi", "conf", "acc", "gap", "ci_low", "ci_high"):
+            # float64 sums merged in another order: equal to rounding
+            assert float(ra[col]) == pytest.approx(float(rb[col]), rel=1e-12, abs=1e-15)
+    for e in (0, 1):
+        assert sum(int(r["count"]) for r in b if r["epoch"] == str(e)) == N_VAL
+    t0 = float(open(os.path.join(ddp, "T_rank0.txt")).read())
+    t1 = float(open(os.path.join(ddp, "T_rank1.txt")).read())
+    t_single = float(open(os.path.join(single, "T_rank0.txt")).read())
+    assert t0 == t1  # the same T on every rank
+    assert t0 == pytest.approx(t_single, rel=1e-9)
+    assert t0 > 1.5

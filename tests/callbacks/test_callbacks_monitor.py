@@ -1,0 +1,493 @@
+"""CalibrationMonitor: files, loggers, callback metrics, offline agreement, resume, errors."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from _callbacks_helpers import (
+    N_CLASSES,
+    TinyModule,
+    loader,
+    make_data,
+    quiet_warnings,
+    trainer,
+)
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+
+from torchcal.callbacks import CalibrationMonitor, TemperatureScaling
+from torchcal.functional import calibration as C
+from torchcal.report import CSV_COLUMNS
+
+N_TRAIN, N_VAL = 256, 200  # 200 = 6 full batches of 32 + one of 8
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    quiet_warnings()
+
+
+def read_csv(path: str) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def offline_logits(model: TinyModule, ds: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's predictions on the same batches as the validation loop (float32 matmul
+    results depend on the batch size)."""
+    with torch.no_grad():
+        out = [(model(b[0]), b[1]) for b in loader(ds)]
+    return torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
+
+
+def numpy_ece(logits: torch.Tensor, y: torch.Tensor, n_bins: int) -> tuple[float, float]:
+    """Independent float64 numpy reference: (L1 ECE, MCE) of the confidence reading."""
+    p = torch.softmax(logits.double(), 1).numpy()
+    conf, pred = p.max(1), p.argmax(1)
+    hit = (pred == y.numpy()).astype(float)
+    b = np.minimum(np.floor(conf * n_bins), n_bins - 1).astype(int)
+    ece, mce = 0.0, 0.0
+    for k in range(n_bins):
+        m = b == k
+        if m.any():
+            gap = abs(conf[m].mean() - hit[m].mean())
+            ece += m.sum() / len(conf) * gap
+            mce = max(mce, gap)
+    return ece, mce
+
+
+# ---------------------------------------------------------------- the main single-process fit
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    quiet_warnings()
+    tmp = tmp_path_factory.mktemp("fit")
+    torch.manual_seed(0)
+    train, val = make_data(N_TRAIN, 1), make_data(N_VAL, 2)
+    csv_logger = CSVLogger(str(tmp), name="csv")
+    tb_logger = TensorBoardLogger(str(tmp), name="tb")
+    monitor = CalibrationMonitor(n_bins=10)
+    ckpt = ModelCheckpoint(dirpath=str(tmp / "ckpt"), monitor="val/ece", mode="min",
+                           save_last=True)
+    model = TinyModule()
+    tr = trainer(tmp, max_epochs=2, logger=[csv_logger, tb_logger], callbacks=[monitor, ckpt],
+                 enable_checkpointing=True, num_sanity_val_steps=2)
+    tr.fit(model, loader(train), loader(val))
+    return dict(tmp=tmp, trainer=tr, model=model, monitor=monitor, ckpt=ckpt, val=val,
+                train=train, csv_logger=csv_logger, tb_logger=tb_logger)
+
+
+def test_csv_one_table_per_epoch_counts_sum_to_val_size(fitted):
+    path = os.path.join(fitted["csv_logger"].log_dir, "reliability.csv")
+    rows = read_csv(path)
+    assert list(rows[0]) == ["epoch", "step"] + list(CSV_COLUMNS)
+    epochs = sorted({int(r["epoch"]) for r in rows})
+    assert epochs == [0, 1]  # the sanity check (2 batches) wrote nothing
+    for e in epochs:
+        assert sum(int(r["count"]) for r in rows if int(r["epoch"]) == e) == N_VAL
+    # one step per epoch, the global step at the validation's end
+    assert {int(r["step"]) for r in rows if int(r["epoch"]) == 1} == {2 * math.ceil(N_TRAIN / 32)}
+    assert [h["epoch"] for h in fitted["monitor"].history] == [0, 1]
+    assert all(h["n"] == N_VAL for h in fitted["monitor"].history)
+
+
+def test_tensorboard_has_text_and_image(fitted):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(fitted["tb_logger"].log_dir, size_guidance={"tensors": 0, "images": 0})
+    ea.Reload()
+    tags = ea.Tags()
+    assert "val/reliability/text_summary" in tags["tensors"]  # add_text (text plugin)
+    assert "val/reliability_diagram" in tags["images"]
+    assert len(ea.Images("val/reliability_diagram")) == 2
+    assert "val/calibration_over_epochs" in tags["images"]
+    text = ea.Tensors("val/reliability/text_summary")[-1].tensor_proto.string_val[0].decode()
+    assert text.startswith("| bin | lo | hi | count |")
+    assert {"val/ece", "val/nll", "val/brier", "val/mce", "val/ece_debiased"} <= set(
+        tags["scalars"])
+
+
+def test_callback_metrics_and_modelcheckpoint_monitor(fitted):
+    cm = fitted["trainer"].callback_metrics
+    for k in ("val/ece", "val/ece_debiased", "val/mce", "val/brier", "val/nll"):
+        assert k in cm
+    hist = fitted["monitor"].history
+    assert float(cm["val/ece"]) == pytest.approx(hist[-1]["ece"], abs=1e-12)
+    ck = fitted["ckpt"]
+    assert ck.best_model_path and os.path.exists(ck.best_model_path)
+    assert float(ck.best_model_score) == pytest.approx(min(h["ece"] for h in hist), abs=1e-12)
+    # metrics.csv of the CSVLogger carries the scalar per epoch
+    rows = read_csv(os.path.join(fitted["csv_logger"].log_dir, "metrics.csv"))
+    assert sum(1 for r in rows if r.get("val/ece")) == 2
+
+
+def test_logged_table_equals_offline_table(fitted):
+    logits, y = offline_logits(fitted["model"], fitted["val"])
+    table = C.reliability_table(logits, y, n_bins=10)
+    rows = [r for r in read_csv(os.path.join(fitted["csv_logger"].log_dir, "reliability.csv"))
+            if int(r["epoch"]) == 1]
+    ref = table.rows()
+    assert [int(r["bin"]) for r in rows] == [r["bin"] for r in ref]
+    assert [int(r["count"]) for r in rows] == [r["count"] for r in ref]
+    for col in ("lo", "hi", "conf", "acc", "gap", "ci_low", "ci_high"):
+        np.testing.assert_allclose([float(r[col]) for r in rows], [r[col] for r in ref],
+                                   rtol=0, atol=1e-12)
+    h = fitted["monitor"].history[-1]
+    ece, mce = numpy_ece(logits, y, 10)
+    # the monitor's confidences are float32 (as the model's logits), the reference float64
+    assert h["ece"] == pytest.approx(ece, abs=1e-6)
+    assert h["mce"] == pytest.approx(mce, abs=1e-6)
+    assert h["ece"] == pytest.approx(table.ece, abs=1e-12)
+    assert h["ece_debiased"] == pytest.approx(float(C.calibration_error(
+        logits, y, n_bins=10, norm="l2", estimator="debiased")), abs=1e-12)
+    # Brier of the confidence reading: mean (conf - correct)^2
+    p = torch.softmax(logits.double(), 1)
+    conf, pred = p.max(1)
+    assert h["brier"] == pytest.approx(float(((conf - (pred == y).double()) ** 2).mean()),
+                                       abs=1e-6)
+    assert h["brier"] == pytest.approx(float(C.brier_decomposition(
+        logits, y, n_bins=10, reading="confidence")["brier"]), abs=1e-12)
+    assert h["nll"] == pytest.approx(float(F.cross_entropy(logits.double(), y)), abs=1e-6)
+
+
+def test_history_figure_written(fitted):
+    assert os.path.getsize(os.path.join(fitted["csv_logger"].log_dir,
+                                        "calibration_over_epochs.png")) > 1000
+
+
+def test_resume_keeps_history(fitted, tmp_path):
+    last = fitted["ckpt"].last_model_path
+    state = torch.load(last, weights_only=True)
+    mon = CalibrationMonitor(n_bins=10)
+    warnings.filterwarnings("ignore", message=r".*callbacks used to create the checkpoint.*")
+    assert state["callbacks"][mon.state_key]["history"] == fitted["monitor"].history
+    tr = trainer(tmp_path, max_epochs=3, callbacks=[mon], logger=CSVLogger(str(tmp_path)))
+    tr.fit(TinyModule(), loader(fitted["train"]), loader(fitted["val"]), ckpt_path=last)
+    assert [h["epoch"] for h in mon.history] == [0, 1, 2]
+    assert mon.history[:2] == fitted["monitor"].history
+
+
+# ---------------------------------------------------------------- readings, stages, loaders
+@pytest.mark.parametrize("reading", ["binary", "top_label", "classwise"])
+def test_readings_match_functional(reading, tmp_path):
+    binary = reading == "binary"
+    val = make_data(96, 3, binary=binary)
+    model = TinyModule(binary=binary)
+    mon = CalibrationMonitor(n_bins=8, reading=reading,
+                             num_classes=None if binary else N_CLASSES, write_csv=False)
+    out = trainer(tmp_path, callbacks=[mon]).validate(model, loader(val), verbose=False)[0]
+    logits, y = offline_logits(model, val)
+    kw = dict(n_bins=8, reading=reading, num_classes=None if binary else N_CLASSES)
+    assert out["val/ece"] == pytest.approx(float(C.calibration_error(logits, y, **kw)),
+                                           abs=1e-6)
+    assert out["val/mce"] == pytest.approx(float(C.calibration_error(logits, y, norm="max",
+                                                                     **kw)), abs=1e-6)
+    brier = float(C.brier_decomposition(logits, y, **kw)["brier"])
+    assert out["val/brier"] == pytest.approx(brier, abs=1e-6)
+    if reading == "classwise":  # the full multiclass Brier score
+        onehot = F.one_hot(y, N_CLASSES).double()
+        full = float(((torch.softmax(logits, 1).double() - onehot) ** 2).sum(1).mean())
+        assert brier == pytest.approx(full, abs=1e-12)
+    if binary:
+        ref = float(F.binary_cross_entropy_with_logits(logits.double(), y.double()))
+        assert out["val/nll"] == pytest.approx(ref, abs=1e-6)
+    assert mon.history[-1]["n"] == 96
+
+
+def test_test_stage_and_several_dataloaders(tmp_path, capsys):
+    a, b = make_data(64, 4), make_data(40, 5)
+    model = TinyModule()
+    mon = CalibrationMonitor(n_bins=5, verbose=True)
+    tr = trainer(tmp_path, callbacks=[mon], logger=CSVLogger(str(tmp_path)))
+    out = tr.test(model, [loader(a), loader(b)], verbose=False)
+    keys = set(out[0]) | set(out[1])
+    assert {"test/ece/dataloader_idx_0", "test/ece/dataloader_idx_1",
+            "test/nll/dataloader_idx_1"} <= keys
+    d = tr.loggers[0].log_dir
+    for i, n in ((0, 64), (1, 40)):
+        rows = read_csv(os.path.join(d, f"test_reliability_dataloader_idx_{i}.csv"))
+        assert sum(int(r["count"]) for r in rows) == n
+        logits, y = offline_logits(model, (a, b)[i])
+        assert out[i][f"test/ece/dataloader_idx_{i}"] == pytest.approx(
+            float(C.calibration_error(logits, y, n_bins=5)), abs=1e-6)
+    printed = capsys.readouterr().out
+    assert "test dataloader 1 epoch 0" in printed and "reliability table" in printed
+    assert [(h["stage"], h["dataloader_idx"]) for h in mon.history] == [("test", 0), ("test", 1)]
+
+
+def test_groups_tables_and_metrics(tmp_path):
+    val = make_data(120, 6, groups=3)
+    model = TinyModule()
+    mon = CalibrationMonitor(n_bins=5, num_groups=3, name="g")
+    tr = trainer(tmp_path, callbacks=[mon], logger=CSVLogger(str(tmp_path)))
+    out = tr.validate(model, loader(val), verbose=False)[0]
+    logits, y = offline_logits(model, val)
+    gid = val.tensors[2]
+    for g in range(3):
+        m = gid == g
+        assert out[f"val/g/group_{g}/ece"] == pytest.approx(
+            float(C.calibration_error(logits[m], y[m], n_bins=5)), abs=1e-6)
+    rows = read_csv(os.path.join(tr.loggers[0].log_dir, "g_reliability_groups.csv"))
+    assert list(rows[0])[:3] == ["epoch", "step", "group"]
+    for g in range(3):
+        assert sum(int(r["count"]) for r in rows if int(r["group"]) == g) == int(
+            (gid == g).sum())
+    pooled = read_csv(os.path.join(tr.loggers[0].log_dir, "g_reliability.csv"))
+    assert sum(int(r["count"]) for r in pooled) == 120
+    assert out["val/g/ece"] == pytest.approx(float(C.calibration_error(logits, y, n_bins=5)),
+                                             abs=1e-6)
+
+
+def test_extract_fn_and_probs(tmp_path):
+    val = make_data(64, 7)
+    model = TinyModule(returns="loss")
+
+    def extract(pl_module, batch, outputs):
+        return torch.softmax(pl_module(batch[0]), 1), batch[1]
+
+    mon = CalibrationMonitor(n_bins=5, input="probs", extract_fn=extract, write_csv=False)
+    out = trainer(tmp_path, callbacks=[mon]).validate(model, loader(val), verbose=False)[0]
+    logits, y = offline_logits(model, val)
+    assert out["val/ece"] == pytest.approx(float(C.calibration_error(logits, y, n_bins=5)),
+                                           abs=1e-6)
+    assert out["val/nll"] == pytest.approx(float(F.cross_entropy(logits.double(), y)),
+                                           abs=1e-5)
+
+
+def test_neg_inf_masks_allowed(tmp_path):
+    # 4 outputs, the last masked with -inf (as known answers in filtered link prediction)
+    val = make_data(64, 8, n_classes=3)
+    model = TinyModule(n_classes=4, mask_last=True)
+    mon = CalibrationMonitor(n_bins=5, write_csv=False)
+    out = trainer(tmp_path, callbacks=[mon]).validate(model, loader(val), verbose=False)[0]
+    logits, y = offline_logits(model, val)
+    assert torch.isinf(logits[:, -1]).all()
+    ref = C.calibration_error(torch.softmax(logits, 1), y, n_bins=5, input="probs")
+    assert out["val/ece"] == pytest.approx(float(ref), abs=1e-6)
+    assert out["val/nll"] == pytest.approx(float(F.cross_entropy(logits.double(), y)),
+                                           abs=1e-6)
+    # a masked true class: the NLL is honestly infinite, the binned metrics stay finite
+    y2 = torch.full_like(y, 3)
+    out2 = trainer(tmp_path, callbacks=[CalibrationMonitor(n_bins=5, write_csv=False)]
+                   ).validate(model, loader(torch.utils.data.TensorDataset(
+                       val.tensors[0], y2)), verbose=False)[0]
+    assert out2["val/nll"] == math.inf and math.isfinite(out2["val/ece"])
+
+
+# ---------------------------------------------------------------- errors and validation
+@pytest.mark.parametrize("returns", ["none", "loss"])
+def test_missing_outputs_error_names_keys(returns, tmp_path):
+    mon = CalibrationMonitor(write_csv=False)
+    with pytest.raises(ValueError) as e:
+        trainer(tmp_path, callbacks=[mon]).validate(TinyModule(returns=returns),
+                                                    loader(make_data(32, 0)), verbose=False)
+    msg = str(e.value)
+    assert "'logits'" in msg and "'target'" in msg
+    assert 'return {"logits": logits, "target": y}' in msg
+    assert ("returned None" in msg) if returns == "none" else ("keys ['loss']" in msg)
+
+
+def test_bad_values_raise(tmp_path):
+    class NaNModule(TinyModule):
+        def forward(self, x):
+            z = super().forward(x)
+            return torch.where(torch.arange(z.shape[0])[:, None] == 3, torch.nan, z)
+
+    with pytest.raises(ValueError, match="preds: expected finite"):
+        trainer(tmp_path, callbacks=[CalibrationMonitor(write_csv=False)]).validate(
+            NaNModule(), loader(make_data(32, 0)), verbose=False)
+
+    class DeadRow(TinyModule):
+        def forward(self, x):
+            z = super().forward(x)
+            return torch.where(torch.arange(z.shape[0])[:, None] == 2, -torch.inf, z)
+
+    with pytest.raises(ValueError, match="row 2 is entirely -inf"):
+        trainer(tmp_path, callbacks=[CalibrationMonitor(write_csv=False)]).validate(
+            DeadRow(), loader(make_data(32, 0)), verbose=False)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(n_bins=0), "n_bins"),
+    (dict(n_bins=2.5), "n_bins"),
+    (dict(reading="top1"), "reading"),
+    (dict(input="scores"), "input"),
+    (dict(level=1.0), "level"),
+    (dict(interval="exact"), "interval"),
+    (dict(reading="classwise"), "num_classes"),
+    (dict(num_groups=0), "num_groups"),
+    (dict(preds_key=""), "preds_key"),
+    (dict(target_key=3), "target_key"),
+    (dict(name="/x"), "name"),
+    (dict(extract_fn="f"), "extract_fn"),
+])
+def test_init_validation(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        CalibrationMonitor(**kwargs)
+
+
+def test_state_key_unique_per_configuration():
+    keys = {CalibrationMonitor().state_key, CalibrationMonitor(n_bins=10).state_key,
+            CalibrationMonitor(reading="binary").state_key,
+            CalibrationMonitor(name="a").state_key, CalibrationMonitor(input="probs").state_key}
+    assert len(keys) == 5
+    assert CalibrationMonitor(n_bins=10).state_key == CalibrationMonitor(n_bins=10).state_key
+
+
+def test_every_hook_is_marked_override():
+    for name, fn in vars(CalibrationMonitor).items():
+        if name.startswith("on_") or name in ("state_dict", "load_state_dict"):
+            assert getattr(fn, "__override__", False), name
+
+
+def test_lightning_cli_yaml(tmp_path, monkeypatch):
+    pytest.importorskip("jsonargparse")
+    monkeypatch.setattr("sys.argv", ["prog"])
+    warnings.filterwarnings("ignore", message=r".*No seed found.*")
+    warnings.filterwarnings("ignore", module=r"lightning\.pytorch\.cli")
+    from lightning.pytorch.cli import LightningCLI
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(
+        "trainer:\n"
+        "  logger: false\n"
+        "  callbacks:\n"
+        "    - class_path: torchcal.callbacks.CalibrationMonitor\n"
+        "      init_args:\n"
+        "        n_bins: 12\n"
+        "        reading: top_label\n"
+        "        num_classes: 3\n"
+        "        preds_key: scores\n"
+        "    - class_path: torchcal.callbacks.TemperatureScaling\n"
+        "      init_args:\n"
+        "        when: epoch\n"
+        "        bounds: [0.01, 100.0]\n")
+    cli = LightningCLI(TinyModule, run=False, args=["--config", str(cfg)],
+                       save_config_callback=None)
+    mon = [c for c in cli.trainer.callbacks if isinstance(c, CalibrationMonitor)]
+    assert len(mon) == 1 and mon[0].n_bins == 12 and mon[0].reading == "top_label"
+    assert mon[0].preds_key == "scores"
+    ts = [c for c in cli.trainer.callbacks if isinstance(c, TemperatureScaling)]
+    assert len(ts) == 1 and ts[0].when == "epoch" and ts[0].bounds == (0.01, 100.0)
+    cfg.write_text(cfg.read_text().replace("reading: top_label", "reading: top1"))
+    with pytest.raises(SystemExit):
+        LightningCLI(TinyModule, run=False, args=["--config", str(cfg)],
+                     save_config_callback=None)
+
+
+# ---------------------------------------------------------------- fake W&B / MLflow loggers
+class _Recorder(Logger):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    @property
+    def name(self) -> str:
+        return "fake"
+
+    @property
+    def version(self) -> str:
+        return "0"
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        self.calls.append(("log_metrics", (metrics,), {"step": step}))
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class WandbLogger(_Recorder):
+    def log_table(self, key, columns=None, data=None, dataframe=None, step=None):
+        self.calls.append(("log_table", (), dict(key=key, columns=columns, data=data,
+                                                 step=step)))
+
+    def log_image(self, key, images, step=None, **kwargs):
+        self.calls.append(("log_image", (), dict(key=key, images=images, step=step)))
+
+
+class _FakeMlflowClient:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def log_table(self, run_id, data, artifact_file):
+        self.calls.append(("log_table", (run_id,), dict(data=data, artifact_file=artifact_file)))
+
+    def log_figure(self, run_id, figure, artifact_file):
+        self.calls.append(("log_figure", (run_id, figure), dict(artifact_file=artifact_file)))
+
+
+class MLFlowLogger(_Recorder):
+    run_id = "run-123"
+
+    @property
+    def experiment(self):
+        return _FakeMlflowClient(self.calls)
+
+
+class SomeOtherLogger(_Recorder):
+    pass
+
+
+def test_fake_wandb_mlflow_and_unknown_logger(tmp_path):
+    pytest.importorskip("matplotlib")
+    wb, ml, other = WandbLogger(), MLFlowLogger(), SomeOtherLogger()
+    mon = CalibrationMonitor(n_bins=5)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        quiet_warnings()
+        trainer(tmp_path, max_epochs=2, logger=[wb, ml, other], callbacks=[mon]).fit(
+            TinyModule(), loader(make_data(64, 1)), loader(make_data(48, 2)))
+    unknown = [w for w in rec if "no adapter for logger SomeOtherLogger" in str(w.message)]
+    assert len(unknown) == 1  # warned once, not per epoch
+    tables = [c for c in wb.calls if c[0] == "log_table"]
+    assert len(tables) == 2 and tables[0][2]["key"] == "val/reliability"
+    assert tables[0][2]["columns"] == list(CSV_COLUMNS)
+    assert sum(row[3] for row in tables[-1][2]["data"]) == 48
+    images = [c for c in wb.calls if c[0] == "log_image"]
+    assert [c[2]["key"] for c in images] == ["val/reliability_diagram"] * 2 + [
+        "val/calibration_over_epochs"]
+    assert images[0][2]["images"][0].ndim == 3 and images[0][2]["images"][0].shape[2] == 3
+    mt = [c for c in ml.calls if c[0] == "log_table"]
+    assert len(mt) == 2 and mt[0][1] == ("run-123",)
+    assert mt[0][2]["artifact_file"].endswith(".json")
+    assert sum(mt[-1][2]["data"]["count"]) == 48 and list(mt[-1][2]["data"]) == list(
+        CSV_COLUMNS)
+    figs = [c for c in ml.calls if c[0] == "log_figure"]
+    assert len(figs) == 3 and type(figs[0][1][1]).__name__ == "Figure"
+    # the scalars reached every logger through pl_module.log
+    for lg in (wb, ml, other):
+        assert any("val/ece" in c[1][0] for c in lg.calls if c[0] == "log_metrics")
+
+
+def test_logger_failure_does_not_crash(tmp_path):
+    class _Full:
+        def add_text(self, *args, **kwargs):
+            raise OSError("disk full")
+
+    class TensorBoardLogger(_Recorder):  # duck-typed by name
+        @property
+        def experiment(self):
+            return _Full()
+
+    lg = TensorBoardLogger()
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        quiet_warnings()
+        trainer(tmp_path, callbacks=[CalibrationMonitor(log_figures=False)], logger=lg).validate(
+            TinyModule(), loader(make_data(32, 0)), verbose=False)
+    assert any("disk full" in str(w.message) for w in rec)
+
+
+def test_no_logger_writes_csv_to_default_root_dir(tmp_path):
+    trainer(tmp_path, callbacks=[CalibrationMonitor()]).validate(
+        TinyModule(), loader(make_data(40, 0)), verbose=False)
+    rows = read_csv(os.path.join(tmp_path, "reliability.csv"))
+    assert sum(int(r["count"]) for r in rows) == 40
+

@@ -1,0 +1,485 @@
+"""TemperatureScaler against the float64 Brent optimum on log T, plus its guarantees."""
+
+import io
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import brentq
+
+from torchcal.scaling import CalibrationWarning, NotFittedError, TemperatureScaler
+from torchcal.scaling import temperature as temperature_module
+
+
+# ----------------------------------------------------------------------------- oracles
+def nll_at(logits: torch.Tensor, target: torch.Tensor, log_t: float) -> float:
+    """Mean NLL at T = exp(log_t), written independently of torchcal (float64)."""
+    z = logits.double() / math.exp(log_t)
+    if z.dim() == 1:
+        y = target.double()
+        # exact log(1 + e^z) - y z; -inf logits (target 0) contribute 0
+        sp = torch.where(torch.isneginf(z), torch.zeros_like(z), torch.logaddexp(torch.zeros_like(z), z))
+        yz = torch.where(y > 0, z, torch.zeros_like(z))
+        return float((sp - yz).mean())
+    return float((torch.logsumexp(z, 1) - z.gather(1, target[:, None]).squeeze(1)).mean())
+
+
+def grad_log_t(logits: torch.Tensor, target: torch.Tensor, log_t: float) -> float:
+    """d mean NLL / d log T, written independently of torchcal (float64)."""
+    beta = math.exp(-log_t)
+    z = logits.double()
+    if z.dim() == 1:
+        finite = torch.isfinite(z)
+        z, y = z[finite], target.double()[finite]
+        g_beta = ((torch.sigmoid(beta * z) - y) * z).sum() / logits.shape[0]
+    else:  # numpy: E_p[z] - z_y with p = softmax(beta z); masked entries have p = 0
+        zn = z.numpy()
+        finite = np.isfinite(zn)
+        p = beta * zn
+        p -= p.max(1, keepdims=True)
+        np.exp(p, out=p)
+        p /= p.sum(1, keepdims=True)
+        ez = np.einsum("ij,ij->i", p, np.where(finite, zn, 0.0))
+        g_beta = np.mean(ez - zn[np.arange(zn.shape[0]), target.numpy()])
+    return -beta * float(g_beta)
+
+
+def brent_optimum(logits, target, t_hint=1.0):
+    """float64 Brent's method on log T (the root of the NLL's derivative); (T, NLL).
+
+    The bracket starts around ``t_hint`` and widens until the derivative changes sign, so the
+    root is certified by the oracle alone; a good hint only saves evaluations.
+    """
+    width = 1e-4
+    lo, hi = math.log(t_hint) - width, math.log(t_hint) + width
+    while grad_log_t(logits, target, lo) > 0:
+        width *= 8
+        lo -= width
+    while grad_log_t(logits, target, hi) < 0:
+        width *= 8
+        hi += width
+    root = brentq(lambda lt: grad_log_t(logits, target, lt), lo, hi, xtol=1e-14, rtol=1e-14)
+    return math.exp(root), nll_at(logits, target, root)
+
+
+def sample_multiclass(n, c, true_t, seed, scale=3.0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    z = scale * torch.randn(n, c, generator=g, dtype=torch.float64)
+    y = torch.multinomial(torch.softmax(z / true_t, 1), 1, generator=g).squeeze(1)
+    return z.to(dtype), y
+
+
+def sample_binary(n, true_t, seed, scale=10.0):
+    g = torch.Generator().manual_seed(seed)
+    s = scale * torch.randn(n, generator=g, dtype=torch.float64)
+    y = torch.bernoulli(torch.sigmoid(s / true_t), generator=g)
+    return s, y
+
+
+def assert_optimal(res, logits, target, rel=1e-6, nats=1e-10):
+    t_ref, f_ref = brent_optimum(logits, target, t_hint=res.temperature)
+    assert res.converged
+    assert abs(res.temperature / t_ref - 1) <= rel, (res.temperature, t_ref)
+    assert abs(res.nll_after - f_ref) <= nats, (res.nll_after, f_ref)
+    # the reported NLL is the NLL at the reported T
+    assert abs(res.nll_after - nll_at(logits, target, math.log(res.temperature))) <= 1e-12
+    assert abs(res.nll_before - nll_at(logits, target, 0.0)) <= 1e-12
+    assert res.nll_after <= res.nll_before
+    assert res.grad_norm <= 1e-9
+
+
+# ----------------------------------------------------------------------------- optimum
+@pytest.mark.parametrize("true_t", [0.5, 2.5, 10.0])
+def test_multiclass_reaches_brent_optimum_and_keeps_argmax(true_t):
+    logits, target = sample_multiclass(50_000, 100, true_t, seed=1)
+    scaler = TemperatureScaler()
+    res = scaler.fit(logits, target)
+    assert_optimal(res, logits, target)
+    assert abs(math.log(res.temperature / true_t)) < 0.1
+    assert torch.equal(scaler(logits).argmax(1), logits.argmax(1))
+
+
+def test_binary_with_huge_logits_keeps_ranking_and_auc():
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    s, y = sample_binary(20_000, 3.0, seed=2)
+    s[:50] = s[:50].sign() * torch.linspace(25.0, 1e4, 50, dtype=torch.float64)
+    assert bool((s.abs() > 20).sum() > 500) and float(s.abs().max()) == 1e4
+    scaler = TemperatureScaler()
+    res = scaler.fit(s, y)
+    assert_optimal(res, s, y)
+    out = scaler(s).detach()
+    assert torch.equal(torch.argsort(out, stable=True), torch.argsort(s, stable=True))
+    assert torch.equal((out > 0), (s > 0))
+    auc0 = sklearn_metrics.roc_auc_score(y.numpy(), s.numpy())
+    assert sklearn_metrics.roc_auc_score(y.numpy(), out.numpy()) == auc0
+
+
+def test_many_classes():
+    logits, target = sample_multiclass(2000, 1000, 0.7, seed=3)
+    assert_optimal(TemperatureScaler().fit(logits, target), logits, target)
+
+
+def test_masked_logits():
+    logits, target = sample_multiclass(5000, 100, 2.0, seed=4, dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    mask = torch.rand(logits.shape, generator=g) < 0.1
+    mask[torch.arange(5000), target] = False
+    logits[mask] = -math.inf
+    scaler = TemperatureScaler()
+    res = scaler.fit(logits, target)
+    assert_optimal(res, logits, target)
+    out = scaler(logits).detach()
+    assert torch.equal(torch.isneginf(out), mask)
+    assert torch.equal(out.argmax(1), logits.argmax(1))
+
+
+def test_binary_masked_negatives_contribute_nothing():
+    s, y = sample_binary(4000, 2.0, seed=6)
+    s_masked = torch.cat([s, torch.full((100,), -math.inf, dtype=torch.float64)])
+    y_masked = torch.cat([y, torch.zeros(100, dtype=torch.float64)])
+    res = TemperatureScaler().fit(s_masked, y_masked)
+    assert_optimal(res, s_masked, y_masked)
+    assert abs(res.temperature / TemperatureScaler().fit(s, y).temperature - 1) < 1e-7
+
+
+def test_float16_logits():
+    logits, target = sample_multiclass(10_000, 100, 2.0, seed=7, dtype=torch.float16)
+    res = TemperatureScaler().fit(logits, target)
+    assert_optimal(res, logits.double(), target)
+    assert TemperatureScaler().fit(logits, target).temperature == res.temperature  # deterministic
+
+
+def test_lbfgs_method_reaches_the_same_optimum():
+    logits, target = sample_multiclass(4000, 10, 2.5, seed=8)
+    res = TemperatureScaler(method="lbfgs", grad_tol=1e-9).fit(logits, target)
+    t_ref, f_ref = brent_optimum(logits, target)
+    assert res.method == "lbfgs"
+    assert abs(res.temperature / t_ref - 1) <= 1e-6
+    assert abs(res.nll_after - f_ref) <= 1e-10
+
+
+def test_reference_recipe_stops_short_but_ours_does_not():
+    """The widely copied LBFGS(lr=0.01, max_iter=50) on T ends far from the optimum."""
+    logits, target = sample_multiclass(2000, 10, 0.5, seed=9)
+    t = torch.ones(1, requires_grad=True)
+    opt = torch.optim.LBFGS([t], lr=0.01, max_iter=50)
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(logits / t, target)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    t_ref, _ = brent_optimum(logits, target)
+    assert abs(t.item() / t_ref - 1) > 0.1
+    assert abs(TemperatureScaler().fit(logits, target).temperature / t_ref - 1) < 1e-6
+
+
+def test_subsample_warm_start_path(monkeypatch):
+    monkeypatch.setattr(temperature_module, "_SUBSAMPLE_ELEMENTS", 10_000)
+    logits, target = sample_multiclass(8000, 50, 2.5, seed=10)
+    res = TemperatureScaler().fit(logits, target)
+    assert_optimal(res, logits, target)
+
+
+def test_degenerate_sets_warn_and_stay_bounded():
+    g = torch.Generator().manual_seed(11)
+    z = torch.randn(1000, 5, generator=g)
+    with pytest.warns(CalibrationWarning, match="perfectly separated"):
+        res = TemperatureScaler().fit(z, z.argmax(1))
+    assert res.temperature == pytest.approx(1e-3) and not res.converged and res.warnings
+    # anti-informative logits: the target always has the smallest logit -> T -> inf
+    with pytest.warns(CalibrationWarning, match="no better than uniform"):
+        res = TemperatureScaler(bounds=(1e-2, 50.0)).fit(z, z.argmin(1))
+    assert res.temperature == pytest.approx(50.0) and not res.converged
+    assert math.isfinite(res.nll_after) and res.nll_after <= res.nll_before
+    s = torch.randn(500, generator=g)
+    with pytest.warns(CalibrationWarning):
+        res = TemperatureScaler().fit(s, (s > 0).float())
+    assert res.temperature == pytest.approx(1e-3)
+
+
+def test_works_inside_inference_mode():
+    logits, target = sample_multiclass(2000, 10, 2.0, seed=12)
+    ref = TemperatureScaler().fit(logits, target).temperature
+    scaler = TemperatureScaler()
+    with torch.inference_mode():
+        inf_logits = logits.clone()
+        res = scaler.fit(inf_logits, target.clone())
+        out = scaler(inf_logits)
+    assert res.temperature == ref
+    assert torch.allclose(out, logits / ref)
+    # the parameter is still a normal tensor usable with autograd afterwards
+    loss = torch.nn.functional.cross_entropy(scaler(logits), target)
+    loss.backward()
+    assert scaler.log_temperature.grad is not None
+
+
+def test_deterministic_across_thread_counts():
+    logits, target = sample_multiclass(4000, 30, 2.0, seed=13)
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        t1 = TemperatureScaler().fit(logits, target).temperature
+    finally:
+        torch.set_num_threads(prev)
+    t2 = TemperatureScaler().fit(logits, target).temperature
+    assert abs(t1 / t2 - 1) < 1e-12
+
+
+# ----------------------------------------------------------------------------- stream
+@pytest.mark.parametrize("binary", [False, True])
+def test_fit_stream_equals_fit(binary):
+    if binary:
+        logits, target = sample_binary(6000, 2.0, seed=14)
+    else:
+        logits, target = sample_multiclass(6000, 40, 2.0, seed=14)
+    full = TemperatureScaler().fit(logits, target)
+    sizes = [1000, 7, 2500, 2493]
+    chunks = list(zip(logits.split(sizes), target.split(sizes)))
+    stream = TemperatureScaler().fit_stream(chunks)
+    assert abs(stream.temperature / full.temperature - 1) <= 1e-7
+    assert abs(stream.nll_after - full.nll_after) <= 1e-12
+    assert abs(stream.nll_before - full.nll_before) <= 1e-12
+    # a zero-argument callable that returns a fresh iterable works too
+    again = TemperatureScaler().fit_stream(lambda: iter(chunks))
+    assert again.temperature == stream.temperature
+
+
+def test_fit_stream_rejects_one_shot_iterators_and_mixed_chunks():
+    logits, target = sample_multiclass(100, 4, 2.0, seed=15)
+    with pytest.raises(ValueError, match="^batches: expected a re-iterable"):
+        TemperatureScaler().fit_stream(iter([(logits, target)]))
+    with pytest.raises(ValueError, match="^batches: every chunk"):
+        TemperatureScaler().fit_stream([(logits, target), (logits[:, :3], target.clamp(max=2))])
+    with pytest.raises(ValueError, match="^batches: expected at least one"):
+        TemperatureScaler().fit_stream([])
+    bad = logits.clone()
+    bad[3, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"^logits: .*position \(53, 1\)"):
+        TemperatureScaler().fit_stream([(logits[:50], target[:50]), (bad, target)])
+
+
+# ----------------------------------------------------------------------------- fit_model
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 5)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return 4 * self.drop(self.lin(x))
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_fit_model_collects_once_in_eval_mode(as_dict):
+    g = torch.Generator().manual_seed(16)
+    net = _Net()
+    net.train()
+    x = torch.randn(600, 3, generator=g)
+    with torch.no_grad():
+        y = torch.multinomial(torch.softmax(net.lin(x), 1), 1, generator=g).squeeze(1)
+    if as_dict:
+        batches = [{"input": x[i:i + 100], "target": y[i:i + 100]} for i in range(0, 600, 100)]
+    else:
+        batches = [(x[i:i + 100], y[i:i + 100]) for i in range(0, 600, 100)]
+    res = TemperatureScaler().fit_model(net, batches)
+    assert net.training  # restored
+    with torch.no_grad():
+        ref = TemperatureScaler().fit(4 * net.lin(x), y)  # eval(): dropout off
+    assert abs(res.temperature / ref.temperature - 1) < 1e-6
+    assert abs(res.temperature - 4.0) < 1.0
+    half = TemperatureScaler().fit_model(net, batches, cache_dtype=torch.float16)
+    assert abs(half.temperature / ref.temperature - 1) < 1e-2
+
+
+def test_fit_model_rejects_unknown_batches():
+    with pytest.raises(ValueError, match="^dataloader:"):
+        TemperatureScaler().fit_model(_Net(), [{"foo": torch.zeros(2, 3)}])
+    with pytest.raises(ValueError, match="^dataloader: expected at least one batch"):
+        TemperatureScaler().fit_model(_Net(), [])
+
+
+# ----------------------------------------------------------------------------- state
+def test_state_dict_round_trip_with_weights_only_load():
+    logits, target = sample_multiclass(1000, 5, 2.0, seed=17)
+    scaler = TemperatureScaler()
+    scaler.fit(logits, target)
+    state = scaler.state_dict()
+    assert set(state) == {"log_temperature", "fitted"}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    loaded = TemperatureScaler()
+    with pytest.raises(NotFittedError):
+        loaded(logits)
+    loaded.load_state_dict(torch.load(buf, weights_only=True))
+    assert loaded.is_fitted and loaded.temperature == scaler.temperature
+    assert torch.equal(loaded(logits), scaler(logits))
+
+
+def test_forward_before_fit_raises_and_manual_temperature():
+    scaler = TemperatureScaler()
+    with pytest.raises(NotFittedError, match="not fitted"):
+        scaler(torch.zeros(2, 3))
+    scaler.temperature = 2.0
+    assert scaler.is_fitted
+    assert torch.equal(scaler(torch.tensor([[2.0, -4.0]])), torch.tensor([[1.0, -2.0]]))
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="^temperature: expected a finite value > 0"):
+            scaler.temperature = bad
+    assert scaler.temperature == 2.0
+
+
+def test_forward_keeps_dtype_and_masks():
+    scaler = TemperatureScaler()
+    scaler.temperature = 4.0
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        z = torch.tensor([[8.0, -math.inf, 0.0]], dtype=dtype)
+        out = scaler(z)
+        assert out.dtype == dtype
+        assert out[0, 0].item() == 2.0 and math.isinf(out[0, 1].item())
+
+
+# ----------------------------------------------------------------------------- bad input
+_Z = torch.randn(6, 3)
+_Y = torch.tensor([0, 1, 2, 0, 1, 2])
+
+
+def _nan():
+    z = _Z.clone()
+    z[4, 2] = float("nan")
+    return z
+
+
+def _posinf():
+    z = _Z.clone()
+    z[1, 0] = float("inf")
+    return z
+
+
+def _masked_target():
+    z = _Z.clone()
+    z[2, 2] = -float("inf")
+    return z
+
+
+@pytest.mark.parametrize("logits, target, match", [
+    (_nan(), _Y, r"^logits: expected finite values or -inf masks, found NaN or \+Inf at position \(4, 2\)"),
+    (_posinf(), _Y, r"^logits: .*position \(1, 0\)"),
+    (_masked_target(), _Y, r"^logits: the target class is masked \(-inf\) at row 2"),
+    (torch.zeros(0, 3), torch.zeros(0, dtype=torch.long), "^logits: expected a non-empty"),
+    (_Z, torch.tensor([0, 1, 2, 0, 1, 3]), r"^target: expected class indices in \[0, 2\], got 3 at position 5"),
+    (_Z, torch.tensor([0, 1, -1, 0, 1, 2]), "^target: expected class indices"),
+    (_Z, _Y[:5], r"^target: expected shape \(6,\)"),
+    (_Z, _Y.float(), "^target: expected integer class indices"),
+    (_Z[:, :1], _Y * 0, "^logits: expected at least 2 classes"),
+    (torch.zeros(2, 3, 4), torch.zeros(2, dtype=torch.long), r"^logits: expected \(N,\) binary"),
+    (torch.zeros(4, dtype=torch.long), torch.zeros(4), "^logits: expected a floating-point"),
+    (torch.randn(4), torch.tensor([0.0, 1.0, 0.5, 1.0]), r"^target: expected binary labels in \{0, 1\}, got 0.5 at position 2"),
+    (torch.tensor([0.0, -math.inf]), torch.tensor([0.0, 1.0]), "^logits: a -inf .* target 1 at position 1"),
+])
+def test_bad_input_raises_clear_errors(logits, target, match):
+    with pytest.raises(ValueError, match=match):
+        TemperatureScaler().fit(logits, target)
+
+
+def test_bad_options():
+    with pytest.raises(ValueError, match="^bounds:"):
+        TemperatureScaler(bounds=(0.0, 1.0))
+    with pytest.raises(ValueError, match="^method:"):
+        TemperatureScaler(method="adam")
+    with pytest.raises(TypeError, match="^logits: expected a torch.Tensor"):
+        TemperatureScaler().fit(np.zeros((3, 2)), torch.zeros(3, dtype=torch.long))
+
+
+def test_no_warning_on_a_regular_fit():
+    logits, target = sample_multiclass(2000, 10, 2.0, seed=18)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = TemperatureScaler().fit(logits, target)
+    assert res.warnings == () and res.converged and res.iterations >= 1 and res.passes >= 2
+
+
+# ----------------------------------------------------------------------------- the math
+@pytest.mark.parametrize("binary", [False, True])
+def test_row_terms_derivatives_match_autograd(binary):
+    """Per-sample dNLL/dbeta and d2NLL/dbeta2 of the one objective against autograd."""
+    from torchcal.scaling._objective import row_terms
+
+    g = torch.Generator().manual_seed(19)
+    if binary:
+        z = 4 * torch.randn(50, generator=g, dtype=torch.float64)
+        z[:3] = torch.tensor([30.0, -45.0, -math.inf], dtype=torch.float64)
+        y = torch.bernoulli(torch.sigmoid(z), generator=g)
+        y[2] = 0.0
+    else:
+        z = 4 * torch.randn(50, 7, generator=g, dtype=torch.float64)
+        y = torch.randint(0, 7, (50,), generator=g)
+        z[torch.arange(50) % 3 == 0, (y[torch.arange(50) % 3 == 0] + 1) % 7] = -math.inf
+    beta0 = 0.7
+
+    def loss(b):
+        if binary:
+            zf = torch.where(torch.isfinite(z), z, torch.zeros_like(z))
+            t = b * zf
+            return torch.where(torch.isfinite(z), torch.nn.functional.softplus(t, threshold=1e9)
+                               - y * t, torch.zeros_like(t))
+        zf = torch.where(torch.isfinite(z), z, torch.zeros_like(z))  # no 0 * inf in backward
+        zz = torch.where(torch.isfinite(z), zf * b, torch.full_like(z, -math.inf))
+        return torch.logsumexp(zz, 1) - (z.gather(1, y[:, None]).squeeze(1) * b)
+
+    b = torch.tensor(beta0, dtype=torch.float64, requires_grad=True)
+    ref_l = loss(b)
+    ref_d1 = torch.stack([torch.autograd.grad(ref_l[i], b, create_graph=True)[0]
+                          for i in range(50)])
+    ref_d2 = torch.stack([torch.autograd.grad(ref_d1[i], b, retain_graph=True)[0]
+                          for i in range(50)])
+    nll, d1, d2, l1 = row_terms(z, y, torch.tensor(beta0, dtype=torch.float64), binary=binary,
+                              identity=True)
+    assert torch.allclose(nll, ref_l.detach(), rtol=1e-12, atol=1e-12)
+    assert torch.allclose(d1, ref_d1.detach(), rtol=1e-10, atol=1e-12)
+    assert torch.allclose(d2, ref_d2.detach(), rtol=1e-8, atol=1e-12)
+    assert torch.allclose(l1, loss(torch.tensor(1.0, dtype=torch.float64)), rtol=1e-12,
+                          atol=1e-12)
+
+
+def test_forward_gradcheck():
+    scaler = TemperatureScaler()
+    scaler.temperature = 1.7
+    z = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: scaler(x), (z,))
+
+
+def test_property_random_inputs_never_nan_never_worse():
+    hyp = pytest.importorskip("hypothesis")
+    st = pytest.importorskip("hypothesis.strategies")
+
+    @hyp.settings(max_examples=25, deadline=None, derandomize=True)
+    @hyp.given(n=st.integers(1, 40), c=st.integers(2, 6), scale=st.floats(1e-3, 1e3),
+               seed=st.integers(0, 2**16), binary=st.booleans())
+    def check(n, c, scale, seed, binary):
+        g = torch.Generator().manual_seed(seed)
+        if binary:
+            z = scale * torch.randn(n, generator=g, dtype=torch.float64)
+            y = torch.randint(0, 2, (n,), generator=g).double()
+        else:
+            z = scale * torch.randn(n, c, generator=g, dtype=torch.float64)
+            y = torch.randint(0, c, (n,), generator=g)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CalibrationWarning)
+            scaler = TemperatureScaler()
+            res = scaler.fit(z, y)
+        assert math.isfinite(res.temperature) and 1e-3 <= res.temperature * (1 + 1e-12)
+        assert res.temperature <= 1e3 * (1 + 1e-12)
+        assert math.isfinite(res.nll_after) and res.nll_after <= res.nll_before + 1e-12
+        out = scaler(z).detach()
+        if binary:
+            assert torch.equal(out > 0, z > 0)
+        else:
+            assert torch.equal(out.argmax(1), z.argmax(1))
+
+    check()

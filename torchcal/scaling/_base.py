@@ -1,0 +1,209 @@
+"""Shared pieces of the post-hoc calibrators: the result type, warnings, state, inputs."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from torchcal.functional._validation import check_floating, check_tensor
+
+__all__ = ["FitResult", "CalibrationWarning", "NotFittedError", "collect_logits"]
+
+
+class CalibrationWarning(UserWarning):
+    """A fit met a degenerate set (no better than uniform, perfectly separated), hit a bound
+    or stopped before its tolerance. The same text is in :attr:`FitResult.warnings`."""
+
+
+class NotFittedError(RuntimeError):
+    """``forward`` was called on a calibrator that has not been fitted (or loaded)."""
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """What a calibrator's ``fit`` did, reported truthfully.
+
+    Attributes:
+        temperature: the fitted temperature (``TemperatureScaler``; the global one for
+            ``GroupTemperatureScaler``); ``None`` for calibrators without one.
+        nll_before: mean NLL (nats) of the fitting set before calibration (identity map).
+        nll_after: mean NLL (nats) of the fitting set after calibration (the objective
+            without regularisation).
+        grad_norm: norm of the objective's gradient at the returned parameters (w.r.t. the
+            optimised parameters: ``log T`` for temperatures, ``(a, b)`` for Platt, ...).
+        iterations: optimiser iterations (Newton steps, LBFGS iterations).
+        converged: the tolerance was met at an interior point. ``False`` when the optimum lies
+            beyond a bound (degenerate set) or the iteration cap stopped the fit.
+        warnings: human-readable warnings (also issued as :class:`CalibrationWarning`).
+        passes: objective evaluations, each one pass over the data (during the warm start of
+            a large in-memory temperature fit, over a 1/64 or 1/8 row subsample).
+        method: the optimiser used.
+        temperatures: per-group temperatures (``GroupTemperatureScaler`` only).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.scaling import TemperatureScaler
+        >>> g = torch.Generator().manual_seed(0)
+        >>> logits = 3 * torch.randn(500, 4, generator=g)
+        >>> target = torch.multinomial(torch.softmax(logits / 3, 1), 1, generator=g).squeeze(1)
+        >>> res = TemperatureScaler().fit(logits, target)
+        >>> res.converged, res.nll_after <= res.nll_before
+        (True, True)
+    """
+
+    temperature: float | None
+    nll_before: float
+    nll_after: float
+    grad_norm: float
+    iterations: int
+    converged: bool
+    warnings: tuple[str, ...] = ()
+    passes: int = 0
+    method: str = ""
+    temperatures: tuple[float, ...] | None = None
+
+
+def warn_all(messages: Sequence[str], stacklevel: int = 3) -> tuple[str, ...]:
+    """Issue each message as a :class:`CalibrationWarning`; return them as a tuple."""
+    for msg in messages:
+        warnings.warn(msg, CalibrationWarning, stacklevel=stacklevel)
+    return tuple(messages)
+
+
+class FittedMixin(nn.Module):
+    """Holds the ``fitted`` flag as a (persistent) bool buffer, so that it round-trips through
+    ``state_dict`` / ``load_state_dict`` and ``torch.load(weights_only=True)``."""
+
+    fitted: Tensor
+
+    def _init_fitted(self) -> None:
+        self.register_buffer("fitted", torch.tensor(False))
+
+    @property
+    def is_fitted(self) -> bool:
+        """Whether ``fit`` ran (or fitted state was loaded or set by hand)."""
+        return bool(self.fitted)
+
+    def _mark_fitted(self) -> None:
+        with torch.no_grad():
+            self.fitted.fill_(True)
+
+    def _check_fitted(self) -> None:
+        if not bool(self.fitted):
+            raise NotFittedError(f"{type(self).__name__}: not fitted; call fit(...) first (or "
+                                 f"load_state_dict a fitted state)")
+
+
+def check_logits_target(logits: object, target: object, *,
+                        binary_only: bool = False, multiclass_only: bool = False,
+                        allow_neg_inf: bool = True) -> bool:
+    """Shape/dtype checks shared by the calibrators; returns ``True`` for binary input.
+
+    Binary: logits ``(N,)`` and target ``(N,)`` in {0, 1}. Multiclass: logits ``(N, C)``,
+    ``C >= 2``, and integer target ``(N,)``. Values (NaN, ranges) are checked in the passes.
+    """
+    logits = check_tensor("logits", logits)
+    target = check_tensor("target", target)
+    check_floating("logits", logits)
+    if logits.dim() not in (1, 2) or (binary_only and logits.dim() != 1) or (
+            multiclass_only and logits.dim() != 2):
+        want = ("(N,) binary logits" if binary_only else "(N, C) multiclass logits"
+                if multiclass_only else "(N,) binary or (N, C) multiclass logits")
+        raise ValueError(f"logits: expected {want}, got shape {tuple(logits.shape)}")
+    if logits.shape[0] == 0 or logits.numel() == 0:
+        raise ValueError(f"logits: expected a non-empty tensor, got shape {tuple(logits.shape)}")
+    if target.shape != logits.shape[:1]:
+        raise ValueError(f"target: expected shape {tuple(logits.shape[:1])} (one label per "
+                         f"row of logits {tuple(logits.shape)}), got {tuple(target.shape)}")
+    if target.is_complex():
+        raise ValueError(f"target: expected real labels, got dtype {target.dtype}")
+    if logits.dim() == 2:
+        if logits.shape[1] < 2:
+            raise ValueError(f"logits: expected at least 2 classes (columns), got shape "
+                             f"{tuple(logits.shape)}; pass binary logits as shape (N,)")
+        if target.is_floating_point() or target.dtype == torch.bool:
+            raise ValueError(f"target: expected integer class indices (torch.long), got dtype "
+                             f"{target.dtype}")
+    if not allow_neg_inf and bool(torch.isneginf(logits).any()):
+        raise ValueError("logits: -inf masks are not supported by this calibrator")
+    return logits.dim() == 1
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for t in model.parameters():
+        return t.device
+    for t in model.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+_INPUT_KEYS = ("input", "inputs", "x", "features", "image", "images")
+_TARGET_KEYS = ("target", "targets", "y", "label", "labels")
+
+
+def _split_batch(batch: object, input_key: str | None, target_key: str | None
+                 ) -> tuple[object, Tensor]:
+    if isinstance(batch, Mapping):
+        ik = input_key or next((k for k in _INPUT_KEYS if k in batch), None)
+        tk = target_key or next((k for k in _TARGET_KEYS if k in batch), None)
+        if ik is None or tk is None or ik not in batch or tk not in batch:
+            raise ValueError(f"dataloader: a dict batch needs input and target keys (pass "
+                             f"input_key= and target_key=), got keys {sorted(batch)}")
+        return batch[ik], batch[tk]
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[0], batch[1]
+    raise ValueError(f"dataloader: expected (input, target) tuples or dicts, got "
+                     f"{type(batch).__name__}")
+
+
+def _to(x: object, device: torch.device) -> object:
+    if isinstance(x, Tensor):
+        return x.to(device, non_blocking=True)
+    if isinstance(x, Mapping):
+        return {k: _to(v, device) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to(v, device) for v in x)
+    return x
+
+
+def collect_logits(model: nn.Module, dataloader: Iterable, *, cache_dtype: torch.dtype | None
+                   = None, input_key: str | None = None, target_key: str | None = None
+                   ) -> tuple[Tensor, Tensor]:
+    """Run ``model`` once over ``dataloader`` in ``eval()`` mode without gradients.
+
+    Batches are ``(input, target)`` tuples/lists or dicts (keys ``input_key``/``target_key``,
+    or the usual names). Inputs go to the model's device; logits stay there. The model's
+    training mode is restored afterwards. ``cache_dtype=torch.float16`` halves the cache and
+    raises if a logit overflows it.
+    """
+    device = _model_device(model)
+    was_training = model.training
+    logits_parts: list[Tensor] = []
+    target_parts: list[Tensor] = []
+    model.eval()
+    try:
+        with torch.no_grad():
+            for batch in dataloader:
+                x, y = _split_batch(batch, input_key, target_key)
+                out = model(_to(x, device))
+                if not isinstance(out, Tensor):
+                    raise ValueError(f"model: expected a logits tensor as output, got "
+                                     f"{type(out).__name__}")
+                out = out.detach()
+                if cache_dtype is not None:
+                    cached = out.to(cache_dtype)
+                    if bool((torch.isinf(cached) & torch.isfinite(out)).any()):
+                        raise ValueError(f"cache_dtype: logits overflow {cache_dtype}; use a "
+                                         f"wider cache_dtype or None")
+                    out = cached
+                logits_parts.append(out)
+                target_parts.append(torch.as_tensor(y).to(out.device))
+    finally:
+        model.train(was_training)
+    if not logits_parts:
+        raise ValueError("dataloader: expected at least one batch, got none")
+    return torch.cat(logits_parts), torch.cat(target_parts)

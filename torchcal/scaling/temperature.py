@@ -1,0 +1,369 @@
+"""Temperature scaling (Guo et al., 2017), fitted to the NLL optimum."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from torchcal.scaling import _objective as obj
+from torchcal.scaling._base import (
+    FitResult,
+    FittedMixin,
+    check_logits_target,
+    collect_logits,
+    warn_all,
+)
+
+__all__ = ["TemperatureScaler"]
+
+# Above this many logits the in-memory fit first solves on strided subsamples (1/64, then 1/8
+# of the rows), so that the full passes start within ~1e-2 of the optimum.
+_SUBSAMPLE_ELEMENTS = 1 << 24
+
+
+def check_bounds(bounds: tuple[float, float]) -> tuple[float, float]:
+    lo, hi = (float(b) for b in bounds)
+    if not (0.0 < lo < hi < math.inf):
+        raise ValueError(f"bounds: expected 0 < t_min < t_max < inf, got {bounds!r}")
+    return lo, hi
+
+
+def degenerate_messages(res: obj.NewtonResult, bounds: tuple[float, float],
+                        what: str = "T") -> list[str]:
+    """Warnings for a solve that stopped on a bound or at the iteration cap."""
+    msgs = []
+    if bool(res.at_lower.any()):
+        msgs.append(f"{what}: the NLL keeps decreasing as T grows (logits no better than "
+                    f"uniform, or nearly); T is bounded at t_max={bounds[1]:g}")
+    if bool(res.at_upper.any()):
+        msgs.append(f"{what}: the NLL keeps decreasing as T shrinks (a perfectly separated "
+                    f"set, or nearly); T is bounded at t_min={bounds[0]:g}")
+    stuck = ~(res.converged | res.at_lower | res.at_upper)
+    if bool(stuck.any()):
+        msgs.append(f"{what}: stopped at max_iter before the tolerance was met "
+                    f"(|grad| = {float(res.grad.abs().max()):.3g})")
+    return msgs
+
+
+class TemperatureScaler(FittedMixin):
+    r"""Temperature scaling: ``forward(logits) = logits / T`` with one ``T > 0``.
+
+    Fit on held-out logits by minimising the NLL (Guo et al., 2017, "On Calibration of Modern
+    Neural Networks", ICML). Binary logits ``(N,)`` with targets in {0, 1} use
+    ``sigmoid(z / T)``; multiclass logits ``(N, C)`` with class indices use
+    ``softmax(z / T)``. ``-inf`` logits are masks (probability 0): allowed anywhere except at
+    the target class (multiclass) or with target 1 (binary).
+
+    The NLL is convex in ``beta = 1/T``. ``fit`` solves on ``log beta = -log T`` with Newton
+    steps using the exact curvature ``Var_p[z]`` (computed in the same float64 pass as the
+    loss and gradient), safeguarded by a bracket, until the gradient w.r.t. ``log T`` is below
+    ``grad_tol`` or the Newton step below ``step_tol``: typically 3-6 passes to machine
+    precision. On a 1-D problem this is what LBFGS approximates with a secant, so Newton
+    equals or beats it; ``method="lbfgs"`` runs ``torch.optim.LBFGS`` with strong-Wolfe line
+    search on ``log T`` over the same float64 objective instead. Large inputs are processed in
+    chunks (float64 per chunk, ~1 MB), so the extra memory is O(chunk), not O(N x C).
+
+    Degenerate sets: when the NLL keeps falling as ``T -> inf`` (logits no better than
+    uniform) or ``T -> 0`` (perfectly separated), ``T`` stops at ``bounds`` with a
+    :class:`~torchcal.scaling.CalibrationWarning` and ``converged=False``.
+
+    Invariance (tested): multiclass -- every argmax (top-1 prediction, accuracy) is kept;
+    binary -- the ranking of the scores, hence the AUC and the decision at logit 0, is kept.
+    The NLL on the fitting set never increases (T = 1 is feasible).
+
+    ``forward`` before ``fit`` raises :class:`~torchcal.scaling.NotFittedError` (setting
+    :attr:`temperature` by hand or loading a fitted state counts as fitted).
+
+    State: ``log_temperature`` (float64 parameter) and ``fitted`` (bool buffer); both
+    round-trip through ``state_dict`` / ``torch.load(weights_only=True)``.
+
+    Args:
+        bounds: ``(t_min, t_max)``; the fitted T is kept inside.
+        method: ``"newton"`` (default) or ``"lbfgs"``.
+        grad_tol: stop when ``|d NLL / d log T| <= grad_tol`` (mean NLL, nats).
+        step_tol: or when the Newton step on ``log T`` is below ``step_tol``.
+        max_iter: iteration cap (reached only on pathological input; reported).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.scaling import TemperatureScaler
+        >>> g = torch.Generator().manual_seed(0)
+        >>> logits = 4 * torch.randn(2000, 10, generator=g)    # over-confident model
+        >>> target = torch.multinomial(torch.softmax(logits / 4, 1), 1, generator=g).squeeze(1)
+        >>> scaler = TemperatureScaler()
+        >>> result = scaler.fit(logits, target)
+        >>> abs(result.temperature - 4) < 0.3, result.converged
+        (True, True)
+        >>> bool((scaler(logits).argmax(1) == logits.argmax(1)).all())
+        True
+    """
+
+    log_temperature: nn.Parameter
+
+    def __init__(self, *, bounds: tuple[float, float] = (1e-3, 1e3), method: str = "newton",
+                 grad_tol: float = 1e-10, step_tol: float = 1e-8, max_iter: int = 100) -> None:
+        super().__init__()
+        if method not in ("newton", "lbfgs"):
+            raise ValueError(f"method: expected one of ('newton', 'lbfgs'), got {method!r}")
+        self.bounds = check_bounds(bounds)
+        self.method = method
+        self.grad_tol = float(grad_tol)
+        self.step_tol = float(step_tol)
+        self.max_iter = int(max_iter)
+        self.log_temperature = nn.Parameter(torch.zeros((), dtype=torch.float64))
+        self._init_fitted()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def temperature(self) -> float:
+        """The temperature ``T = exp(log_temperature)``; settable (``> 0``, marks fitted)."""
+        return math.exp(float(self.log_temperature.detach()))
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        v = float(value)
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"temperature: expected a finite value > 0, got {value!r}")
+        with torch.no_grad():
+            self.log_temperature.fill_(math.log(v))
+        self._mark_fitted()
+
+    def forward(self, logits: Tensor) -> Tensor:
+        """``logits / T`` (same shape and dtype; ``-inf`` masks stay ``-inf``)."""
+        self._check_fitted()
+        if not isinstance(logits, Tensor) or not logits.is_floating_point():
+            raise ValueError("logits: expected a floating-point tensor")
+        t = torch.exp(self.log_temperature).to(device=logits.device, dtype=logits.dtype)
+        return logits / t
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature:.6g}, fitted={self.is_fitted}"
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, logits: Tensor, target: Tensor, *, distributed: bool = False) -> FitResult:
+        """Fit T on in-memory held-out ``logits`` and ``target`` (see the class docstring).
+
+        ``distributed=True`` treats each rank's tensors as a shard and all-reduces the sums
+        (every rank must call it); by default the tensors are the whole set.
+        """
+        binary = check_logits_target(logits, target)
+        logits = logits.detach()
+        target = target.detach().to(logits.device)
+        if not binary:
+            target = target.long()
+        num_classes = None if binary else logits.shape[1]
+        workers = obj.default_workers(logits)
+        with torch.inference_mode(False), torch.no_grad():
+            # labels once, up front (O(N)); logits only if a pass comes out non-finite
+            obj.validate_labels(obj.Chunk(logits, target), binary, num_classes)
+            full = obj.tensor_chunks(logits, target)
+            u0 = torch.zeros(1, dtype=torch.float64)
+            numel = torch.tensor([float(logits.numel())], dtype=torch.float64)
+            if distributed:
+                obj.all_reduce_(numel)
+            pre_passes = 0
+            if self.method == "newton" and float(numel) > _SUBSAMPLE_ELEMENTS:
+                # warm start on every 64th, then every 8th row, each only to the accuracy its
+                # sampling error allows; the full passes then start within ~1e-2 in log T
+                lo, hi = obj.log_bounds(*self.bounds)
+                for stride, tol in ((64, 1e-2), (8, 1e-3)):
+                    sub = obj.tensor_chunks(logits[::stride], target[::stride])
+
+                    def sub_eval(u: Tensor, identity: bool, sub: list = sub) -> Tensor:
+                        stats = obj.temperature_pass(sub, u, binary=binary,
+                                                     num_classes=num_classes, identity=identity,
+                                                     reduce=distributed, workers=workers,
+                                                     check_labels=False)
+                        obj.check_stats(stats, lambda: full, binary)
+                        return stats
+
+                    warm = obj.solve_log_beta(sub_eval, u0, lower=lo, upper=hi, grad_tol=1e-8,
+                                              step_tol=tol, max_iter=self.max_iter)
+                    u0 = warm.u
+                    pre_passes += warm.passes
+            return self._solve(lambda: full, binary, num_classes, u0, reduce=distributed,
+                               workers=workers, pre_passes=pre_passes, check_labels=False)
+
+    def fit_stream(self, batches: Iterable[tuple[Tensor, Tensor]] | Callable[[], Iterable],
+                   *, distributed: bool | None = None) -> FitResult:
+        """Fit T from chunks ``(logits, target)`` in O(chunk) memory (a few passes).
+
+        ``batches`` must be re-iterable (a list, a ``DataLoader`` of logits) or a zero-argument
+        callable returning a fresh iterable: the solver passes over it several times (one
+        pass per Newton step, about 4-7). Chunks may differ in size, not in the number of
+        classes. With ``distributed=None`` the sums are all-reduced whenever
+        ``torch.distributed`` is initialised, so every rank gets the T of the union of the
+        shards (every rank must call it; a rank whose shard is empty passes ``[]``).
+
+        Example:
+            >>> import torch
+            >>> from torchcal.scaling import TemperatureScaler
+            >>> g = torch.Generator().manual_seed(0)
+            >>> z = 3 * torch.randn(3000, 5, generator=g)
+            >>> y = torch.multinomial(torch.softmax(z / 3, 1), 1, generator=g).squeeze(1)
+            >>> chunks = list(zip(z.split(1000), y.split(1000)))
+            >>> t_stream = TemperatureScaler().fit_stream(chunks).temperature
+            >>> t_full = TemperatureScaler().fit(z, y).temperature
+            >>> abs(t_stream / t_full - 1) < 1e-9
+            True
+        """
+        if callable(batches) and not hasattr(batches, "__iter__"):
+            factory = batches
+        else:
+            if iter(batches) is batches:  # type: ignore[arg-type]
+                raise ValueError("batches: expected a re-iterable (list, DataLoader) or a "
+                                 "callable returning a fresh iterable; a one-shot iterator "
+                                 "cannot be read several times")
+
+            def factory() -> Iterable:
+                return batches  # type: ignore[return-value]
+
+        reduce = obj.distributed_active() if distributed is None else bool(distributed)
+        kind: dict[str, Any] = {}
+
+        def chunks() -> Iterator[obj.Chunk]:
+            offset = 0
+            for item in factory():
+                if not isinstance(item, (tuple, list)) or len(item) != 2:
+                    raise ValueError("batches: expected (logits, target) pairs")
+                lg, tg = item
+                binary = check_logits_target(lg, tg)
+                c = None if binary else lg.shape[1]
+                if "binary" not in kind:
+                    kind["binary"], kind["classes"] = binary, c
+                elif kind["binary"] != binary or kind["classes"] != c:
+                    raise ValueError(f"batches: every chunk must have the same kind and number "
+                                     f"of classes; got shape {tuple(lg.shape)} after "
+                                     f"{'binary' if kind['binary'] else kind['classes']}")
+                lg = lg.detach()
+                tg = tg.detach().to(lg.device)
+                if not binary:
+                    tg = tg.long()
+                for piece in obj.tensor_chunks(lg, tg):  # cache-sized slices, no copies
+                    piece.offset += offset
+                    yield piece
+                offset += tg.shape[0]
+
+        with torch.inference_mode(False), torch.no_grad():
+            # The first pass validates and learns the kind; peek it from the first chunk.
+            first = next(iter(chunks()), None)
+            if first is None and not reduce:
+                raise ValueError("batches: expected at least one (logits, target) chunk, got none")
+            # under torch.distributed a rank with an empty shard still joins every all-reduce
+            # with zero sums (the other ranks' chunks decide the kind)
+            binary = first is not None and first.logits.dim() == 1
+            num_classes = None if binary or first is None else first.logits.shape[1]
+            return self._solve(chunks, binary, num_classes, torch.zeros(1, dtype=torch.float64),
+                               reduce=reduce, workers=1, pre_passes=0)
+
+    def fit_model(self, model: nn.Module, dataloader: Iterable, *,
+                  cache_dtype: torch.dtype | None = None, input_key: str | None = None,
+                  target_key: str | None = None, distributed: bool = False) -> FitResult:
+        """Collect ``model``'s logits over ``dataloader`` once (``eval()``, no grad) and fit.
+
+        Batches are ``(input, target)`` or dicts; inputs move to the model's device; the
+        model's training mode is restored. ``cache_dtype=torch.float16`` halves the logit cache.
+
+        Example:
+            >>> import torch
+            >>> from torchcal.scaling import TemperatureScaler
+            >>> g = torch.Generator().manual_seed(0)
+            >>> model = torch.nn.Linear(3, 4)
+            >>> x = torch.randn(256, 3, generator=g)
+            >>> with torch.no_grad():
+            ...     p = torch.softmax(model(x) / 2, 1)
+            >>> y = torch.multinomial(p, 1, generator=g).squeeze(1)
+            >>> loader = torch.utils.data.DataLoader(list(zip(x, y)), batch_size=64)
+            >>> res = TemperatureScaler().fit_model(model, loader)
+            >>> res.nll_after <= res.nll_before, model.training
+            (True, True)
+        """
+        logits, target = collect_logits(model, dataloader, cache_dtype=cache_dtype,
+                                        input_key=input_key, target_key=target_key)
+        return self.fit(logits, target, distributed=distributed)
+
+    # ------------------------------------------------------------------ solver
+    def _solve(self, chunks: Callable[[], Sequence[obj.Chunk] | Iterable[obj.Chunk]],
+               binary: bool,
+               num_classes: int | None, u0: Tensor, *, reduce: bool, workers: int,
+               pre_passes: int, check_labels: bool = True) -> FitResult:
+        lo, hi = obj.log_bounds(*self.bounds)
+
+        def evaluate(u: Tensor, identity: bool) -> Tensor:
+            stats = obj.temperature_pass(chunks(), u, binary=binary, num_classes=num_classes,
+                                         identity=identity, reduce=reduce, workers=workers,
+                                         check_labels=check_labels)
+            obj.check_stats(stats, chunks, binary)
+            return stats
+
+        if self.method == "lbfgs":
+            return self._solve_lbfgs(evaluate, lo, hi)
+        res = obj.solve_log_beta(evaluate, u0, lower=lo, upper=hi, grad_tol=self.grad_tol,
+                                 step_tol=self.step_tol, max_iter=self.max_iter,
+                                 identity_first=True)
+        n = float(res.stats[0, obj._N])
+        if n == 0:
+            raise ValueError("batches: every rank's shard is empty")
+        assert res.identity_stats is not None
+        msgs = warn_all(degenerate_messages(res, self.bounds), stacklevel=4)
+        with torch.no_grad():
+            self.log_temperature.fill_(-float(res.u[0]))
+        self._mark_fitted()
+        return FitResult(temperature=self.temperature,
+                         nll_before=float(res.identity_stats[0]) / n,
+                         nll_after=float(res.stats[0, obj._L]) / n,
+                         grad_norm=abs(float(res.grad[0])), iterations=res.iterations,
+                         converged=bool(res.converged[0]), warnings=msgs,
+                         passes=res.passes + pre_passes, method="newton")
+
+    def _solve_lbfgs(self, evaluate: Callable[[Tensor, bool], Tensor], lo: float,
+                     hi: float) -> FitResult:
+        first = evaluate(torch.zeros(1, dtype=torch.float64), True)
+        n = float(first[0, obj._N])
+        nll_before = float(first[0, obj._L1]) / n
+        log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.LBFGS([log_t], lr=1.0, max_iter=self.max_iter,
+                                tolerance_grad=self.grad_tol, tolerance_change=1e-15,
+                                history_size=10, line_search_fn="strong_wolfe")
+        passes = [1]
+
+        def closure() -> Tensor:
+            u = -log_t.detach().clamp(-hi, -lo).reshape(1)
+            s = evaluate(u, False)
+            passes[0] += 1
+            beta = float(torch.exp(u))
+            with torch.no_grad():
+                log_t.grad = torch.tensor(-beta * float(s[0, obj._D1]) / n, dtype=torch.float64)
+            return torch.tensor(float(s[0, obj._L]) / n, dtype=torch.float64)
+
+        with torch.enable_grad():
+            opt.step(closure)
+        iters = int(opt.state[opt._params[0]]["n_iter"])
+        u = -log_t.detach().clamp(-hi, -lo).reshape(1)
+        s = evaluate(u, False)
+        passes[0] += 1
+        beta = float(torch.exp(u))
+        grad = -beta * float(s[0, obj._D1]) / n
+        msgs = []
+        ul = float(u[0])
+        if ul <= lo and grad < 0:
+            msgs.append(f"T: the NLL keeps decreasing as T grows (logits no better than "
+                        f"uniform, or nearly); T is bounded at t_max={self.bounds[1]:g}")
+        elif ul >= hi and grad > 0:
+            msgs.append(f"T: the NLL keeps decreasing as T shrinks (a perfectly separated set, "
+                        f"or nearly); T is bounded at t_min={self.bounds[0]:g}")
+        converged = not msgs and abs(grad) <= max(self.grad_tol, 1e-9)
+        if not converged and not msgs:
+            msgs.append(f"T: LBFGS stopped before the tolerance was met (|grad| = {abs(grad):.3g})")
+        msgs_t = warn_all(msgs, stacklevel=5)
+        with torch.no_grad():
+            self.log_temperature.fill_(-ul)
+        self._mark_fitted()
+        return FitResult(temperature=self.temperature, nll_before=nll_before,
+                         nll_after=float(s[0, obj._L]) / n, grad_norm=abs(grad),
+                         iterations=iters, converged=converged, warnings=msgs_t,
+                         passes=passes[0], method="lbfgs")
