@@ -50,6 +50,7 @@ def test_to_text_columns_and_omitted(table):
     assert len({len(r.split("[")[0]) for r in [lines[1].split("ci")[0] + "["] + rows}) == 1
     assert lines[4] == "omitted (empty): bins 0, 1, 3, 4, 5, 6, 7, 8"
     assert lines[5].startswith("ECE (l1, equal-width) = ")
+    assert lines[6] == "gap = conf - acc (> 0: overconfident); ci = 95% Wilson interval for acc"
     assert str(table) == text
 
 
@@ -97,9 +98,37 @@ def test_plot(table):
     ax = table.plot()
     assert ax.get_xlim() == (0.0, 1.0)
     assert len(ax.patches) == 2  # one accuracy bar per non-empty bin
+    assert sorted(t.get_text() for t in ax.texts) == ["1/2", "7/7"]  # right / samples
     _, ax2 = plt.subplots()
     assert table.plot(ax=ax2) is ax2
     plt.close("all")
+
+
+def test_plot_of_all_right_and_all_wrong_bins():
+    # 10/10 and 0/13: the interval must not end on the wrong side of the accuracy
+    # (a negative whisker length makes matplotlib's errorbar raise)
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    conf = torch.tensor([0.95] * 10 + [0.15] * 13, dtype=torch.float64)
+    hit = torch.tensor([1] * 10 + [0] * 13)
+    t = reliability_table(conf, hit, n_bins=10, reading="binary", input="probs")
+    assert float(t.ci_high[9]) == 1.0 and float(t.ci_low[1]) == 0.0
+    ax = t.plot()
+    assert sorted(x.get_text() for x in ax.texts) == ["0/13", "10/10"]
+    plt.close("all")
+
+
+def test_per_class_text_says_what_is_pooled():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(200, 3, generator=g, dtype=torch.float64)
+    target = torch.randint(0, 3, (200,), generator=g)
+    text = reliability_table(logits, target, reading="classwise").to_text().splitlines()
+    assert "n=600 (sample x class pairs)" in text[0] and ".per_class" in text[0]
+    assert text[-2].startswith("ECE (l1, equal-width; classwise: mean over classes) = ")
 
 
 def test_grouped_result_worst_group():

@@ -65,6 +65,15 @@ def _fmt(x: float, digits: int = 4) -> str:
     return f"{x:.{digits}f}"
 
 
+def _abs_gap_sum(t: ReliabilityTable) -> float:
+    """``sum_b count_b |conf_b - acc_b|`` over the non-empty bins of ``t``."""
+    m = t.count > 0
+    return float((t.count[m].double() * t.gap[m].abs()).sum())
+
+
+_INTERVAL_NAMES = {"wilson": "Wilson", "clopper_pearson": "Clopper-Pearson"}
+
+
 @dataclass(eq=False)
 class ReliabilityTable:
     """Equal-width reliability table with counts and per-bin accuracy intervals.
@@ -101,6 +110,7 @@ class ReliabilityTable:
           9  0.900  1.000      7  0.9500  1.0000  -0.0500  [0.6457, 1.0000]
         omitted (empty): bins 0, 1, 2, 4, 5, 6, 7, 8
         ECE (l1, equal-width) = 0.0778
+        gap = conf - acc (> 0: overconfident); ci = 95% Wilson interval for acc
     """
 
     lo: Tensor
@@ -138,12 +148,17 @@ class ReliabilityTable:
 
     @property
     def ece(self) -> float:
-        """Equal-width L1 ECE of this table: ``sum_b count_b / n * |gap_b|``."""
-        m = self.nonempty
-        if not bool(m.any()):
-            return math.nan
-        w = self.count[m].double() / self.count.sum().double()
-        return float((w * self.gap[m].abs()).sum())
+        """Equal-width L1 ECE of the reading, as :func:`~torchcal.functional.calibration_error`
+        gives it: ``sum_b count_b / n * |gap_b|``; with ``per_class`` tables, over the
+        (class, bin) cells for ``top_label`` (Gupta & Ramdas 2021) and the mean of the
+        per-class errors for ``classwise`` (Kull et al. 2019)."""
+        if self.per_class is not None and self.reading in ("top_label", "classwise"):
+            if self.reading == "classwise":
+                return sum(t.ece for t in self.per_class) / len(self.per_class)
+            n = self.n
+            return math.nan if n == 0 else sum(_abs_gap_sum(t) for t in self.per_class) / n
+        n = self.n
+        return math.nan if n == 0 else _abs_gap_sum(self) / n
 
     # ----------------------------------------------------------------- exports
     def rows(self) -> list[dict[str, float | int]]:
@@ -206,9 +221,27 @@ class ReliabilityTable:
                                for c in CSV_COLUMNS) + "\n")
         return buf.getvalue()
 
+    def _level(self) -> str:
+        return f"{round(self.level * 100, 6):g}%"
+
     def _header(self) -> str:
-        return (f"reliability table: reading={self.reading}, n={self.n}, {self.n_bins} bins, "
-                f"{round(self.level * 100, 6):g}% {self.interval} intervals")
+        pairs = " (sample x class pairs)" if self.reading == "classwise" else ""
+        pooled = ("; rows pool the classes bin by bin (per-class tables in .per_class)"
+                  if self.per_class is not None else "")
+        return (f"reliability table: reading={self.reading}, n={self.n}{pairs}, "
+                f"{self.n_bins} bins, {self._level()} {self.interval} intervals{pooled}")
+
+    def _ece_line(self) -> str:
+        how = ""
+        if self.per_class is not None:
+            how = {"top_label": "; top-label: over (class, bin) cells",
+                   "classwise": "; classwise: mean over classes"}.get(self.reading, "")
+        return f"ECE (l1, equal-width{how}) = {_fmt(self.ece)}"
+
+    def _legend(self) -> str:
+        name = _INTERVAL_NAMES.get(self.interval, self.interval)
+        return (f"gap = conf - acc (> 0: overconfident); ci = {self._level()} {name} "
+                f"interval for acc")
 
     def _cells(self) -> list[list[str]]:
         cells = []
@@ -223,7 +256,8 @@ class ReliabilityTable:
         return "omitted (empty): " + (("bins " + ", ".join(om)) if om else "none")
 
     def to_text(self) -> str:
-        """Aligned ``bin lo hi count conf acc gap ci`` columns; empty bins listed as omitted."""
+        """Aligned ``bin lo hi count conf acc gap ci`` columns, then the omitted (empty) bins,
+        the ECE and a legend (see the class example)."""
         head = ["bin", "lo", "hi", "count", "conf", "acc", "gap", "ci"]
         cells = self._cells()
         widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(head)]
@@ -233,8 +267,7 @@ class ReliabilityTable:
         for c in cells:
             lines.append("  ".join(v.rjust(w) if i < 7 else v
                                    for i, (v, w) in enumerate(zip(c, widths))))
-        lines.append(self._omitted())
-        lines.append(f"ECE (l1, equal-width) = {_fmt(self.ece)}")
+        lines += [self._omitted(), self._ece_line(), self._legend()]
         return "\n".join(lines)
 
     def to_markdown(self) -> str:
@@ -254,8 +287,8 @@ class ReliabilityTable:
         for c in self._cells():
             lines.append("| " + " | ".join(c) + " |")
         lines.append("")
-        lines.append(f"{self._header()}; {self._omitted()}; "
-                     f"ECE (l1, equal-width) = {_fmt(self.ece)}")
+        lines.append(f"{self._header()}; {self._ece_line()}; {self._legend()}; "
+                     f"{self._omitted()}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -265,39 +298,60 @@ class ReliabilityTable:
         """Reliability diagram (needs ``matplotlib``, imported here only).
 
         Accuracy bars per non-empty bin against the diagonal, the per-bin interval as
-        whiskers, and a count histogram below (on a second axis when ``ax`` is ``None``,
-        on a twin axis of ``ax`` otherwise). Returns the diagram's axis.
+        whiskers (so seven right out of seven reads as "at least ~0.65", not 1.0), each bin's
+        (mean confidence, accuracy) as a point (on the diagonal when calibrated), ``k/n``
+        (right / samples) written in each bin when there are at most 20 bins, and a count
+        histogram: below the diagram when ``ax`` is ``None``, else behind it on a twin axis
+        of ``ax`` (scaled into its bottom quarter). Returns the diagram's axis.
         """
         try:
             import matplotlib.pyplot as plt
+            from matplotlib.ticker import MaxNLocator
         except ImportError as e:  # pragma: no cover - optional extra
             raise ImportError("ReliabilityTable.plot needs matplotlib "
                               "(pip install 'torchcal[plot]')") from e
-        m = self.nonempty
+        idx = self.nonempty.numpy()
         lo, hi = self.lo.numpy(), self.hi.numpy()
         width = hi - lo
-        if ax is None:
+        count = self.count.numpy()
+        acc = self.acc.numpy()[idx]
+        twin = ax is not None
+        if twin:
+            ax_h = ax.twinx()
+            ax.set_zorder(ax_h.get_zorder() + 1)  # the diagram in front of the counts
+            ax.patch.set_visible(False)
+        else:
             _, (ax, ax_h) = plt.subplots(2, 1, sharex=True, figsize=(4.5, 5.5),
                                          gridspec_kw={"height_ratios": [3, 1]})
-        else:
-            ax_h = ax.twinx()
-        idx = m.numpy()
-        acc = self.acc.numpy()
-        ax.bar(lo[idx], acc[idx], width=width[idx], align="edge", alpha=0.7,
-               edgecolor="black", label="accuracy")
+        ax.plot([0, 1], [0, 1], "--", color="gray", lw=1, label="perfect calibration")
+        ax.bar(lo[idx], acc, width=width[idx], align="edge", color="tab:blue", alpha=0.6,
+               edgecolor="black", lw=0.6, label="accuracy")
         centers = (lo + hi)[idx] / 2
-        yerr = [acc[idx] - self.ci_low.numpy()[idx], self.ci_high.numpy()[idx] - acc[idx]]
-        ax.errorbar(centers, acc[idx], yerr=yerr, fmt="none", ecolor="black", capsize=2,
-                    label=f"{round(self.level * 100, 6):g}% {self.interval}")
-        ax.plot(self.conf.numpy()[idx], acc[idx], ".", color="tab:red", label="mean confidence")
-        ax.plot([0, 1], [0, 1], "--", color="gray")
+        yerr = [(acc - self.ci_low.numpy()[idx]).clip(min=0),
+                (self.ci_high.numpy()[idx] - acc).clip(min=0)]
+        name = _INTERVAL_NAMES.get(self.interval, self.interval)
+        ax.errorbar(centers, acc, yerr=yerr, fmt="none", ecolor="black", elinewidth=1.2,
+                    capsize=3, label=f"{self._level()} {name} interval")
+        ax.plot(self.conf.numpy()[idx], acc, "o", ms=3.5, color="tab:red",
+                label="(mean confidence, accuracy)")
+        if self.n_bins <= 20:
+            hits = (self.acc.numpy()[idx] * count[idx]).round().astype(int)
+            for x, k, n in zip(centers, hits, count[idx]):
+                ax.text(x, 0.015, f"{k}/{n}", rotation=90, ha="center", va="bottom",
+                        fontsize=7, bbox={"boxstyle": "square,pad=0.15", "fc": "white",
+                                          "ec": "none", "alpha": 0.7})
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
         ax.set_ylabel("accuracy")
         ax.set_title(f"{self.reading}: ECE {self.ece:.4f}, n={self.n}")
-        ax.legend(loc="upper left", fontsize="small")
-        ax_h.bar(lo, self.count.numpy(), width=width, align="edge", alpha=0.3 if ax_h is not ax
-                 else 0.7, color="tab:gray")
+        ax.legend(loc="best", fontsize="x-small" if twin else "small", framealpha=0.9)
+        ax_h.bar(lo, count, width=width, align="edge", color="tab:gray",
+                 alpha=0.25 if twin else 0.6)
+        ax_h.yaxis.set_major_locator(MaxNLocator(nbins=3, integer=True))
         ax_h.set_ylabel("count")
-        ax_h.set_xlabel("confidence")
+        if twin:
+            ax_h.set_ylim(0, 4 * max(int(count.max()), 1))
+            ax.set_xlabel("confidence")
+        else:
+            ax_h.set_xlabel("confidence")
         return ax

@@ -206,6 +206,10 @@ def test_22_million_samples_exact():
     assert abs(got - expected) <= 1e-12
     assert int(m.count.sum()) == 22_000_000
     assert float(m.sum_acc.sum()) == 20e6
+    # these sums happen to be exact in float32 too (1.9e7 is even): check the state dtypes
+    assert m.count.dtype == torch.int64
+    assert all(getattr(m, k).dtype == torch.float64
+               for k in ("sum_conf", "sum_acc", "sum_conf2", "sum_conf_acc"))
     # the failure mode this guards against: a float32 per-sample sum saturates at 2^24
     ones32 = torch.ones(1, dtype=torch.float32).expand(big)
     assert float(torch.bincount(torch.zeros(1, dtype=torch.long).expand(big), ones32)) < 17e6
@@ -395,6 +399,19 @@ def test_seven_out_of_seven_certifies_about_065():
     assert "[0.6457, 1.0000]" in t.to_text()
 
 
+def test_wilson_bounds_contain_the_accuracy_exactly():
+    # the closed form is 0 at k = 0 and 1 at k = n; float rounding used to land 1e-16 on the
+    # wrong side (hi < 1 = acc at 10/10), a negative whisker that matplotlib rejects
+    n = torch.arange(1, 301, dtype=torch.float64)
+    k = torch.cat([torch.zeros(300), n, (n / 3).floor()])
+    nn = torch.cat([n, n, n])
+    lo, hi = C.wilson_interval(k, nn)
+    assert bool((lo <= k / nn).all()) and bool((hi >= k / nn).all())
+    assert bool((lo[:300] == 0).all()) and bool((hi[300:600] == 1).all())
+    lo, hi = C.wilson_interval(torch.tensor([0.0]), torch.tensor([0.0]))
+    assert math.isnan(float(lo)) and math.isnan(float(hi))
+
+
 def test_reliability_table_fields_match_numpy():
     f, y = binary_data(1000, seed=12)
     t = reliability_table(torch.tensor(f), torch.tensor(y), n_bins=15, reading="binary",
@@ -415,6 +432,28 @@ def test_per_class_tables():
     assert t.per_class is not None and len(t.per_class) == 3
     assert t.count.sum() == 1500
     assert sum(int(pc.count.sum()) for pc in t.per_class) == 1500
+    probs = torch.softmax(logits, 1)
+    for k in range(3):  # each class table is the one-vs-rest binary table of that class
+        ref = reliability_table(probs[:, k], (target == k).long(), reading="binary",
+                                input="probs")
+        got = t.per_class[k]
+        assert torch.equal(got.count, ref.count)
+        for f in ("conf", "acc", "ci_low", "ci_high"):
+            assert torch.allclose(getattr(got, f), getattr(ref, f), rtol=0, atol=1e-12,
+                                  equal_nan=True), f
+
+
+@pytest.mark.parametrize("reading", ["top_label", "classwise"])
+def test_table_ece_is_the_ece_of_its_reading(reading):
+    # the table's rows pool the classes, but its ECE (and the text footer) is the reading's
+    logits, target = multiclass_data(2000, 4, seed=14)
+    t = reliability_table(logits, target, reading=reading)
+    ref = float(calibration_error(logits, target, reading=reading))
+    pooled_rows = float(calibration_error(logits, target, reading="confidence"))
+    assert abs(t.ece - ref) <= 1e-12
+    if reading == "top_label":
+        assert abs(ref - pooled_rows) > 1e-3  # the check can tell the two apart
+    assert t.to_text().splitlines()[-2].endswith(f"= {ref:.4f}")
 
 
 # ----------------------------------------------------------------------------- fine histogram
@@ -432,6 +471,26 @@ def test_equal_mass_fine_histogram_close_to_sort():
         a = C.equal_mass_calibration_error_from_stats(fine, B)
         b = C.equal_mass_calibration_error_from_samples(samples, B)
         assert abs(float(a) - float(b)) <= 3e-5, B
+
+
+@pytest.mark.parametrize("norm", ["l1", "l2", "max"])
+def test_equal_mass_fine_histogram_splits_straddling_bins_in_proportion(norm):
+    # reference: every sample replaced by its fine bin's mean confidence and mean outcome
+    # ("spread evenly over the bin"), then an exact sort-based split (N divisible by B);
+    # with only 64 fine bins nearly every boundary straddles one, so the rule matters
+    f, y = binary_data(3000, seed=24)
+    fine = C.binned_statistics(torch.tensor(f), torch.tensor(y), n_bins=64, reading="binary",
+                               input="probs").pooled()
+    idx = np.minimum(np.floor(f * 64), 63).astype(int)
+    n = np.bincount(idx, minlength=64)
+    fv = (np.bincount(idx, weights=f, minlength=64) / np.maximum(n, 1))[idx]
+    yv = (np.bincount(idx, weights=y, minlength=64) / np.maximum(n, 1))[idx]
+    order = np.argsort(fv, kind="stable")
+    for B in (5, 12, 15):
+        gaps = np.array([abs(fv[q].mean() - yv[q].mean()) for q in np.array_split(order, B)])
+        ref = {"l1": gaps.mean(), "l2": np.sqrt((gaps ** 2).mean()), "max": gaps.max()}[norm]
+        got = C.equal_mass_calibration_error_from_stats(fine, B, norm=norm)
+        assert abs(float(got) - ref) <= 1e-12, B
 
 
 def test_equal_mass_exact_matches_numpy_sort():
@@ -478,6 +537,26 @@ def test_ece_sweep_matches_reference():
     fine = calibration_error(torch.tensor(f), torch.tensor(y), reading="binary", input="probs",
                              estimator="sweep")
     assert abs(float(fine) - float(got)) <= 1e-3
+    # the sweep STOPS at the first non-monotone b: on these 40 samples monotonicity comes
+    # back at a larger b, and taking that one instead gives 0.1466, not 0.0729
+    rng = np.random.default_rng(8)
+    f = rng.uniform(0, 1, 40)
+    y = (rng.uniform(0, 1, 40) < f ** 1.5).astype(int)
+    got = calibration_error(torch.tensor(f), torch.tensor(y), reading="binary", input="probs",
+                            estimator="sweep", exact=True)
+    assert abs(float(got) - np_sweep(f, y)) <= 1e-12 and round(float(got), 4) == 0.0729
+
+
+def test_ece_sweep_is_not_stopped_by_rounding():
+    # perfectly separated outcomes: bin accuracies are monotone for EVERY b, so the sweep
+    # runs to b = N (one sample per bin) and ECE_sweep = mean |f - y|. Rounding in the bin
+    # sums used to fake a decrease (1.0 then 0.9999999999999983) and stop it at b = 15.
+    g = torch.Generator().manual_seed(0)
+    f = torch.rand(1200, generator=g, dtype=torch.float64)
+    y = (f > 0.5).long()
+    got = calibration_error(f, y, reading="binary", input="probs", estimator="sweep",
+                            exact=True)
+    assert abs(float(got) - float((f - y).abs().mean())) <= 1e-12
 
 
 def test_smooth_ece_matches_relplot():
@@ -490,6 +569,11 @@ def test_smooth_ece_matches_relplot():
     fine = calibration_error(p, t, reading="binary", input="probs", estimator="smooth")
     assert abs(float(exact) - ref) <= 1e-12
     assert abs(float(fine) - ref) <= 1e-6
+    # a second set whose fixed point moves with one bisection step more or less (10, as relplot)
+    f2, y2 = binary_data(3000, seed=35, shape="power")
+    got2 = calibration_error(torch.tensor(f2), torch.tensor(y2), reading="binary", input="probs",
+                             estimator="smooth", exact=True)
+    assert abs(float(got2) - relplot.smECE(f2, y2.astype(float))) <= 1e-12
     ref_s = relplot.smECE_sigma(f, y.astype(float), 0.05)
     fixed = calibration_error(p, t, reading="binary", input="probs", estimator="smooth",
                               sigma=0.05)
@@ -532,6 +616,29 @@ def test_bootstrap_matches_brute_force_and_is_seeded():
     assert abs(float(lo) - ql) <= 1e-12 and abs(float(hi) - qh) <= 1e-12
     assert abs(float(ece) - np_ece(f, y, 10)) <= 1e-12
     assert float(lo) < float(ece) < float(hi)
+
+
+def test_classwise_bootstrap_resamples_samples_not_pairs():
+    # one Poisson weight per SAMPLE, shared by its C one-vs-rest elements (brute force)
+    logits, target = multiclass_data(300, 3, seed=51)
+    probs = torch.softmax(logits, 1).numpy()
+    ece, lo, hi = C.calibration_error_bootstrap(logits, target, reading="classwise", n_bins=5,
+                                                replicates=40, level=0.8, seed=9)
+    g = torch.Generator().manual_seed(9)
+    w = torch.poisson(torch.ones(300, 40, dtype=torch.float64), generator=g).numpy()
+    onehot = np.eye(3)[target.numpy()]
+    eces = []
+    for r in range(40):
+        per = []
+        for k in range(3):
+            idx = np.minimum(np.floor(probs[:, k] * 5), 4).astype(int)
+            sg = np.bincount(idx, weights=w[:, r] * (probs[:, k] - onehot[:, k]), minlength=5)
+            per.append(np.abs(sg).sum() / w[:, r].sum())
+        eces.append(np.mean(per))
+    ql, qh = np.quantile(eces, [0.1, 0.9])
+    assert abs(float(lo) - ql) <= 1e-12 and abs(float(hi) - qh) <= 1e-12
+    assert abs(float(ece) - float(calibration_error(logits, target, reading="classwise",
+                                                    n_bins=5))) <= 1e-15
 
 
 # ----------------------------------------------------------------------------- groups

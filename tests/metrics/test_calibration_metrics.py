@@ -131,6 +131,21 @@ def test_state_is_small_and_independent_of_n():
     assert nbytes(cw) == 100 * 15 * 8 * 5 + 8
 
 
+def test_exact_keeps_samples_only_for_the_estimators_that_need_them():
+    logits, target, _ = data(500)
+    binned = CalibrationError(exact=True)  # binned needs no samples: none are kept
+    binned.update(logits, target)
+    assert not any(k.startswith("sample_") for k in binned._defaults)
+    assert abs(float(binned.compute()) - float(calibration_error(logits, target))) <= 1e-15
+    top = CalibrationError(reading="top_label", num_classes=5, exact=True)
+    top.update(logits, target)  # used to raise: samples are kept for one slot only
+    assert abs(float(top.compute()) - float(calibration_error(logits, target,
+                                                              reading="top_label"))) <= 1e-15
+    smooth = CalibrationError(estimator="smooth", exact=True)
+    smooth.update(logits, target)
+    assert sum(t.numel() for t in smooth.sample_conf) == 500
+
+
 def test_merge_state_is_addition():
     logits, target, _ = data(5000)
     a, b, both = CalibrationError(), CalibrationError(), CalibrationError()
@@ -246,4 +261,9 @@ def test_plots():
     bd = BrierDecomposition(reading="confidence")
     bd.update(logits, target)
     bd.plot()
+    for m in (NegativeLogLikelihood(num_groups=3), ClasswiseCalibrationError(num_classes=5,
+                                                                              num_groups=3)):
+        m.update(logits, target, torch.arange(2000) % 3)
+        fig, ax = m.plot()  # the pooled value of the GroupedResult
+        assert ax.figure is fig
     plt.close("all")

@@ -194,6 +194,8 @@ class PreparedInputs:
         num_groups: ``G``.
         num_slots: ``K``.
         group_counts: samples per group, int64 ``(G,)`` (samples, not sample x class).
+        per_sample: elements per sample (``C`` for ``classwise``: one per class, laid out
+            sample-major; else 1).
 
     Example:
         >>> import torch
@@ -208,6 +210,7 @@ class PreparedInputs:
     num_groups: int
     num_slots: int
     group_counts: Tensor
+    per_sample: int = 1
 
 
 @dataclass(frozen=True)
@@ -242,9 +245,12 @@ def bin_index(conf: Tensor, n_bins: int) -> Tensor:
         >>> bin_index(torch.tensor([0.0, 0.1, 0.5, 0.99, 1.0]), 10).tolist()
         [0, 1, 5, 9, 9]
     """
-    n_bins = check_int("n_bins", n_bins, minimum=1)
-    idx = (conf.to(torch.float64) * n_bins).floor_().to(torch.int64)
-    return idx.clamp_(0, n_bins - 1)
+    return _bins(conf, check_int("n_bins", n_bins, minimum=1))
+
+
+def _bins(conf: Tensor, n_bins: int) -> Tensor:
+    """The binning rule (the one place it is written): ``min(floor(c * B), B - 1)`` in float64."""
+    return (conf.to(torch.float64) * n_bins).floor_().to(torch.int64).clamp_(0, n_bins - 1)
 
 
 def _check_groups(groups: Tensor, shape: torch.Size, num_groups: int | None) -> int:
@@ -411,7 +417,8 @@ def prepare_inputs(preds: Tensor, target: Tensor, *, reading: str = "confidence"
         group_counts = torch.zeros(G, dtype=torch.int64, device=target.device)
         group_counts[0] = n_samples
         lead = slot
-    return PreparedInputs(conf, outcome, lead, G, K, group_counts)
+    return PreparedInputs(conf, outcome, lead, G, K, group_counts,
+                          K if reading == "classwise" else 1)
 
 
 #: elements per block of the float64 per-bin sums (see :func:`_blocked_bincount`)
@@ -457,7 +464,7 @@ def accumulate(prep: PreparedInputs, n_bins: int) -> BinnedStats:
         ([[[1, 2]]], [0.1, 1.3])
     """
     c = prep.conf.to(torch.float64)
-    idx = (c * n_bins).floor_().to(torch.int64).clamp_(0, n_bins - 1)
+    idx = _bins(c, n_bins)
     if prep.lead is not None:
         idx.add_(prep.lead, alpha=n_bins)
     G, K = prep.num_groups, prep.num_slots
@@ -523,7 +530,11 @@ def wilson_interval(successes: Tensor, trials: Tensor, level: float = 0.95
     denom = 1.0 + z2 / n
     center = (p + z2 / (2 * n)) / denom
     half = (z / denom) * torch.sqrt((p * (1 - p) / n + z2 / (4 * n * n)).clamp_min(0))
-    return (center - half).clamp(0, 1), (center + half).clamp(0, 1)
+    # the closed form is exactly 0 at k = 0 and 1 at k = n; rounding can miss by 1e-16 and
+    # put the bound on the wrong side of the accuracy (a negative whisker in a plot)
+    lo = torch.where(k <= 0, 0.0, (center - half).clamp(0, 1))
+    hi = torch.where(k >= n, 1.0, (center + half).clamp(0, 1))
+    return torch.where(n > 0, lo, math.nan), torch.where(n > 0, hi, math.nan)
 
 
 def clopper_pearson_interval(successes: Tensor, trials: Tensor, level: float = 0.95
@@ -563,19 +574,22 @@ def clopper_pearson_interval(successes: Tensor, trials: Tensor, level: float = 0
 
 
 # =============================================================================== tables
-def _one_table(stats: BinnedStats, interval: str, level: float, reading: str,
-               per_class: tuple[ReliabilityTable, ...] | None = None) -> ReliabilityTable:
-    """Table of 1-D statistics ``(B,)``."""
+def _tables(stats: BinnedStats, interval: str, level: float, reading: str
+            ) -> list[ReliabilityTable]:
+    """One table per row of ``(K, B)`` statistics, with every column computed in one pass."""
     B = stats.n_bins
     edges = torch.arange(B + 1, dtype=torch.float64) / B
-    n = stats.count.to(torch.float64)
     with torch.no_grad():
-        conf = (stats.conf / n).cpu()
-        acc = (stats.acc / n).cpu()
+        count = stats.count.cpu()
+        n = count.to(torch.float64)
+        s_acc = stats.acc.cpu()
+        conf = stats.conf.cpu() / n
+        acc = s_acc / n
         fn = wilson_interval if interval == "wilson" else clopper_pearson_interval
-        lo, hi = fn(stats.acc.cpu(), n.cpu(), level)
-    return ReliabilityTable(edges[:-1], edges[1:], stats.count.cpu(), conf, acc, lo, hi,
-                            float(level), interval, reading, per_class)
+        lo, hi = fn(s_acc, n, level)
+    return [ReliabilityTable(edges[:-1], edges[1:], count[k], conf[k], acc[k], lo[k], hi[k],
+                             float(level), interval, reading)
+            for k in range(count.shape[0])]
 
 
 def reliability_table_from_stats(stats: BinnedStats, *, interval: str = "wilson",
@@ -584,7 +598,9 @@ def reliability_table_from_stats(stats: BinnedStats, *, interval: str = "wilson"
     """:class:`~torchcal.report.ReliabilityTable` of statistics ``(K, B)`` (or ``(B,)``).
 
     For ``K > 1`` (``top_label``/``classwise``) the table pools the classes bin by bin and
-    ``per_class`` holds one table per class.
+    ``per_class`` holds one table per class; the table's ``ece`` is still the error of the
+    reading (count-weighted over predicted classes for ``top_label``, the mean over classes
+    for ``classwise``), as :func:`calibration_error` gives it.
 
     Example:
         >>> import torch
@@ -594,16 +610,18 @@ def reliability_table_from_stats(stats: BinnedStats, *, interval: str = "wilson"
         [1, 1]
     """
     check_option("interval", interval, INTERVALS)
+    check_option("reading", reading, READINGS)
     _z(level)
     if stats.count.dim() == 1:
-        return _one_table(stats, interval, level, reading)
+        stats = stats._map(lambda t: t.unsqueeze(0))
     if stats.count.dim() != 2:
         raise ValueError(f"stats: expected (K, B) statistics, got {tuple(stats.count.shape)}")
-    per_class = None
-    if stats.count.shape[0] > 1:
-        per_class = tuple(_one_table(stats._map(lambda t, k=k: t[k]), interval, level, reading)
-                          for k in range(stats.count.shape[0]))
-    return _one_table(stats._map(lambda t: t.sum(0)), interval, level, reading, per_class)
+    if stats.count.shape[0] == 1:
+        return _tables(stats, interval, level, reading)[0]
+    per_class = tuple(_tables(stats, interval, level, reading))
+    table = _tables(stats._map(lambda t: t.sum(0, keepdim=True)), interval, level, reading)[0]
+    table.per_class = per_class
+    return table
 
 
 # =============================================================================== ECE family
@@ -793,11 +811,15 @@ def _equal_mass(cum: tuple[Tensor, Tensor, Tensor], n_bins: int, norm: str) -> T
 
 
 def _sweep(cum: tuple[Tensor, Tensor, Tensor], norm: str, max_bins: int) -> Tensor:
+    # bin sums are differences of cumulative sums: each carries an absolute rounding error of
+    # a few ulps of the total, so a "decrease" below ``slack / n_b`` is rounding (e.g. two
+    # all-correct bins at 1.0 and 0.9999999999999983), not a violation of monotonicity
+    slack = 16 * torch.finfo(torch.float64).eps * max(float(cum[2][-1]), 1.0)
     best = _equal_mass(cum, 1, norm)
     for b in range(2, max_bins + 1):
         n, sc, so = _equal_mass_sums(*cum, b)
         acc = so / n
-        if bool((acc.diff() < 0).any()):
+        if bool((acc.diff() < -2 * slack / n.min()).any()):
             break
         best = _norm_of(n, sc - so, norm)
     return best
@@ -833,7 +855,16 @@ def equal_mass_calibration_error_from_samples(samples: CalibrationSamples, n_bin
                                               norm: str = "l1") -> Tensor:
     """Sort-based equal-mass ECE (the exact reference; same rank convention as
     :func:`equal_mass_calibration_error_from_stats`, a fractional rank boundary splits one
-    sample). See :class:`CalibrationSamples` for an example."""
+    sample).
+
+    Example:
+        >>> import torch
+        >>> s = CalibrationSamples(torch.tensor([0.1, 0.2, 0.8, 0.9], dtype=torch.float64),
+        ...                        torch.tensor([0.0, 1.0, 1.0, 1.0], dtype=torch.float64),
+        ...                        torch.zeros(4, dtype=torch.long))
+        >>> round(float(equal_mass_calibration_error_from_samples(s, 2)), 4)  # .5*.35 + .5*.15
+        0.25
+    """
     n_bins = check_int("n_bins", n_bins, minimum=1)
     check_option("norm", norm, NORMS)
     if samples.conf.numel() == 0:
@@ -1031,8 +1062,9 @@ def bootstrap_statistics(prep: PreparedInputs, n_bins: int, replicates: int,
 
     Each element draws ``R`` independent Poisson(1) weights from ``generator`` (the streaming
     bootstrap of Hanley & MacGibbon 2006 / Chamandy et al. 2012), so the state streams and
-    merges by addition like the plain statistics. For ``classwise`` one weight per element
-    (sample x class). Memory per update: ``M x R`` float64 weights.
+    merges by addition like the plain statistics. A weight belongs to a sample: for
+    ``classwise`` its ``C`` one-vs-rest elements share it (resampling samples, not pairs).
+    Memory per update: ``M x R`` float64 weights.
 
     Example:
         >>> import torch
@@ -1043,14 +1075,16 @@ def bootstrap_statistics(prep: PreparedInputs, n_bins: int, replicates: int,
         torch.Size([3, 2])
     """
     c = prep.conf.to(torch.float64)
-    idx = (c * n_bins).floor_().to(torch.int64).clamp_(0, n_bins - 1)
+    idx = _bins(c, n_bins)
     K = prep.num_slots
     if prep.lead is not None:
         idx = idx + (prep.lead % K) * n_bins
-    M = c.numel()
     size = K * n_bins
-    rate = torch.ones(M, replicates, dtype=torch.float64, device=c.device)
-    w = torch.poisson(rate, generator=generator)  # (M, R)
+    rate = torch.ones(c.numel() // prep.per_sample, replicates, dtype=torch.float64,
+                      device=c.device)
+    w = torch.poisson(rate, generator=generator)  # (samples, R)
+    if prep.per_sample > 1:
+        w = w.repeat_interleave(prep.per_sample, dim=0)  # (M, R)
     cell = (idx.unsqueeze(1) + torch.arange(replicates, device=c.device) * size).reshape(-1)
     o = prep.outcome.to(torch.float64)
     wn = torch.bincount(cell, weights=w.reshape(-1), minlength=replicates * size)
@@ -1062,12 +1096,13 @@ def bootstrap_statistics(prep: PreparedInputs, n_bins: int, replicates: int,
     return wn.view(shape), wc.view(shape), wo.view(shape)
 
 
-def ece_bootstrap_from_stats(wn: Tensor, wc: Tensor, wo: Tensor, *, level: float = 0.95,
-                             classwise_classes: int = 1) -> tuple[Tensor, Tensor]:
+def ece_bootstrap_from_stats(wn: Tensor, wc: Tensor, wo: Tensor, *, level: float = 0.95
+                             ) -> tuple[Tensor, Tensor]:
     """Percentile interval of the L1 ECE over bootstrap replicates ``(R, cells)``.
 
-    For ``classwise`` pass the number of classes: the ECE is then the sum over all (class,
-    bin) cells divided by ``C`` times the (weighted) number of samples.
+    The ECE of a replicate is ``sum_cells |wc - wo| / sum_cells wn`` in every reading: for
+    ``classwise`` the cells are (class, bin) and ``sum wn`` is ``C`` times the weighted
+    number of samples, so this is the mean over classes of the one-vs-rest ECE.
 
     Example:
         >>> import torch
@@ -1078,8 +1113,7 @@ def ece_bootstrap_from_stats(wn: Tensor, wc: Tensor, wo: Tensor, *, level: float
         [0.1542, 0.1625]
     """
     _z(level)
-    total = wn.sum(-1) / classwise_classes
-    ece = (wc - wo).abs().sum(-1) / (total * classwise_classes)
+    ece = (wc - wo).abs().sum(-1) / wn.sum(-1)
     a = (1 - level) / 2
     q = torch.quantile(ece, torch.tensor([a, 1 - a], dtype=torch.float64, device=ece.device))
     return q[0], q[1]
@@ -1095,20 +1129,29 @@ def _samples_from(prep: PreparedInputs) -> CalibrationSamples:
     return CalibrationSamples(prep.conf.to(torch.float64), prep.outcome.to(torch.float64), g)
 
 
+def _check_estimator(estimator: str, norm: str, reading: str,
+                     allowed: tuple[str, ...] = ESTIMATORS) -> None:
+    """Validate an (estimator, norm, reading) combination (functional and metrics)."""
+    check_option("estimator", estimator, allowed)
+    check_option("norm", norm, NORMS)
+    check_option("reading", reading, READINGS)
+    if estimator == "debiased" and norm != "l2":
+        raise ValueError(f"norm: the debiased estimator is an L2 error, expected norm='l2', "
+                         f"got {norm!r}")
+    if estimator in FINE_ESTIMATORS and reading not in ("binary", "confidence"):
+        raise ValueError(f"estimator: {estimator!r} is defined for reading='binary' or "
+                         f"'confidence', got reading={reading!r}")
+
+
 def _estimate(estimator: str, *, stats: BinnedStats, fine: BinnedStats | None,
               samples: CalibrationSamples | None, n_bins: int, norm: str, reading: str,
               sigma: float | None = None) -> Tensor:
-    """One estimate from ``(K, B)`` statistics (and fine ``(K, F)`` or kept samples)."""
+    """One estimate from ``(K, B)`` statistics (and fine ``(K, F)`` or kept samples); the
+    combination was checked by :func:`_check_estimator`."""
     if estimator == "binned":
         return calibration_error_from_stats(stats, norm=norm, reading=reading)
     if estimator == "debiased":
-        if norm != "l2":
-            raise ValueError(f"norm: the debiased estimator is an L2 error, expected "
-                             f"norm='l2', got {norm!r}")
         return debiased_calibration_error_from_stats(stats, reading=reading)
-    if reading not in ("binary", "confidence"):
-        raise ValueError(f"estimator: {estimator!r} is defined for reading='binary' or "
-                         f"'confidence', got reading={reading!r}")
     if samples is not None:
         if estimator == "equal_mass":
             return equal_mass_calibration_error_from_samples(samples, n_bins, norm=norm)
@@ -1181,8 +1224,7 @@ def calibration_error(preds: Tensor, target: Tensor, *, n_bins: int = 15, norm: 
         0.2992
     """
     n_bins = check_int("n_bins", n_bins, minimum=1)
-    check_option("norm", norm, NORMS)
-    check_option("estimator", estimator, ESTIMATORS)
+    _check_estimator(estimator, norm, reading)
     prep = prepare_inputs(preds, target, reading=reading, input=input, num_classes=num_classes,
                           groups=groups, num_groups=num_groups)
     stats = accumulate(prep, n_bins)
@@ -1223,17 +1265,16 @@ def reliability_table(preds: Tensor, target: Tensor, *, n_bins: int = 15,
     n_bins = check_int("n_bins", n_bins, minimum=1)
     check_option("interval", interval, INTERVALS)
     _z(level)
-    stats = binned_statistics(preds, target, n_bins=n_bins, reading=reading, input=input,
-                              num_classes=num_classes, groups=groups, num_groups=num_groups)
+    prep = prepare_inputs(preds, target, reading=reading, input=input, num_classes=num_classes,
+                          groups=groups, num_groups=num_groups)
+    stats = accumulate(prep, n_bins)
 
     def fn(s: BinnedStats, f: Any, smp: Any) -> ReliabilityTable:
         return reliability_table_from_stats(s, interval=interval, level=level, reading=reading)
 
     if groups is None:
         return fn(stats.pooled(), None, None)
-    counts = stats.count.sum(-1)
-    counts = counts[:, 0] if reading == "classwise" else counts.sum(-1)
-    return _per_group(fn, stats, None, None, counts)
+    return _per_group(fn, stats, None, None, prep.group_counts)
 
 
 def brier_decomposition(preds: Tensor, target: Tensor, *, n_bins: int = 15,
@@ -1263,15 +1304,14 @@ def brier_decomposition(preds: Tensor, target: Tensor, *, n_bins: int = 15,
         0.175
     """
     n_bins = check_int("n_bins", n_bins, minimum=1)
-    stats = binned_statistics(preds, target, n_bins=n_bins, reading=reading, input=input,
-                              num_classes=num_classes, groups=groups, num_groups=num_groups)
+    prep = prepare_inputs(preds, target, reading=reading, input=input, num_classes=num_classes,
+                          groups=groups, num_groups=num_groups)
+    stats = accumulate(prep, n_bins)
     pooled = brier_decomposition_from_stats(stats.pooled(), reading=reading)
     if groups is None:
         return pooled
     per = brier_decomposition_from_stats(stats, reading=reading)
-    counts = stats.count.sum(-1)
-    counts = counts[:, 0] if reading == "classwise" else counts.sum(-1)
-    return GroupedResult(pooled, per, counts.cpu())
+    return GroupedResult(pooled, per, prep.group_counts.cpu())
 
 
 def calibration_error_bootstrap(preds: Tensor, target: Tensor, *, n_bins: int = 15,
@@ -1298,9 +1338,7 @@ def calibration_error_bootstrap(preds: Tensor, target: Tensor, *, n_bins: int = 
     stats = accumulate(prep, n_bins)
     gen = torch.Generator(device=prep.conf.device).manual_seed(seed)
     wn, wc, wo = bootstrap_statistics(prep, n_bins, replicates, gen)
-    lo, hi = ece_bootstrap_from_stats(wn, wc, wo, level=level,
-                                      classwise_classes=prep.num_slots
-                                      if reading == "classwise" else 1)
+    lo, hi = ece_bootstrap_from_stats(wn, wc, wo, level=level)
     return calibration_error_from_stats(stats.pooled(), reading=reading), lo, hi
 
 
@@ -1316,7 +1354,8 @@ def nll_items(preds: Tensor, target: Tensor, *, input: str = "logits") -> Tensor
 
     Example:
         >>> import torch
-        >>> [round(v, 4) for v in nll_items(torch.tensor([0.0, 2.0]), torch.tensor([1, 0])).tolist()]
+        >>> items = nll_items(torch.tensor([0.0, 2.0]), torch.tensor([1, 0]))
+        >>> [round(v, 4) for v in items.tolist()]
         [0.6931, 2.1269]
     """
     check_option("input", input, INPUTS)

@@ -35,7 +35,19 @@ __all__ = [
 _STAT_NAMES = ("count", "sum_conf", "sum_acc", "sum_conf2", "sum_conf_acc")
 
 
-class _BinnedMetric(Metric):
+class _PooledPlot(Metric):
+    """``plot()`` of torchmetrics for scalar (or dict) results; the pooled value for groups."""
+
+    def plot(self, val: Any = None, ax: Any = None) -> Any:
+        """Plot the value(s) with torchmetrics' plot (the pooled value(s) for groups);
+        returns ``(figure, axis)``."""
+        val = self.compute() if val is None else val
+        if isinstance(val, GroupedResult):
+            val = val.pooled
+        return self._plot(val, ax)
+
+
+class _BinnedMetric(_PooledPlot):
     """Shared state handling: ``(G, K, B)`` binned statistics (+ optional fine histogram,
     kept samples, bootstrap replicates)."""
 
@@ -131,7 +143,8 @@ class CalibrationError(_BinnedMetric):
         num_groups: per-group results (state ``G x K x B``); ``update`` then needs ``groups``.
         fine_bins: sub-bins of the fine histogram (default 4096).
         exact: keep every (confidence, outcome, group) (24 bytes/sample, ``cat`` under DDP)
-            for the sort-based equal-mass / sweep / smooth estimators.
+            for the sort-based equal-mass / sweep / smooth estimators (the binned and
+            debiased estimators need no samples: nothing is kept for them).
         sigma: fixed bandwidth for ``"smooth"`` (default: the fixed point).
         bootstrap: number ``R`` of streaming Poisson-bootstrap replicates (0: off); adds
             ``3 x R x K x B`` float64 state and enables :meth:`compute_interval`.
@@ -163,23 +176,17 @@ class CalibrationError(_BinnedMetric):
                  validate_args: bool = True, **kwargs: Any) -> None:
         super().__init__(n_bins, reading=reading, input=input, num_classes=num_classes,
                          num_groups=num_groups, validate_args=validate_args, **kwargs)
-        check_option("norm", norm, C.NORMS)
-        check_option("estimator", estimator, C.ESTIMATORS)
-        if estimator == "debiased" and norm != "l2":
-            raise ValueError(f"norm: the debiased estimator is an L2 error, expected "
-                             f"norm='l2', got {norm!r}")
-        if estimator in C.FINE_ESTIMATORS and reading not in ("binary", "confidence"):
-            raise ValueError(f"estimator: {estimator!r} is defined for reading='binary' or "
-                             f"'confidence', got reading={reading!r}")
+        C._check_estimator(estimator, norm, reading)
         self.norm = norm
         self.estimator = estimator
         self.sigma = sigma
         self.exact = bool(exact)
         self.fine_bins = check_int("fine_bins", fine_bins, minimum=1)
         self._fine = estimator in C.FINE_ESTIMATORS and not self.exact
+        self._keep = estimator in C.FINE_ESTIMATORS and self.exact
         if self._fine:
             self._add_stats("fine_", self.fine_bins)
-        if self.exact:
+        if self._keep:
             self.add_state("sample_conf", [], dist_reduce_fx="cat")
             self.add_state("sample_outcome", [], dist_reduce_fx="cat")
             self.add_state("sample_group", [], dist_reduce_fx="cat")
@@ -200,7 +207,7 @@ class CalibrationError(_BinnedMetric):
         self._update_binned(prep)
         if self._fine:
             self._add_to("fine_", C.accumulate(prep, self.fine_bins))
-        if self.exact:
+        if self._keep:
             s = C._samples_from(prep)
             self.sample_conf.append(s.conf)
             self.sample_outcome.append(s.outcome)
@@ -218,7 +225,7 @@ class CalibrationError(_BinnedMetric):
             self.boot_acc.add_(wo)
 
     def _samples(self) -> C.CalibrationSamples | None:
-        if not self.exact:
+        if not self._keep:
             return None
 
         def cat(x: Any) -> Tensor:
@@ -249,16 +256,8 @@ class CalibrationError(_BinnedMetric):
                              "to compute a bootstrap interval, got 0")
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=True):
             self._check_seen()
-            return C.ece_bootstrap_from_stats(
-                self.boot_n, self.boot_conf, self.boot_acc, level=self.level,
-                classwise_classes=self._K if self.reading == "classwise" else 1)
-
-    def plot(self, val: Any = None, ax: Any = None) -> Any:
-        """Plot the value(s) with torchmetrics' scalar plot (pooled value for groups)."""
-        val = self.compute() if val is None else val
-        if isinstance(val, GroupedResult):
-            val = val.pooled
-        return self._plot(val, ax)
+            return C.ece_bootstrap_from_stats(self.boot_n, self.boot_conf, self.boot_acc,
+                                              level=self.level)
 
 
 class ClasswiseCalibrationError(_BinnedMetric):
@@ -287,11 +286,7 @@ class ClasswiseCalibrationError(_BinnedMetric):
                  **kwargs: Any) -> None:
         super().__init__(n_bins, reading="classwise", input=input, num_classes=num_classes,
                          num_groups=num_groups, validate_args=validate_args, **kwargs)
-        check_option("norm", norm, C.NORMS)
-        check_option("estimator", estimator, ("binned", "debiased"))
-        if estimator == "debiased" and norm != "l2":
-            raise ValueError(f"norm: the debiased estimator is an L2 error, expected "
-                             f"norm='l2', got {norm!r}")
+        C._check_estimator(estimator, norm, "classwise", allowed=("binned", "debiased"))
         self.norm = norm
         self.estimator = estimator
 
@@ -316,13 +311,6 @@ class ClasswiseCalibrationError(_BinnedMetric):
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=True):
             self._check_seen()
             return self._per_class(self._stats().pooled())
-
-    def plot(self, val: Any = None, ax: Any = None) -> Any:
-        """Plot the value(s) with torchmetrics' scalar plot (pooled value for groups)."""
-        val = self.compute() if val is None else val
-        if isinstance(val, GroupedResult):
-            val = val.pooled
-        return self._plot(val, ax)
 
 
 class ReliabilityDiagram(_BinnedMetric):
@@ -413,15 +401,8 @@ class BrierDecomposition(_BinnedMetric):
         per = C.brier_decomposition_from_stats(stats, reading=self.reading)
         return GroupedResult(pooled, per, self.group_count.cpu())
 
-    def plot(self, val: Any = None, ax: Any = None) -> Any:
-        """Plot the components with torchmetrics' plot (pooled values for groups)."""
-        val = self.compute() if val is None else val
-        if isinstance(val, GroupedResult):
-            val = val.pooled
-        return self._plot(val, ax)
 
-
-class NegativeLogLikelihood(Metric):
+class NegativeLogLikelihood(_PooledPlot):
     """Streaming mean negative log-likelihood (log score) with float64 sum states.
 
     Binary when ``target`` has the shape of ``preds``, multiclass for ``(N, C, *)`` scores
@@ -489,10 +470,3 @@ class NegativeLogLikelihood(Metric):
             return pooled
         per = self.nll_sum / self.count.to(torch.float64)
         return GroupedResult(pooled, per, self.count.cpu())
-
-    def plot(self, val: Any = None, ax: Any = None) -> Any:
-        """Plot the value(s) with torchmetrics' scalar plot (pooled value for groups)."""
-        val = self.compute() if val is None else val
-        if isinstance(val, GroupedResult):
-            val = val.pooled
-        return self._plot(val, ax)
