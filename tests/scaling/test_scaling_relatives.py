@@ -59,6 +59,7 @@ def test_platt_reaches_scipy_optimum_and_keeps_ranking():
     ours = np.array([platt.weight.item(), platt.bias.item()])
     f_ours, g_ours = _platt_numpy(ours, sn, yn)
     assert res.converged and res.grad_norm <= 1e-8
+    assert res.passes >= res.iterations + 1  # one objective evaluation per pass, reported
     assert np.linalg.norm(g_ours) <= 1e-8
     assert f_ours <= ref.fun + 1e-12
     assert np.allclose(ours, ref.x, atol=1e-6)
@@ -306,3 +307,28 @@ def test_isotonic_pav_adversarial_order_and_bad_input():
         IsotonicCalibrator()(torch.zeros(3))
     with pytest.raises(ValueError, match="^target: expected binary labels"):
         IsotonicCalibrator().fit(torch.zeros(3), torch.tensor([0.0, 2.0, 1.0]))
+
+
+# ----------------------------------------------------------------------------- inference mode
+def test_every_calibrator_fits_inside_inference_mode():
+    """Built outside or inside ``torch.inference_mode()`` (a Lightning validation hook), every
+    calibrator fits there and gives the same parameters as outside."""
+    z, y = _multiclass(3000, 3, seed=11)
+    groups = torch.arange(3000) % 2
+    s = z[:, 0] - z[:, 1]
+    b = (y == 0).double()
+    cases = [(TemperatureScaler, (z, y)), (lambda: GroupTemperatureScaler(2), (z, y, groups)),
+             (PlattScaler, (s, b)), (lambda: VectorScaler(3), (z, y)),
+             (lambda: MatrixScaler(3), (z, y)), (IsotonicCalibrator, (s, b))]
+    for make, args in cases:
+        ref = make()
+        ref.fit(*args)
+        outside = make()
+        with torch.inference_mode():
+            inside = make()
+            inside.fit(*args)
+            outside.fit(*args)
+        for mod in (inside, outside):
+            assert mod.is_fitted
+            for key, value in ref.state_dict().items():
+                assert torch.equal(mod.state_dict()[key], value), (type(mod).__name__, key)

@@ -78,9 +78,9 @@ def sample_binary(n, true_t, seed, scale=10.0):
     return s, y
 
 
-def assert_optimal(res, logits, target, rel=1e-6, nats=1e-10):
-    t_ref, f_ref = brent_optimum(logits, target, t_hint=res.temperature)
-    assert res.converged
+def assert_optimal(res, logits, target, rel=1e-6, nats=1e-10, ref=None):
+    t_ref, f_ref = brent_optimum(logits, target, t_hint=res.temperature) if ref is None else ref
+    assert res.converged and res.warnings == ()
     assert abs(res.temperature / t_ref - 1) <= rel, (res.temperature, t_ref)
     assert abs(res.nll_after - f_ref) <= nats, (res.nll_after, f_ref)
     # the reported NLL is the NLL at the reported T
@@ -90,13 +90,26 @@ def assert_optimal(res, logits, target, rel=1e-6, nats=1e-10):
     assert res.grad_norm <= 1e-9
 
 
+def fit_both(logits, target, oracle_logits=None):
+    """Fit with the default Newton solver and with LBFGS; both must reach the one Brent optimum
+    at the same tolerances. Returns the Newton scaler and result."""
+    oracle_logits = logits if oracle_logits is None else oracle_logits
+    scaler = TemperatureScaler()
+    res = scaler.fit(logits, target)
+    assert res.method == "newton"
+    ref = brent_optimum(oracle_logits, target, t_hint=res.temperature)
+    assert_optimal(res, oracle_logits, target, ref=ref)
+    res_lbfgs = TemperatureScaler(method="lbfgs").fit(logits, target)
+    assert res_lbfgs.method == "lbfgs"
+    assert_optimal(res_lbfgs, oracle_logits, target, ref=ref)
+    return scaler, res
+
+
 # ----------------------------------------------------------------------------- optimum
 @pytest.mark.parametrize("true_t", [0.5, 2.5, 10.0])
 def test_multiclass_reaches_brent_optimum_and_keeps_argmax(true_t):
     logits, target = sample_multiclass(50_000, 100, true_t, seed=1)
-    scaler = TemperatureScaler()
-    res = scaler.fit(logits, target)
-    assert_optimal(res, logits, target)
+    scaler, res = fit_both(logits, target)
     assert abs(math.log(res.temperature / true_t)) < 0.1
     assert torch.equal(scaler(logits).argmax(1), logits.argmax(1))
 
@@ -106,9 +119,7 @@ def test_binary_with_huge_logits_keeps_ranking_and_auc():
     s, y = sample_binary(20_000, 3.0, seed=2)
     s[:50] = s[:50].sign() * torch.linspace(25.0, 1e4, 50, dtype=torch.float64)
     assert bool((s.abs() > 20).sum() > 500) and float(s.abs().max()) == 1e4
-    scaler = TemperatureScaler()
-    res = scaler.fit(s, y)
-    assert_optimal(res, s, y)
+    scaler, res = fit_both(s, y)
     out = scaler(s).detach()
     assert torch.equal(torch.argsort(out, stable=True), torch.argsort(s, stable=True))
     assert torch.equal((out > 0), (s > 0))
@@ -118,7 +129,7 @@ def test_binary_with_huge_logits_keeps_ranking_and_auc():
 
 def test_many_classes():
     logits, target = sample_multiclass(2000, 1000, 0.7, seed=3)
-    assert_optimal(TemperatureScaler().fit(logits, target), logits, target)
+    fit_both(logits, target)
 
 
 def test_masked_logits():
@@ -127,9 +138,7 @@ def test_masked_logits():
     mask = torch.rand(logits.shape, generator=g) < 0.1
     mask[torch.arange(5000), target] = False
     logits[mask] = -math.inf
-    scaler = TemperatureScaler()
-    res = scaler.fit(logits, target)
-    assert_optimal(res, logits, target)
+    scaler, res = fit_both(logits, target)
     out = scaler(logits).detach()
     assert torch.equal(torch.isneginf(out), mask)
     assert torch.equal(out.argmax(1), logits.argmax(1))
@@ -139,15 +148,13 @@ def test_binary_masked_negatives_contribute_nothing():
     s, y = sample_binary(4000, 2.0, seed=6)
     s_masked = torch.cat([s, torch.full((100,), -math.inf, dtype=torch.float64)])
     y_masked = torch.cat([y, torch.zeros(100, dtype=torch.float64)])
-    res = TemperatureScaler().fit(s_masked, y_masked)
-    assert_optimal(res, s_masked, y_masked)
+    _, res = fit_both(s_masked, y_masked)
     assert abs(res.temperature / TemperatureScaler().fit(s, y).temperature - 1) < 1e-7
 
 
 def test_float16_logits():
     logits, target = sample_multiclass(10_000, 100, 2.0, seed=7, dtype=torch.float16)
-    res = TemperatureScaler().fit(logits, target)
-    assert_optimal(res, logits.double(), target)
+    _, res = fit_both(logits, target, oracle_logits=logits.double())
     assert TemperatureScaler().fit(logits, target).temperature == res.temperature  # deterministic
 
 
@@ -155,9 +162,11 @@ def test_lbfgs_method_reaches_the_same_optimum():
     logits, target = sample_multiclass(4000, 10, 2.5, seed=8)
     res = TemperatureScaler(method="lbfgs", grad_tol=1e-9).fit(logits, target)
     t_ref, f_ref = brent_optimum(logits, target)
-    assert res.method == "lbfgs"
+    assert res.method == "lbfgs" and res.converged
     assert abs(res.temperature / t_ref - 1) <= 1e-6
     assert abs(res.nll_after - f_ref) <= 1e-10
+    # every evaluation is one data pass, and LBFGS needs more of them than Newton on 1-D
+    assert res.passes >= TemperatureScaler().fit(logits, target).passes
 
 
 def test_reference_recipe_stops_short_but_ours_does_not():
@@ -185,21 +194,30 @@ def test_subsample_warm_start_path(monkeypatch):
     assert_optimal(res, logits, target)
 
 
-def test_degenerate_sets_warn_and_stay_bounded():
+@pytest.mark.parametrize("method", ["newton", "lbfgs"])
+def test_degenerate_sets_warn_and_stay_bounded(method):
     g = torch.Generator().manual_seed(11)
     z = torch.randn(1000, 5, generator=g)
     with pytest.warns(CalibrationWarning, match="perfectly separated"):
-        res = TemperatureScaler().fit(z, z.argmax(1))
+        res = TemperatureScaler(method=method).fit(z, z.argmax(1))
     assert res.temperature == pytest.approx(1e-3) and not res.converged and res.warnings
+    assert res.passes <= 20  # stops on the bound, does not keep pushing against it
     # anti-informative logits: the target always has the smallest logit -> T -> inf
     with pytest.warns(CalibrationWarning, match="no better than uniform"):
-        res = TemperatureScaler(bounds=(1e-2, 50.0)).fit(z, z.argmin(1))
+        res = TemperatureScaler(bounds=(1e-2, 50.0), method=method).fit(z, z.argmin(1))
     assert res.temperature == pytest.approx(50.0) and not res.converged
     assert math.isfinite(res.nll_after) and res.nll_after <= res.nll_before
     s = torch.randn(500, generator=g)
-    with pytest.warns(CalibrationWarning):
-        res = TemperatureScaler().fit(s, (s > 0).float())
-    assert res.temperature == pytest.approx(1e-3)
+    with pytest.warns(CalibrationWarning, match="perfectly separated"):
+        res = TemperatureScaler(method=method).fit(s, (s > 0).float())
+    assert res.temperature == pytest.approx(1e-3) and not res.converged
+    # constant rows: the NLL does not depend on T at all; T stays at 1, flagged
+    for logits, target, uniform in ((torch.zeros(100, 4), torch.arange(100) % 4, math.log(4)),
+                                    (torch.zeros(50), torch.arange(50.0) % 2, math.log(2))):
+        with pytest.warns(CalibrationWarning, match="does not depend on T"):
+            res = TemperatureScaler(method=method).fit(logits, target)
+        assert res.temperature == 1.0 and not res.converged
+        assert res.nll_after == res.nll_before == pytest.approx(uniform, rel=1e-15)
 
 
 def test_works_inside_inference_mode():
@@ -216,18 +234,64 @@ def test_works_inside_inference_mode():
     loss = torch.nn.functional.cross_entropy(scaler(logits), target)
     loss.backward()
     assert scaler.log_temperature.grad is not None
+    # a scaler built inside inference mode (e.g. in a validation hook), on many chunks (threads)
+    big, big_target = sample_multiclass(30_000, 20, 2.0, seed=12)
+    ref = TemperatureScaler().fit(big, big_target)
+    for method in ("newton", "lbfgs"):
+        with torch.inference_mode():
+            inner = TemperatureScaler(method=method)
+            res = inner.fit(big, big_target)
+            stream = TemperatureScaler(method=method).fit_stream([(big, big_target)])
+        assert inner.is_fitted and abs(res.temperature / ref.temperature - 1) < 1e-9
+        assert abs(stream.temperature / ref.temperature - 1) < 1e-9
 
 
 def test_deterministic_across_thread_counts():
-    logits, target = sample_multiclass(4000, 30, 2.0, seed=13)
+    """Bit-identical T for repeated calls and any torch thread count (DESIGN: seeds give
+    byte-identical reports), on data spanning many chunks."""
+    logits, target = sample_multiclass(20_000, 100, 2.0, seed=13)
     prev = torch.get_num_threads()
+    temps = []
     try:
-        torch.set_num_threads(1)
-        t1 = TemperatureScaler().fit(logits, target).temperature
+        for threads in (1, 2, 3, 4):
+            torch.set_num_threads(threads)
+            for method in ("newton", "lbfgs"):
+                temps.append((method, TemperatureScaler(method=method).fit(logits,
+                                                                           target).temperature))
     finally:
         torch.set_num_threads(prev)
-    t2 = TemperatureScaler().fit(logits, target).temperature
-    assert abs(t1 / t2 - 1) < 1e-12
+    newton = {t for m, t in temps if m == "newton"}
+    lbfgs = {t for m, t in temps if m == "lbfgs"}
+    assert len(newton) == 1 and len(lbfgs) == 1, temps
+    assert abs(newton.pop() / lbfgs.pop() - 1) < 1e-9
+
+
+@pytest.mark.parametrize("kind", ["multiclass", "binary", "groups"])
+def test_pass_sums_do_not_depend_on_the_worker_count(kind):
+    """The per-chunk sums are added in chunk order whatever the number of threads."""
+    from torchcal.scaling import _objective as obj
+
+    if kind == "binary":
+        z, y = sample_binary(30_000, 2.0, seed=20)
+    else:
+        z, y = sample_multiclass(6000, 37, 2.0, seed=20)
+    groups = torch.arange(y.shape[0]) * 7 % 3 if kind == "groups" else None
+    chunks = obj.tensor_chunks(z, y, groups, rows=17)
+    assert len(chunks) > obj._BLOCK > 2 * obj._WINDOW  # several windows and blocks
+    u = torch.tensor([0.3, -0.2, 0.1][:3 if groups is not None else 1], dtype=torch.float64)
+    kw = dict(binary=kind == "binary", num_classes=None if kind == "binary" else 37,
+              num_groups=3 if groups is not None else 1, identity=True)
+    ref = obj.temperature_pass(chunks, u, workers=1, **kw)
+    for workers in (2, 3, 5):
+        assert torch.equal(obj.temperature_pass(chunks, u, workers=workers, **kw), ref)
+    # and the sums are right (float64, one pass, against a plain sum over the rows)
+    terms = obj.row_terms(z, y, torch.exp(u)[groups] if groups is not None
+                          else float(torch.exp(u[0])), binary=kind == "binary", identity=True)
+    g = torch.zeros(y.shape[0], dtype=torch.long) if groups is None else groups
+    for k, col in enumerate(terms):
+        want = torch.zeros(kw["num_groups"], dtype=torch.float64).index_add_(0, g, col)
+        assert torch.allclose(ref[:, 1 + k], want, rtol=1e-12, atol=1e-9)
+    assert torch.equal(ref[:, 0], torch.bincount(g, minlength=kw["num_groups"]).double())
 
 
 # ----------------------------------------------------------------------------- stream
@@ -332,6 +396,27 @@ def test_forward_before_fit_raises_and_manual_temperature():
         with pytest.raises(ValueError, match="^temperature: expected a finite value > 0"):
             scaler.temperature = bad
     assert scaler.temperature == 2.0
+
+
+@pytest.mark.parametrize("temperature", [0.7, 2.3])
+def test_forward_invariance_in_every_dtype(temperature):
+    """Exact argmax / ranking in float32 and float64; in half precision rounding can tie two
+    adjacent logits but never inverts a pair: the original top-1 is still a top-1."""
+    g = torch.Generator().manual_seed(21)
+    z64 = 3 * torch.randn(20_000, 50, generator=g, dtype=torch.float64)
+    scaler = TemperatureScaler()
+    scaler.temperature = temperature
+    for dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+        z = z64.to(dtype)
+        out = scaler(z)
+        top = z.argmax(1, keepdim=True)
+        assert torch.equal(out.gather(1, top).squeeze(1), out.amax(1))
+        s, s_out = z[:, 0], out[:, 0]
+        order = torch.argsort(s, stable=True)
+        assert bool((s_out[order].diff() >= 0).all())  # never inverted
+        if dtype in (torch.float32, torch.float64):
+            assert torch.equal(out.argmax(1), z.argmax(1))
+            assert torch.equal(torch.argsort(s_out, stable=True), order)
 
 
 def test_forward_keeps_dtype_and_masks():

@@ -89,8 +89,18 @@ class FittedMixin(nn.Module):
         return bool(self.fitted)
 
     def _mark_fitted(self) -> None:
-        with torch.no_grad():
-            self.fitted.fill_(True)
+        self._store("fitted", True)
+
+    def _store(self, name: str, value: Tensor | float) -> None:
+        """Write a fitted value in place into the parameter or buffer ``name``, also when the
+        module was built, or is fitted, inside ``torch.inference_mode()`` (an inference tensor
+        may only be written in inference mode, a normal one anywhere)."""
+        t = getattr(self, name)
+        with torch.inference_mode(t.is_inference()), torch.no_grad():
+            if isinstance(value, Tensor):
+                t.copy_(value)
+            else:
+                t.fill_(value)
 
     def _check_fitted(self) -> None:
         if not bool(self.fitted):

@@ -111,9 +111,8 @@ class _AffineScaler(FittedMixin):
             msgs.append(f"{type(self).__name__}: LBFGS stopped before the tolerance was met "
                         f"(|grad| = {grad_norm:.3g}); a separable set without regularisation "
                         f"has no finite optimum")
-        with torch.no_grad():
-            self.weight.copy_(w.detach())
-            self.bias.copy_(b.detach())
+        self._store("weight", w.detach())
+        self._store("bias", b.detach())
         self._mark_fitted()
         return FitResult(temperature=None, nll_before=nll_before, nll_after=float(nll.detach()),
                          grad_norm=grad_norm, iterations=iterations, converged=not msgs,

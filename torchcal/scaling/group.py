@@ -50,9 +50,12 @@ class GroupTemperatureScaler(FittedMixin):
         >>> groups = torch.arange(4000) % 2
         >>> true_t = torch.tensor([1.5, 4.0])[groups].unsqueeze(1)
         >>> y = torch.multinomial(torch.softmax(logits / true_t, 1), 1, generator=g).squeeze(1)
-        >>> res = GroupTemperatureScaler(2, shrinkage=1.0).fit(logits, y, groups)
+        >>> scaler = GroupTemperatureScaler(2, shrinkage=1.0)
+        >>> res = scaler.fit(logits, y, groups)
         >>> [round(t, 1) for t in res.temperatures]
         [1.5, 4.1]
+        >>> bool((scaler(logits, groups).argmax(1) == logits.argmax(1)).all())  # argmax kept
+        True
     """
 
     log_temperature: nn.Parameter
@@ -138,9 +141,8 @@ class GroupTemperatureScaler(FittedMixin):
             msgs.append(f"groups: no samples in group(s) {empty}; they use the global T")
         msgs += degenerate_messages(res, self.bounds, what="T_g")
         msgs_t = warn_all(msgs[len(res_g.warnings):], stacklevel=3)
-        with torch.no_grad():
-            self.log_temperature.copy_(-res.u)
-            self.log_temperature_global.fill_(math.log(glob.temperature))
+        self._store("log_temperature", -res.u)
+        self._store("log_temperature_global", math.log(glob.temperature))
         self._mark_fitted()
         n = float(res.stats[:, obj._N].sum())
         assert res.identity_stats is not None

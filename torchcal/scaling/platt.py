@@ -28,8 +28,9 @@ class PlattScaler(FittedMixin):
     anti-correlated with the target: ``a <= 0``) it stops on the bound with a
     :class:`~torchcal.scaling.CalibrationWarning` and ``converged=False``.
 
-    Invariance (tested): ``a > 0``, so the ranking of the scores, hence the AUC, is kept; the
-    decision threshold moves (logit 0 maps to ``b``). The NLL on the fitting set never
+    Invariance (tested): ``a > 0``, so the ranking of the scores, hence the AUC, is kept (in
+    the logits' dtype, rounding can tie adjacent scores, never invert them); the decision
+    threshold moves (logit 0 maps to ``b``). The NLL on the fitting set never
     increases (``a = 1, b = 0`` is feasible).
 
     State: ``weight`` (``a``) and ``bias`` (``b``), 0-dim float64 parameters, and ``fitted``.
@@ -45,6 +46,8 @@ class PlattScaler(FittedMixin):
         >>> res = platt.fit(s, y)
         >>> round(platt.weight.item(), 1), round(platt.bias.item(), 1), res.converged
         (0.5, -1.0, True)
+        >>> bool((platt(s).argsort() == s.argsort()).all())    # the ranking (AUC) is kept
+        True
     """
 
     weight: nn.Parameter
@@ -82,7 +85,11 @@ class PlattScaler(FittedMixin):
                                  "unbounded on a single class)")
             a_lo, a_hi = 1.0 / self.bounds[1], 1.0 / self.bounds[0]
 
+            passes = 0  # objective evaluations, each one pass over the data
+
             def fgh(a: float, b: float) -> tuple[float, Tensor, Tensor]:
+                nonlocal passes
+                passes += 1
                 t = s * a + b
                 p = torch.sigmoid(t)
                 r = p - y
@@ -134,10 +141,9 @@ class PlattScaler(FittedMixin):
                         f"1/{side}")
         elif pg > self.grad_tol:
             msgs.append(f"a, b: stopped before the tolerance was met (|grad| = {pg:.3g})")
-        with torch.no_grad():
-            self.weight.fill_(a)
-            self.bias.fill_(b)
+        self._store("weight", a)
+        self._store("bias", b)
         self._mark_fitted()
         return FitResult(temperature=None, nll_before=nll_before, nll_after=f, grad_norm=pg,
                          iterations=iterations, converged=not msgs,
-                         warnings=warn_all(msgs, stacklevel=3), passes=0, method="newton")
+                         warnings=warn_all(msgs, stacklevel=3), passes=passes, method="newton")
