@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import torchcal.functional as TF
-from torchcal.losses import BrierLoss, LogScoreLoss, RPSLoss, SphericalLoss
+from torchcal.losses import (
+    BrierLoss,
+    ConfidencePenaltyLoss,
+    DCALoss,
+    LogScoreLoss,
+    MDCALoss,
+    RPSLoss,
+    SphericalLoss,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -131,3 +142,119 @@ def test_module_trains_a_linear_model(module, fn):
         loss.backward()
         opt.step()
     assert loss.item() < 0.7 * first
+
+
+# ------------------------------------------------------------------- label smoothing
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.5])
+def test_label_smoothing_equals_cross_entropy_for_every_option_combination(eps):
+    g = torch.Generator().manual_seed(30)
+    for shape, weighted, ignore, reduction in itertools.product(
+            [(7, 5), (4, 3, 2, 3)], [False, True], [None, -100, 2], ["mean", "sum", "none"]):
+        z = torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+        t = torch.randint(0, shape[1], shape[:1] + shape[2:], generator=g)
+        kwargs = {"reduction": reduction, "label_smoothing": eps}
+        if ignore is not None:
+            t.view(-1)[::3] = ignore
+            kwargs["ignore_index"] = ignore
+        if weighted:
+            kwargs["weight"] = torch.rand(shape[1], generator=g, dtype=torch.float64) + 0.1
+        ours = TF.log_score(z, t, **kwargs)
+        theirs = F.cross_entropy(z, t, **kwargs)
+        assert ours.shape == theirs.shape
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+        module = LogScoreLoss(**kwargs)(z, t)
+        assert torch.equal(module, ours)
+        (g_ours,) = torch.autograd.grad(ours.sum(), z)
+        (g_theirs,) = torch.autograd.grad(theirs.sum(), z)
+        torch.testing.assert_close(g_ours, g_theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_label_smoothing_gradcheck_float32_and_module_state():
+    g = torch.Generator().manual_seed(31)
+    z = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([0, 3, -100, 1, 2])
+    w = torch.rand(4, generator=g, dtype=torch.float64) + 0.1
+    assert torch.autograd.gradcheck(
+        lambda x: TF.log_score(x, t, weight=w, label_smoothing=0.2), (z,))
+    # float32 logits with a float32 weight; fp16 logits are computed in float32
+    z32 = z.detach().float()
+    torch.testing.assert_close(TF.log_score(z32, t, weight=w.float(), label_smoothing=0.2),
+                               F.cross_entropy(z32, t, weight=w.float(), label_smoothing=0.2))
+    out16 = TF.log_score(z32.half(), t, label_smoothing=0.2)
+    assert out16.dtype == torch.float32
+    torch.testing.assert_close(out16, F.cross_entropy(z32.half().float(), t,
+                                                      label_smoothing=0.2))
+    loss = LogScoreLoss(label_smoothing=0.25)
+    assert loss.label_smoothing == 0.25 and "label_smoothing=0.25" in repr(loss)
+    assert "label_smoothing" not in repr(LogScoreLoss())
+    # the default path is untouched
+    assert torch.equal(LogScoreLoss()(z, t), TF.log_score(z, t))
+
+
+BAD_SMOOTHING = [
+    (lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 1]), label_smoothing=1.0),
+     ValueError, r"label_smoothing: expected a number in \[0, 1\), got 1.0"),
+    (lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 1]), label_smoothing=-0.1),
+     ValueError, r"label_smoothing: expected a number in \[0, 1\)"),
+    (lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 1]),
+                          label_smoothing=float("nan")),
+     ValueError, r"label_smoothing: expected a number in \[0, 1\)"),
+    (lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 1]), label_smoothing="0.1"),
+     TypeError, r"label_smoothing: expected a number"),
+    (lambda: TF.log_score(torch.zeros(3), torch.tensor([0.0, 1.0, 1.0]), label_smoothing=0.1),
+     ValueError, r"label_smoothing: supported for multiclass logits"),
+    (lambda: TF.log_score(torch.tensor([[0.0, float("-inf"), 1.0]]), torch.tensor([0]),
+                          label_smoothing=0.1),
+     ValueError, r"logits: expected finite values, found NaN or Inf at position \(0, 1\)"),
+    (lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 3]), label_smoothing=0.1),
+     ValueError, r"target: expected class indices in \[0, 2\], got 3"),
+    (lambda: LogScoreLoss(label_smoothing=1.5), ValueError, r"label_smoothing: expected"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_SMOOTHING, ids=[str(i) for i in range(len(BAD_SMOOTHING))])
+def test_label_smoothing_bad_input(case):
+    call, exc, match = case
+    with pytest.raises(exc, match=match):
+        call()
+
+
+# ---------------------------------------------------------------- regulariser Modules
+
+
+def test_regulariser_modules_equal_functional_and_validate_in_init():
+    g = torch.Generator().manual_seed(32)
+    z = torch.randn(10, 3, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 3, (10,), generator=g)
+    t[4] = -1
+    for reduction in ["mean", "sum", "none"]:
+        assert torch.equal(
+            ConfidencePenaltyLoss(beta=0.3, ignore_index=-1, reduction=reduction)(z, t),
+            TF.confidence_penalty(z, t, beta=0.3, ignore_index=-1, reduction=reduction))
+    assert torch.equal(DCALoss(ignore_index=-1)(z, t), TF.dca(z, t, ignore_index=-1))
+    assert torch.equal(MDCALoss(ignore_index=-1)(z, t), TF.mdca(z, t, ignore_index=-1))
+    for module in (ConfidencePenaltyLoss, DCALoss, MDCALoss):
+        with pytest.raises(ValueError, match=r"beta: expected a finite number >= 0"):
+            module(beta=-0.5)
+        with pytest.raises(TypeError, match=r"ignore_index: expected an int"):
+            module(ignore_index="x")
+
+
+def test_log_score_plus_penalties_train_a_linear_model():
+    torch.manual_seed(0)
+    x = torch.randn(256, 3)
+    t = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    model = nn.Linear(3, 3)
+    nll = LogScoreLoss(label_smoothing=0.05)
+    penalties = [ConfidencePenaltyLoss(beta=0.1), DCALoss(beta=1.0), MDCALoss(beta=1.0)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    first = TF.log_score(model(x), t).item()
+    for _ in range(50):
+        opt.zero_grad()
+        z = model(x)
+        loss = nll(z, t) + sum(p(z, t) for p in penalties)
+        loss.backward()
+        opt.step()
+    assert TF.log_score(model(x), t).item() < 0.7 * first

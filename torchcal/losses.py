@@ -39,8 +39,9 @@ class LogScoreLoss(_ClassScoreLoss):
     r"""Logarithmic score (cross-entropy) as a loss (:func:`torchcal.functional.log_score`).
 
     Binary (``target`` of the logits' shape, floats in {0, 1}) or multiclass (``logits``
-    ``(N, C, *)``, class indices ``(N, *)``); ``weight``, ``ignore_index`` and
-    ``reduction`` as in ``nn.CrossEntropyLoss`` (``weight`` is a buffer).
+    ``(N, C, *)``, class indices ``(N, *)``); ``weight``, ``ignore_index``,
+    ``reduction`` and ``label_smoothing`` as in ``nn.CrossEntropyLoss`` (``weight`` is a
+    buffer). ``label_smoothing > 0`` (multiclass only) is not a proper score.
 
     Example:
         >>> import torch
@@ -48,9 +49,25 @@ class LogScoreLoss(_ClassScoreLoss):
         >>> loss = LogScoreLoss(weight=torch.tensor([1.0, 2.0, 1.0]))
         >>> round(loss(torch.zeros(2, 3), torch.tensor([0, 1])).item(), 4)
         1.0986
+        >>> smoothed = LogScoreLoss(label_smoothing=0.1)
+        >>> round(smoothed(torch.tensor([[2.0, 0.0]]), torch.tensor([0])).item(), 4)
+        0.2269
     """
 
-    _score = staticmethod(TF.log_score)
+    def __init__(self, weight: Tensor | None = None, ignore_index: int = -100,
+                 reduction: str = "mean", label_smoothing: float = 0.0) -> None:
+        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
+        self.label_smoothing = TF.scoring._check_label_smoothing(label_smoothing)
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        return TF.log_score(logits, target, weight=self.weight, ignore_index=self.ignore_index,
+                            reduction=self.reduction, label_smoothing=self.label_smoothing)
+
+    def extra_repr(self) -> str:
+        extra = super().extra_repr()
+        if self.label_smoothing:
+            extra += f", label_smoothing={self.label_smoothing}"
+        return extra
 
 
 class BrierLoss(_ClassScoreLoss):
@@ -175,6 +192,87 @@ class SoftBinnedECELoss(nn.Module):
     def extra_repr(self) -> str:
         return (f"bins={self.bins}, temperature={self.temperature}, p={self.p}, "
                 f"ignore_index={self.ignore_index}")
+
+
+class ConfidencePenaltyLoss(nn.Module):
+    r"""Confidence penalty ``-beta * H(p)`` (:func:`torchcal.functional.confidence_penalty`).
+
+    Pereyra et al. 2017: add it to a proper score, ``loss = log_score + penalty``; it is
+    ``<= 0`` and rewards entropy. ``forward(logits, target=None)``: without a target the
+    logits are multiclass ``(N, C, *)``; a target selects the layout and ``ignore_index``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import ConfidencePenaltyLoss
+        >>> round(ConfidencePenaltyLoss(beta=0.5)(torch.zeros(2, 4)).item(), 4)  # -0.5 log 4
+        -0.6931
+    """
+
+    def __init__(self, beta: float = 1.0, ignore_index: int = -100,
+                 reduction: str = "mean") -> None:
+        super().__init__()
+        self.beta = TF.regularizers._check_beta(beta)
+        self.ignore_index = TF.scoring._check_ignore_index(ignore_index)
+        TF._validation.check_reduction(reduction)
+        self.reduction = reduction
+
+    def forward(self, logits: Tensor, target: Tensor | None = None) -> Tensor:
+        return TF.confidence_penalty(logits, target, beta=self.beta,
+                                     ignore_index=self.ignore_index, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return (f"beta={self.beta}, ignore_index={self.ignore_index}, "
+                f"reduction={self.reduction!r}")
+
+
+class _BatchPenaltyLoss(nn.Module):
+    """Shared shell of the batch-level penalties: ``beta * fn(logits, target)``."""
+
+    _penalty: staticmethod
+
+    def __init__(self, beta: float = 1.0, ignore_index: int = -100) -> None:
+        super().__init__()
+        self.beta = TF.regularizers._check_beta(beta)
+        self.ignore_index = TF.scoring._check_ignore_index(ignore_index)
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        return self.beta * self._penalty(logits, target, ignore_index=self.ignore_index)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, ignore_index={self.ignore_index}"
+
+
+class DCALoss(_BatchPenaltyLoss):
+    r"""``beta * DCA`` of a batch (:func:`torchcal.functional.dca`, Liang et al. 2020).
+
+    ``beta`` multiplies the output (the paper's ``log_score + beta * DCA``); add the
+    result to a proper score.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import DCALoss
+        >>> logits = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 0.5]])
+        >>> round(DCALoss(beta=10.0)(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
+        0.4672
+    """
+
+    _penalty = staticmethod(TF.dca)
+
+
+class MDCALoss(_BatchPenaltyLoss):
+    r"""``beta * MDCA`` of a batch (:func:`torchcal.functional.mdca`, Hebbalaguppe et al. 2022).
+
+    ``beta`` multiplies the output (the paper's ``log_score + beta * MDCA``).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import MDCALoss
+        >>> logits = torch.tensor([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+        >>> round(MDCALoss(beta=2.0)(logits, torch.tensor([0, 2])).item(), 4)
+        0.4164
+    """
+
+    _penalty = staticmethod(TF.mdca)
 
 
 # ---- continuous scoring rules (owner: continuous) ----

@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 from torch.autograd import gradcheck
 
-from torchcal.functional import focal_loss, log_score, mmce, soft_binned_ece
-from torchcal.losses import FocalLoss, MMCELoss, SoftBinnedECELoss
+from torchcal.functional import (
+    confidence_penalty,
+    dca,
+    focal_loss,
+    log_score,
+    mdca,
+    mmce,
+    soft_binned_ece,
+)
+from torchcal.losses import (
+    ConfidencePenaltyLoss,
+    DCALoss,
+    FocalLoss,
+    MDCALoss,
+    MMCELoss,
+    SoftBinnedECELoss,
+)
 
 TOL = {"rtol": 1e-12, "atol": 1e-12}
 
@@ -220,6 +237,322 @@ def test_soft_binned_ece_gradcheck_and_float32():
     assert out.dtype == torch.float32 and torch.isfinite(z32.grad).all()
 
 
+# ---------------------------------------------------------------- confidence penalty
+
+
+def _entropy_reference(z: torch.Tensor) -> np.ndarray:
+    """Per-item entropy of softmax(z) along dim 1 by explicit loops over items and classes."""
+    zn = z.detach().double().movedim(1, -1).reshape(-1, z.shape[1]).numpy()
+    out = np.zeros(len(zn))
+    for i, row in enumerate(zn):
+        e = np.exp(row - row.max())
+        p = e / e.sum()
+        out[i] = -sum(pc * math.log(pc) for pc in p if pc > 0)
+    return out.reshape(z.shape[:1] + z.shape[2:])
+
+
+def test_confidence_penalty_matches_brute_force_for_every_reduction():
+    g = torch.Generator().manual_seed(10)
+    z = torch.randn(6, 5, 3, generator=g, dtype=torch.float64) * 2
+    t = torch.randint(0, 5, (6, 3), generator=g)
+    t[0, 1] = t[4, 2] = 7
+    used = (t != 7).numpy()
+    ref = -0.3 * _entropy_reference(z) * used
+    none = confidence_penalty(z, t, beta=0.3, ignore_index=7, reduction="none")
+    np.testing.assert_allclose(none.numpy(), ref, rtol=1e-12, atol=1e-14)
+    assert confidence_penalty(z, t, beta=0.3, ignore_index=7, reduction="sum").item() == \
+        pytest.approx(ref.sum(), rel=1e-12)
+    assert confidence_penalty(z, t, beta=0.3, ignore_index=7).item() == \
+        pytest.approx(ref.sum() / used.sum(), rel=1e-12)
+    # without a target every item is used
+    np.testing.assert_allclose(confidence_penalty(z, beta=0.3, reduction="none").numpy(),
+                               -0.3 * _entropy_reference(z), rtol=1e-12, atol=1e-14)
+    # binary: entropy of Bernoulli(sigmoid(z)) = 2-class multiclass with logits (0, z)
+    zb = torch.randn(20, generator=g, dtype=torch.float64) * 4
+    yb = torch.randint(0, 2, (20,), generator=g).double()
+    pb = torch.sigmoid(zb).numpy()
+    ref_b = 2.0 * (pb * np.log(pb) + (1 - pb) * np.log1p(-pb))
+    np.testing.assert_allclose(confidence_penalty(zb, yb, beta=2.0, reduction="none").numpy(),
+                               ref_b, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("num_classes", [2, 5, 100])
+def test_confidence_penalty_sign_and_extremes(num_classes):
+    g = torch.Generator().manual_seed(11)
+    z = torch.randn(50, num_classes, generator=g) * 5
+    out = confidence_penalty(z, beta=0.7, reduction="none")
+    assert (out <= 0).all() and (out >= -0.7 * math.log(num_classes) - 1e-6).all()
+    uniform = confidence_penalty(torch.zeros(3, num_classes, dtype=torch.float64), beta=0.7,
+                                 reduction="none")
+    torch.testing.assert_close(uniform, torch.full((3,), -0.7 * math.log(num_classes),
+                                                   dtype=torch.float64), **TOL)
+    one_hot = torch.full((1, num_classes), -60.0, dtype=torch.float64)
+    one_hot[0, 0] = 60.0
+    assert -1e-40 < confidence_penalty(one_hot).item() <= 0.0
+    assert confidence_penalty(torch.zeros(4), torch.ones(4), beta=0.7).item() == \
+        pytest.approx(-0.7 * math.log(2), rel=1e-7)
+
+
+def test_confidence_penalty_makes_training_flatter():
+    """log_score + penalty trains to a flatter softmax than log_score alone."""
+    torch.manual_seed(0)
+    x = torch.randn(200, 4)
+    t = (x[:, 0] + 0.7 * torch.randn(200) > 0).long() + (x[:, 1] > 0).long()
+
+    def train(beta):
+        torch.manual_seed(1)
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        for _ in range(150):
+            opt.zero_grad()
+            z = model(x)
+            loss = log_score(z, t) + confidence_penalty(z, beta=beta)
+            loss.backward()
+            opt.step()
+        return -confidence_penalty(model(x).detach()).item()  # mean entropy
+
+    plain, penalised = train(0.0), train(1.0)
+    assert penalised > plain + 0.1
+
+
+def test_confidence_penalty_gradcheck_and_masks():
+    g = torch.Generator().manual_seed(12)
+    z = torch.randn(4, 3, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 3, (4, 2), generator=g)
+    t[1, 0] = -100
+    assert gradcheck(lambda x: confidence_penalty(x, t, beta=0.4), (z,))
+    assert gradcheck(lambda x: confidence_penalty(x, beta=0.4, reduction="sum"), (z,))
+    zb = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
+    yb = torch.randint(0, 2, (6,), generator=g).double()
+    assert gradcheck(lambda x: confidence_penalty(x, yb), (zb,))
+    # ignored items: zero gradient
+    (grad,) = torch.autograd.grad(confidence_penalty(z, t, reduction="sum"), z)
+    assert torch.all(grad[1, :, 0] == 0) and torch.any(grad[1, :, 1] != 0)
+    # -inf masks: same value and gradient as dropping the class, no NaN
+    zm = torch.randn(5, 4, generator=g, dtype=torch.float64)
+    zm[:, 2] = float("-inf")
+    zm.requires_grad_()
+    kept = zm.detach()[:, [0, 1, 3]].clone().requires_grad_()
+    a = confidence_penalty(zm, reduction="sum")
+    b = confidence_penalty(kept, reduction="sum")
+    torch.testing.assert_close(a, b, **TOL)
+    (ga,) = torch.autograd.grad(a, zm)
+    (gb,) = torch.autograd.grad(b, kept)
+    assert torch.all(ga[:, 2] == 0)
+    torch.testing.assert_close(ga[:, [0, 1, 3]], gb, **TOL)
+
+
+def test_confidence_penalty_half_precision_and_saturation():
+    z = torch.tensor([[30.0, -30.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float16)
+    out = confidence_penalty(z, reduction="none")
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, confidence_penalty(z.double(), reduction="none").float())
+    zb = torch.tensor([80.0, -80.0, 0.0], requires_grad=True)
+    out = confidence_penalty(zb, torch.ones(3), reduction="none")
+    out.sum().backward()
+    assert torch.isfinite(out).all() and (out <= 0).all() and torch.isfinite(zb.grad).all()
+
+
+# ------------------------------------------------------------------------- DCA / MDCA
+
+
+def _dca_loops(z: torch.Tensor, t: torch.Tensor, ignore_index: int = -100) -> float:
+    conf_sum, acc_sum, m = 0.0, 0.0, 0
+    zn, tn = z.detach().double().numpy(), t.numpy()
+    for row, y in zip(zn, tn):
+        if y == ignore_index:
+            continue
+        if zn.ndim == 1:  # binary: one logit, label in {0, 1}
+            p1 = 1.0 / (1.0 + math.exp(-row))
+            conf, pred = max(p1, 1.0 - p1), int(row >= 0)
+        else:
+            e = np.exp(row - row.max())
+            p = e / e.sum()
+            conf, pred = p.max(), int(p.argmax())
+        conf_sum += conf
+        acc_sum += float(pred == y)
+        m += 1
+    return abs(conf_sum / m - acc_sum / m)
+
+
+def _mdca_loops(z: torch.Tensor, t: torch.Tensor, ignore_index: int = -100) -> float:
+    zn = z.detach().double().movedim(1, -1).reshape(-1, z.shape[1]).numpy()
+    tn = t.reshape(-1).numpy()
+    num_classes = zn.shape[1]
+    total = 0.0
+    for c in range(num_classes):
+        p_sum, y_sum, m = 0.0, 0.0, 0
+        for row, y in zip(zn, tn):
+            if y == ignore_index:
+                continue
+            e = np.exp(row - row.max())
+            p_sum += e[c] / e.sum()
+            y_sum += float(y == c)
+            m += 1
+        total += abs(p_sum / m - y_sum / m)
+    return total / num_classes
+
+
+def test_dca_matches_loops_multiclass_binary_and_ignore_index():
+    g = torch.Generator().manual_seed(20)
+    z = torch.randn(60, 4, generator=g, dtype=torch.float64) * 2
+    t = torch.randint(0, 4, (60,), generator=g)
+    t[::5] = -1
+    assert dca(z, t, ignore_index=-1).item() == pytest.approx(_dca_loops(z, t, -1), rel=1e-12)
+    zb = torch.randn(40, generator=g, dtype=torch.float64) * 2
+    yb = torch.randint(0, 2, (40,), generator=g).double()
+    assert dca(zb, yb).item() == pytest.approx(_dca_loops(zb, yb.long()), rel=1e-12)
+    # spatial layout: every position is an item
+    zs = torch.randn(5, 3, 4, generator=g, dtype=torch.float64)
+    ts = torch.randint(0, 3, (5, 4), generator=g)
+    flat_z, flat_t = zs.movedim(1, -1).reshape(-1, 3), ts.reshape(-1)
+    assert dca(zs, ts).item() == pytest.approx(_dca_loops(flat_z, flat_t), rel=1e-12)
+    assert torch.isnan(dca(z, torch.full((60,), -1), ignore_index=-1))
+
+
+def test_mdca_matches_loops_multiclass_binary_and_ignore_index():
+    g = torch.Generator().manual_seed(21)
+    z = torch.randn(30, 5, 2, generator=g, dtype=torch.float64) * 2
+    t = torch.randint(0, 5, (30, 2), generator=g)
+    t[::4, 1] = 9
+    assert mdca(z, t, ignore_index=9).item() == pytest.approx(_mdca_loops(z, t, 9), rel=1e-12)
+    zb = torch.randn(40, generator=g, dtype=torch.float64) * 2
+    yb = torch.randint(0, 2, (40,), generator=g)
+    two = torch.stack([torch.zeros_like(zb), zb], 1)
+    assert mdca(zb, yb.double()).item() == pytest.approx(_mdca_loops(two, yb), rel=1e-12)
+    # -inf masked class: p = 0 for it, same as a logit of -1e3
+    zm = z[:, :, 0].clone()
+    zm[:, 3] = float("-inf")
+    tm = t[:, 0].clone()
+    tm[tm == 3] = 0
+    ref = zm.clone()
+    ref[:, 3] = -1e3
+    torch.testing.assert_close(mdca(zm, tm), mdca(ref, tm), **TOL)
+    # zero when the batch's mean forecast equals its class frequencies
+    q = torch.tensor([0.5, 0.25, 0.25], dtype=torch.float64)
+    assert mdca(q.log().expand(4, 3), torch.tensor([0, 0, 1, 2])).item() < 1e-15
+    assert torch.isnan(mdca(z, torch.full((30, 2), 9), ignore_index=9))
+
+
+def test_dca_mdca_gradcheck_and_gradients_match_loops():
+    g = torch.Generator().manual_seed(22)
+    z = torch.randn(12, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 4, (12,), generator=g)
+    t[3] = -100
+    assert gradcheck(lambda x: dca(x, t), (z,))
+    assert gradcheck(lambda x: mdca(x, t), (z,))
+    zb = torch.randn(10, generator=g, dtype=torch.float64, requires_grad=True)
+    yb = torch.randint(0, 2, (10,), generator=g).double()
+    assert gradcheck(lambda x: dca(x, yb), (zb,))
+    assert gradcheck(lambda x: mdca(x, yb), (zb,))
+    # the MDCA gradient against a plain autograd version of the formula
+    used = t != -100
+    p = torch.softmax(z[used], 1)
+    y = torch.nn.functional.one_hot(t[used], 4).double()
+    plain = (p.mean(0) - y.mean(0)).abs().mean()
+    torch.testing.assert_close(torch.autograd.grad(mdca(z, t), z)[0],
+                               torch.autograd.grad(plain, z)[0], **TOL)
+
+
+@pytest.mark.parametrize("module", [DCALoss, MDCALoss])
+def test_penalty_modules_scale_by_beta_exactly(module):
+    fn = dca if module is DCALoss else mdca
+    g = torch.Generator().manual_seed(23)
+    z = torch.randn(16, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 3, (16,), generator=g)
+    t[0] = 2
+    base = fn(z, t, ignore_index=2)
+    assert base.item() > 0
+    for beta in [0.0, 0.5, 3.0, 25.0]:
+        out = module(beta=beta, ignore_index=2)(z, t)
+        assert torch.equal(out, beta * base)
+        (g_mod,) = torch.autograd.grad(out, z, retain_graph=True)
+        (g_fn,) = torch.autograd.grad(base, z, retain_graph=True)
+        torch.testing.assert_close(g_mod, beta * g_fn, **TOL)
+    assert "beta=3.0" in repr(module(beta=3.0)) and module().beta == 1.0
+    assert list(module().state_dict()) == []
+
+
+def test_confidence_penalty_module_scales_by_beta_and_equals_functional():
+    g = torch.Generator().manual_seed(24)
+    z = torch.randn(8, 4, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 4, (8,), generator=g)
+    t[2] = -5
+    for beta in [0.0, 0.25, 4.0]:
+        loss = ConfidencePenaltyLoss(beta=beta, ignore_index=-5, reduction="sum")
+        assert torch.equal(loss(z, t), confidence_penalty(z, t, beta=beta, ignore_index=-5,
+                                                          reduction="sum"))
+    unit = confidence_penalty(z, t, ignore_index=-5, reduction="none")
+    torch.testing.assert_close(ConfidencePenaltyLoss(beta=4.0, ignore_index=-5,
+                                                     reduction="none")(z, t), 4.0 * unit, **TOL)
+    assert torch.equal(ConfidencePenaltyLoss()(z), confidence_penalty(z))
+    assert "beta=0.25" in repr(ConfidencePenaltyLoss(beta=0.25))
+
+
+# ---------------------------------------------------------------- properness harness
+
+
+def _argmin_forecast(expected_score, num_classes: int) -> torch.Tensor:
+    """argmin over p = softmax(z) of ``expected_score(z)`` (a scalar), by LBFGS."""
+    z = torch.zeros(num_classes, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([z], max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-20,
+                            history_size=20, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = expected_score(z)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return torch.softmax(z.detach(), 0)
+
+
+def _expected(per_item, q: torch.Tensor):
+    """E_{y~q} per_item(z[None], y) for a single forecast z."""
+    labels = [torch.tensor([c]) for c in range(q.numel())]
+    return lambda z: sum(q[c] * per_item(z[None], labels[c]) for c in range(q.numel()))
+
+
+Q = torch.tensor([0.6, 0.25, 0.15], dtype=torch.float64)
+
+
+def _entropy(p: torch.Tensor) -> float:
+    return -(p * p.log()).sum().item()
+
+
+def test_regularisers_are_not_proper():
+    nll = _expected(lambda z, y: log_score(z, y), Q)
+    torch.testing.assert_close(_argmin_forecast(nll, 3), Q, rtol=0, atol=1e-6)  # harness ok
+    # confidence penalty: flatter than q, at the stationary point of
+    # sum_c q_c (-log p_c) + beta sum_c p_c log p_c on the simplex:
+    # -q_c / p_c + beta log p_c is the same for every class
+    beta = 0.5
+    p = _argmin_forecast(lambda z: nll(z) + confidence_penalty(z[None], beta=beta), 3)
+    stationarity = -Q / p + beta * p.log()
+    assert (stationarity - stationarity.mean()).abs().max() < 1e-6
+    assert _entropy(p) > _entropy(Q) + 0.05 and (p - Q).abs().max() > 0.05
+    # DCA and MDCA per item: the expected penalty rewards max p, so the argmin is sharper
+    for fn in (dca, mdca):
+        reg = _expected(lambda z, y, fn=fn: fn(z, y), Q)
+        p = _argmin_forecast(lambda z, reg=reg: nll(z) + 2.0 * reg(z), 3)
+        assert p[0] > Q[0] + 0.05, fn.__name__
+    # MDCA at batch level (label frequencies = q, one shared forecast) vanishes at q,
+    # so log score + MDCA of such a batch is minimised by q
+    t = torch.tensor([0] * 12 + [1] * 5 + [2] * 3)
+    p = _argmin_forecast(lambda z: log_score(z.expand(20, 3), t) +
+                         2.0 * mdca(z.expand(20, 3), t), 3)
+    torch.testing.assert_close(p, torch.tensor([0.6, 0.25, 0.15], dtype=torch.float64),
+                               rtol=0, atol=1e-5)
+
+
+def test_label_smoothing_is_not_proper():
+    eps = 0.3
+    smoothed = _expected(lambda z, y: log_score(z, y, label_smoothing=eps), Q)
+    torch.testing.assert_close(_argmin_forecast(smoothed, 3), (1 - eps) * Q + eps / 3,
+                               rtol=0, atol=1e-6)
+
+
 # ----------------------------------------------------------------------- Modules, inputs
 
 
@@ -267,6 +600,47 @@ BAD = [
     (lambda: MMCELoss(width=1e-4), ValueError, r"width: expected a kernel width >= 1e-3"),
     (lambda: SoftBinnedECELoss(p=0.5), ValueError, r"p: expected a number >= 1"),
     (lambda: SoftBinnedECELoss(temperature=0.0), ValueError, r"temperature: expected"),
+    (lambda: confidence_penalty(torch.zeros(2, 3), beta=-0.1), ValueError,
+     r"beta: expected a finite number >= 0"),
+    (lambda: confidence_penalty(torch.zeros(2, 3), beta=float("nan")), ValueError,
+     r"beta: expected a finite number >= 0"),
+    (lambda: confidence_penalty(torch.zeros(2, 3), beta="1"), TypeError,
+     r"beta: expected a number"),
+    (lambda: confidence_penalty(torch.zeros(4)), ValueError,
+     r"logits: expected multiclass logits \(N, C, \*\) with C >= 2 when no target"),
+    (lambda: confidence_penalty(torch.zeros(4, 1)), ValueError,
+     r"logits: expected multiclass logits"),
+    (lambda: confidence_penalty(torch.zeros(2, 3), reduction="avg"), ValueError,
+     r"reduction: expected one of"),
+    (lambda: confidence_penalty(torch.zeros(2, 3, dtype=torch.long)), ValueError,
+     r"logits: expected a floating-point tensor"),
+    (lambda: confidence_penalty(torch.tensor([[0.0, float("nan")]])), ValueError,
+     r"logits: expected finite values, found NaN or \+Inf"),
+    (lambda: confidence_penalty(torch.full((1, 2), float("-inf"))), ValueError,
+     r"logits: expected at least one finite logit per item"),
+    (lambda: confidence_penalty(torch.zeros(2, 3), torch.tensor([0, 3])), ValueError,
+     r"target: expected class indices in \[0, 2\], got 3 at position 1"),
+    (lambda: confidence_penalty(torch.zeros(2, 3), ignore_index=1.5), TypeError,
+     r"ignore_index: expected an int"),
+    (lambda: confidence_penalty(torch.tensor([0.0, float("inf")]), torch.ones(2)), ValueError,
+     r"logits: expected finite values"),
+    (lambda: dca(torch.zeros(2, 3), torch.tensor([0.0, 1.0])), ValueError,
+     r"target: expected integer class indices"),
+    (lambda: dca(torch.zeros(2), torch.tensor([0.0, 2.0])), ValueError,
+     r"target: expected binary labels in \{0, 1\}, got 2.0 at position 1"),
+    (lambda: dca(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long)), ValueError,
+     r"logits: expected a non-empty tensor"),
+    (lambda: mdca(torch.zeros(2, 3), torch.tensor([0, -2])), ValueError,
+     r"target: expected class indices in \[0, 2\], got -2 at position 1"),
+    (lambda: mdca(torch.zeros(2, 3), torch.zeros(3, dtype=torch.long)), ValueError,
+     r"target: expected shape"),
+    (lambda: mdca(torch.tensor([[float("-inf"), 0.0]]), torch.tensor([0])), ValueError,
+     r"logits: the true class has logit -inf"),
+    (lambda: ConfidencePenaltyLoss(beta=-1.0), ValueError, r"beta: expected a finite number"),
+    (lambda: ConfidencePenaltyLoss(reduction="avg"), ValueError, r"reduction: expected one of"),
+    (lambda: DCALoss(beta=float("inf")), ValueError, r"beta: expected a finite number >= 0"),
+    (lambda: MDCALoss(beta=True), TypeError, r"beta: expected a number"),
+    (lambda: MDCALoss(ignore_index=None), TypeError, r"ignore_index: expected an int"),
 ]
 
 

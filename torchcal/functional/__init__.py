@@ -19,7 +19,14 @@ from torchcal.functional.continuous import (
     interval_score,
     quantile_score,
 )
-from torchcal.functional.regularizers import focal_loss, mmce, soft_binned_ece
+from torchcal.functional.regularizers import (
+    confidence_penalty,
+    dca,
+    focal_loss,
+    mdca,
+    mmce,
+    soft_binned_ece,
+)
 from torchcal.functional.scoring import (
     brier_score,
     log_score,
@@ -50,4 +57,7 @@ __all__ = [
     "focal_loss",
     "mmce",
     "soft_binned_ece",
+    "confidence_penalty",
+    "dca",
+    "mdca",
 ]

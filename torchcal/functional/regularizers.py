@@ -1,4 +1,5 @@
-"""Calibration regularisers for training: focal loss (incl. FLSD-53), MMCE, soft-binned ECE.
+"""Calibration regularisers for training: focal loss (incl. FLSD-53), MMCE, soft-binned ECE,
+DCA, MDCA and the confidence penalty.
 
 None of these is a strictly proper scoring rule (their minimiser over forecasts is not
 the true distribution); they are meant as training objectives or as penalties added to
@@ -10,6 +11,9 @@ or multiclass (``logits`` ``(N, C, *)``, integer class indices ``(N, *)``).
 reading: confidence ``r_i`` = max softmax probability (binary: ``max(p, 1 - p)``) and
 correctness ``o_i`` = whether the argmax (binary: ``p >= 0.5``) equals the target.
 They return one scalar per call (no ``reduction``); ignored items are left out.
+:func:`dca` uses the same reading; :func:`mdca` compares the mean softmax vector with the
+class frequencies of the batch. :func:`confidence_penalty` is per item (it has a
+``reduction``) and needs no target.
 """
 
 from __future__ import annotations
@@ -20,10 +24,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torchcal.functional._validation import check_int, reduce
-from torchcal.functional.scoring import _autocast_off, _check_rows, _prepare, _Prepared
+from torchcal.functional._validation import (
+    check_floating,
+    check_int,
+    check_nonempty,
+    check_reduction,
+    check_tensor,
+    reduce,
+)
+from torchcal.functional.scoring import (
+    _HALF,
+    _autocast_off,
+    _check_ignore_index,
+    _check_rows,
+    _prepare,
+    _Prepared,
+)
 
-__all__ = ["focal_loss", "mmce", "soft_binned_ece"]
+__all__ = ["focal_loss", "mmce", "soft_binned_ece", "confidence_penalty", "dca", "mdca"]
 
 _LOG_0_2 = math.log(0.2)
 
@@ -46,6 +64,14 @@ def _check_positive_float(name: str, value: float) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
     return float(value)
+
+
+def _check_beta(beta: float) -> float:
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)):
+        raise TypeError(f"beta: expected a number, got {type(beta).__name__}")
+    if not (math.isfinite(beta) and beta >= 0):
+        raise ValueError(f"beta: expected a finite number >= 0, got {beta!r}")
+    return float(beta)
 
 
 def _check_mmce_options(width: float, squared: bool) -> tuple[float, bool]:
@@ -228,3 +254,149 @@ def soft_binned_ece(logits: Tensor, target: Tensor, *, bins: int = 15,
         value = (total / m).pow(1.0 / p) if m else total.new_tensor(float("nan"))
         return value.to(prep.logits.dtype)
 
+
+
+# ------------------------------------------------------------------- confidence penalty
+
+
+def _prepare_logits_only(logits: Tensor, reduction: str) -> _Prepared:
+    """Multiclass ``(N, C, *)`` logits without a target: every item is used."""
+    check_tensor("logits", logits)
+    check_reduction(reduction)
+    check_floating("logits", logits)
+    check_nonempty("logits", logits)
+    if logits.dim() < 2 or logits.shape[1] < 2:
+        raise ValueError(f"logits: expected multiclass logits (N, C, *) with C >= 2 when no "
+                         f"target is given, got shape {tuple(logits.shape)}; for binary "
+                         f"logits pass the 0/1 target")
+    dtype = torch.float32 if logits.dtype in _HALF else logits.dtype
+    shape = logits.shape[:1] + logits.shape[2:]
+    index = torch.zeros(shape, dtype=torch.long, device=logits.device)
+    # used=False only steers _diagnose past its true-class check; the weight marks every
+    # item as used.
+    return _Prepared(False, logits.to(dtype), index, torch.zeros_like(index, dtype=torch.bool),
+                     torch.ones(shape, dtype=dtype, device=logits.device))
+
+
+def confidence_penalty(logits: Tensor, target: Tensor | None = None, *, beta: float = 1.0,
+                       ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    r"""Confidence penalty ``-beta * H(p)`` to add to a loss (Pereyra et al. 2017).
+
+    Pereyra, Tucker, Chorowski, Kaiser & Hinton 2017, *Regularizing neural networks by
+    penalizing confident output distributions* (ICLR workshop): the training loss
+    is ``-log p_y - beta * H(p)`` with ``H(p) = -sum_c p_c log p_c``. This function returns
+    the penalty term ``-beta * H(p)`` per item: it is ``<= 0``, equals ``-beta * log C``
+    at the uniform forecast and ``0`` at a one-hot one, so adding it to the loss *rewards*
+    entropy and pushes away from over-confident outputs (a version that returns ``+H``
+    has the wrong sign and sharpens the forecast). ``beta`` is tuned per task in the
+    paper; ``beta = 1`` returns ``-H(p)`` itself.
+
+    ``target`` is optional; it is only used for the layout and ``ignore_index``. Without
+    it, ``logits`` are multiclass ``(N, C, *)``. With it, the layouts of
+    :mod:`torchcal.functional.scoring` apply (binary: ``H`` of Bernoulli(sigmoid(z)));
+    ignored items get 0 and zero gradient, ``'mean'`` averages over the used items.
+    ``-inf`` logits masking classes contribute ``0 log 0 = 0`` (finite gradient).
+
+    Not a proper scoring rule: ``log_score + confidence_penalty`` is minimised by a
+    forecast flatter than the truth.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import confidence_penalty
+        >>> logits = torch.tensor([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+        >>> round(confidence_penalty(logits, reduction="none")[1].item(), 4)  # -log 3
+        -1.0986
+        >>> round(confidence_penalty(logits, beta=0.5).item(), 4)
+        -0.4057
+    """
+    beta = _check_beta(beta)
+    _check_ignore_index(ignore_index)
+    if target is None:
+        prep = _prepare_logits_only(logits, reduction)
+    else:
+        prep = _prepare(logits, target, None, ignore_index, reduction)
+    z = prep.logits
+    with _autocast_off(z):
+        if prep.binary:
+            # H = p softplus(-z) + (1 - p) softplus(z): non-negative terms, no cancellation
+            entropy = (torch.sigmoid(z) * F.softplus(-z) + torch.sigmoid(-z) * F.softplus(z))
+        else:
+            log_p = torch.log_softmax(z, dim=1)
+            lse = torch.logsumexp(z.detach(), dim=1)
+            _check_rows(prep, lse, None)
+            masked = z.detach() == float("-inf")
+            safe_log_p = torch.where(masked, torch.zeros_like(log_p), log_p)
+            entropy = -(log_p.exp() * safe_log_p).sum(dim=1)
+        return reduce(-beta * entropy, reduction, prep.weight)
+
+
+# ------------------------------------------------------------------------- DCA / MDCA
+
+
+def dca(logits: Tensor, target: Tensor, *, ignore_index: int = -100) -> Tensor:
+    r"""Difference between confidence and accuracy (DCA, Liang et al. 2020).
+
+    ``DCA = | (1/m) sum_i r_i - (1/m) sum_i o_i |`` over the ``m`` used items, with the
+    confidence reading of this module (``r_i`` max softmax probability, binary
+    ``max(p, 1 - p)``; ``o_i`` whether the argmax is right), from Liang, Zhang, Wang &
+    Jacobs 2020, *Improved trainable calibration method for neural networks on medical
+    imaging classification* (BMVC); they train with ``log_score + beta * DCA``.
+    One scalar per call (no ``reduction``), NaN when every item is ignored. Gradients
+    flow through the confidences; sums are taken in float64, the result has the compute
+    dtype of the logits.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import dca
+        >>> logits = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 0.5]])
+        >>> round(dca(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
+        0.0467
+    """
+    prep = _prepare(logits, target, None, ignore_index, "mean")
+    with _autocast_off(prep.logits):
+        conf, correct = _confidence_reading(prep)
+        m = conf.numel()
+        gap = (conf.double() - correct.double()).sum()
+        value = (gap / m).abs() if m else gap.new_tensor(float("nan"))
+        return value.to(prep.logits.dtype)
+
+
+def mdca(logits: Tensor, target: Tensor, *, ignore_index: int = -100) -> Tensor:
+    r"""Multi-class difference in confidence and accuracy (MDCA, Hebbalaguppe et al. 2022).
+
+    ``MDCA = (1/C) sum_c | (1/m) sum_i p_ic - (1/m) sum_i [y_i = c] |`` over the ``m``
+    used items (Hebbalaguppe, Prakash, Madan & Arora 2022, *A stitch in time saves nine:
+    a train-time regularizing loss for improved neural network calibration*, CVPR); they
+    train with ``log_score + beta * MDCA``. Binary logits are read as the two classes
+    ``(1 - p, p)``, so MDCA is ``|mean(p) - mean(y)|`` (the 2-class value).
+    ``-inf`` masked classes have ``p_ic = 0``. One scalar per call (no ``reduction``),
+    NaN when every item is ignored; sums in float64, result in the compute dtype.
+
+    MDCA is 0 for a batch whose mean forecast equals its class frequencies, whatever the
+    individual forecasts; per item (a batch of one) it is improper.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import mdca
+        >>> logits = torch.tensor([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+        >>> round(mdca(logits, torch.tensor([0, 2])).item(), 4)
+        0.2082
+    """
+    prep = _prepare(logits, target, None, ignore_index, "mean")
+    z = prep.logits
+    with _autocast_off(z):
+        used = prep.used.to(torch.float64)
+        m = used.sum()  # 0 when all are ignored: 0 / 0 gives NaN, no host sync
+        if prep.binary:
+            gap = ((torch.sigmoid(z).double() - prep.target.double()) * used).sum()
+            return (gap / m).abs().to(z.dtype)
+        index = prep.target.unsqueeze(1)
+        _check_rows(prep, torch.logsumexp(z.detach(), dim=1),
+                    z.detach().gather(1, index).squeeze(1))
+        num_classes = z.shape[1]
+        used = used.reshape(-1)
+        p_sum = (torch.softmax(z, dim=1).movedim(1, -1).reshape(-1, num_classes).double()
+                 * used.unsqueeze(1)).sum(dim=0)
+        counts = torch.zeros(num_classes, dtype=torch.float64, device=z.device)
+        counts.scatter_add_(0, prep.target.reshape(-1), used)
+        return ((p_sum - counts) / m).abs().mean().to(z.dtype)

@@ -221,8 +221,19 @@ def _binary_brier(prep: _Prepared) -> Tensor:
 # --------------------------------------------------------------------------- log score
 
 
+def _check_label_smoothing(label_smoothing: float) -> float:
+    """``label_smoothing`` must be a number in [0, 1)."""
+    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
+        raise TypeError(f"label_smoothing: expected a number, got "
+                        f"{type(label_smoothing).__name__}")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing: expected a number in [0, 1), got {label_smoothing!r}")
+    return float(label_smoothing)
+
+
 def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
-              ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+              ignore_index: int = -100, reduction: str = "mean",
+              label_smoothing: float = 0.0) -> Tensor:
     r"""Logarithmic score (negative log-likelihood, cross-entropy) from logits.
 
     ``S(p, y) = -log p_y`` (Good 1952, *J. R. Stat. Soc. B* 14, 107-114; Gneiting &
@@ -234,6 +245,16 @@ def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
     computed as ``log(softmax)``. See the module docstring for layouts, weights,
     ignored items and validation.
 
+    ``label_smoothing = eps`` in [0, 1) (multiclass only) is passed through to
+    ``F.cross_entropy``: the target becomes ``(1 - eps) e_y + eps / C`` (Szegedy et al.
+    2016, *Rethinking the Inception architecture*, CVPR, sec. 7), with that function's
+    ``weight``/``reduction`` semantics (the smoothing term weighs class ``c`` by
+    ``weight[c]``; ``'mean'`` divides by ``sum_i weight[y_i]``). For ``eps > 0`` this is
+    **not a proper score**: its expectation under ``y ~ q`` is minimised by
+    ``(1 - eps) q + eps / C``, not by ``q``; use it as a training regulariser, never to
+    compare forecasts. With ``eps > 0`` every logit must be finite (a ``-inf`` mask would
+    make the smoothed term infinite); binary targets raise.
+
     Example:
         >>> import torch
         >>> from torchcal.functional import log_score
@@ -244,7 +265,10 @@ def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
         ...                 reduction="sum").item(), 4)
         0.7417
     """
+    label_smoothing = _check_label_smoothing(label_smoothing)
     prep = _prepare(logits, target, weight, ignore_index, reduction)
+    if label_smoothing > 0:
+        return _smoothed_log_score(prep, weight, reduction, label_smoothing)
     with _autocast_off(prep.logits):
         if prep.binary:
             score = F.binary_cross_entropy_with_logits(prep.logits, prep.target,
@@ -265,6 +289,22 @@ def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
                 row_ok = row_ok + lse
             _check_rows(prep, row_ok, None)
         return reduce(score, reduction, prep.weight)
+
+
+def _smoothed_log_score(prep: _Prepared, weight: Tensor | None, reduction: str,
+                        label_smoothing: float) -> Tensor:
+    """Label-smoothed multiclass log score: ``F.cross_entropy`` on the validated inputs."""
+    if prep.binary:
+        raise ValueError(f"label_smoothing: supported for multiclass logits (N, C, *) with "
+                         f"class indices only, got binary targets and label_smoothing="
+                         f"{label_smoothing!r}; pass 2-class logits and class indices instead")
+    check_finite("logits", prep.logits)
+    if weight is not None:
+        weight = weight.to(device=prep.logits.device, dtype=prep.logits.dtype)
+    with _autocast_off(prep.logits):
+        return F.cross_entropy(prep.logits, torch.where(prep.used, prep.target, -100),
+                               weight=weight, ignore_index=-100, reduction=reduction,
+                               label_smoothing=label_smoothing)
 
 
 # --------------------------------------------------------------------------- Brier score
