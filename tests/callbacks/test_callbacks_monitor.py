@@ -87,7 +87,9 @@ def fitted(tmp_path_factory):
 def test_csv_one_table_per_epoch_counts_sum_to_val_size(fitted):
     path = os.path.join(fitted["csv_logger"].log_dir, "reliability.csv")
     rows = read_csv(path)
-    assert list(rows[0]) == ["epoch", "step"] + list(CSV_COLUMNS)
+    # the column list, spelled out (not re-derived from report.CSV_COLUMNS)
+    assert list(rows[0]) == ["epoch", "step", "bin", "lo", "hi", "count", "conf", "acc", "gap",
+                             "ci_low", "ci_high"]
     epochs = sorted({int(r["epoch"]) for r in rows})
     assert epochs == [0, 1]  # the sanity check (2 batches) wrote nothing
     for e in epochs:
@@ -243,6 +245,39 @@ def test_groups_tables_and_metrics(tmp_path):
     assert sum(int(r["count"]) for r in pooled) == 120
     assert out["val/g/ece"] == pytest.approx(float(C.calibration_error(logits, y, n_bins=5)),
                                              abs=1e-6)
+
+
+def test_group_ids_without_num_groups_warn_once(tmp_path):
+    val = make_data(96, 6, groups=3)  # the step returns "group", the monitor has no num_groups
+    mon = CalibrationMonitor(n_bins=5, write_csv=False)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        quiet_warnings()
+        out = trainer(tmp_path, callbacks=[mon]).validate(TinyModule(), loader(val),
+                                                          verbose=False)[0]
+    msgs = [str(w.message) for w in rec if "num_groups is not set" in str(w.message)]
+    assert len(msgs) == 1 and "'group'" in msgs[0]  # 3 batches, one warning
+    assert "val/group_0/ece" not in out and mon.history[-1]["group_ece"] is None
+
+
+def test_history_figure_axes():
+    pytest.importorskip("matplotlib")
+    from torchcal.callbacks import _sinks
+
+    def hist(epochs, steps):
+        return [dict(epoch=e, step=s, ece=0.1, ece_debiased=0.05, mce=0.2, brier=0.3, nll=1.0)
+                for e, s in zip(epochs, steps)]
+
+    fig = _sinks.history_figure(hist([0, 1, 2], [10, 20, 30]), "t")
+    axes = fig.get_axes()
+    assert [a.get_ylabel() for a in axes] == ["calibration error", "Brier score", "NLL (nats)"]
+    assert {a.get_xlabel() for a in axes} == {"epoch"}
+    assert [ln.get_label() for ln in axes[0].get_lines()] == ["ece", "ece_debiased", "mce"]
+    assert list(axes[2].get_lines()[0].get_xdata()) == [0, 1, 2]
+    # several validations per epoch (val_check_interval=0.5): one point per step
+    fig = _sinks.history_figure(hist([0, 0, 1, 1], [5, 10, 15, 20]), "t")
+    assert {a.get_xlabel() for a in fig.get_axes()} == {"global step"}
+    assert list(fig.get_axes()[1].get_lines()[0].get_xdata()) == [5, 10, 15, 20]
 
 
 def test_extract_fn_and_probs(tmp_path):
@@ -483,6 +518,33 @@ def test_logger_failure_does_not_crash(tmp_path):
         trainer(tmp_path, callbacks=[CalibrationMonitor(log_figures=False)], logger=lg).validate(
             TinyModule(), loader(make_data(32, 0)), verbose=False)
     assert any("disk full" in str(w.message) for w in rec)
+
+
+@pytest.mark.parametrize("with_tb", [True, False])
+def test_files_never_read_trainer_log_dir(with_tb, tmp_path, monkeypatch):
+    # trainer.log_dir broadcasts from rank 0 (a collective); the monitor writes on rank 0
+    # alone, so reading it there hangs a DDP run (seen with ddp_spawn and a TensorBoard-only
+    # logger): the directory must come from the loggers themselves
+    import sys
+
+    import lightning as L
+
+    original = L.Trainer.log_dir
+
+    def broadcasting(self):
+        frame = sys._getframe(1)
+        while frame is not None:  # Lightning reads it on every rank; torchcal must not
+            assert "torchcal" not in frame.f_code.co_filename, "trainer.log_dir read"
+            frame = frame.f_back
+        return original.fget(self)
+
+    monkeypatch.setattr(L.Trainer, "log_dir", property(broadcasting))
+    tb = TensorBoardLogger(str(tmp_path), name="tb") if with_tb else False
+    trainer(tmp_path, max_epochs=1, callbacks=[CalibrationMonitor(n_bins=5)], logger=tb).fit(
+        TinyModule(), loader(make_data(64, 1)), loader(make_data(40, 2)))
+    where = tb.log_dir if with_tb else str(tmp_path)
+    assert sum(int(r["count"]) for r in read_csv(os.path.join(where, "reliability.csv"))) == 40
+    assert os.path.exists(os.path.join(where, "calibration_over_epochs.png"))
 
 
 def test_no_logger_writes_csv_to_default_root_dir(tmp_path):

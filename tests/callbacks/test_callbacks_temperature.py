@@ -163,7 +163,7 @@ def test_every_epoch_checkpoints_carry_their_temperature(tmp_path):
     assert float(tr.callback_metrics["val/temperature"]) == ts.history[-1]["temperature"]
 
 
-def test_validate_inference_mode_and_masks(tmp_path):
+def test_validate_inference_mode_and_masks(tmp_path, capsys):
     # 4 outputs, the last masked with -inf; targets only in the first 3 classes
     val = make_data(120, 5, n_classes=3)
     model = TinyModule(n_classes=4, mask_last=True, scale=3.0)
@@ -175,6 +175,23 @@ def test_validate_inference_mode_and_masks(tmp_path):
                                                    rel=1e-6)
     assert out["val/nll_after_scaling"] <= out["val/nll_before_scaling"]
     assert math.isfinite(out["val/ece_after_scaling"])
+    printed = capsys.readouterr().out
+    assert (f"[TemperatureScaling] epoch 0: T = {out['val/temperature']:.4f}; NLL "
+            f"{out['val/nll_before_scaling']:.4f} -> {out['val/nll_after_scaling']:.4f}; "
+            f"ECE (15 bins) {out['val/ece_before_scaling']:.4f} -> ") in printed
+
+
+def test_kept_logits_are_detached(tmp_path):
+    class GradLogits(TinyModule):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            with torch.enable_grad():  # outside inference mode: logits that carry a graph
+                return {"logits": self(batch[0]), "target": batch[1]}
+
+    ts = TemperatureScaling()
+    trainer(tmp_path, callbacks=[ts], inference_mode=False).validate(
+        GradLogits(), loader(make_data(64, 0)), verbose=False)
+    assert len(ts._chunks) == 2
+    assert not any(z.requires_grad for z, _ in ts._chunks)
 
 
 def test_binary_logits(tmp_path):

@@ -3,14 +3,12 @@ never run a forward pass of their own), with an error that shows how to return t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import Tensor
 
-__all__ = ["STEP_NAME", "mask_neg_inf", "read_outputs"]
+__all__ = ["STEP_NAME", "check_extract_fn", "check_key", "read_outputs"]
 
 STEP_NAME = {"val": "validation_step", "test": "test_step"}
 _EXAMPLE_VALUE = {"logits": "logits", "probs": "logits.softmax(-1)", "target": "y"}
@@ -59,9 +57,16 @@ def read_outputs(owner: str, stage: str, pl_module: Any, batch: Any, outputs: An
     return [v.detach() for v in vals]
 
 
-def mask_neg_inf(x: Tensor) -> Tensor:
-    """``-inf`` logits are masks (probability 0): replace them by the dtype's lowest finite
-    value, which gives the same softmax/sigmoid, keeping NaN/+inf for the metrics' checks."""
-    if not x.is_floating_point():
-        return x
-    return torch.nan_to_num(x, nan=math.nan, posinf=math.inf, neginf=torch.finfo(x.dtype).min)
+def check_key(arg: str, value: Any) -> str:
+    """A dict key of the step's output: a non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{arg}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def check_extract_fn(extract_fn: Any) -> Callable[..., Any] | None:
+    """``None`` or a callable ``fn(pl_module, batch, outputs)``."""
+    if extract_fn is not None and not callable(extract_fn):
+        raise ValueError(f"extract_fn: expected a callable fn(pl_module, batch, outputs) or "
+                         f"None, got {type(extract_fn).__name__}")
+    return extract_fn

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import fields
 from typing import Any, Literal
 
 import torch
@@ -14,7 +15,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from torchcal.callbacks import _sinks
-from torchcal.callbacks._outputs import read_outputs
+from torchcal.callbacks._outputs import check_extract_fn, check_key, read_outputs
 from torchcal.functional import calibration as C
 from torchcal.functional._validation import check_int, check_open_unit, check_option
 from torchcal.metrics import NegativeLogLikelihood, ReliabilityDiagram
@@ -24,7 +25,6 @@ __all__ = ["CalibrationMonitor"]
 
 #: Scalars logged per stage (and dataloader), in this order.
 METRICS = ("ece", "ece_debiased", "mce", "brier", "nll")
-_STATE_NAMES = ("count", "sum_conf", "sum_acc", "sum_conf2", "sum_conf_acc")
 
 
 class CalibrationMonitor(Callback):
@@ -152,25 +152,17 @@ class CalibrationMonitor(Callback):
             check_int("num_classes", num_classes, minimum=2)
         if num_groups is not None:
             check_int("num_groups", num_groups, minimum=1)
-        preds_key = input if preds_key is None else preds_key
-        for arg, val in (("preds_key", preds_key), ("target_key", target_key),
-                         ("group_key", group_key)):
-            if not isinstance(val, str) or not val:
-                raise ValueError(f"{arg}: expected a non-empty string, got {val!r}")
         if not isinstance(name, str) or name.strip("/") != name:
             raise ValueError(f"name: expected a string without leading/trailing '/', got "
                              f"{name!r}")
-        if extract_fn is not None and not callable(extract_fn):
-            raise ValueError(f"extract_fn: expected a callable fn(pl_module, batch, outputs) "
-                             f"or None, got {type(extract_fn).__name__}")
         self.reading = reading
         self.input = input
-        self.preds_key = preds_key
-        self.target_key = target_key
-        self.group_key = group_key
+        self.preds_key = check_key("preds_key", input if preds_key is None else preds_key)
+        self.target_key = check_key("target_key", target_key)
+        self.group_key = check_key("group_key", group_key)
         self.num_classes = num_classes
         self.num_groups = num_groups
-        self.extract_fn = extract_fn
+        self.extract_fn = check_extract_fn(extract_fn)
         self.interval = interval
         self.level = float(level)
         self.name = name
@@ -276,15 +268,16 @@ class CalibrationMonitor(Callback):
         self._emit("test", trainer, pl_module, len(trainer.num_test_batches))
 
     def _synced(self, idx_acc: tuple[ReliabilityDiagram, NegativeLogLikelihood]
-                ) -> tuple[C.BinnedStats, Tensor, Tensor, Tensor]:
+                ) -> tuple[C.BinnedStats, Tensor, Tensor | None]:
         """The all-reduced statistics (a collective under DDP: every rank calls it)."""
         rd, nll = idx_acc
-        with rd.sync_context():
-            stats = C.BinnedStats(*(getattr(rd, n).clone() for n in _STATE_NAMES))
+        with rd.sync_context():  # the states are back to the local shard on exit: clone
+            local = rd._stats()
+            stats = C.BinnedStats(*(getattr(local, f.name).clone() for f in fields(local)))
             group_count = rd.group_count.clone()
-        with nll.sync_context():
-            nll_sum, nll_count = nll.nll_sum.sum(), nll.count.sum()
-        return stats, group_count, nll_sum, nll_count
+        n = int(group_count.sum())
+        # the metric's own mean (a collective too); only once any rank has seen a sample
+        return stats, group_count, (nll.compute() if n else None)
 
     def _scalars(self, stats: C.BinnedStats) -> dict[str, Tensor]:
         r = self.reading
@@ -308,20 +301,20 @@ class CalibrationMonitor(Callback):
               n_loaders: int) -> None:
         several = n_loaders > 1
         for idx in range(max(n_loaders, 1)):
-            acc = self._accs.get((stage, idx)) or self._acc(stage, idx, pl_module.device)
-            stats, group_count, nll_sum, nll_count = self._synced(acc)
-            n = int(group_count.sum())
-            if n == 0:
+            # every rank takes part (a rank without batches of this loader adds zeros)
+            stats, group_count, nll = self._synced(self._acc(stage, idx, pl_module.device))
+            if nll is None:  # no sample on any rank
                 continue
+            n = int(group_count.sum())
             pooled = stats.pooled()
             values = self._scalars(pooled)
-            values["nll"] = nll_sum / nll_count
+            values["nll"] = nll
             ns, sfx = self._names(stage, idx, several)
             dev = pl_module.device
+            dtype = torch.float32 if dev.type == "mps" else torch.float64  # no float64 on mps
             for key in METRICS:
-                v = values[key].to(dev, torch.float32 if dev.type == "mps" else torch.float64)
-                pl_module.log(f"{ns}/{key}{sfx}", v, on_step=False, on_epoch=True,
-                              sync_dist=True, add_dataloader_idx=False,
+                pl_module.log(f"{ns}/{key}{sfx}", values[key].to(dev, dtype), on_step=False,
+                              on_epoch=True, sync_dist=True, add_dataloader_idx=False,
                               prog_bar=self.prog_bar and key == "ece")
             group_ece = None
             records = [_sinks.TableRecord(f"{ns}/reliability{sfx}", self._table(pooled))]
@@ -334,9 +327,7 @@ class CalibrationMonitor(Callback):
                     gs = stats.group(g)
                     ge = C.calibration_error_from_stats(gs, norm="l1", reading=self.reading)
                     group_ece.append(float(ge))
-                    pl_module.log(f"{ns}/group_{g}/ece{sfx}", ge.to(dev, values["ece"].dtype
-                                                                    if dev.type != "mps"
-                                                                    else torch.float32),
+                    pl_module.log(f"{ns}/group_{g}/ece{sfx}", ge.to(dev, dtype),
                                   on_step=False, on_epoch=True, sync_dist=True,
                                   add_dataloader_idx=False)
                     records.append(_sinks.TableRecord(f"{ns}/reliability/group_{g}{sfx}",

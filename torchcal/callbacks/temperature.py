@@ -14,10 +14,11 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
 from typing_extensions import override
 
-from torchcal.callbacks._outputs import mask_neg_inf, read_outputs
+from torchcal.callbacks._outputs import check_extract_fn, check_key, read_outputs
 from torchcal.functional._validation import check_int, check_option
 from torchcal.metrics import CalibrationError
 from torchcal.scaling import FitResult, TemperatureScaler
+from torchcal.scaling._objective import all_reduce_, distributed_active
 
 __all__ = ["TemperatureScaling"]
 
@@ -131,14 +132,8 @@ class TemperatureScaling(Callback):
         super().__init__()
         check_option("when", when, ("fit_end", "epoch"))
         check_option("method", method, ("newton", "lbfgs"))
-        for arg, val in (("logits_key", logits_key), ("target_key", target_key)):
-            if not isinstance(val, str) or not val:
-                raise ValueError(f"{arg}: expected a non-empty string, got {val!r}")
         if not isinstance(attr_name, str) or not attr_name.isidentifier():
             raise ValueError(f"attr_name: expected a Python identifier, got {attr_name!r}")
-        if extract_fn is not None and not callable(extract_fn):
-            raise ValueError(f"extract_fn: expected a callable fn(pl_module, batch, outputs) "
-                             f"or None, got {type(extract_fn).__name__}")
         self.dataloader_idx = check_int("dataloader_idx", dataloader_idx, minimum=0)
         self.n_bins = check_int("n_bins", n_bins, minimum=1)
         try:
@@ -148,9 +143,9 @@ class TemperatureScaling(Callback):
         if not (0 < lo < hi < math.inf):
             raise ValueError(f"bounds: expected 0 < t_min < t_max < inf, got {bounds!r}")
         self.when = when
-        self.logits_key = logits_key
-        self.target_key = target_key
-        self.extract_fn = extract_fn
+        self.logits_key = check_key("logits_key", logits_key)
+        self.target_key = check_key("target_key", target_key)
+        self.extract_fn = check_extract_fn(extract_fn)
         self.attr_name = attr_name
         self.bounds = (lo, hi)
         self.method = method
@@ -298,13 +293,11 @@ class TemperatureScaling(Callback):
                 lg.log_metrics(metrics, step=trainer.global_step)
                 lg.save()
 
-    def _any_chunks(self, pl_module: LightningModule) -> bool:
+    def _any_chunks(self) -> bool:
         """Whether any rank collected logits (a collective under DDP)."""
         n = torch.tensor([float(len(self._chunks))], dtype=torch.float64)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            if torch.distributed.get_backend() == "nccl":
-                n = n.to(pl_module.device)
-            torch.distributed.all_reduce(n)
+        if distributed_active():
+            all_reduce_(n)
         return bool(n.item() > 0)
 
     def _ece(self, chunks: list[tuple[Tensor, Tensor]], scaler: TemperatureScaler | None,
@@ -315,12 +308,12 @@ class TemperatureScaling(Callback):
         with torch.no_grad():  # in whatever (inference) mode the hook runs
             for logits, target in chunks:
                 z = logits if scaler is None else scaler(logits)
-                metric.update(mask_neg_inf(z), target)
+                metric.update(z, target)
             return float(metric.compute())
 
     def _fit(self, trainer: Trainer, pl_module: LightningModule, stage: str
              ) -> dict[str, float] | None:
-        if not self._any_chunks(pl_module):
+        if not self._any_chunks():
             return None
         chunks = self._chunks
         scaler = self._scaler(pl_module)
@@ -338,5 +331,6 @@ class TemperatureScaling(Callback):
         if self.verbose and trainer.is_global_zero:
             print(f"[TemperatureScaling] epoch {self._chunks_at[0]}: T = "
                   f"{values['temperature']:.4f}; NLL {result.nll_before:.4f} -> "
-                  f"{result.nll_after:.4f}; ECE {ece_before:.4f} -> {ece_after:.4f}")
+                  f"{result.nll_after:.4f}; ECE ({self.n_bins} bins) {ece_before:.4f} -> "
+                  f"{ece_after:.4f}")
         return values
