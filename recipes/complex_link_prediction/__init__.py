@@ -1,0 +1,8 @@
+"""ComplEx link prediction: train with a proper scoring rule, audit calibration, repair it with
+one temperature and prove by exact assertion that no decision and no ranking moved.
+
+Run ``python -m recipes.complex_link_prediction --config configs/complex/family.yaml``.
+Modules: :mod:`.data` (datasets), :mod:`.model` (ComplEx-N3, LightningModule),
+:mod:`.evaluation` (filtered ranks), :mod:`.audit` (the two calibration audits),
+:mod:`.report` (outputs), :mod:`.cli` (the command).
+"""

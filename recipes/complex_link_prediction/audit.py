@@ -1,0 +1,378 @@
+"""Calibration audits of a trained ComplEx model: measure, repair with one temperature, and
+prove by exact assertion that the repair moved no decision and no ranking.
+
+Both audits use the held-out test triples, split (seeded, stratified by relation) into a
+calibration half (T is fitted there) and an evaluation half (everything reported is measured
+there). A test triple's two queries (tail and reciprocal head prediction) and all their
+corruptions stay in the same half. Scores are float64 logits throughout (a float32 sigmoid
+saturates near 17 and creates ties).
+
+* ``tail`` (multiclass): the top-1 filtered tail prediction over all entities (other known
+  answers masked with ``-inf``) against whether it is the true tail (the "confidence"
+  reading of Guo et al. 2017, "On Calibration of Modern Neural Networks").
+* ``triple`` (binary; the triple-classification protocol of Socher et al. 2013 as audited by
+  Tabacof & Costabello 2020, "Probability Calibration for Knowledge Graph Embedding Models"):
+  each held-out positive with ``k`` uniform filtered corruptions of its tail, base rate
+  ``1 / (1 + k)``; ``sigmoid(score)`` is the probability.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+import torchcal.functional as TF
+from recipes.complex_link_prediction.data import KGData, with_reciprocals
+from recipes.complex_link_prediction.evaluation import (
+    TripleFilter,
+    filtered_ranks,
+    mask_known,
+    ranking_metrics,
+    same_ranking,
+)
+from recipes.complex_link_prediction.model import ComplEx, sample_corruptions
+from torchcal.report import ReliabilityTable
+from torchcal.scaling import PlattScaler, TemperatureScaler
+
+__all__ = ["AuditResult", "TripleItems", "auc", "stratified_halves", "tail_audit", "triple_audit",
+           "triple_items"]
+
+MIN_RELATION_ITEMS = 50
+
+
+@dataclass
+class AuditResult:
+    """Numbers (``summary``, JSON-ready), diagrams and exact invariant checks of one audit."""
+
+    name: str
+    summary: dict[str, object]
+    invariants: dict[str, bool]
+    tables: dict[str, ReliabilityTable]
+    per_relation: list[dict[str, object]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def invariants_ok(self) -> bool:
+        return all(self.invariants.values())
+
+
+def stratified_halves(strata: Tensor, seed: int) -> Tensor:
+    """Boolean mask of the calibration half: inside every stratum a seeded random half
+    (the first ``ceil(n/2)`` of a random order), so both halves hold every relation.
+
+    Example:
+        >>> import torch
+        >>> cal = stratified_halves(torch.tensor([0, 0, 0, 1, 1]), seed=0)
+        >>> int(cal[:3].sum()), int(cal[3:].sum())
+        (2, 1)
+    """
+    n = len(strata)
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n, generator=g)
+    order = perm[torch.argsort(strata[perm], stable=True)]
+    s = strata[order]
+    # position of each item inside its stratum (strata are contiguous after the sort)
+    first = torch.ones(n, dtype=torch.bool)
+    first[1:] = s[1:] != s[:-1]
+    start = torch.cummax(torch.where(first, torch.arange(n), 0), 0).values
+    pos = torch.arange(n) - start
+    cal = torch.zeros(n, dtype=torch.bool)
+    cal[order] = pos % 2 == 0
+    return cal
+
+
+def auc(scores: Tensor, labels: Tensor) -> float:
+    """ROC AUC by the Mann-Whitney U statistic with mid-ranks for ties (Hanley & McNeil
+    1982), vectorised: ``(sum of positive ranks - P (P + 1) / 2) / (P N)``.
+
+    Example:
+        >>> import torch
+        >>> auc(torch.tensor([0.1, 0.4, 0.4, 0.8]), torch.tensor([0, 0, 1, 1]))
+        0.875
+    """
+    s = scores.reshape(-1).double()
+    y = labels.reshape(-1).bool()
+    n_pos = int(y.sum())
+    n_neg = len(y) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    sorted_s, idx = torch.sort(s)
+    _, inverse, counts = torch.unique_consecutive(sorted_s, return_inverse=True,
+                                                  return_counts=True)
+    ends = torch.cumsum(counts, 0).double()
+    mid = ends - (counts.double() - 1) / 2  # 1-based mid-rank of each tie group
+    ranks = torch.empty_like(s)
+    ranks[idx] = mid[inverse]
+    u = ranks[y].sum() - n_pos * (n_pos + 1) / 2
+    return float(u / (n_pos * n_neg))
+
+
+def _probability_metrics(p: Tensor, y: Tensor, n_bins: int) -> dict[str, float]:
+    """ECE (L1, binned), debiased ECE and the Brier decomposition of probabilities ``p``
+    of outcomes ``y`` (binary reading)."""
+    y = y.double()
+    out = {
+        "ece": float(TF.calibration_error(p, y, n_bins=n_bins, reading="binary", input="probs")),
+        "ece_debiased": float(TF.calibration_error(p, y, n_bins=n_bins, reading="binary",
+                                                   input="probs", estimator="debiased",
+                                                   norm="l2")),
+    }
+    dec = TF.brier_decomposition(p, y, n_bins=n_bins, reading="binary", input="probs")
+    for key in ("brier", "reliability", "resolution", "uncertainty"):
+        out[key] = float(dec[key])
+    return out
+
+
+def _per_relation(p_before: Tensor, p_after: Tensor, y: Tensor, rel: Tensor,
+                  relations: list[str], n_bins: int) -> list[dict[str, object]]:
+    counts = torch.bincount(rel, minlength=len(relations))
+    rows = []
+    for r in torch.nonzero(counts >= MIN_RELATION_ITEMS).flatten().tolist():
+        m = rel == r
+        rows.append({
+            "relation": relations[r],
+            "n": int(counts[r]),
+            "ece_before": float(TF.calibration_error(p_before[m], y[m].double(), n_bins=n_bins,
+                                                     reading="binary", input="probs")),
+            "ece_after": float(TF.calibration_error(p_after[m], y[m].double(), n_bins=n_bins,
+                                                    reading="binary", input="probs")),
+        })
+    return rows
+
+
+def _table(p: Tensor, y: Tensor, n_bins: int) -> ReliabilityTable:
+    return TF.reliability_table(p, y.double(), n_bins=n_bins, reading="binary", input="probs")
+
+
+@torch.no_grad()
+def _all_tail_logits(model: ComplEx, queries: Tensor, filt: TripleFilter,
+                     batch_size: int = 1024) -> Tensor:
+    parts = []
+    for q in queries.split(batch_size):
+        h, r, t = q.unbind(1)
+        parts.append(mask_known(model.score_all(h, r, dtype=torch.float64), t, filt.mask(h, r)))
+    return torch.cat(parts)
+
+
+@torch.no_grad()
+def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15) -> AuditResult:
+    """Multiclass audit of the top-1 filtered tail prediction (see the module docstring).
+
+    Asserted exactly (on every query of both halves): the argmax of ``logits / T`` equals the
+    argmax of ``logits`` (hence Hits@1), the filtered optimistic and pessimistic ranks are equal
+    tensors, the filtered MRR is the same float, and each row keeps its complete weak order.
+    """
+    R = data.num_relations
+    n = len(data.test)
+    queries = with_reciprocals(data.test, R)
+    known = TripleFilter(with_reciprocals(data.known(), R), data.num_entities, 2 * R)
+    cal = stratified_halves(data.test[:, 1], seed).repeat(2)
+    ev = ~cal
+    logits = _all_tail_logits(model, queries, known)
+    target = queries[:, 2]
+
+    scaler = TemperatureScaler()
+    fit = scaler.fit(logits[cal], target[cal])
+    scaled = scaler(logits)
+
+    pred_before, pred_after = logits.argmax(1), scaled.argmax(1)
+    ranks_before, ranks_after = filtered_ranks(logits, target), filtered_ranks(scaled, target)
+    mrr_before = ranking_metrics(ranks_before.realistic)["mrr"]
+    mrr_after = ranking_metrics(ranks_after.realistic)["mrr"]
+    invariants = {
+        "argmax_unchanged": torch.equal(pred_before, pred_after),
+        "ranks_unchanged": torch.equal(ranks_before.optimistic, ranks_after.optimistic)
+        and torch.equal(ranks_before.pessimistic, ranks_after.pessimistic),
+        "mrr_unchanged": mrr_before == mrr_after,
+        "full_ranking_unchanged": same_ranking(logits, scaled),
+    }
+
+    conf_before = torch.softmax(logits, 1).amax(1)
+    conf_after = torch.softmax(scaled, 1).amax(1)
+    correct = pred_before == target
+    rel = queries[:, 1] % R
+    y_ev = correct[ev]
+    before = _probability_metrics(conf_before[ev], y_ev, n_bins)
+    after = _probability_metrics(conf_after[ev], y_ev, n_bins)
+    nll_before = float(TF.log_score(logits[ev], target[ev]))
+    nll_after = float(TF.log_score(scaled[ev], target[ev]))
+    summary: dict[str, object] = {
+        "temperature": fit.temperature,
+        "fit_converged": fit.converged,
+        "n_calibration": int(cal.sum()),
+        "n_evaluation": int(ev.sum()),
+        "nll_before": nll_before,
+        "nll_after": nll_after,
+        "hits1_before": float((pred_before[ev] == target[ev]).double().mean()),
+        "hits1_after": float((pred_after[ev] == target[ev]).double().mean()),
+        "mrr_before": mrr_before,
+        "mrr_after": mrr_after,
+        "invariants_ok": all(invariants.values()),
+    }
+    summary["nll_improved"] = summary["nll_after"] < summary["nll_before"]
+    for k, v in before.items():
+        summary[f"{k}_before"] = v
+    for k, v in after.items():
+        summary[f"{k}_after"] = v
+    notes = [f"{n} test triples -> {len(queries)} queries (tail and reciprocal head "
+             "prediction); confidence = max softmax over all entities, other known answers "
+             "masked."]
+    if len(data.hidden):
+        hidden = TripleFilter(with_reciprocals(data.hidden, R), data.num_entities, 2 * R)
+        right_true = correct | hidden.contains(queries[:, 0], queries[:, 1], pred_before)
+        summary["ece_true_before"] = float(TF.calibration_error(
+            conf_before[ev], right_true[ev].double(), n_bins=n_bins, reading="binary",
+            input="probs"))
+        summary["ece_true_after"] = float(TF.calibration_error(
+            conf_after[ev], right_true[ev].double(), n_bins=n_bins, reading="binary",
+            input="probs"))
+        summary["hits1_true"] = float(right_true[ev].double().mean())
+        notes.append("hidden truth: a top-1 answer that is a hidden true triple counts as "
+                     "wrong against observed labels and right against true labels.")
+    per_rel = _per_relation(conf_before[ev], conf_after[ev], y_ev, rel[ev], data.relations,
+                            n_bins)
+    tables = {"before": _table(conf_before[ev], y_ev, n_bins),
+              "after": _table(conf_after[ev], y_ev, n_bins)}
+    return AuditResult("tail", summary, invariants, tables, per_rel, notes)
+
+
+@dataclass
+class TripleItems:
+    """The triple audit's items: row ``i`` is source positive ``(head[i], relation[i],
+    tails[i, 0])`` followed by its ``k`` corruptions ``tails[i, 1:]`` (labels 1, 0, ..., 0);
+    ``source[i]`` is the test triple it comes from and ``cal[i]`` its half, so a positive and
+    its corruptions are never split."""
+
+    head: Tensor
+    relation: Tensor
+    tails: Tensor
+    labels: Tensor
+    source: Tensor
+    cal: Tensor
+
+
+def triple_items(data: KGData, k: int, seed: int) -> TripleItems:
+    """Positives (each test triple in both directions) with ``k`` uniform corruptions of the
+    tail filtered against every observed triple, and the calibration half (seeded, by test
+    triple, stratified by relation)."""
+    if k < 1:
+        raise ValueError(f"audit.k: expected an int >= 1, got {k}")
+    R = data.num_relations
+    n = len(data.test)
+    queries = with_reciprocals(data.test, R)
+    source = torch.arange(n).repeat(2)
+    cal = stratified_halves(data.test[:, 1], seed).repeat(2)
+    known = TripleFilter(with_reciprocals(data.known(), R), data.num_entities, 2 * R)
+    # a query whose every tail is known has no corruption: it can't be an audit item
+    possible = known.mask(queries[:, 0], queries[:, 1]).sum(1) < data.num_entities
+    queries, source, cal = queries[possible], source[possible], cal[possible]
+    h, r, t = queries.unbind(1)
+    g = torch.Generator().manual_seed(seed + 1)
+    neg = sample_corruptions(h, r, k, data.num_entities, known, g)
+    labels = torch.zeros(len(queries), 1 + k, dtype=torch.float64)
+    labels[:, 0] = 1.0
+    return TripleItems(head=h, relation=r, tails=torch.cat([t[:, None], neg], dim=1),
+                       labels=labels, source=source, cal=cal)
+
+
+def _dropped(n: int) -> str:
+    return f"; {n} queries whose every tail is known have no corruption and are left out" if n \
+        else ""
+
+
+@torch.no_grad()
+def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_bins: int = 15,
+                 trained_mode: str = "one_to_n", trained_k: int | None = None) -> AuditResult:
+    """Binary audit of ``sigmoid(score)`` on held-out positives plus ``k`` filtered corruptions.
+
+    Asserted exactly (both halves): the decision at logit 0 (accuracy), the AUC and the
+    complete weak order of every query's ``1 + k`` scores are unchanged by ``T``.
+    """
+    R = data.num_relations
+    items = triple_items(data, k, seed)
+    h, r, cand, labels, cal = items.head, items.relation, items.tails, items.labels, items.cal
+    logits = model.score(h, r, cand, dtype=torch.float64)
+    ev = ~cal
+
+    scaler = TemperatureScaler()
+    fit = scaler.fit(logits[cal].reshape(-1), labels[cal].reshape(-1))
+    scaled = scaler(logits)
+    platt = PlattScaler()
+    platt_fit = platt.fit(logits[cal].reshape(-1), labels[cal].reshape(-1))
+    p_platt = torch.sigmoid(platt(logits[ev].reshape(-1)))
+
+    auc_before, auc_after = auc(logits, labels), auc(scaled, labels)
+    invariants = {
+        "decisions_unchanged": torch.equal(logits > 0, scaled > 0),
+        "auc_unchanged": auc_before == auc_after,
+        "rankings_unchanged": same_ranking(logits, scaled),
+    }
+    y_ev = labels[ev].reshape(-1)
+    p_before = torch.sigmoid(logits[ev].reshape(-1))
+    p_after = torch.sigmoid(scaled[ev].reshape(-1))
+    before = _probability_metrics(p_before, y_ev, n_bins)
+    after = _probability_metrics(p_after, y_ev, n_bins)
+    platt_metrics = _probability_metrics(p_platt, y_ev, n_bins)
+    summary: dict[str, object] = {
+        "k": k,
+        "base_rate": 1.0 / (1 + k),
+        "temperature": fit.temperature,
+        "fit_converged": fit.converged,
+        "n_calibration": int(cal.sum()) * (1 + k),
+        "n_evaluation": int(ev.sum()) * (1 + k),
+        "nll_before": float(TF.log_score(logits[ev].reshape(-1), y_ev)),
+        "nll_after": float(TF.log_score(scaled[ev].reshape(-1), y_ev)),
+        "nll_platt": float(TF.log_score(platt(logits[ev].reshape(-1)), y_ev)),
+        "auc_before": auc(logits[ev], labels[ev]),
+        "auc_after": auc(scaled[ev], labels[ev]),
+        "acc_before": float(((logits[ev] > 0).double() == labels[ev]).double().mean()),
+        "acc_after": float(((scaled[ev] > 0).double() == labels[ev]).double().mean()),
+        "platt_scale": float(platt.weight),
+        "platt_offset": float(platt.bias),
+        "platt_converged": platt_fit.converged,
+        "invariants_ok": all(invariants.values()),
+    }
+    summary["nll_improved"] = summary["nll_after"] < summary["nll_before"]
+    for key, v in before.items():
+        summary[f"{key}_before"] = v
+    for key, v in after.items():
+        summary[f"{key}_after"] = v
+    for key, v in platt_metrics.items():
+        summary[f"{key}_platt"] = v
+    notes = [f"{len(data.test)} test triples -> {len(h)} positives (tail and reciprocal "
+             f"head queries{_dropped(2 * len(data.test) - len(h))}), each with k = {k} uniform "
+             f"filtered corruptions of its tail: base rate 1/(1+k) = {1 / (1 + k):.4f}."]
+    if trained_mode == "negatives" and trained_k == k:
+        notes.append("This model was trained with the binary log score against k = "
+                     f"{k} corruptions per positive, the audit's base rate: sigmoid(score) is "
+                     "its own probability, so one temperature is a legitimate repair.")
+    elif trained_mode == "negatives":
+        notes.append(f"This model was trained against {trained_k} corruptions per positive "
+                     f"(base rate {1 / (1 + (trained_k or 0)):.4f}) but is audited at k = {k}: "
+                     "the base rates differ, which a temperature cannot fix (it cannot move an "
+                     "offset); compare the Platt row.")
+    else:
+        notes.append("This model was trained with a 1-N softmax loss, which is unchanged by "
+                     "adding a constant to all scores of a query: the score level is "
+                     "arbitrary, so sigmoid(score) is not a probability and a temperature "
+                     "cannot calibrate it (it scales, it cannot shift). The Platt row (scale "
+                     "and offset) shows what an offset does; to calibrate triples with one "
+                     "temperature, train with mode 'negatives' at the audit's k.")
+    if len(data.hidden):
+        hidden = TripleFilter(with_reciprocals(data.hidden, R), data.num_entities, 2 * R)
+        true_labels = labels.bool() | hidden.contains(h[:, None], r[:, None], cand)
+        y_true = true_labels[ev].reshape(-1).double()
+        summary["ece_true_before"] = float(TF.calibration_error(
+            p_before, y_true, n_bins=n_bins, reading="binary", input="probs"))
+        summary["ece_true_after"] = float(TF.calibration_error(
+            p_after, y_true, n_bins=n_bins, reading="binary", input="probs"))
+        summary["hidden_true_corruptions"] = int((true_labels & ~labels.bool()).sum())
+        notes.append("hidden truth: a corruption that is a hidden true triple is labelled 0 "
+                     "against observed labels and 1 against true labels.")
+    rel = (r[:, None] % R).expand_as(logits)[ev].reshape(-1)
+    per_rel = _per_relation(p_before, p_after, y_ev, rel, data.relations, n_bins)
+    tables = {"before": _table(p_before, y_ev, n_bins), "after": _table(p_after, y_ev, n_bins),
+              "platt": _table(p_platt, y_ev, n_bins)}
+    return AuditResult("triple", summary, invariants, tables, per_rel, notes)

@@ -1,0 +1,185 @@
+"""Write the recipe's results: ``report.json`` (deterministic apart from timing keys),
+``report.txt``, ``report.md`` and PNG reliability diagrams before/after each audit."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+
+from recipes.complex_link_prediction.audit import AuditResult
+
+__all__ = ["TIMING_KEYS", "json_ready", "write_reports"]
+
+TIMING_KEYS = ("train_seconds", "epoch_seconds", "audit_seconds", "total_seconds")
+SIGNIFICANT_DIGITS = 10
+
+
+def json_ready(obj: object) -> object:
+    """Floats rounded to 10 significant digits (NaN/inf -> None), tuples -> lists."""
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+        return obj
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            return None
+        return float(f"{obj:.{SIGNIFICANT_DIGITS}g}")
+    if isinstance(obj, dict):
+        return {str(k): json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v) for v in obj]
+    raise TypeError(f"not JSON-ready: {type(obj).__name__}")
+
+
+def _f(x: object, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+_METRIC_ROWS = (
+    ("ECE (L1, 15 bins)", "ece"),
+    ("debiased ECE (L2)", "ece_debiased"),
+    ("Brier", "brier"),
+    ("  Brier reliability", "reliability"),
+    ("  Brier resolution", "resolution"),
+    ("  Brier uncertainty", "uncertainty"),
+    ("NLL", "nll"),
+)
+
+
+def _audit_rows(a: AuditResult) -> tuple[list[str], list[list[str]]]:
+    s = a.summary
+    triple = a.name == "triple"
+    header = ["metric", "before", "after T"] + (["Platt"] if triple else [])
+    rows = []
+    for label, key in _METRIC_ROWS:
+        row = [label, _f(s.get(f"{key}_before")), _f(s.get(f"{key}_after"))]
+        if triple:
+            row.append(_f(s.get(f"{key}_platt")))
+        rows.append(row)
+    if triple:
+        rows.append(["AUC", _f(s["auc_before"]), _f(s["auc_after"]), "-"])
+        rows.append(["accuracy at logit 0", _f(s["acc_before"]), _f(s["acc_after"]), "-"])
+    else:
+        rows.append(["Hits@1", _f(s["hits1_before"]), _f(s["hits1_after"])])
+    if "ece_true_before" in s:
+        rows.append(["ECE vs true labels", _f(s["ece_true_before"]), _f(s["ece_true_after"])]
+                    + (["-"] if triple else []))
+    return header, rows
+
+
+def _audit_heading(a: AuditResult) -> str:
+    s = a.summary
+    if a.name == "tail":
+        what = "top-1 filtered tail prediction over all entities (multiclass)"
+    else:
+        what = (f"held-out positives + k = {s['k']} filtered corruptions (binary), "
+                f"base rate {s['base_rate']:.4f}")
+    extra = ""
+    if a.name == "triple":
+        extra = f"; Platt: scale {_f(s['platt_scale'])}, offset {_f(s['platt_offset'])}"
+    return (f"Audit '{a.name}': {what}\n"
+            f"fitted T = {s['temperature']:.4f} on {s['n_calibration']} calibration items; "
+            f"reported on {s['n_evaluation']} evaluation items{extra}")
+
+
+def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(header, widths))]
+    lines += ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(x).strip() for x in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _render(result: dict, audits: Sequence[AuditResult], data_summary: str,
+            markdown: bool, plots: bool = False) -> str:
+    table = _md_table if markdown else _text_table
+    h1, h2 = ("# ", "## ") if markdown else ("", "")
+    out = [f"{h1}ComplEx link prediction: {result['dataset']} "
+           f"(seed {result['seed']}, mode {result['mode']})", "", data_summary, ""]
+    out += [f"{h2}Filtered ranking (test, both directions)", ""]
+    out.append(table(["ties", "MRR", "Hits@1", "Hits@3", "Hits@10"], [
+        ["realistic", _f(result["mrr"]), _f(result["hits@1"]), _f(result["hits@3"]),
+         _f(result["hits@10"])],
+        ["pessimistic", _f(result["mrr_pessimistic"]), _f(result["hits@1_pessimistic"]),
+         _f(result["hits@3_pessimistic"]), _f(result["hits@10_pessimistic"])],
+    ] + ([["realistic, true filter", _f(result["mrr_true"]), _f(result["hits@1_true"]),
+           _f(result["hits@3_true"]), _f(result["hits@10_true"])]] if "mrr_true" in result
+         else [])))
+    out += ["", f"training: {result['epochs']} epochs, {result['train_seconds']:.2f} s "
+            f"({result['epoch_seconds']:.3f} s/epoch)", ""]
+    for a in audits:
+        out += [f"{h2}" + _audit_heading(a).replace("\n", "\n\n" if markdown else "\n"), ""]
+        header, rows = _audit_rows(a)
+        out += [table(header, rows), ""]
+        checks = ", ".join(f"{k}: {'ok' if v else 'FAILED'}" for k, v in a.invariants.items())
+        out += [f"exact invariants under T: {checks}", ""]
+        if a.per_relation:
+            out += ["per-relation ECE (relations with >= 50 evaluation items):", ""]
+            out.append(table(["relation", "n", "ECE before", "ECE after"],
+                             [[p["relation"], str(p["n"]), _f(p["ece_before"]),
+                               _f(p["ece_after"])] for p in a.per_relation]))
+            out.append("")
+        out += [("- " if markdown else "") + note for note in a.notes]
+        out.append("")
+        if markdown and plots:
+            out += [f"![{a.name} before](reliability_{a.name}_before.png) "
+                    f"![{a.name} after](reliability_{a.name}_after.png)", ""]
+        for key, tab in a.tables.items():
+            out += [f"reliability ({a.name}, {key}):", ""]
+            out += [tab.to_markdown() if markdown else tab.to_text(), ""]
+    status = "all invariants hold" if result["invariants_ok"] else "AN INVARIANT FAILED"
+    out.append(f"{'**' if markdown else ''}{status}{'**' if markdown else ''}")
+    return "\n".join(out) + "\n"
+
+
+def _plot(audit: AuditResult, output_dir: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for key in ("before", "after"):
+        fig, ax = plt.subplots(figsize=(4.5, 4.5))
+        audit.tables[key].plot(ax=ax)
+        t = audit.summary["temperature"]
+        label = "before scaling" if key == "before" else f"after T = {t:.3f}"
+        ece = audit.summary[f"ece_{key}"]
+        ax.set_title(f"{audit.name} audit, {label}\nECE {ece:.4f}")
+        path = os.path.join(output_dir, f"reliability_{audit.name}_{key}.png")
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_reports(output_dir: str, result: dict, audits: Sequence[AuditResult],
+                  data_summary: str, plots: bool = True) -> dict[str, str]:
+    """Write ``report.json`` / ``report.txt`` / ``report.md`` (and the PNGs) to ``output_dir``."""
+    os.makedirs(output_dir, exist_ok=True)
+    paths = {
+        "json": os.path.join(output_dir, "report.json"),
+        "txt": os.path.join(output_dir, "report.txt"),
+        "md": os.path.join(output_dir, "report.md"),
+    }
+    with open(paths["json"], "w", encoding="utf-8") as fh:
+        json.dump(json_ready(result), fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    with open(paths["txt"], "w", encoding="utf-8") as fh:
+        fh.write(_render(result, audits, data_summary, markdown=False))
+    with open(paths["md"], "w", encoding="utf-8") as fh:
+        fh.write(_render(result, audits, data_summary, markdown=True, plots=plots))
+    if plots:
+        for a in audits:
+            for i, p in enumerate(_plot(a, output_dir)):
+                paths[f"png_{a.name}_{'before' if i == 0 else 'after'}"] = p
+    return paths
