@@ -3,6 +3,12 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def _seed():
+def _seed_and_one_thread():
+    """Every test starts from seed 0 on one intra-op thread: most tests use many small ops,
+    for which a second thread only adds contention on the 2-core CI machine. Tests about
+    threading set the count themselves."""
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield
+    torch.set_num_threads(threads)

@@ -20,16 +20,6 @@ from torchcal.losses import (
     SphericalLoss,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on the shared CI cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 PAIRS = [(LogScoreLoss, TF.log_score), (BrierLoss, TF.brier_score),
          (SphericalLoss, TF.spherical_score), (RPSLoss, TF.ranked_probability_score)]
 IDS = [m.__name__ for m, _ in PAIRS]

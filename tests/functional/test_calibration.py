@@ -25,16 +25,6 @@ from torchcal.functional import (
 from torchcal.functional import calibration as C
 from torchcal.report import GroupedResult
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # these tests use many small ops; on a shared 2-core box intra-op threads mostly wait
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 # ----------------------------------------------------------------------------- helpers
 
 

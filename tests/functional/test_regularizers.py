@@ -30,14 +30,6 @@ from torchcal.losses import (
 TOL = {"rtol": 1e-12, "atol": 1e-12}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on the shared CI cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def _focal_reference(z: torch.Tensor, t: torch.Tensor, gamma) -> np.ndarray:
     p = torch.softmax(z, 1).numpy()

@@ -20,16 +20,6 @@ from torchcal.functional import (
     validation_enabled,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add contention on the shared CI cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 RULES = [log_score, brier_score, spherical_score, ranked_probability_score]
 RULE_IDS = [f.__name__ for f in RULES]
 TOL = {"rtol": 1e-12, "atol": 1e-12}

@@ -23,15 +23,6 @@ from torchcal.metrics import (
 from torchcal.report import GroupedResult, ReliabilityTable
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # these tests use many small ops; on a shared 2-core box intra-op threads mostly wait
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def data(n: int = 100_000, c: int = 5, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(n, c, generator=g, dtype=torch.float64) * 2
