@@ -18,6 +18,7 @@ saturates near 17 and creates ties).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -109,41 +110,58 @@ def auc(scores: Tensor, labels: Tensor) -> float:
     return float(u / (n_pos * n_neg))
 
 
-def _probability_metrics(p: Tensor, y: Tensor, n_bins: int) -> dict[str, float]:
-    """ECE (L1, binned), debiased ECE and the Brier decomposition of probabilities ``p``
-    of outcomes ``y`` (binary reading)."""
-    y = y.double()
+def _calibration_metrics(logits: Tensor, target: Tensor, reading: str,
+                         n_bins: int) -> dict[str, float]:
+    """ECE (L1, binned), debiased ECE (L2) and the Brier decomposition, all from torchcal on
+    the logits themselves: ``reading="confidence"`` for ``(N, E)`` tail logits (max softmax
+    against argmax == target; ``-inf`` masks allowed), ``"binary"`` for triple logits."""
+    kw = {"n_bins": n_bins, "reading": reading, "input": "logits"}
     out = {
-        "ece": float(TF.calibration_error(p, y, n_bins=n_bins, reading="binary", input="probs")),
-        "ece_debiased": float(TF.calibration_error(p, y, n_bins=n_bins, reading="binary",
-                                                   input="probs", estimator="debiased",
-                                                   norm="l2")),
+        "ece": float(TF.calibration_error(logits, target, **kw)),
+        "ece_debiased": float(TF.calibration_error(logits, target, estimator="debiased",
+                                                   norm="l2", **kw)),
     }
-    dec = TF.brier_decomposition(p, y, n_bins=n_bins, reading="binary", input="probs")
+    dec = TF.brier_decomposition(logits, target, **kw)
     for key in ("brier", "reliability", "resolution", "uncertainty"):
         out[key] = float(dec[key])
     return out
 
 
-def _per_relation(p_before: Tensor, p_after: Tensor, y: Tensor, rel: Tensor,
-                  relations: list[str], n_bins: int) -> list[dict[str, object]]:
-    counts = torch.bincount(rel, minlength=len(relations))
-    rows = []
-    for r in torch.nonzero(counts >= MIN_RELATION_ITEMS).flatten().tolist():
-        m = rel == r
-        rows.append({
-            "relation": relations[r],
-            "n": int(counts[r]),
-            "ece_before": float(TF.calibration_error(p_before[m], y[m].double(), n_bins=n_bins,
-                                                     reading="binary", input="probs")),
-            "ece_after": float(TF.calibration_error(p_after[m], y[m].double(), n_bins=n_bins,
-                                                    reading="binary", input="probs")),
-        })
-    return rows
+def _binary_metrics(logits: Tensor, labels: Tensor, n_bins: int) -> dict[str, float]:
+    """The triple audit's rows for one column of binary logits: :func:`_calibration_metrics`
+    plus NLL, AUC and the accuracy of the decision at logit 0."""
+    out = _calibration_metrics(logits, labels, "binary", n_bins)
+    out["nll"] = float(TF.log_score(logits, labels))
+    out["auc"] = auc(logits, labels)
+    out["acc"] = float(((logits > 0).double() == labels).double().mean())
+    return out
 
 
-def _table(p: Tensor, y: Tensor, n_bins: int) -> ReliabilityTable:
-    return TF.reliability_table(p, y.double(), n_bins=n_bins, reading="binary", input="probs")
+def _per_relation(logits_before: Tensor, logits_after: Tensor, target: Tensor, rel: Tensor,
+                  relations: list[str], reading: str, n_bins: int) -> list[dict[str, object]]:
+    """ECE before/after per relation (torchcal's ``groups``), for relations with at least
+    :data:`MIN_RELATION_ITEMS` items."""
+    kw = {"n_bins": n_bins, "reading": reading, "input": "logits", "groups": rel,
+          "num_groups": len(relations)}
+    before = TF.calibration_error(logits_before, target, **kw)
+    after = TF.calibration_error(logits_after, target, **kw)
+    return [{"relation": relations[r], "n": int(before.counts[r]),
+             "ece_before": float(before.per_group[r]), "ece_after": float(after.per_group[r])}
+            for r in torch.nonzero(before.counts >= MIN_RELATION_ITEMS).flatten().tolist()]
+
+
+def _true_label_ece(logits_before: Tensor, logits_after: Tensor, true_target: Tensor,
+                    reading: str, n_bins: int) -> dict[str, float]:
+    """ECE before/after against the true labels (hidden true triples count as true)."""
+    kw = {"n_bins": n_bins, "reading": reading, "input": "logits"}
+    return {"ece_true_before": float(TF.calibration_error(logits_before, true_target, **kw)),
+            "ece_true_after": float(TF.calibration_error(logits_after, true_target, **kw))}
+
+
+def _tables(logits: dict[str, Tensor], target: Tensor, reading: str,
+            n_bins: int) -> dict[str, ReliabilityTable]:
+    return {key: TF.reliability_table(x, target, n_bins=n_bins, reading=reading, input="logits")
+            for key, x in logits.items()}
 
 
 @torch.no_grad()
@@ -189,24 +207,21 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
         "full_ranking_unchanged": same_ranking(logits, scaled),
     }
 
-    conf_before = torch.softmax(logits, 1).amax(1)
-    conf_after = torch.softmax(scaled, 1).amax(1)
-    correct = pred_before == target
+    # the "confidence" reading straight from the masked logits: max softmax against
+    # whether the argmax is the true tail (torchcal computes both)
     rel = queries[:, 1] % R
-    y_ev = correct[ev]
-    before = _probability_metrics(conf_before[ev], y_ev, n_bins)
-    after = _probability_metrics(conf_after[ev], y_ev, n_bins)
-    nll_before = float(TF.log_score(logits[ev], target[ev]))
-    nll_after = float(TF.log_score(scaled[ev], target[ev]))
+    lg_ev, sc_ev, t_ev = logits[ev], scaled[ev], target[ev]
+    before = _calibration_metrics(lg_ev, t_ev, "confidence", n_bins)
+    after = _calibration_metrics(sc_ev, t_ev, "confidence", n_bins)
     summary: dict[str, object] = {
         "temperature": fit.temperature,
         "fit_converged": fit.converged,
         "n_calibration": int(cal.sum()),
         "n_evaluation": int(ev.sum()),
-        "nll_before": nll_before,
-        "nll_after": nll_after,
-        "hits1_before": float((pred_before[ev] == target[ev]).double().mean()),
-        "hits1_after": float((pred_after[ev] == target[ev]).double().mean()),
+        "nll_before": float(TF.log_score(lg_ev, t_ev)),
+        "nll_after": float(TF.log_score(sc_ev, t_ev)),
+        "hits1_before": float((pred_before[ev] == t_ev).double().mean()),
+        "hits1_after": float((pred_after[ev] == t_ev).double().mean()),
         "mrr_before": mrr_before,
         "mrr_after": mrr_after,
         "invariants_ok": all(invariants.values()),
@@ -218,23 +233,18 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
         summary[f"{k}_after"] = v
     notes = [f"{n} test triples -> {len(queries)} queries (tail and reciprocal head "
              "prediction); confidence = max softmax over all entities, other known answers "
-             "masked."]
+             "masked; outcome = the top-1 entity is the test triple's answer."]
     if len(data.hidden):
         hidden = TripleFilter(with_reciprocals(data.hidden, R), data.num_entities, 2 * R)
-        right_true = correct | hidden.contains(queries[:, 0], queries[:, 1], pred_before)
-        summary["ece_true_before"] = float(TF.calibration_error(
-            conf_before[ev], right_true[ev].double(), n_bins=n_bins, reading="binary",
-            input="probs"))
-        summary["ece_true_after"] = float(TF.calibration_error(
-            conf_after[ev], right_true[ev].double(), n_bins=n_bins, reading="binary",
-            input="probs"))
-        summary["hits1_true"] = float(right_true[ev].double().mean())
+        # a top-1 answer that is hidden truth is right against true labels: make it the target
+        hit_hidden = hidden.contains(queries[:, 0], queries[:, 1], pred_before)
+        true_target = torch.where(hit_hidden, pred_before, target)[ev]
+        summary.update(_true_label_ece(lg_ev, sc_ev, true_target, "confidence", n_bins))
+        summary["hits1_true"] = float((pred_before[ev] == true_target).double().mean())
         notes.append("hidden truth: a top-1 answer that is a hidden true triple counts as "
                      "wrong against observed labels and right against true labels.")
-    per_rel = _per_relation(conf_before[ev], conf_after[ev], y_ev, rel[ev], data.relations,
-                            n_bins)
-    tables = {"before": _table(conf_before[ev], y_ev, n_bins),
-              "after": _table(conf_after[ev], y_ev, n_bins)}
+    per_rel = _per_relation(lg_ev, sc_ev, t_ev, rel[ev], data.relations, "confidence", n_bins)
+    tables = _tables({"before": lg_ev, "after": sc_ev}, t_ev, "confidence", n_bins)
     return AuditResult("tail", summary, invariants, tables, per_rel, notes)
 
 
@@ -301,7 +311,6 @@ def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_
     scaled = scaler(logits)
     platt = PlattScaler()
     platt_fit = platt.fit(logits[cal].reshape(-1), labels[cal].reshape(-1))
-    p_platt = torch.sigmoid(platt(logits[ev].reshape(-1)))
 
     auc_before, auc_after = auc(logits, labels), auc(scaled, labels)
     invariants = {
@@ -309,12 +318,12 @@ def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_
         "auc_unchanged": auc_before == auc_after,
         "rankings_unchanged": same_ranking(logits, scaled),
     }
+    # every metric on the evaluation half, for four score columns: as trained, after T, after
+    # Platt (information) and the base rate (a constant 1/(1+k), the no-skill reference)
     y_ev = labels[ev].reshape(-1)
-    p_before = torch.sigmoid(logits[ev].reshape(-1))
-    p_after = torch.sigmoid(scaled[ev].reshape(-1))
-    before = _probability_metrics(p_before, y_ev, n_bins)
-    after = _probability_metrics(p_after, y_ev, n_bins)
-    platt_metrics = _probability_metrics(p_platt, y_ev, n_bins)
+    lg_ev = logits[ev].reshape(-1)
+    columns = {"before": lg_ev, "after": scaled[ev].reshape(-1), "platt": platt(lg_ev),
+               "base_rate": torch.full_like(lg_ev, -math.log(k))}
     summary: dict[str, object] = {
         "k": k,
         "base_rate": 1.0 / (1 + k),
@@ -322,25 +331,15 @@ def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_
         "fit_converged": fit.converged,
         "n_calibration": int(cal.sum()) * (1 + k),
         "n_evaluation": int(ev.sum()) * (1 + k),
-        "nll_before": float(TF.log_score(logits[ev].reshape(-1), y_ev)),
-        "nll_after": float(TF.log_score(scaled[ev].reshape(-1), y_ev)),
-        "nll_platt": float(TF.log_score(platt(logits[ev].reshape(-1)), y_ev)),
-        "auc_before": auc(logits[ev], labels[ev]),
-        "auc_after": auc(scaled[ev], labels[ev]),
-        "acc_before": float(((logits[ev] > 0).double() == labels[ev]).double().mean()),
-        "acc_after": float(((scaled[ev] > 0).double() == labels[ev]).double().mean()),
         "platt_scale": float(platt.weight),
         "platt_offset": float(platt.bias),
         "platt_converged": platt_fit.converged,
         "invariants_ok": all(invariants.values()),
     }
+    for col, x in columns.items():
+        for key, v in _binary_metrics(x, y_ev, n_bins).items():
+            summary[f"{key}_{col}"] = v
     summary["nll_improved"] = summary["nll_after"] < summary["nll_before"]
-    for key, v in before.items():
-        summary[f"{key}_before"] = v
-    for key, v in after.items():
-        summary[f"{key}_after"] = v
-    for key, v in platt_metrics.items():
-        summary[f"{key}_platt"] = v
     notes = [f"{len(data.test)} test triples -> {len(h)} positives (tail and reciprocal "
              f"head queries{_dropped(2 * len(data.test) - len(h))}), each with k = {k} uniform "
              f"filtered corruptions of its tail: base rate 1/(1+k) = {1 / (1 + k):.4f}."]
@@ -354,25 +353,29 @@ def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_
                      "the base rates differ, which a temperature cannot fix (it cannot move an "
                      "offset); compare the Platt row.")
     else:
-        notes.append("This model was trained with a 1-N softmax loss, which is unchanged by "
-                     "adding a constant to all scores of a query: the score level is "
-                     "arbitrary, so sigmoid(score) is not a probability and a temperature "
-                     "cannot calibrate it (it scales, it cannot shift). The Platt row (scale "
-                     "and offset) shows what an offset does; to calibrate triples with one "
-                     "temperature, train with mode 'negatives' at the audit's k.")
+        notes.append(
+            "Why one temperature cannot calibrate these triples: this model was trained 1-N "
+            "(a proper score of the softmax over all entities), and that loss does not change "
+            "when a constant is added to all scores of a query, so training never fixes the "
+            "score level and sigmoid(score) is not the probability that a triple is true. A "
+            "temperature only divides the scores by T, so logit 0 stays the decision threshold "
+            f"(accuracy at logit 0: {summary['acc_before']:.4f}, against "
+            f"{summary['acc_base_rate']:.4f} for always answering 'false' at base rate "
+            f"{1 / (1 + k):.4f}); fixing it needs an offset, as the Platt row (scale and "
+            "offset, shown for information) does. A model trained with mode 'negatives' "
+            "at the audit's k learns the level at this base rate, and one temperature can "
+            "calibrate it.")
     if len(data.hidden):
         hidden = TripleFilter(with_reciprocals(data.hidden, R), data.num_entities, 2 * R)
         true_labels = labels.bool() | hidden.contains(h[:, None], r[:, None], cand)
-        y_true = true_labels[ev].reshape(-1).double()
-        summary["ece_true_before"] = float(TF.calibration_error(
-            p_before, y_true, n_bins=n_bins, reading="binary", input="probs"))
-        summary["ece_true_after"] = float(TF.calibration_error(
-            p_after, y_true, n_bins=n_bins, reading="binary", input="probs"))
+        summary.update(_true_label_ece(columns["before"], columns["after"],
+                                       true_labels[ev].reshape(-1).double(), "binary", n_bins))
         summary["hidden_true_corruptions"] = int((true_labels & ~labels.bool()).sum())
         notes.append("hidden truth: a corruption that is a hidden true triple is labelled 0 "
                      "against observed labels and 1 against true labels.")
     rel = (r[:, None] % R).expand_as(logits)[ev].reshape(-1)
-    per_rel = _per_relation(p_before, p_after, y_ev, rel, data.relations, n_bins)
-    tables = {"before": _table(p_before, y_ev, n_bins), "after": _table(p_after, y_ev, n_bins),
-              "platt": _table(p_platt, y_ev, n_bins)}
+    per_rel = _per_relation(columns["before"], columns["after"], y_ev, rel, data.relations,
+                            "binary", n_bins)
+    tables = _tables({k: columns[k] for k in ("before", "after", "platt")}, y_ev, "binary",
+                     n_bins)
     return AuditResult("triple", summary, invariants, tables, per_rel, notes)

@@ -37,7 +37,8 @@ class DataConfig:
         train: TSV training triples (dataset 'tsv').
         valid: TSV validation triples (dataset 'tsv').
         test: TSV test triples (dataset 'tsv').
-        hide: fraction of true triples removed from every split and kept as hidden truth.
+        hide: fraction of true triples kept out of the data as hidden truth (family: from
+            every split; pykeen/tsv: from valid and test).
         num_families: founder couples of the family KG.
         generations: generations of the family KG.
         valid_fraction: share of the family KG's triples in the validation split.

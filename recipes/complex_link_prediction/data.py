@@ -36,7 +36,17 @@ __all__ = [
 
 PYKEEN_DATASETS = ("nations", "kinships", "umls")
 
-# "h <relation> t" reads "h is the <relation> of t".
+# "h <relation> t" reads "h is the <relation> of t". Base facts: father, mother (of a child),
+# spouse (both directions). Derived, by blood and first degree only (see _family_rules):
+#   son/daughter      a child of t, by h's gender
+#   brother/sister    shares both parents with t (h != t; there are no half-siblings)
+#   grandfather/-mother  a parent of a parent of t
+#   uncle/aunt        a brother/sister of a parent of t (blood only: the husband of a
+#                     parent's sister is not an uncle unless he is also a parent's brother)
+#   nephew/niece      the son/daughter of a sibling of t (the inverse of uncle/aunt)
+#   cousin            a child of a sibling of a parent of t (first cousins, symmetric)
+#   father/mother_in_law  a parent of t's spouse
+#   son/daughter_in_law   the spouse of a child of t
 FAMILY_RELATIONS = (
     "father", "mother", "spouse",                      # base facts
     "son", "daughter", "brother", "sister",
@@ -186,9 +196,10 @@ def generate_family(num_families: int = 16, generations: int = 5, max_children: 
 
     ``num_families`` founder couples start the world; every married couple of a generation
     has 1..``max_children`` children; each child marries with probability
-    ``marriage_rate``, a person of another bloodline of the same generation when one is
-    free (no common ancestor) and otherwise someone who marries in from outside. Marriages
-    of the last generation have no children.
+    ``marriage_rate``: with probability 1/2 an unmarried person of the other gender and of
+    another bloodline (no common ancestor) of the same generation, otherwise (or when none is
+    free) someone who marries in from outside and has no parents in the world. Marriages of
+    the last generation have no children.
     """
     rng = random.Random(seed)
     people: list[str] = []
@@ -256,7 +267,8 @@ def _compose(a: set[tuple[str, str]], b: set[tuple[str, str]]) -> set[tuple[str,
 
 
 def _family_rules(male: dict[str, bool]) -> list[tuple[str, Callable[[dict], set]]]:
-    """Horn rules over the relations, each returning the pairs it derives for its head."""
+    """Horn rules over the relations, each returning the pairs it derives for its head
+    (the definitions are listed above :data:`FAMILY_RELATIONS`)."""
 
     def inv(s: set[tuple[str, str]]) -> set[tuple[str, str]]:
         return {(b, a) for a, b in s}

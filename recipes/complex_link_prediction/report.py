@@ -8,7 +8,7 @@ import math
 import os
 from collections.abc import Sequence
 
-from recipes.complex_link_prediction.audit import AuditResult
+from recipes.complex_link_prediction.audit import MIN_RELATION_ITEMS, AuditResult
 
 __all__ = ["TIMING_KEYS", "json_ready", "write_reports"]
 
@@ -40,7 +40,7 @@ def _f(x: object, digits: int = 4) -> str:
 
 
 _METRIC_ROWS = (
-    ("ECE (L1, 15 bins)", "ece"),
+    ("ECE (L1, {n_bins} bins)", "ece"),
     ("debiased ECE (L2)", "ece_debiased"),
     ("Brier", "brier"),
     ("  Brier reliability", "reliability"),
@@ -53,21 +53,23 @@ _METRIC_ROWS = (
 def _audit_rows(a: AuditResult) -> tuple[list[str], list[list[str]]]:
     s = a.summary
     triple = a.name == "triple"
-    header = ["metric", "before", "after T"] + (["Platt"] if triple else [])
-    rows = []
-    for label, key in _METRIC_ROWS:
-        row = [label, _f(s.get(f"{key}_before")), _f(s.get(f"{key}_after"))]
-        if triple:
-            row.append(_f(s.get(f"{key}_platt")))
-        rows.append(row)
+    # triple: the Platt column (information) and the base-rate column (a constant
+    # 1/(1+k) for every item: what each metric reads without any skill)
+    cols = ["before", "after"] + (["platt", "base_rate"] if triple else [])
+    header = ["metric", "before", "after T"]
     if triple:
-        rows.append(["AUC", _f(s["auc_before"]), _f(s["auc_after"]), "-"])
-        rows.append(["accuracy at logit 0", _f(s["acc_before"]), _f(s["acc_after"]), "-"])
+        header += ["Platt", f"base rate {s['base_rate']:.4f}"]
+    n_bins = a.tables["before"].n_bins
+    rows = [[label.format(n_bins=n_bins)] + [_f(s.get(f"{key}_{c}")) for c in cols]
+            for label, key in _METRIC_ROWS]
+    if triple:
+        rows.append(["AUC"] + [_f(s[f"auc_{c}"]) for c in cols])
+        rows.append(["accuracy at logit 0"] + [_f(s[f"acc_{c}"]) for c in cols])
     else:
         rows.append(["Hits@1", _f(s["hits1_before"]), _f(s["hits1_after"])])
     if "ece_true_before" in s:
         rows.append(["ECE vs true labels", _f(s["ece_true_before"]), _f(s["ece_true_after"])]
-                    + (["-"] if triple else []))
+                    + (["-", "-"] if triple else []))
     return header, rows
 
 
@@ -123,7 +125,8 @@ def _render(result: dict, audits: Sequence[AuditResult], data_summary: str,
         checks = ", ".join(f"{k}: {'ok' if v else 'FAILED'}" for k, v in a.invariants.items())
         out += [f"exact invariants under T: {checks}", ""]
         if a.per_relation:
-            out += ["per-relation ECE (relations with >= 50 evaluation items):", ""]
+            out += [f"per-relation ECE (relations with >= {MIN_RELATION_ITEMS} evaluation "
+                    "items):", ""]
             out.append(table(["relation", "n", "ECE before", "ECE after"],
                              [[p["relation"], str(p["n"]), _f(p["ece_before"]),
                                _f(p["ece_after"])] for p in a.per_relation]))

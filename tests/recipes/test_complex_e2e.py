@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 
 from recipes.complex_link_prediction import audit as audit_mod
-from recipes.complex_link_prediction.cli import main
+from recipes.complex_link_prediction.cli import _config_from_namespace, build_parser, main
 from recipes.complex_link_prediction.report import TIMING_KEYS
 
 TINY = ["--data.dataset", "family", "--data.num_families", "3", "--data.generations", "4",
@@ -55,18 +56,35 @@ def test_tiny_family_end_to_end(tmp_path, monkeypatch):
               "reliability_tail_after.png", "reliability_triple_before.png",
               "reliability_triple_after.png"):
         assert (a / f).stat().st_size > 0
-    assert "exact invariants under T" in (a / "report.txt").read_text()
+    text = (a / "report.txt").read_text()
+    assert "exact invariants under T" in text
+    # the triple audit: base rate beside every metric, and why T cannot fix a 1-N model
+    header = next(ln for ln in text.split("Audit 'triple'")[1].splitlines()
+                  if ln.startswith("metric"))
+    assert header.split()[-3:] == ["base", "rate", "0.1667"]
+    assert "Why one temperature cannot calibrate these triples" in text
+    assert "reliability table: reading=confidence" in text  # the tail audit's table
     # the calibration monitor logged a reliability table every validation epoch
     csv = next(a.glob("logs/*/reliability.csv")).read_text().splitlines()
     assert csv[0].startswith("epoch,step,bin") and {ln.split(",")[0] for ln in csv[1:]} == {
         "0", "1", "2"}
 
-    # same seed -> byte-identical report.json apart from the timing keys
-    assert main(TINY + ["--output_dir", str(b), "--audit.plots", "false"]) == 0
+    # filtering the hidden true tails too can only raise the ranks' reciprocals; here it does
+    for key in ("mrr", "hits@1", "hits@3", "hits@10"):
+        assert rep[f"{key}_true"] >= rep[key]
+    assert rep["mrr_true"] > rep["mrr"]
+
+    # same seed -> byte-identical report.json apart from the timing keys, and the same
+    # report.txt / report.md apart from the timing line
+    assert main(TINY + ["--output_dir", str(b)]) == 0
     _, rep_b = _load(b)
-    rep_a["config"]["audit"].pop("plots")
-    rep_b["config"]["audit"].pop("plots")
     assert json.dumps(rep_a, sort_keys=True) == json.dumps(rep_b, sort_keys=True)
+    timing = tuple(f'  "{k}":' for k in TIMING_KEYS) + ("training: ",)
+    for name in ("report.json", "report.txt", "report.md"):
+        text_a, text_b = ((d / name).read_bytes().splitlines() for d in (a, b))
+        assert len(text_a) == len(text_b)
+        assert [ln for ln in text_a if not ln.decode().startswith(timing)] == [
+            ln for ln in text_b if not ln.decode().startswith(timing)], name
 
     # a failed invariant makes the command fail
     monkeypatch.setattr(audit_mod, "same_ranking", lambda x, y: False)
@@ -84,3 +102,34 @@ def test_bad_tsv_is_a_clear_error(tmp_path, capsys):
                "--data.test", str(ok), "--output_dir", str(tmp_path / "out")])
     assert rc == 2
     assert f"{bad}:2: expected 'head<TAB>relation<TAB>tail'" in capsys.readouterr().err
+
+
+def test_every_option_overrides_the_config(capsys):
+    root = pathlib.Path(__file__).resolve().parents[2]
+    parser = build_parser()
+    for cfg in sorted((root / "configs" / "complex").glob("*.yaml")):
+        _config_from_namespace(parser.parse_args(["--config", str(cfg)]))  # all configs valid
+    cfg = _config_from_namespace(parser.parse_args([
+        "--config", str(root / "configs" / "complex" / "family.yaml"),
+        "--trainer.max_epochs", "5", "--seed", "3", "--data.hide", "0.1", "--model.rank", "8",
+        "--mode", "negatives", "--audit.k", "7", "--audit.n_bins", "10"]))
+    assert (cfg.trainer.max_epochs, cfg.seed, cfg.data.hide, cfg.model.rank, cfg.mode,
+            cfg.audit.k, cfg.audit.n_bins) == (5, 3, 0.1, 8, "negatives", 7, 10)
+    assert cfg.data.num_families == 16  # the rest still comes from the file
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "--trainer.max_epochs" in out and "--data.hide" in out and "hidden truth" in out
+
+
+def test_negatives_mode_at_the_audit_base_rate(tmp_path):
+    out = tmp_path / "neg"
+    args = TINY + ["--mode", "negatives", "--model.num_negatives", "5", "--output_dir", str(out),
+                   "--audit.plots", "false", "--trainer.logger", "false",
+                   "--trainer.max_epochs", "2", "--audit.n_bins", "10"]
+    assert main(args) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["mode"] == "negatives" and rep["invariants_ok"] is True
+    text = (out / "report.txt").read_text()
+    assert "one temperature is a legitimate repair" in text
+    assert "ECE (L1, 10 bins)" in text and "10 bins, 95% wilson" in text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from recipes.complex_link_prediction.audit import auc, stratified_halves, triple_items
 from recipes.complex_link_prediction.data import KGData, load_dataset, with_reciprocals
@@ -15,7 +16,7 @@ from recipes.complex_link_prediction.evaluation import (
     ranking_metrics,
     same_ranking,
 )
-from recipes.complex_link_prediction.model import ComplEx, sample_corruptions
+from recipes.complex_link_prediction.model import ComplEx, ComplExModule, sample_corruptions
 
 
 def _random_kg(g, n_ent=12, n_rel=3, n=60):
@@ -68,6 +69,14 @@ def test_filtered_ranks_equal_brute_force():
     for i, (h, r, _) in enumerate(queries.tolist()):
         assert mask[i].nonzero().flatten().tolist() == sorted(
             e for e in range(n_ent) if (h, r, e) in kset)
+    # head prediction: the reciprocal query (t, r + R, ?) is filtered by the known heads
+    assert with_reciprocals(torch.tensor([[0, 1, 2]]), n_rel).tolist() == [[0, 1, 2],
+                                                                          [2, 1 + n_rel, 0]]
+    both = TripleFilter(with_reciprocals(known, n_rel), n_ent, 2 * n_rel)
+    heads = both.mask(queries[:, 2], queries[:, 1] + n_rel)
+    for i, (_, r, t) in enumerate(queries.tolist()):
+        assert heads[i].nonzero().flatten().tolist() == sorted(
+            e for e in range(n_ent) if (e, r, t) in kset)
     m = ranking_metrics(ranks.realistic)
     ref = sum(2.0 / (a + b) for a, b in zip(ranks.optimistic.tolist(),
                                           ranks.pessimistic.tolist())) / len(queries)
@@ -164,3 +173,38 @@ def test_recipe_docstring_examples(name):
     mod = importlib.import_module(f"recipes.complex_link_prediction.{name}")
     result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("mode,loss", [("one_to_n", "log"), ("one_to_n", "brier"),
+                                       ("negatives", "log")])
+def test_training_step_is_the_proper_score_plus_n3(mode, loss):
+    data = load_dataset("family", num_families=3, generations=4, seed=0)
+    k, reg, seed = 3, 0.05, 11
+    module = ComplExModule(data.num_entities, data.num_relations, data.train, data.known(),
+                           rank=6, init_scale=0.3, mode=mode, loss=loss, num_negatives=k,
+                           regularization=reg, seed=seed)
+    batch = with_reciprocals(data.train, data.num_relations)[:64]
+    h, r, t = batch.unbind(1)
+    module.on_train_epoch_start()
+    got = module.training_step(batch, 0)
+    m = module.model
+    if mode == "negatives":
+        filt = TripleFilter(with_reciprocals(data.train, data.num_relations),
+                            data.num_entities, 2 * data.num_relations)
+        neg = sample_corruptions(h, r, k, data.num_entities, filt,
+                                 torch.Generator().manual_seed(seed))
+        logits = m.score(h, r, torch.cat([t[:, None], neg], 1))
+        labels = torch.zeros_like(logits)
+        labels[:, 0] = 1
+        fit = F.binary_cross_entropy_with_logits(logits, labels)
+    elif loss == "log":
+        fit = F.cross_entropy(m.score_all(h, r), t)
+    else:
+        p = torch.softmax(m.score_all(h, r), 1)
+        fit = ((p - F.one_hot(t, data.num_entities)) ** 2).sum(1).mean()
+    ref = fit + reg * m.n3(h, r, t)
+    assert float(got.detach()) == pytest.approx(float(ref.detach()), rel=1e-5)
+    # and the same gradients, the N3 term's included
+    params = [m.entity.weight, m.relation.weight]
+    for a, b in zip(torch.autograd.grad(got, params), torch.autograd.grad(ref, params)):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
