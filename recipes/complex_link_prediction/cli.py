@@ -43,7 +43,11 @@ class DataConfig:
         generations: generations of the family KG.
         valid_fraction: share of the family KG's triples in the validation split.
         test_fraction: share of the family KG's triples in the test split (the audits' data).
-        batch_size: training batch size (triples incl. reciprocals).
+        batch_size: training batch size (triples incl. reciprocals; distinct queries
+            (h, r) with group_queries).
+        group_queries: mode one_to_n: train on batches of distinct queries (h, r), each
+            with all its training tails, scoring all entities once per query instead of
+            once per triple; the loss is the same per-triple mean (log score + N3).
         eval_batch_size: queries per evaluation batch.
     """
 
@@ -57,6 +61,7 @@ class DataConfig:
     valid_fraction: float = 0.1
     test_fraction: float = 0.1
     batch_size: int = 1000
+    group_queries: bool = False
     eval_batch_size: int = 2048
 
 
@@ -228,12 +233,15 @@ def _run(cfg: RecipeConfig) -> tuple[dict, list]:
                         seed=cfg.seed)
     output_dir = cfg.output_dir or os.path.join("runs", "complex", data.name)
     m = cfg.model
+    if d.group_queries and cfg.mode != "one_to_n":
+        raise ValueError(f"data.group_queries: only mode 'one_to_n' trains on grouped queries, "
+                         f"got mode {cfg.mode!r}")
     module = ComplExModule(data.num_entities, data.num_relations, data.train, data.known(),
                            rank=m.rank, init_scale=m.init_scale, lr=m.lr,
                            regularization=m.regularization, mode=cfg.mode, loss=m.loss,
                            num_negatives=m.num_negatives, seed=cfg.seed)
     datamodule = KGDataModule(data, batch_size=d.batch_size, eval_batch_size=d.eval_batch_size,
-                              seed=cfg.seed)
+                              seed=cfg.seed, group_queries=d.group_queries)
     t = cfg.trainer
     logger: Any = False
     if t.logger:
