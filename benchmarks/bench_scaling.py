@@ -8,8 +8,8 @@ Peers on the same float32 logits:
 - netcal's ``TemperatureScaling`` (on float64 softmax probabilities, and on float32 ones, where
   it returns T = 1) and torch-uncertainty's ``TemperatureScaler`` if importable.
 
-torchcal's optional ``method="lbfgs"`` (strong-Wolfe LBFGS on log T) is an extra row beside
-its default Newton solver. One-time import costs are paid before any timing (``warm_up``).
+torchcal's default in-memory solver is LBFGS (strong-Wolfe, on log T, float64); its
+``method="newton"`` (the streaming/DDP solver) is an extra row. One-time import costs are paid before any timing (``warm_up``).
 
 Each row: wall time, CPU time, time ratio to torchcal (default solver), the fitted T, its relative distance to
 the float64 optimum (the root of dNLL/dlogT, found by Brent's method in numpy), and the NLL gap
@@ -105,8 +105,8 @@ def fit_torchcal(z, y):
     return TemperatureScaler().fit(z, y).temperature
 
 
-def fit_torchcal_lbfgs(z, y):
-    return TemperatureScaler(method="lbfgs").fit(z, y).temperature
+def fit_torchcal_newton(z, y):
+    return TemperatureScaler(method="newton").fit(z, y).temperature
 
 
 def warm_up() -> None:
@@ -114,7 +114,7 @@ def warm_up() -> None:
     process costs ~1.5 s of imports, which would land on whichever LBFGS fit runs first."""
     z, y = make_data(256, 4, 1.0)
     fit_torchcal(z, y)
-    fit_torchcal_lbfgs(z, y)
+    fit_torchcal_newton(z, y)
     fit_reference_way(z, y)
 
 
@@ -197,7 +197,7 @@ def run_case(name: str, n: int, c: int, true_t: float, quick: bool) -> list[dict
     t_ours, w_ours, c_ours = timed(lambda: fit_torchcal(z, y))
     t_opt, f_opt = optimum(z, y, t_ours)
     peers = [("torchcal TemperatureScaler", fit_torchcal),
-             ("torchcal TemperatureScaler(method='lbfgs')", fit_torchcal_lbfgs),
+             ("torchcal TemperatureScaler(method='newton')", fit_torchcal_newton),
              ("reference way LBFGS(lr=0.01, max_iter=50) on T", fit_reference_way),
              ("scipy Brent on log T (float64)", fit_scipy_brent)]
     sk = sklearn_temperature()
@@ -228,7 +228,7 @@ def run_case(name: str, n: int, c: int, true_t: float, quick: bool) -> list[dict
           "CPU time (steadier on a shared machine); lower is better for torchcal. T* = float64 "
           "optimum (Brent root of dNLL/dlogT); NLL gap = NLL(T) - NLL(T*) in nats")
     wall = {r["method"]: r["wall"] for r in rows}
-    for solver in ("torchcal TemperatureScaler", "torchcal TemperatureScaler(method='lbfgs')"):
+    for solver in ("torchcal TemperatureScaler", "torchcal TemperatureScaler(method='newton')"):
         for peer, label in (("scikit-learn method='temperature'", "scikit-learn"),
                             ("reference way LBFGS(lr=0.01, max_iter=50) on T", "reference")):
             if solver in wall and peer in wall:

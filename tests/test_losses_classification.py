@@ -53,8 +53,8 @@ def test_weight_is_a_buffer_in_state_dict_and_moves_with_the_module(module, fn):
     assert "weight" in loss.state_dict()
     assert torch.equal(loss.state_dict()["weight"], w)
     assert [name for name, _ in loss.named_parameters()] == []
-    loss = loss.double()
-    assert loss.weight.dtype == torch.float64
+    loss = loss.double()  # dtype casts keep the weight's own dtype (issue 9, item 6)
+    assert loss.weight.dtype == torch.float32 and torch.equal(loss.weight, w)
     fresh = module(weight=torch.zeros(3, dtype=torch.float64))
     fresh.load_state_dict(loss.state_dict())
     assert torch.equal(fresh.weight, w.double())

@@ -56,10 +56,10 @@ def test_modules_equal_functional(data, reduction):
     pred = torch.sort(loc, dim=-1).values
     torch.testing.assert_close(QuantileLoss(qs, **r)(pred, y[:, 0]),
                                TF.quantile_score(pred, y[:, 0], qs, **r), rtol=0, atol=0)
-    torch.testing.assert_close(GaussianNLLLoss(**r)(loc, y, scale**2),
-                               TF.gaussian_nll(loc, y, var=scale**2, **r))
-    torch.testing.assert_close(GaussianNLLLoss(spread="scale", full=False, **r)(loc, y, scale),
-                               TF.gaussian_nll(loc, y, scale=scale, full=False, **r))
+    torch.testing.assert_close(GaussianNLLLoss(**r)(loc, scale**2, y),
+                               TF.gaussian_nll(loc, scale**2, y, var=True, **r))
+    torch.testing.assert_close(GaussianNLLLoss(spread="scale", full=False, **r)(loc, scale, y),
+                               TF.gaussian_nll(loc, scale, y, full=False, **r))
     torch.testing.assert_close(DawidSebastianiLoss(**r)(loc, scale, y),
                                TF.dawid_sebastiani_score(loc, scale, y, **r), rtol=0, atol=0)
 
@@ -67,11 +67,12 @@ def test_modules_equal_functional(data, reduction):
 def test_gaussian_nll_matches_torch_without_clamp(data):
     loc, scale, y, _ = data
     var = scale**2
-    ours = GaussianNLLLoss(full=True)(loc, y, var)
+    # forecast first, target last: torch's (input, target, var) with the last two swapped
+    ours = GaussianNLLLoss(full=True)(loc, var, y)
     ref = torch.nn.GaussianNLLLoss(full=True)(loc, y, var)
     torch.testing.assert_close(ours, ref)
-    with pytest.raises(ValueError, match="^var"):
-        GaussianNLLLoss()(loc, y, torch.zeros_like(var))  # torch would clamp silently
+    with pytest.raises(ValueError, match="^spread"):
+        GaussianNLLLoss()(loc, torch.zeros_like(var), y)  # torch would clamp silently
 
 
 BAD_INIT = [
@@ -124,7 +125,7 @@ def test_bad_forward_inputs(data):
         ("target", lambda: EnergyScoreLoss()(samples, y[:, :2])),
         ("upper", lambda: IntervalScoreLoss(0.1)(loc + scale, loc - scale, y)),
         ("pred", lambda: QuantileLoss([0.1, 0.9])(loc, y[:, 0])),
-        ("var", lambda: GaussianNLLLoss()(loc, y, -scale)),
+        ("spread", lambda: GaussianNLLLoss()(loc, -scale, y)),
         ("loc", lambda: DawidSebastianiLoss()(loc * float("inf"), scale, y)),
     ]
     for arg, call in cases:
@@ -137,7 +138,8 @@ def test_buffers_state_dict_and_repr():
     assert "quantiles" in q.state_dict() and q.quantiles.dtype == D64
     a = IntervalScoreLoss(torch.tensor([0.1, 0.2]))
     assert "alpha" in a.state_dict()
-    assert a.to(D64).alpha.dtype == D64
+    # dtype casts keep the buffers' own dtype (issue 9 item 6): alpha stays float32 here
+    assert a.to(D64).alpha.dtype == torch.float32
     assert "estimator='fair'" in repr(CRPSLoss("ensemble"))
     assert "distribution='laplace'" in repr(CRPSLoss("laplace"))
     assert "quantiles=[0.25, 0.75]" in repr(q)
@@ -158,3 +160,46 @@ def test_training_with_module_fits_gaussian(data):
         opt.step()
     assert abs(loc.item() - y.mean().item()) < 0.02
     assert abs(log_scale.exp().item() - y.std().item()) < 0.02
+
+
+# --------------------------------------- issue 9 item 6: buffers keep their dtype under casts
+
+
+def _buffered_losses():
+    from torchcal.losses import BrierLoss, FocalLoss, LogScoreLoss
+
+    w = torch.tensor([0.3, 1.7, 0.9], dtype=D64)
+    return [QuantileLoss([0.1, 0.5, 0.9]), IntervalScoreLoss(torch.tensor([0.1, 0.9], dtype=D64)),
+            LogScoreLoss(weight=w), BrierLoss(weight=w), FocalLoss(weight=w)]
+
+
+@pytest.mark.parametrize("cast", ["bfloat16", "half", "float", "to_bf16", "lightning_bf16_true",
+                                  "lightning_16_true"])
+def test_float64_buffers_survive_dtype_casts(cast):
+    for loss in _buffered_losses():
+        before = {k: v.clone() for k, v in loss.state_dict().items()}
+        if cast == "to_bf16":
+            loss.to(torch.bfloat16)
+        elif cast.startswith("lightning"):
+            from lightning.pytorch.plugins.precision import HalfPrecision
+
+            HalfPrecision("bf16-true" if "bf16" in cast else "16-true").convert_module(loss)
+        else:
+            getattr(loss, cast)()
+        after = loss.state_dict()
+        assert after.keys() == before.keys()
+        for k, v in before.items():
+            assert after[k].dtype == D64 and torch.equal(after[k], v), (type(loss), k)
+    # a QuantileLoss level 0.9 stayed 0.9 (bfloat16 would round it to 0.898...)
+    q = QuantileLoss([0.9]).bfloat16()
+    assert q.quantiles.item() == 0.9
+    assert torch.tensor(0.9, dtype=torch.bfloat16).item() != 0.9  # the test can fail
+
+
+def test_buffers_still_follow_device_moves_and_load_old_state_dicts():
+    q = QuantileLoss([0.25, 0.75])
+    moved = q.to("meta")
+    assert moved.quantiles.device.type == "meta" and moved.quantiles.dtype == D64
+    fresh = QuantileLoss([0.5, 0.5])
+    fresh.load_state_dict({"quantiles": torch.tensor([0.25, 0.75], dtype=torch.float32)})
+    assert fresh.quantiles.dtype == D64 and fresh.quantiles.tolist() == [0.25, 0.75]

@@ -1,23 +1,47 @@
-"""``nn.Module`` losses: thin shells over :mod:`torchcal.functional`."""
+"""``nn.Module`` losses: thin shells over :mod:`torchcal.functional`.
+
+Every loss keeps its floating buffers (class ``weight``, quantile levels, ``alpha``) in
+the dtype they were given under ``.to(dtype)``, ``.half()``, ``.bfloat16()``, ``.double()``
+and Lightning's true-precision plugins (which call ``module.to(dtype)``): a quantile level
+0.9 must not become 0.898 in bfloat16. ``.to(device)`` still moves them; state dicts are
+unchanged.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
 import torchcal.functional as TF
 
+
+class _KeepBufferDtype(nn.Module):
+    """A module whose floating buffers follow device moves but never dtype casts."""
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> nn.Module:
+        before = {name: buf for name, buf in self._buffers.items()
+                  if buf is not None and buf.is_floating_point()}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = self._buffers[name]
+            if new is not None and new.dtype != old.dtype:
+                self._buffers[name] = old.to(device=new.device)
+        return self
+
 # ---- classification scoring rules (owner: scoring) ----
 
 
-class _ClassScoreLoss(nn.Module):
-    """Shared shell: stores ``weight`` (buffer), ``ignore_index``, ``reduction``."""
+class _ClassScoreLoss(_KeepBufferDtype):
+    """Shared shell: stores ``weight`` (buffer), ``ignore_index``, ``reduction``,
+    ``multilabel`` (independent sigmoids over ``(N, C, *)`` 0/1 float targets)."""
 
     weight: Tensor | None
     _score: staticmethod  # the functional rule, set by each subclass
 
     def __init__(self, weight: Tensor | None = None, ignore_index: int = -100,
-                 reduction: str = "mean") -> None:
+                 reduction: str = "mean", multilabel: bool = False) -> None:
         super().__init__()
         TF._validation.check_reduction(reduction)
         TF.scoring._check_ignore_index(ignore_index)
@@ -26,20 +50,24 @@ class _ClassScoreLoss(nn.Module):
         self.register_buffer("weight", weight)
         self.ignore_index = ignore_index
         self.reduction = reduction
+        self.multilabel = TF.scoring._check_multilabel(multilabel)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         return self._score(logits, target, weight=self.weight, ignore_index=self.ignore_index,
-                           reduction=self.reduction)
+                           reduction=self.reduction, multilabel=self.multilabel)
 
     def extra_repr(self) -> str:
-        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+        extra = f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+        return extra + (", multilabel=True" if self.multilabel else "")
 
 
 class LogScoreLoss(_ClassScoreLoss):
     r"""Logarithmic score (cross-entropy) as a loss (:func:`torchcal.functional.log_score`).
 
-    Binary (``target`` of the logits' shape, floats in {0, 1}) or multiclass (``logits``
-    ``(N, C, *)``, class indices ``(N, *)``); ``weight``, ``ignore_index``,
+    Binary (``target`` of the logits' shape, floats in {0, 1}; also a ``(N, 1)`` head),
+    multiclass (``logits`` ``(N, C, *)``, class indices ``(N, *)`` or float class
+    probabilities of the logits' shape, as ``nn.CrossEntropyLoss``) or, only with
+    ``multilabel=True``, independent sigmoids over ``(N, C, *)``; ``weight``, ``ignore_index``,
     ``reduction`` and ``label_smoothing`` as in ``nn.CrossEntropyLoss`` (``weight`` is a
     buffer). ``label_smoothing > 0`` (multiclass only) is not a proper score.
 
@@ -55,13 +83,16 @@ class LogScoreLoss(_ClassScoreLoss):
     """
 
     def __init__(self, weight: Tensor | None = None, ignore_index: int = -100,
-                 reduction: str = "mean", label_smoothing: float = 0.0) -> None:
-        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
+                 reduction: str = "mean", label_smoothing: float = 0.0,
+                 multilabel: bool = False) -> None:
+        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction,
+                         multilabel=multilabel)
         self.label_smoothing = TF.scoring._check_label_smoothing(label_smoothing)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         return TF.log_score(logits, target, weight=self.weight, ignore_index=self.ignore_index,
-                            reduction=self.reduction, label_smoothing=self.label_smoothing)
+                            reduction=self.reduction, label_smoothing=self.label_smoothing,
+                            multilabel=self.multilabel)
 
     def extra_repr(self) -> str:
         extra = super().extra_repr()
@@ -128,73 +159,90 @@ class FocalLoss(_ClassScoreLoss):
     """
 
     def __init__(self, gamma: float | str = 2.0, weight: Tensor | None = None,
-                 ignore_index: int = -100, reduction: str = "mean") -> None:
-        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction)
+                 ignore_index: int = -100, reduction: str = "mean",
+                 multilabel: bool = False) -> None:
+        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction,
+                         multilabel=multilabel)
         self.gamma = TF.regularizers._check_gamma(gamma)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         return TF.focal_loss(logits, target, gamma=self.gamma, weight=self.weight,
-                             ignore_index=self.ignore_index, reduction=self.reduction)
+                             ignore_index=self.ignore_index, reduction=self.reduction,
+                             multilabel=self.multilabel)
 
     def extra_repr(self) -> str:
         return f"gamma={self.gamma!r}, " + super().extra_repr()
 
 
-class MMCELoss(nn.Module):
+class MMCELoss(_KeepBufferDtype):
     r"""MMCE calibration penalty of a batch (:func:`torchcal.functional.mmce`).
 
-    Usually added to a proper score: ``loss = log_score + lam * mmce``.
+    Usually added to a proper score: ``loss = log_score + lam * mmce``. Defaults to the
+    smooth form ``squared=True`` (``MMCE^2``, as Kumar et al. train with): the root has an
+    infinite slope at 0, where ``squared=False`` takes the subgradient 0.
 
     Example:
         >>> import torch
         >>> from torchcal.losses import MMCELoss
         >>> logits = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 0.5]])
         >>> round(MMCELoss()(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
+        0.0271
+        >>> round(MMCELoss(squared=False)(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
         0.1647
     """
 
-    def __init__(self, width: float = 0.4, squared: bool = False,
-                 ignore_index: int = -100) -> None:
+    def __init__(self, width: float = 0.4, squared: bool = True,
+                 ignore_index: int = -100, multilabel: bool = False) -> None:
         super().__init__()
         self.width, self.squared = TF.regularizers._check_mmce_options(width, squared)
         self.ignore_index = TF.scoring._check_ignore_index(ignore_index)
+        self.multilabel = TF.scoring._check_multilabel(multilabel)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         return TF.mmce(logits, target, width=self.width, squared=self.squared,
-                       ignore_index=self.ignore_index)
+                       ignore_index=self.ignore_index, multilabel=self.multilabel)
 
     def extra_repr(self) -> str:
         return f"width={self.width}, squared={self.squared}, ignore_index={self.ignore_index}"
 
 
-class SoftBinnedECELoss(nn.Module):
+class SoftBinnedECELoss(_KeepBufferDtype):
     r"""Soft-binned ECE of a batch (:func:`torchcal.functional.soft_binned_ece`).
+
+    Defaults to the smooth form ``root=False``: ``SB-ECE_p^p``, whose gradient is finite
+    and continuous at 0; ``root=True`` returns ``SB-ECE_p`` (subgradient 0 at 0).
 
     Example:
         >>> import torch
         >>> from torchcal.losses import SoftBinnedECELoss
         >>> logits = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 0.5]])
         >>> round(SoftBinnedECELoss()(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
+        0.1019
+        >>> round(SoftBinnedECELoss(root=True)(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
         0.3192
     """
 
     def __init__(self, bins: int = 15, temperature: float = 0.01, p: float = 2.0,
-                 ignore_index: int = -100) -> None:
+                 ignore_index: int = -100, root: bool = False,
+                 multilabel: bool = False) -> None:
         super().__init__()
         self.bins, self.temperature, self.p = TF.regularizers._check_soft_bin_options(
             bins, temperature, p)
         self.ignore_index = TF.scoring._check_ignore_index(ignore_index)
+        self.root = TF.regularizers._check_bool("root", root)
+        self.multilabel = TF.scoring._check_multilabel(multilabel)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
         return TF.soft_binned_ece(logits, target, bins=self.bins, temperature=self.temperature,
-                                  p=self.p, ignore_index=self.ignore_index)
+                                  p=self.p, ignore_index=self.ignore_index, root=self.root,
+                                  multilabel=self.multilabel)
 
     def extra_repr(self) -> str:
         return (f"bins={self.bins}, temperature={self.temperature}, p={self.p}, "
-                f"ignore_index={self.ignore_index}")
+                f"ignore_index={self.ignore_index}, root={self.root}")
 
 
-class ConfidencePenaltyLoss(nn.Module):
+class ConfidencePenaltyLoss(_KeepBufferDtype):
     r"""Confidence penalty ``-beta * H(p)`` (:func:`torchcal.functional.confidence_penalty`).
 
     Pereyra et al. 2017: add it to a proper score, ``loss = log_score + penalty``; it is
@@ -209,34 +257,39 @@ class ConfidencePenaltyLoss(nn.Module):
     """
 
     def __init__(self, beta: float = 1.0, ignore_index: int = -100,
-                 reduction: str = "mean") -> None:
+                 reduction: str = "mean", multilabel: bool = False) -> None:
         super().__init__()
         self.beta = TF.regularizers._check_beta(beta)
         self.ignore_index = TF.scoring._check_ignore_index(ignore_index)
         TF._validation.check_reduction(reduction)
         self.reduction = reduction
+        self.multilabel = TF.scoring._check_multilabel(multilabel)
 
     def forward(self, logits: Tensor, target: Tensor | None = None) -> Tensor:
         return TF.confidence_penalty(logits, target, beta=self.beta,
-                                     ignore_index=self.ignore_index, reduction=self.reduction)
+                                     ignore_index=self.ignore_index, reduction=self.reduction,
+                                     multilabel=self.multilabel)
 
     def extra_repr(self) -> str:
         return (f"beta={self.beta}, ignore_index={self.ignore_index}, "
                 f"reduction={self.reduction!r}")
 
 
-class _BatchPenaltyLoss(nn.Module):
+class _BatchPenaltyLoss(_KeepBufferDtype):
     """Shared shell of the batch-level penalties: ``beta * fn(logits, target)``."""
 
     _penalty: staticmethod
 
-    def __init__(self, beta: float = 1.0, ignore_index: int = -100) -> None:
+    def __init__(self, beta: float = 1.0, ignore_index: int = -100,
+                 multilabel: bool = False) -> None:
         super().__init__()
         self.beta = TF.regularizers._check_beta(beta)
         self.ignore_index = TF.scoring._check_ignore_index(ignore_index)
+        self.multilabel = TF.scoring._check_multilabel(multilabel)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
-        return self.beta * self._penalty(logits, target, ignore_index=self.ignore_index)
+        return self.beta * self._penalty(logits, target, ignore_index=self.ignore_index,
+                                         multilabel=self.multilabel)
 
     def extra_repr(self) -> str:
         return f"beta={self.beta}, ignore_index={self.ignore_index}"
@@ -285,7 +338,7 @@ def _check_reduction_option(reduction: str) -> str:
     return reduction
 
 
-class CRPSLoss(nn.Module):
+class CRPSLoss(_KeepBufferDtype):
     r"""Continuous ranked probability score as a loss (see :func:`torchcal.functional.crps_normal`).
 
     One module for the closed forms and for ensembles; ``distribution`` fixes the
@@ -343,7 +396,7 @@ class CRPSLoss(nn.Module):
         return f"distribution={self.distribution!r}, reduction={self.reduction!r}"
 
 
-class EnergyScoreLoss(nn.Module):
+class EnergyScoreLoss(_KeepBufferDtype):
     r"""Energy score of a multivariate ensemble as a loss (:func:`torchcal.functional.energy_score`).
 
     ``forward(samples, target)`` with ``samples`` ``(..., M, D)`` and ``target`` ``(..., D)``.
@@ -369,7 +422,7 @@ class EnergyScoreLoss(nn.Module):
         return f"estimator={self.estimator!r}, reduction={self.reduction!r}"
 
 
-class IntervalScoreLoss(nn.Module):
+class IntervalScoreLoss(_KeepBufferDtype):
     r"""Interval score of central ``(1 - alpha)`` intervals (:func:`torchcal.functional.interval_score`).
 
     ``alpha`` is a float in (0, 1) or a tensor of levels (kept as a buffer, so it moves
@@ -403,7 +456,7 @@ class IntervalScoreLoss(nn.Module):
         return f"alpha={alpha}, reduction={self.reduction!r}"
 
 
-class QuantileLoss(nn.Module):
+class QuantileLoss(_KeepBufferDtype):
     r"""Pinball loss over several quantile levels (:func:`torchcal.functional.quantile_score`).
 
     ``quantiles`` (``Q`` levels in (0, 1)) are stored as a float64 buffer;
@@ -434,18 +487,21 @@ class QuantileLoss(nn.Module):
         return f"quantiles={self.quantiles.tolist()}, reduction={self.reduction!r}"
 
 
-class GaussianNLLLoss(nn.Module):
+class GaussianNLLLoss(_KeepBufferDtype):
     r"""Gaussian negative log-likelihood (:func:`torchcal.functional.gaussian_nll`).
 
-    ``forward(loc, target, var)`` in the argument order of ``torch.nn.GaussianNLLLoss``
-    (``input, target, var``), but: ``full=True`` by default (the true log score), no
-    ``eps`` clamp of the variance (non-positive variances raise), and
-    ``spread='scale'`` accepts the standard deviation instead of the variance.
+    ``forward(loc, spread, target)``: forecast first, observations last, like every
+    distributional loss here (``CRPSLoss``, ``DawidSebastianiLoss``). **Not** the order
+    of ``torch.nn.GaussianNLLLoss`` (``input, target, var``): porting code from it means
+    swapping the last two arguments (a swapped positive target would run silently).
+    ``spread`` is the variance by default (as in torch), the standard deviation with
+    ``spread='scale'``. ``full=True`` by default (the true log score) and no ``eps`` clamp
+    of the variance (non-positive spreads raise).
 
     Example:
         >>> import torch
         >>> from torchcal.losses import GaussianNLLLoss
-        >>> round(GaussianNLLLoss()(torch.zeros(2), torch.zeros(2), torch.ones(2)).item(), 5)
+        >>> round(GaussianNLLLoss()(torch.zeros(2), torch.ones(2), torch.zeros(2)).item(), 5)
         0.91894
     """
 
@@ -459,15 +515,15 @@ class GaussianNLLLoss(nn.Module):
         self.spread = spread
         self.reduction = _check_reduction_option(reduction)
 
-    def forward(self, loc: Tensor, target: Tensor, var: Tensor) -> Tensor:
-        kw = {"var": var} if self.spread == "var" else {"scale": var}
-        return TF.gaussian_nll(loc, target, full=self.full, reduction=self.reduction, **kw)
+    def forward(self, loc: Tensor, spread: Tensor, target: Tensor) -> Tensor:
+        return TF.gaussian_nll(loc, spread, target, var=self.spread == "var", full=self.full,
+                               reduction=self.reduction)
 
     def extra_repr(self) -> str:
         return f"full={self.full}, spread={self.spread!r}, reduction={self.reduction!r}"
 
 
-class DawidSebastianiLoss(nn.Module):
+class DawidSebastianiLoss(_KeepBufferDtype):
     r"""Dawid-Sebastiani score as a loss (:func:`torchcal.functional.dawid_sebastiani_score`).
 
     ``forward(loc, scale, target)`` with ``scale`` the predictive standard deviation.

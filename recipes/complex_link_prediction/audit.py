@@ -1,5 +1,6 @@
 """Calibration audits of a trained ComplEx model: measure, repair with one temperature, and
-prove by exact assertion that the repair moved no decision and no ranking.
+check exactly that the repair moved no decision and no ranking, as far as floating point
+promises (:func:`torchcal.functional.check_monotone_map`).
 
 Both audits use the held-out test triples, split (seeded, stratified by relation) into a
 calibration half (T is fitted there) and an evaluation half (everything reported is measured
@@ -7,12 +8,22 @@ there). A test triple's two queries (tail and reciprocal head prediction) and al
 corruptions stay in the same half. Scores are float64 logits throughout (a float32 sigmoid
 saturates near 17 and creates ties).
 
+What "the repair moved nothing" means in floating point: ``x / T`` is only *weakly* monotone,
+so two scores one ulp apart may become an exact tie (``-3.543827191505563`` and
+``-3.5438271915055632`` do at the family default's T). Asserted: no strict inversion and no
+broken tie along the stable order of the original scores, every top-1 still a top-1, every
+decision at logit 0 unchanged (triple audit), and every tie the map created joins scores at
+most :data:`MAX_TIE_GAP_ULPS` apart. The ties created are counted and reported. Ranking
+metrics (MRR, Hits@k, AUC) are computed from the model's own scores, which ``T`` does not
+touch, so the "after T" column repeats them.
+
 * ``tail`` (multiclass): the top-1 filtered tail prediction over all entities (other known
   answers masked with ``-inf``) against whether it is the true tail (the "confidence"
   reading of Guo et al. 2017, "On Calibration of Modern Neural Networks").
 * ``triple`` (binary; the triple-classification protocol of Socher et al. 2013 as audited by
   Tabacof & Costabello 2020, "Probability Calibration for Knowledge Graph Embedding Models"):
-  each held-out positive with ``k`` uniform filtered corruptions of its tail, base rate
+  each held-out positive with ``k`` distinct uniform filtered corruptions of its tail (a
+  query with fewer possible corruptions is left out and counted), base rate
   ``1 / (1 + k)``; ``sigmoid(score)`` is the probability.
 """
 
@@ -31,21 +42,28 @@ from recipes.complex_link_prediction.evaluation import (
     filtered_ranks,
     mask_known,
     ranking_metrics,
-    same_ranking,
 )
-from recipes.complex_link_prediction.model import ComplEx, sample_corruptions
+from recipes.complex_link_prediction.model import ComplEx
+from torchcal.functional import MonotoneMapCheck, check_monotone_map
 from torchcal.report import ReliabilityTable
 from torchcal.scaling import PlattScaler, TemperatureScaler
 
-__all__ = ["AuditResult", "TripleItems", "auc", "stratified_halves", "tail_audit", "triple_audit",
-           "triple_items"]
+__all__ = ["MAX_TIE_GAP_ULPS", "AuditResult", "TripleItems", "auc", "check_audit_data",
+           "stratified_halves", "tail_audit", "triple_audit", "triple_items"]
 
 MIN_RELATION_ITEMS = 50
+#: The widest original gap (float64 ulps) between two scores that ``x / T`` may merge into a
+#: tie. One correctly rounded division (or multiplication by ``1 / T``) merges only
+#: neighbours less than 2 ulps apart (the exact quotients then differ by less than one ulp
+#: of the result); 4 leaves room for a scaler that rounds twice, and anything wider means the
+#: scaler is not the monotone map it claims to be.
+MAX_TIE_GAP_ULPS = 4
 
 
 @dataclass
 class AuditResult:
-    """Numbers (``summary``, JSON-ready), diagrams and exact invariant checks of one audit."""
+    """Numbers (``summary``, JSON-ready), diagrams and exact invariant checks of one audit
+    (``invariants``: name -> holds; the counts behind them are in ``summary``)."""
 
     name: str
     summary: dict[str, object]
@@ -164,6 +182,24 @@ def _tables(logits: dict[str, Tensor], target: Tensor, reading: str,
             for key, x in logits.items()}
 
 
+def _invariants(check: MonotoneMapCheck, decisions: bool) -> dict[str, bool]:
+    """The audit's named invariants from one :func:`check_monotone_map` result."""
+    out = {"no_strict_inversion": check.strict_inversions == 0,
+           "ties_kept": check.ties_broken == 0,
+           "top1_kept": check.top1_kept}
+    if decisions:
+        out["decisions_unchanged"] = bool(check.decisions_kept)
+    out["created_ties_within_bound"] = check.max_tie_gap_ulps <= MAX_TIE_GAP_ULPS
+    return out
+
+
+def _invariant_counts(check: MonotoneMapCheck) -> dict[str, object]:
+    """The counts behind the invariants, for the report."""
+    return {"strict_inversions": check.strict_inversions, "ties_broken": check.ties_broken,
+            "ties_created": check.ties_created, "max_tie_gap_ulps": check.max_tie_gap_ulps,
+            "max_tie_gap_bound_ulps": MAX_TIE_GAP_ULPS}
+
+
 @torch.no_grad()
 def _all_tail_logits(model: ComplEx, queries: Tensor, filt: TripleFilter,
                      batch_size: int = 1024) -> Tensor:
@@ -178,9 +214,10 @@ def _all_tail_logits(model: ComplEx, queries: Tensor, filt: TripleFilter,
 def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15) -> AuditResult:
     """Multiclass audit of the top-1 filtered tail prediction (see the module docstring).
 
-    Asserted exactly (on every query of both halves): the argmax of ``logits / T`` equals the
-    argmax of ``logits`` (hence Hits@1), the filtered optimistic and pessimistic ranks are equal
-    tensors, the filtered MRR is the same float, and each row keeps its complete weak order.
+    Checked exactly on every query of both halves (:func:`check_monotone_map`, one row per
+    query over all entities, masks ``-inf``): no strict inversion, no broken tie, every top-1
+    still a top-1, created ties at most :data:`MAX_TIE_GAP_ULPS` apart. Hits@1 and MRR come
+    from the model's scores (filtered ranks, realistic ties).
     """
     R = data.num_relations
     n = len(data.test)
@@ -195,17 +232,12 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
     fit = scaler.fit(logits[cal], target[cal])
     scaled = scaler(logits)
 
-    pred_before, pred_after = logits.argmax(1), scaled.argmax(1)
-    ranks_before, ranks_after = filtered_ranks(logits, target), filtered_ranks(scaled, target)
-    mrr_before = ranking_metrics(ranks_before.realistic)["mrr"]
-    mrr_after = ranking_metrics(ranks_after.realistic)["mrr"]
-    invariants = {
-        "argmax_unchanged": torch.equal(pred_before, pred_after),
-        "ranks_unchanged": torch.equal(ranks_before.optimistic, ranks_after.optimistic)
-        and torch.equal(ranks_before.pessimistic, ranks_after.pessimistic),
-        "mrr_unchanged": mrr_before == mrr_after,
-        "full_ranking_unchanged": same_ranking(logits, scaled),
-    }
+    check = check_monotone_map(logits, scaled, decisions=False,
+                               max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
+    invariants = _invariants(check, decisions=False)
+    pred = logits.argmax(1)
+    ranks = filtered_ranks(logits[ev], target[ev])
+    mrr = ranking_metrics(ranks.realistic)["mrr"]
 
     # the "confidence" reading straight from the masked logits: max softmax against
     # whether the argmax is the true tail (torchcal computes both)
@@ -220,10 +252,13 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
         "n_evaluation": int(ev.sum()),
         "nll_before": float(TF.log_score(lg_ev, t_ev)),
         "nll_after": float(TF.log_score(sc_ev, t_ev)),
-        "hits1_before": float((pred_before[ev] == t_ev).double().mean()),
-        "hits1_after": float((pred_after[ev] == t_ev).double().mean()),
-        "mrr_before": mrr_before,
-        "mrr_after": mrr_after,
+        # ranking metrics from the model's scores (T does not touch them): the same number
+        # before and after
+        "hits1_before": float((pred[ev] == t_ev).double().mean()),
+        "hits1_after": float((pred[ev] == t_ev).double().mean()),
+        "mrr_before": mrr,
+        "mrr_after": mrr,
+        **_invariant_counts(check),
         "invariants_ok": all(invariants.values()),
     }
     summary["nll_improved"] = summary["nll_after"] < summary["nll_before"]
@@ -237,10 +272,10 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
     if len(data.hidden):
         hidden = TripleFilter(with_reciprocals(data.hidden, R), data.num_entities, 2 * R)
         # a top-1 answer that is hidden truth is right against true labels: make it the target
-        hit_hidden = hidden.contains(queries[:, 0], queries[:, 1], pred_before)
-        true_target = torch.where(hit_hidden, pred_before, target)[ev]
+        hit_hidden = hidden.contains(queries[:, 0], queries[:, 1], pred)
+        true_target = torch.where(hit_hidden, pred, target)[ev]
         summary.update(_true_label_ece(lg_ev, sc_ev, true_target, "confidence", n_bins))
-        summary["hits1_true"] = float((pred_before[ev] == true_target).double().mean())
+        summary["hits1_true"] = float((pred[ev] == true_target).double().mean())
         notes.append("hidden truth: a top-1 answer that is a hidden true triple counts as "
                      "wrong against observed labels and right against true labels.")
     per_rel = _per_relation(lg_ev, sc_ev, t_ev, rel[ev], data.relations, "confidence", n_bins)
@@ -264,32 +299,74 @@ class TripleItems:
 
 
 def triple_items(data: KGData, k: int, seed: int) -> TripleItems:
-    """Positives (each test triple in both directions) with ``k`` uniform corruptions of the
-    tail filtered against every observed triple, and the calibration half (seeded, by test
-    triple, stratified by relation)."""
-    if k < 1:
-        raise ValueError(f"audit.k: expected an int >= 1, got {k}")
+    """Positives (each test triple in both directions) with ``k`` distinct uniform corruptions
+    of the tail (drawn without replacement among the tails that make no observed triple),
+    and the calibration half (seeded, by test triple, stratified by relation). A query with
+    fewer than ``k`` possible corruptions is left out (:func:`check_audit_data` says how many
+    and raises when a half would be empty).
+
+    Example:
+        >>> from recipes.complex_link_prediction.data import load_dataset
+        >>> items = triple_items(load_dataset("family", num_families=3, generations=4), 5, 0)
+        >>> items.tails.shape[1], bool((items.tails.sort(1).values.diff(dim=1) != 0).all())
+        (6, True)
+    """
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"audit.k: expected an int >= 1, got {k!r}")
     R = data.num_relations
     n = len(data.test)
     queries = with_reciprocals(data.test, R)
     source = torch.arange(n).repeat(2)
     cal = stratified_halves(data.test[:, 1], seed).repeat(2)
     known = TripleFilter(with_reciprocals(data.known(), R), data.num_entities, 2 * R)
-    # a query whose every tail is known has no corruption: it can't be an audit item
-    possible = known.mask(queries[:, 0], queries[:, 1]).sum(1) < data.num_entities
-    queries, source, cal = queries[possible], source[possible], cal[possible]
+    free = ~known.mask(queries[:, 0], queries[:, 1])
+    possible = free.sum(1) >= k
+    queries, source, cal, free = queries[possible], source[possible], cal[possible], free[possible]
     h, r, t = queries.unbind(1)
     g = torch.Generator().manual_seed(seed + 1)
-    neg = sample_corruptions(h, r, k, data.num_entities, known, g)
+    if len(queries):
+        neg = torch.multinomial(free.double(), k, replacement=False, generator=g)
+    else:
+        neg = torch.empty(0, k, dtype=torch.long)
+    tails = torch.cat([t[:, None], neg], dim=1)
+    sorted_tails = tails.sort(1).values
+    dup = (sorted_tails[:, 1:] == sorted_tails[:, :-1]).any(1)
+    if bool(dup.any()):  # cannot happen by construction; a silent duplicate skews the audit
+        i = int(torch.nonzero(dup)[0, 0])
+        raise ValueError(f"audit.k: duplicate sampled candidates for query ({int(h[i])}, "
+                         f"{int(r[i])}, ?): {tails[i].tolist()}")
     labels = torch.zeros(len(queries), 1 + k, dtype=torch.float64)
     labels[:, 0] = 1.0
-    return TripleItems(head=h, relation=r, tails=torch.cat([t[:, None], neg], dim=1),
-                       labels=labels, source=source, cal=cal)
+    return TripleItems(head=h, relation=r, tails=tails, labels=labels, source=source, cal=cal)
 
 
-def _dropped(n: int) -> str:
-    return f"; {n} queries whose every tail is known have no corruption and are left out" if n \
-        else ""
+def check_audit_data(data: KGData, k: int, seed: int) -> dict[str, int]:
+    """Raise a clear ``ValueError`` (before any training) when the audits cannot run on
+    ``data``: fewer than 2 test triples, an empty calibration or evaluation half (every
+    relation has a single test triple), or no query with ``k`` distinct filtered corruptions
+    in one of the halves. Returns the counts the report shows."""
+    n = len(data.test)
+    if n < 2:
+        raise ValueError(f"data.test: expected at least 2 test triples (the audits split them "
+                         f"into a calibration half and an evaluation half), got {n}")
+    cal = stratified_halves(data.test[:, 1], seed)
+    if not bool((~cal).any()):
+        raise ValueError(f"data.test: the evaluation half is empty: each of the {n} test "
+                         "triples has a relation of its own, and the audits split test "
+                         "triples by relation; add test triples")
+    items = triple_items(data, k, seed)
+    n_queries = 2 * n
+    for half, mask in (("calibration", items.cal), ("evaluation", ~items.cal)):
+        if not bool(mask.any()):
+            raise ValueError(f"audit.k: no test query of the {half} half has k = {k} distinct "
+                             f"filtered corruptions ({len(items.head)} of {n_queries} queries "
+                             f"have); lower --audit.k")
+    return {"triple_queries_left_out": n_queries - len(items.head)}
+
+
+def _dropped(n: int, k: int) -> str:
+    return (f"; {n} queries with fewer than k = {k} possible corruptions are left out"
+            if n else "")
 
 
 @torch.no_grad()
@@ -297,8 +374,11 @@ def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_
                  trained_mode: str = "one_to_n", trained_k: int | None = None) -> AuditResult:
     """Binary audit of ``sigmoid(score)`` on held-out positives plus ``k`` filtered corruptions.
 
-    Asserted exactly (both halves): the decision at logit 0 (accuracy), the AUC and the
-    complete weak order of every query's ``1 + k`` scores are unchanged by ``T``.
+    Checked exactly on both halves (:func:`check_monotone_map`): along the stable order of
+    all scores no strict inversion and no broken tie (so the order behind the AUC and every
+    query's ranking of its ``1 + k`` candidates hold), every query's top-1 still a top-1,
+    every decision at logit 0 unchanged, created ties at most :data:`MAX_TIE_GAP_ULPS`
+    apart. AUC comes from the model's scores (the "after T" and Platt columns repeat it).
     """
     R = data.num_relations
     items = triple_items(data, k, seed)
@@ -312,12 +392,15 @@ def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_
     platt = PlattScaler()
     platt_fit = platt.fit(logits[cal].reshape(-1), labels[cal].reshape(-1))
 
-    auc_before, auc_after = auc(logits, labels), auc(scaled, labels)
-    invariants = {
-        "decisions_unchanged": torch.equal(logits > 0, scaled > 0),
-        "auc_unchanged": auc_before == auc_after,
-        "rankings_unchanged": same_ranking(logits, scaled),
-    }
+    # the complete order (AUC, decisions) and, per query, the top-1; the per-query order is
+    # part of the complete one
+    check = check_monotone_map(logits.reshape(-1), scaled.reshape(-1),
+                               max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
+    per_query = check_monotone_map(logits, scaled, max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
+    invariants = _invariants(check, decisions=True)
+    invariants["top1_kept"] = per_query.top1_kept
+    invariants["created_ties_within_bound"] = (
+        max(check.max_tie_gap_ulps, per_query.max_tie_gap_ulps) <= MAX_TIE_GAP_ULPS)
     # every metric on the evaluation half, for four score columns: as trained, after T, after
     # Platt (information) and the base rate (a constant 1/(1+k), the no-skill reference)
     y_ev = labels[ev].reshape(-1)
@@ -331,18 +414,28 @@ def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_
         "fit_converged": fit.converged,
         "n_calibration": int(cal.sum()) * (1 + k),
         "n_evaluation": int(ev.sum()) * (1 + k),
+        "queries_left_out": 2 * len(data.test) - len(h),
         "platt_scale": float(platt.weight),
         "platt_offset": float(platt.bias),
         "platt_converged": platt_fit.converged,
+        **_invariant_counts(check),
+        "max_tie_gap_ulps": max(check.max_tie_gap_ulps, per_query.max_tie_gap_ulps),
+        "ties_created_within_queries": per_query.ties_created,
         "invariants_ok": all(invariants.values()),
     }
     for col, x in columns.items():
         for key, v in _binary_metrics(x, y_ev, n_bins).items():
             summary[f"{key}_{col}"] = v
+    # AUC is a ranking metric: from the model's scores, which T (and Platt, slope > 0) do
+    # not reorder beyond the ties checked above
+    summary["auc_after"] = summary["auc_before"]
+    if summary["platt_scale"] > 0:
+        summary["auc_platt"] = summary["auc_before"]
     summary["nll_improved"] = summary["nll_after"] < summary["nll_before"]
     notes = [f"{len(data.test)} test triples -> {len(h)} positives (tail and reciprocal "
-             f"head queries{_dropped(2 * len(data.test) - len(h))}), each with k = {k} uniform "
-             f"filtered corruptions of its tail: base rate 1/(1+k) = {1 / (1 + k):.4f}."]
+             f"head queries{_dropped(2 * len(data.test) - len(h), k)}), each with k = {k} "
+             "distinct uniform filtered corruptions of its tail: base rate 1/(1+k) = "
+             f"{1 / (1 + k):.4f}."]
     if trained_mode == "negatives" and trained_k == k:
         notes.append("This model was trained with the binary log score against k = "
                      f"{k} corruptions per positive, the audit's base rate: sigmoid(score) is "

@@ -22,6 +22,7 @@ __all__ = [
     "ModelConfig",
     "RecipeConfig",
     "TrainerConfig",
+    "audit_line",
     "build_parser",
     "main",
     "run",
@@ -217,13 +218,16 @@ def run(cfg: RecipeConfig) -> tuple[dict, list]:
 def _run(cfg: RecipeConfig) -> tuple[dict, list]:
     import lightning as L
 
-    from recipes.complex_link_prediction.audit import tail_audit, triple_audit
+    from recipes.complex_link_prediction.audit import check_audit_data, tail_audit, triple_audit
     from recipes.complex_link_prediction.data import KGDataModule, load_dataset, with_reciprocals
     from recipes.complex_link_prediction.evaluation import TripleFilter, evaluate, ranking_metrics
     from recipes.complex_link_prediction.model import ComplExModule, EpochTimer
     from recipes.complex_link_prediction.report import write_reports
 
     t_start = time.perf_counter()
+    if cfg.trainer.max_epochs < 1:
+        raise ValueError(f"trainer.max_epochs: expected an int >= 1, got "
+                         f"{cfg.trainer.max_epochs} (the audits need a trained model)")
     L.seed_everything(cfg.seed, verbose=False)
 
     d = cfg.data
@@ -233,6 +237,17 @@ def _run(cfg: RecipeConfig) -> tuple[dict, list]:
                         seed=cfg.seed)
     output_dir = cfg.output_dir or os.path.join("runs", "complex", data.name)
     m = cfg.model
+    k = cfg.audit.k if cfg.audit.k is not None else m.num_negatives
+    # fail before training when the audits cannot run on this data
+    audit_counts = check_audit_data(data, k, cfg.seed)
+    R = data.num_relations
+    in_train = int(TripleFilter(data.train, data.num_entities, R).contains(
+        data.test[:, 0], data.test[:, 1], data.test[:, 2]).sum())
+    if in_train:
+        warnings.warn(f"data.test: {in_train} of {len(data.test)} test triples also occur in "
+                      "the training triples; their ranks and audit items measure memory, not "
+                      "generalisation (the report counts them as num_test_in_train)",
+                      UserWarning, stacklevel=2)
     if d.group_queries and cfg.mode != "one_to_n":
         raise ValueError(f"data.group_queries: only mode 'one_to_n' trains on grouped queries, "
                          f"got mode {cfg.mode!r}")
@@ -263,12 +278,10 @@ def _run(cfg: RecipeConfig) -> tuple[dict, list]:
 
     module.eval().cpu()
     model = module.model
-    R = data.num_relations
     known = TripleFilter(with_reciprocals(data.known(), R), data.num_entities, 2 * R)
     ranks = evaluate(model.score_all, with_reciprocals(data.test, R), known,
                      batch_size=d.eval_batch_size)
     t_audit = time.perf_counter()
-    k = cfg.audit.k if cfg.audit.k is not None else m.num_negatives
     audits = [
         tail_audit(model, data, seed=cfg.seed, n_bins=cfg.audit.n_bins),
         triple_audit(model, data, k=k, seed=cfg.seed, n_bins=cfg.audit.n_bins,
@@ -286,6 +299,8 @@ def _run(cfg: RecipeConfig) -> tuple[dict, list]:
         "num_valid": len(data.valid),
         "num_test": len(data.test),
         "num_hidden": len(data.hidden),
+        "num_test_in_train": in_train,
+        **audit_counts,
         "epochs": trainer.current_epoch,
         "config": {k: v for k, v in asdict(cfg).items() if k != "output_dir"},
         "train_seconds": train_seconds,
@@ -311,6 +326,24 @@ def _run(cfg: RecipeConfig) -> tuple[dict, list]:
     return report, audits
 
 
+def audit_line(a: Any, mode: str) -> str:
+    """The stdout line of one audit: T, ECE and NLL before -> after, the invariants and the
+    ties ``x / T`` created; for the triple audit of a 1-N model, why T cannot fix it."""
+    s = a.summary
+    ties = s["ties_created"]
+    gap = s["max_tie_gap_ulps"]
+    line = (f"audit {a.name}: T = {s['temperature']:.4f}, ECE {s['ece_before']:.4f} -> "
+            f"{s['ece_after']:.4f}, NLL {s['nll_before']:.4f} -> {s['nll_after']:.4f}, "
+            f"invariants {'ok' if a.invariants_ok else 'FAILED'} ({ties} tie"
+            f"{'' if ties == 1 else 's'} created by / T"
+            + (f", largest original gap {gap} ulp{'' if gap == 1 else 's'})" if ties else ")"))
+    if a.name == "triple" and mode == "one_to_n":
+        line += ("; T cannot fix a 1-N model here: its softmax loss leaves each query's "
+                 "score level arbitrary and a temperature cannot move an offset (see the Platt "
+                 f"row and base rate {s['base_rate']:.4f} in the report)")
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status: 0, 1 when an invariant failed, 2 on bad input."""
     parser = build_parser()
@@ -325,10 +358,7 @@ def main(argv: list[str] | None = None) -> int:
           f"Hits@1/3/10 {report['hits@1']:.4f}/{report['hits@3']:.4f}/{report['hits@10']:.4f}; "
           f"{report['epoch_seconds']:.3f} s/epoch, {report['train_seconds']:.1f} s training")
     for a in audits:
-        s = a.summary
-        print(f"audit {a.name}: T = {s['temperature']:.4f}, ECE {s['ece_before']:.4f} -> "
-              f"{s['ece_after']:.4f}, NLL {s['nll_before']:.4f} -> {s['nll_after']:.4f}, "
-              f"invariants {'ok' if a.invariants_ok else 'FAILED'}")
+        print(audit_line(a, report["mode"]))
     print(f"reports written to {report['output_dir']}")
     if not report["invariants_ok"]:
         failed = [f"{a.name}.{k}" for a in audits for k, v in a.invariants.items() if not v]

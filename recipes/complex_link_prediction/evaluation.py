@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["TripleFilter", "filtered_ranks", "ranking_metrics", "evaluate", "Ranks",
-           "same_ranking"]
+__all__ = ["TripleFilter", "filtered_ranks", "ranking_metrics", "evaluate", "Ranks"]
 
 
 class TripleFilter:
@@ -127,24 +126,6 @@ def ranking_metrics(ranks: Tensor, prefix: str = "") -> dict[str, float]:
     for k in (1, 3, 10):
         out[f"{prefix}hits@{k}"] = float((r <= k).double().mean())
     return out
-
-
-def same_ranking(a: Tensor, b: Tensor) -> bool:
-    """Exactly the same weak order in every row: same stable argsort and the same ties.
-
-    Example:
-        >>> import torch
-        >>> a = torch.tensor([[0.5, 2.0, -1.0]], dtype=torch.float64)
-        >>> same_ranking(a, a / 0.3), same_ranking(a, torch.tensor([[0.5, 0.5, -1.0]]))
-        (True, False)
-    """
-    ia = torch.argsort(a, dim=-1, stable=True)
-    ib = torch.argsort(b, dim=-1, stable=True)
-    if not torch.equal(ia, ib):
-        return False
-    sa = a.gather(-1, ia)
-    sb = b.gather(-1, ib)
-    return torch.equal(sa[..., 1:] == sa[..., :-1], sb[..., 1:] == sb[..., :-1])
 
 
 @torch.no_grad()

@@ -260,7 +260,9 @@ class ComplExModule(L.LightningModule):
             logits = scores.gather(1, cand)
             target = torch.zeros_like(logits)
             target[:, 0] = 1.0
-            fit = TF.log_score(logits, target)
+            # binary log score of every (query, candidate) item: flat 1-D logits and 0/1
+            # labels (a float (B, 1 + k) target would read as class probabilities)
+            fit = TF.log_score(logits.reshape(-1), target.reshape(-1))
         return self._record(fit, len(h)) + self.regularization * n3
 
     def _one_to_n_score(self, scores: Tensor, t: Tensor) -> Tensor:

@@ -123,7 +123,13 @@ def _render(result: dict, audits: Sequence[AuditResult], data_summary: str,
         header, rows = _audit_rows(a)
         out += [table(header, rows), ""]
         checks = ", ".join(f"{k}: {'ok' if v else 'FAILED'}" for k, v in a.invariants.items())
-        out += [f"exact invariants under T: {checks}", ""]
+        s = a.summary
+        out += [f"exact invariants under T: {checks}", "",
+                f"ties created by / T: {s['ties_created']} (largest original gap "
+                f"{s['max_tie_gap_ulps']} ulps, bound {s['max_tie_gap_bound_ulps']}; x / T is "
+                "only weakly monotone in floating point); strict inversions "
+                f"{s['strict_inversions']}, broken ties {s['ties_broken']}. Ranking metrics "
+                "(MRR, Hits@k, AUC) come from the model's own scores.", ""]
         if a.per_relation:
             out += [f"per-relation ECE (relations with >= {MIN_RELATION_ITEMS} evaluation "
                     "items):", ""]

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from torchcal.scaling import TemperatureScaler
+
 N_FEATURES = 8
 N_CLASSES = 3
 
@@ -54,8 +56,11 @@ class TinyModule(L.LightningModule):
     """Linear classifier whose validation/test steps return ``{"logits", "target"[, "group"]}``."""
 
     def __init__(self, binary: bool = False, n_classes: int = N_CLASSES, lr: float = 0.5,
-                 mask_last: bool = False, returns: str = "dict", scale: float = 1.0) -> None:
+                 mask_last: bool = False, returns: str = "dict", scale: float = 1.0,
+                 scaler: bool = True) -> None:
         super().__init__()
+        if scaler:  # the documented pattern: the module declares its temperature scaler
+            self.temperature_scaler = TemperatureScaler()
         self.scale = scale
         self.binary = binary
         self.mask_last = mask_last
@@ -125,3 +130,37 @@ class TemperatureRecorder(L.Callback):
         t = pl_module.temperature_scaler.temperature
         with open(f"{self.dirpath}/T_rank{trainer.global_rank}.txt", "w") as fh:
             fh.write(repr(t))
+
+
+class RankShard(torch.utils.data.IterableDataset):
+    """An uneven per-rank shard: every sample on the ranks in ``ranks`` (rank 0 by default),
+    none on the others (Lightning cannot know its length, so an empty rank still runs the
+    validation loop, with no batch)."""
+
+    def __init__(self, ds: TensorDataset, ranks: tuple[int, ...] = (0,)) -> None:
+        self.ds = ds
+        self.ranks = ranks
+
+    def __iter__(self) -> Any:
+        dist = torch.distributed
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        if rank in self.ranks:
+            yield from (self.ds[i] for i in range(len(self.ds)))
+
+
+class WarningRecorder(L.Callback):
+    """Appends every warning of this process to ``<dirpath>/warnings_rank<r>.txt`` (the
+    ``ddp_spawn`` children's warnings never reach pytest)."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = dirpath
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        path = f"{self.dirpath}/warnings_rank{trainer.global_rank}.txt"
+        warnings.simplefilter("always")
+
+        def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+            with open(path, "a") as fh:
+                fh.write(f"{category.__name__}: {message}\n")
+
+        warnings.showwarning = show

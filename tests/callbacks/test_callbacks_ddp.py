@@ -1,5 +1,6 @@
 """Two CPU processes (``ddp_spawn``, gloo) against one process on the same data: the same
-reliability CSV, the same temperature on every rank and as in one process."""
+reliability CSV, the same temperature on every rank and as in one process, also when one
+rank has no validation batch."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import os
 import lightning as L
 import pytest
 import torch
-from _callbacks_helpers import TemperatureRecorder, TinyModule, loader, make_data, quiet_warnings
+from _callbacks_helpers import (
+    RankShard,
+    TemperatureRecorder,
+    TinyModule,
+    WarningRecorder,
+    loader,
+    make_data,
+    quiet_warnings,
+)
 from lightning.pytorch.loggers import CSVLogger
 
 from torchcal.callbacks import CalibrationMonitor, TemperatureScaling
@@ -61,3 +70,43 @@ def test_ddp_spawn_matches_single_process(tmp_path):
     assert t0 == t1  # the same T on every rank
     assert t0 == pytest.approx(t_single, rel=1e-9)
     assert t0 > 1.5
+
+
+def run_empty_rank(tmp, name: str, **kw) -> str:
+    """One validation shard holds every sample; under DDP rank 1 gets no validation batch."""
+    torch.manual_seed(0)
+    model = TinyModule(lr=0.0, scale=3.0)
+    out = tmp / name
+    out.mkdir()
+    tr = L.Trainer(accelerator="cpu", max_epochs=2, default_root_dir=str(out),
+                   logger=CSVLogger(str(out), name="logs", version=0),
+                   callbacks=[CalibrationMonitor(n_bins=10), TemperatureScaling(n_bins=10),
+                              TemperatureRecorder(str(out)), WarningRecorder(str(out))],
+                   enable_progress_bar=False, enable_model_summary=False,
+                   enable_checkpointing=False, num_sanity_val_steps=0, **kw)
+    batch = 64 if kw.get("devices", 1) == 1 else 32
+    val = torch.utils.data.DataLoader(RankShard(make_data(N_VAL, 2)), batch_size=32)
+    tr.fit(model, loader(make_data(N_TRAIN, 1), batch), val)
+    return str(out)
+
+
+@pytest.mark.ddp
+def test_ddp_rank_without_validation_batch(tmp_path):
+    """Rank 1 has no validation batch: the job finishes (no IndexError, no hang), rank 1
+    warns, and every rank gets the T of one process on all the data."""
+    quiet_warnings()
+    single = run_empty_rank(tmp_path, "single", devices=1)
+    ddp = run_empty_rank(tmp_path, "ddp", devices=2, strategy="ddp_spawn")
+    t0 = float(open(os.path.join(ddp, "T_rank0.txt")).read())
+    t1 = float(open(os.path.join(ddp, "T_rank1.txt")).read())
+    t_single = float(open(os.path.join(single, "T_rank0.txt")).read())
+    assert t0 == t1  # the same T on every rank
+    assert t0 == pytest.approx(t_single, rel=1e-12)  # rank 1 added zero sums
+    assert t0 > 1.5
+    warned = open(os.path.join(ddp, "warnings_rank1.txt")).read()
+    assert "TemperatureScaling: rank 1 had no batch of validation dataloader 0" in warned
+    rank0 = open(os.path.join(ddp, "warnings_rank0.txt")).read()
+    assert "had no batch" not in rank0
+    rows = read(os.path.join(ddp, "logs", "version_0", "reliability.csv"))
+    for e in (0, 1):  # the monitor's table pools both ranks: every sample, once
+        assert sum(int(r["count"]) for r in rows if r["epoch"] == str(e)) == N_VAL

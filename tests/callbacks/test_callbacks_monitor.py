@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from torchcal.callbacks import CalibrationMonitor, TemperatureScaling
+from torchcal.functional import brier_score
 from torchcal.functional import calibration as C
 from torchcal.report import CSV_COLUMNS
 
@@ -112,14 +113,15 @@ def test_tensorboard_has_text_and_image(fitted):
     assert "val/calibration_over_epochs" in tags["images"]
     text = ea.Tensors("val/reliability/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert text.startswith("| bin | lo | hi | count |")
-    assert {"val/ece", "val/nll", "val/brier", "val/mce", "val/ece_debiased"} <= set(
+    assert {"val/ece", "val/nll", "val/brier_confidence", "val/mce", "val/ece_debiased"} <= set(
         tags["scalars"])
 
 
 def test_callback_metrics_and_modelcheckpoint_monitor(fitted):
     cm = fitted["trainer"].callback_metrics
-    for k in ("val/ece", "val/ece_debiased", "val/mce", "val/brier", "val/nll"):
+    for k in ("val/ece", "val/ece_debiased", "val/mce", "val/brier_confidence", "val/nll"):
         assert k in cm
+    assert "val/brier" not in cm  # the confidence reading's Brier is not the multiclass one
     hist = fitted["monitor"].history
     assert float(cm["val/ece"]) == pytest.approx(hist[-1]["ece"], abs=1e-12)
     ck = fitted["ckpt"]
@@ -152,9 +154,9 @@ def test_logged_table_equals_offline_table(fitted):
     # Brier of the confidence reading: mean (conf - correct)^2
     p = torch.softmax(logits.double(), 1)
     conf, pred = p.max(1)
-    assert h["brier"] == pytest.approx(float(((conf - (pred == y).double()) ** 2).mean()),
-                                       abs=1e-6)
-    assert h["brier"] == pytest.approx(float(C.brier_decomposition(
+    assert h["brier_confidence"] == pytest.approx(
+        float(((conf - (pred == y).double()) ** 2).mean()), abs=1e-6)
+    assert h["brier_confidence"] == pytest.approx(float(C.brier_decomposition(
         logits, y, n_bins=10, reading="confidence")["brier"]), abs=1e-12)
     assert h["nll"] == pytest.approx(float(F.cross_entropy(logits.double(), y)), abs=1e-6)
 
@@ -192,11 +194,18 @@ def test_readings_match_functional(reading, tmp_path):
     assert out["val/mce"] == pytest.approx(float(C.calibration_error(logits, y, norm="max",
                                                                      **kw)), abs=1e-6)
     brier = float(C.brier_decomposition(logits, y, **kw)["brier"])
-    assert out["val/brier"] == pytest.approx(brier, abs=1e-6)
-    if reading == "classwise":  # the full multiclass Brier score
+    key = "val/brier_confidence" if reading == "top_label" else "val/brier"
+    assert set(out) == {"val/ece", "val/ece_debiased", "val/mce", key, "val/nll"}
+    assert out[key] == pytest.approx(brier, abs=1e-6)
+    if reading == "classwise":  # "val/brier" is the full multiclass Brier score
         onehot = F.one_hot(y, N_CLASSES).double()
-        full = float(((torch.softmax(logits, 1).double() - onehot) ** 2).sum(1).mean())
-        assert brier == pytest.approx(full, abs=1e-12)
+        full = float(((torch.softmax(logits.double(), 1) - onehot) ** 2).sum(1).mean())
+        # a float32 or float64 link: equal to float32 rounding of the probabilities
+        assert brier == pytest.approx(full, abs=1e-9)
+        assert out[key] == pytest.approx(float(brier_score(logits.double(), y)), abs=1e-6)
+    if binary:  # the usual binary Brier score
+        ref = float(((torch.sigmoid(logits.double()) - y.double()) ** 2).mean())
+        assert out[key] == pytest.approx(ref, abs=1e-6)
     if binary:
         ref = float(F.binary_cross_entropy_with_logits(logits.double(), y.double()))
         assert out["val/nll"] == pytest.approx(ref, abs=1e-6)
@@ -210,14 +219,19 @@ def test_test_stage_and_several_dataloaders(tmp_path, capsys):
     tr = trainer(tmp_path, callbacks=[mon], logger=CSVLogger(str(tmp_path)))
     out = tr.test(model, [loader(a), loader(b)], verbose=False)
     keys = set(out[0]) | set(out[1])
-    assert {"test/ece/dataloader_idx_0", "test/ece/dataloader_idx_1",
+    # dataloader 0 (the default dataloader_idx) keeps the plain names, so one monitor key
+    # works with one loader or several; the others carry the suffix
+    assert {"test/ece", "test/nll", "test/ece/dataloader_idx_1",
             "test/nll/dataloader_idx_1"} <= keys
+    assert "test/ece/dataloader_idx_0" not in keys
     d = tr.loggers[0].log_dir
-    for i, n in ((0, 64), (1, 40)):
-        rows = read_csv(os.path.join(d, f"test_reliability_dataloader_idx_{i}.csv"))
+    for i, n, key, stem in ((0, 64, "test/ece", "test_reliability"),
+                            (1, 40, "test/ece/dataloader_idx_1",
+                             "test_reliability_dataloader_idx_1")):
+        rows = read_csv(os.path.join(d, f"{stem}.csv"))
         assert sum(int(r["count"]) for r in rows) == n
         logits, y = offline_logits(model, (a, b)[i])
-        assert out[i][f"test/ece/dataloader_idx_{i}"] == pytest.approx(
+        assert out[i][key] == pytest.approx(
             float(C.calibration_error(logits, y, n_bins=5)), abs=1e-6)
     printed = capsys.readouterr().out
     assert "test dataloader 1 epoch 0" in printed and "reliability table" in printed
@@ -265,12 +279,13 @@ def test_history_figure_axes():
     from torchcal.callbacks import _sinks
 
     def hist(epochs, steps):
-        return [dict(epoch=e, step=s, ece=0.1, ece_debiased=0.05, mce=0.2, brier=0.3, nll=1.0)
-                for e, s in zip(epochs, steps)]
+        return [dict(epoch=e, step=s, ece=0.1, ece_debiased=0.05, mce=0.2, brier_confidence=0.3,
+                     nll=1.0) for e, s in zip(epochs, steps)]
 
     fig = _sinks.history_figure(hist([0, 1, 2], [10, 20, 30]), "t")
     axes = fig.get_axes()
-    assert [a.get_ylabel() for a in axes] == ["calibration error", "Brier score", "NLL (nats)"]
+    assert [a.get_ylabel() for a in axes] == ["calibration error", "brier confidence",
+                                              "NLL (nats)"]
     assert {a.get_xlabel() for a in axes} == {"epoch"}
     assert [ln.get_label() for ln in axes[0].get_lines()] == ["ece", "ece_debiased", "mce"]
     assert list(axes[2].get_lines()[0].get_xdata()) == [0, 1, 2]
@@ -403,14 +418,14 @@ def test_lightning_cli_yaml(tmp_path, monkeypatch):
         "    - class_path: torchcal.callbacks.TemperatureScaling\n"
         "      init_args:\n"
         "        when: epoch\n"
-        "        bounds: [0.01, 100.0]\n")
+        "        fit_on_validate: true\n")
     cli = LightningCLI(TinyModule, run=False, args=["--config", str(cfg)],
                        save_config_callback=None)
     mon = [c for c in cli.trainer.callbacks if isinstance(c, CalibrationMonitor)]
     assert len(mon) == 1 and mon[0].n_bins == 12 and mon[0].reading == "top_label"
     assert mon[0].preds_key == "scores"
     ts = [c for c in cli.trainer.callbacks if isinstance(c, TemperatureScaling)]
-    assert len(ts) == 1 and ts[0].when == "epoch" and ts[0].bounds == (0.01, 100.0)
+    assert len(ts) == 1 and ts[0].when == "epoch" and ts[0].fit_on_validate
     cfg.write_text(cfg.read_text().replace("reading: top_label", "reading: top1"))
     with pytest.raises(SystemExit):
         LightningCLI(TinyModule, run=False, args=["--config", str(cfg)],

@@ -237,9 +237,15 @@ def test_classwise_matches_per_class_reference():
     ref = np.mean([np_ece(probs[:, k], (target.numpy() == k), 15) for k in range(4)])
     got = calibration_error(logits, target, reading="classwise")
     assert abs(float(got) - ref) <= 1e-12
-    ref2 = np.mean([np_ece(probs[:, k], (target.numpy() == k), 15, "l2") for k in range(4)])
+    # l2: root of the mean over classes of the squared per-class RMSCE (Kumar et al. 2019,
+    # verified_calibration's marginal error), not the mean of the per-class RMSCE
+    per = np.array([np_ece(probs[:, k], (target.numpy() == k), 15, "l2") for k in range(4)])
     got2 = calibration_error(logits, target, reading="classwise", norm="l2")
-    assert abs(float(got2) - ref2) <= 1e-12
+    assert abs(float(got2) - np.sqrt(np.mean(per ** 2))) <= 1e-12
+    assert abs(float(got2) - per.mean()) > 1e-6  # the two definitions differ here
+    per_max = [np_ece(probs[:, k], (target.numpy() == k), 15, "max") for k in range(4)]
+    got3 = calibration_error(logits, target, reading="classwise", norm="max")
+    assert abs(float(got3) - max(per_max)) <= 1e-12
 
 
 def test_spatial_inputs_are_flattened():
@@ -269,6 +275,11 @@ def test_correctness_with_tied_maxima_matches_torch_max():
     p = C.prepare_inputs(x, t)
     assert torch.equal(p.outcome, x.max(1).indices == t)
     assert torch.allclose(p.conf, torch.softmax(x, 1).max(1).values, rtol=1e-6, atol=0)
+    # probabilities: the fused pass re-checks only rows whose maximum is <= (1 + tol) / 2
+    probs = torch.softmax(x.double(), 1)
+    q = C.prepare_inputs(probs, t, input="probs")
+    assert torch.equal(q.outcome, probs.max(1).indices == t)
+    assert torch.equal(q.conf, probs.max(1).values)
 
 
 def test_neg_inf_logits_are_masks():

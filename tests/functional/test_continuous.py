@@ -95,10 +95,10 @@ def test_crps_ensemble_dim_broadcast_and_reductions():
     _close(ours, ref.numpy())
     _close(crps_ensemble(_t(x), _t(y), ensemble_dim=-2, reduction="sum"), ref.sum().numpy())
     _close(crps_ensemble(_t(x), _t(y), ensemble_dim=1), ref.mean().numpy())
-    # a scalar target broadcasts over the batch
-    b = crps_ensemble(_t(x), torch.tensor(0.5, dtype=D64), ensemble_dim=1, reduction="none")
-    _close(b, crps_ensemble(_t(x), torch.full((3, 4), 0.5, dtype=D64), ensemble_dim=1,
-                            reduction="none").numpy())
+    # the target is never broadcast (issue 9 item 1): a scalar target for a (3, 4) batch
+    # raises; pass the full shape explicitly
+    with pytest.raises(ValueError, match=r"^target: expected shape \(\) to match"):
+        crps_ensemble(_t(x), torch.tensor(0.5, dtype=D64), ensemble_dim=1)
 
 
 
@@ -162,8 +162,16 @@ def test_interval_score_matches_scoringrules():
     lo, hi = centre - width, centre + width
     y = rng.normal(0, 2, 50)
     alphas = np.array([0.05, 0.1, 0.5, 0.9])
-    ours = interval_score(_t(lo), _t(hi), _t(y)[:, None], alpha=_t(alphas), reduction="none")
+    # K levels at once as scoringrules: bounds (N, K), alpha (K,), target (N,)
+    ours = interval_score(_t(lo), _t(hi), _t(y), alpha=_t(alphas), reduction="none")
+    assert ours.shape == (50, 4)
     _close(ours, sr.interval_score(y, lo, hi, alphas, backend="numpy"))
+    # the same with the target of the full shape; an (N, 1) target raises
+    full = interval_score(_t(lo), _t(hi), _t(y)[:, None].expand(50, 4), alpha=_t(alphas),
+                          reduction="none")
+    _close(full, ours.numpy())
+    with pytest.raises(ValueError, match="^target"):
+        interval_score(_t(lo), _t(hi), _t(y)[:, None], alpha=_t(alphas))
     ours_f = interval_score(_t(lo[:, 0]), _t(hi[:, 0]), _t(y), alpha=0.2, reduction="none")
     _close(ours_f, sr.interval_score(y, lo[:, 0], hi[:, 0], 0.2, backend="numpy"))
 
@@ -199,14 +207,13 @@ def test_gaussian_nll_and_dss_against_references():
     from scipy.stats import norm
 
     loc, scale, y = _params(50, seed=5)
-    args = dict(scale=_t(scale))
-    _close(gaussian_nll(_t(loc), _t(y), reduction="none", **args),
+    _close(gaussian_nll(_t(loc), _t(scale), _t(y), reduction="none"),
            -norm.logpdf(y, loc, scale))
-    _close(gaussian_nll(_t(loc), _t(y), var=_t(scale**2), reduction="none"),
+    _close(gaussian_nll(_t(loc), _t(scale**2), _t(y), var=True, reduction="none"),
            -norm.logpdf(y, loc, scale))
     torch_nll = torch.nn.functional.gaussian_nll_loss(_t(loc), _t(y), _t(scale**2),
                                                       full=False, reduction="none")
-    _close(gaussian_nll(_t(loc), _t(y), var=_t(scale**2), full=False, reduction="none"),
+    _close(gaussian_nll(_t(loc), _t(scale**2), _t(y), var=True, full=False, reduction="none"),
            torch_nll.numpy())
     dss = dawid_sebastiani_score(_t(loc), _t(scale), _t(y), reduction="none")
     _close(dss, ((y - loc) / scale) ** 2 + 2 * np.log(scale))
@@ -366,8 +373,9 @@ def test_remaining_functions_gradcheck():
     loc = torch.randn(6, dtype=D64, generator=g).requires_grad_()
     sc = (torch.rand(6, dtype=D64, generator=g) + 0.5).requires_grad_()
     tg = torch.randn(6, dtype=D64, generator=g).requires_grad_()
-    assert gradcheck(lambda a, b, c: gaussian_nll(a, c, scale=b, reduction="none"), (loc, sc, tg))
-    assert gradcheck(lambda a, b, c: gaussian_nll(a, c, var=b, reduction="none"), (loc, sc, tg))
+    assert gradcheck(lambda a, b, c: gaussian_nll(a, b, c, reduction="none"), (loc, sc, tg))
+    assert gradcheck(lambda a, b, c: gaussian_nll(a, b, c, var=True, reduction="none"),
+                     (loc, sc, tg))
     assert gradcheck(lambda a, b, c: dawid_sebastiani_score(a, b, c, reduction="none"),
                      (loc, sc, tg))
 
@@ -415,7 +423,7 @@ def test_low_precision_and_autocast_are_finite(dtype):
         outs += [crps_ensemble(cast(x), cast(y)), energy_score(cast(xs), cast(torch.zeros(16, 2))),
                  interval_score(cast(lo), cast(hi), cast(y), alpha=0.1),
                  quantile_score(cast(pred), cast(y), [0.1, 0.5, 0.9]),
-                 gaussian_nll(cast(loc), cast(y), scale=cast(scale)),
+                 gaussian_nll(cast(loc), cast(scale), cast(y)),
                  dawid_sebastiani_score(cast(loc), cast(scale), cast(y))]
         return outs
 
@@ -523,13 +531,11 @@ BAD = [
     ("qs-levels-2d", lambda: quantile_score(_S[:, :3], _V, torch.full((1, 3), 0.5)), "quantiles"),
     ("qs-nan", lambda: quantile_score(_S[:, :3], _NAN, _Q), "target"),
     ("qs-empty", lambda: quantile_score(torch.ones(0, 3), torch.ones(0), _Q), "pred"),
-    ("nll-both", lambda: gaussian_nll(_V, _V, scale=_V, var=_V), "scale"),
-    ("nll-neither", lambda: gaussian_nll(_V, _V), "scale"),
-    ("nll-neg-var", lambda: gaussian_nll(_V, _V, var=_NEG), "var"),
-    ("nll-zero-scale", lambda: gaussian_nll(_V, _V, scale=_ZERO), "scale"),
-    ("nll-nan", lambda: gaussian_nll(_NAN, _V, var=_V), "loc"),
-    ("nll-shape", lambda: gaussian_nll(_V, torch.ones(2), var=_V), "target"),
-    ("nll-empty", lambda: gaussian_nll(_E, _E, var=_E), "loc"),
+    ("nll-neg-var", lambda: gaussian_nll(_V, _NEG, _V, var=True), "spread"),
+    ("nll-zero-scale", lambda: gaussian_nll(_V, _ZERO, _V), "spread"),
+    ("nll-nan", lambda: gaussian_nll(_NAN, _V, _V, var=True), "loc"),
+    ("nll-shape", lambda: gaussian_nll(_V, _V, torch.ones(2), var=True), "target"),
+    ("nll-empty", lambda: gaussian_nll(_E, _E, _E, var=True), "loc"),
     ("dss-neg", lambda: dawid_sebastiani_score(_V, _NEG, _V), "scale"),
     ("dss-inf", lambda: dawid_sebastiani_score(_V, _V, _INF), "target"),
     ("dss-reduction", lambda: dawid_sebastiani_score(_V, _V, _V, reduction="x"), "reduction"),
@@ -635,7 +641,7 @@ def test_energy_score_double_backward_is_documented_unsupported():
 
 
 _THREE_ARG = {**CLOSED, "dss": dawid_sebastiani_score,
-              "nll": lambda a, b, c, **k: gaussian_nll(a, c, scale=b, **k)}
+              "nll": gaussian_nll}
 
 
 @settings(max_examples=40, deadline=None)
@@ -643,7 +649,7 @@ _THREE_ARG = {**CLOSED, "dss": dawid_sebastiani_score,
     list(_THREE_ARG)), which=st.integers(0, 2), bad=st.sampled_from(["nan", "inf", "-inf", "neg"]),
     pos=st.integers(0, 10**6))
 def test_hypothesis_bad_values_name_the_argument(shape, fn, which, bad, pos):
-    names = ("loc", "scale", "target")
+    names = ("loc", "spread" if fn == "nll" else "scale", "target")
     args = [torch.ones(shape) for _ in range(3)]
     flat = args[which].reshape(-1)
     if bad == "neg":
@@ -656,3 +662,75 @@ def test_hypothesis_bad_values_name_the_argument(shape, fn, which, bad, pos):
         _THREE_ARG[fn](*args)
     assert str(info.value).startswith(names[which] + ":")
     assert "position" in str(info.value)
+
+
+# --------------------------------------------- shape contract: the target is never broadcast
+
+
+def test_n_by_1_target_raises_instead_of_scoring_all_pairs():
+    # issue 9 item 1: crps_normal(loc, sc, y[:, None]) silently scored N x N pairs (1.357
+    # here, right: 1.506, the mean of the N per-item scores from scipy's closed form)
+    from scipy.stats import norm
+
+    rng = _rng(31)
+    loc, scale, y = rng.normal(size=64), np.exp(rng.normal(size=64)), rng.normal(size=64) * 3
+    z = (y - loc) / scale
+    ref = np.mean(scale * (z * (2 * norm.cdf(z) - 1) + 2 * norm.pdf(z) - 1 / np.sqrt(np.pi)))
+    _close(crps_normal(_t(loc), _t(scale), _t(y)), np.float64(ref))
+    pairs = crps_normal(_t(loc), _t(scale), _t(y)[:, None].expand(64, 64)).item()
+    assert abs(pairs - ref) > 0.05  # the plausible wrong number the broadcast used to give
+    with pytest.raises(ValueError, match=r"^target: expected shape .* never broadcast"):
+        crps_normal(_t(loc), _t(scale), _t(y)[:, None])
+    # the predictions in (N, 1) against an (N,) target would broadcast too
+    with pytest.raises(ValueError, match="^target: expected shape"):
+        crps_normal(_t(loc)[:, None], _t(scale)[:, None], _t(y))
+
+
+N_BY_1 = {
+    "crps_normal": lambda y, v: crps_normal(v, v.abs() + 1, y),
+    "crps_laplace": lambda y, v: crps_laplace(v, v.abs() + 1, y),
+    "crps_logistic": lambda y, v: crps_logistic(v, v.abs() + 1, y),
+    "dss": lambda y, v: dawid_sebastiani_score(v, v.abs() + 1, y),
+    "nll": lambda y, v: gaussian_nll(v, v.abs() + 1, y),
+    "nll_var": lambda y, v: gaussian_nll(v, v.abs() + 1, y, var=True),
+    "interval": lambda y, v: interval_score(v - 1, v + 1, y, alpha=0.1),
+    "quantile": lambda y, v: quantile_score(v[:, None] + torch.tensor([-1.0, 1.0]), y,
+                                            [0.1, 0.9]),
+    "ensemble": lambda y, v: crps_ensemble(v[:, None] + torch.tensor([-1.0, 0.0, 1.0]), y),
+    "energy": lambda y, v: energy_score(torch.stack([v, v + 1], -1)[:, :, None]
+                                        .expand(-1, -1, 2), y[..., None].expand(*y.shape, 2)),
+}
+
+
+@pytest.mark.parametrize("name", list(N_BY_1))
+def test_every_continuous_score_rejects_a_broadcasting_target(name):
+    v = torch.linspace(-2, 2, 6)
+    y = torch.linspace(-1, 3, 6)
+    good = N_BY_1[name](y, v)
+    assert good.shape == () and torch.isfinite(good)
+    with pytest.raises(ValueError, match="^target:"):
+        N_BY_1[name](y[:, None], v)
+
+
+def test_forecast_parameters_may_broadcast_to_the_target():
+    # a scalar scale (or one shared ensemble) broadcasts up to the target: same numbers
+    loc, y = torch.randn(5, dtype=D64), torch.randn(5, dtype=D64)
+    torch.testing.assert_close(crps_normal(loc, torch.tensor(2.0, dtype=D64), y,
+                                           reduction="none"),
+                               crps_normal(loc, torch.full((5,), 2.0, dtype=D64), y,
+                                           reduction="none"), rtol=0, atol=0)
+
+
+def test_gaussian_nll_argument_order_is_forecast_then_target():
+    # (loc, spread, target) like crps_normal; the old (loc, target, var=...) call fails
+    # loudly instead of running with swapped arguments
+    loc, sd, y = torch.tensor([0.0]), torch.tensor([2.0]), torch.tensor([1.0])
+    ref = 0.5 * math.log(2 * math.pi) + math.log(2.0) + 0.5 * (1.0 / 2.0) ** 2
+    assert gaussian_nll(loc, sd, y).item() == pytest.approx(ref, rel=1e-6)
+    assert gaussian_nll(loc, sd**2, y, var=True).item() == pytest.approx(ref, rel=1e-6)
+    with pytest.raises(TypeError):  # missing target
+        gaussian_nll(loc, y, var=sd**2)
+    with pytest.raises(TypeError):  # no keyword scale any more
+        gaussian_nll(loc, y, scale=sd)
+    with pytest.raises(TypeError, match="^var: expected a bool"):
+        gaussian_nll(loc, sd, y, var=sd**2)

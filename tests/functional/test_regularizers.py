@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.autograd import gradcheck
 
 from torchcal.functional import (
@@ -569,7 +570,7 @@ BAD = [
     (lambda: focal_loss(torch.zeros(2, 3), torch.tensor([0, 1]), gamma="auto"), ValueError,
      r"gamma: expected a number >= 0 or 'adaptive'"),
     (lambda: focal_loss(torch.zeros(2, 1), torch.tensor([0, 0])), ValueError,
-     r"logits: expected at least 2 classes along dim 1"),
+     r"target: expected floating-point labels in \{0, 1\}"),
     (lambda: focal_loss(torch.tensor([[float("nan"), 0.0]]), torch.tensor([0])), ValueError,
      r"logits: expected finite values"),
     (lambda: mmce(torch.zeros(2, 3), torch.tensor([0, 3])), ValueError,
@@ -641,3 +642,92 @@ def test_bad_input(case):
     call, exc, match = case
     with pytest.raises(exc, match=match):
         call()
+
+
+# ------------------------------- issue 9: finite gradients at 0, layouts of float targets
+
+_SET_LEVEL = {
+    "mmce": lambda z, t, **k: mmce(z, t, **k),
+    "mmce_squared": lambda z, t, **k: mmce(z, t, squared=True, **k),
+    "soft_binned_ece": lambda z, t, **k: soft_binned_ece(z, t, **k),
+    "soft_binned_ece_p1": lambda z, t, **k: soft_binned_ece(z, t, p=1.0, **k),
+    "soft_binned_ece_p3_noroot": lambda z, t, **k: soft_binned_ece(z, t, p=3.0, root=False, **k),
+    "dca": lambda z, t, **k: dca(z, t, **k),
+    "mdca": lambda z, t, **k: mdca(z, t, **k),
+    "confidence_penalty": lambda z, t, **k: confidence_penalty(z, t, **k),
+    "focal": lambda z, t, **k: focal_loss(z, t, **k),
+}
+
+
+@pytest.mark.parametrize("name", list(_SET_LEVEL))
+@pytest.mark.parametrize("margin", [20.0, 1e2, 1e3])
+@pytest.mark.parametrize("correct", [True, False], ids=["all-correct", "all-wrong"])
+def test_regularisers_have_finite_gradients_on_saturated_batches(name, margin, correct):
+    # a saturated all-correct batch has value 0: sqrt / ^(1/p) at 0 gave NaN gradients
+    t = torch.tensor([0, 1, 2, 1, 0])
+    z = torch.zeros(5, 3)
+    z[torch.arange(5), t if correct else (t + 1) % 3] = margin
+    z.requires_grad_(True)
+    value = _SET_LEVEL[name](z, t)
+    (grad,) = torch.autograd.grad(value, z)
+    assert torch.isfinite(value) and torch.isfinite(grad).all(), (value, grad)
+    if correct and margin >= 1e2 and name not in ("confidence_penalty", "focal"):
+        assert value.item() == 0.0
+    zb = torch.full((4,), margin) * torch.tensor([1.0, -1.0, 1.0, -1.0])
+    yb = (zb > 0).float() if correct else (zb < 0).float()
+    zb.requires_grad_(True)
+    (gb,) = torch.autograd.grad(_SET_LEVEL[name](zb, yb), zb)
+    assert torch.isfinite(gb).all()
+
+
+def test_root_forms_equal_the_root_of_the_smooth_forms_and_gradcheck():
+    g = torch.Generator().manual_seed(40)
+    z = torch.randn(30, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 4, (30,), generator=g)
+    torch.testing.assert_close(mmce(z, t) ** 2, mmce(z, t, squared=True), rtol=1e-12, atol=0)
+    torch.testing.assert_close(soft_binned_ece(z, t, p=3.0) ** 3,
+                               soft_binned_ece(z, t, p=3.0, root=False), rtol=1e-12, atol=0)
+    assert gradcheck(lambda x: mmce(x, t), (z,))
+    assert gradcheck(lambda x: soft_binned_ece(x, t, p=3.0, temperature=0.05), (z,))
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 1.0, 2.0, 3.0, 5.0, "adaptive"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_focal_finite_gradients_saturated_all_correct_and_all_wrong(gamma, dtype):
+    t = torch.tensor([0, 1, 2])
+    for shift in (0, 1):
+        z = torch.zeros(3, 3, dtype=dtype)
+        z[torch.arange(3), (t + shift) % 3] = 1e3
+        z.requires_grad_(True)
+        value = focal_loss(z, t, gamma=gamma)
+        (grad,) = torch.autograd.grad(value, z)
+        assert torch.isfinite(value) and torch.isfinite(grad).all()
+
+
+def test_class_probability_targets_in_regularisers():
+    # never read as independent sigmoids: the confidence readings raise, mdca uses the
+    # mean target probabilities, multilabel=True is the per-element binary reading
+    g = torch.Generator().manual_seed(41)
+    z = torch.randn(12, 3, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 3, (12,), generator=g)
+    one_hot = F.one_hot(t, 3).double()
+    for fn in (focal_loss, mmce, soft_binned_ece, dca):
+        with pytest.raises(ValueError, match=r"^target: \w+ needs class indices"):
+            fn(z, one_hot)
+        torch.testing.assert_close(fn(z, one_hot, multilabel=True),
+                                   fn(z.reshape(-1), one_hot.reshape(-1)))
+    torch.testing.assert_close(mdca(z, one_hot), mdca(z, t), rtol=1e-12, atol=1e-15)
+    q = torch.softmax(torch.randn(12, 3, generator=g, dtype=torch.float64), 1)
+    ref = (torch.softmax(z, 1).mean(0) - q.mean(0)).abs().mean()
+    torch.testing.assert_close(mdca(z, q), ref, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(confidence_penalty(z, q), confidence_penalty(z), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", list(_SET_LEVEL))
+def test_binary_head_n_by_1_equals_binary_in_regularisers(name):
+    g = torch.Generator().manual_seed(42)
+    z = torch.randn(10, generator=g, dtype=torch.float64) * 2
+    y = torch.randint(0, 2, (10,), generator=g).double()
+    ref = _SET_LEVEL[name](z, y)
+    torch.testing.assert_close(_SET_LEVEL[name](z[:, None], y), ref, rtol=0, atol=0)
+    torch.testing.assert_close(_SET_LEVEL[name](z[:, None], y[:, None]), ref, rtol=0, atol=0)

@@ -131,8 +131,149 @@ def test_rules_match_float64_reference_multiclass_and_binary(rule):
                                rtol=1e-12, atol=1e-12)
     zb = torch.randn(4, 7, generator=g, dtype=torch.float64) * 3
     yb = torch.randint(0, 2, (4, 7), generator=g).double()
-    np.testing.assert_allclose(rule(zb, yb, reduction="none").numpy(), reference(rule, zb, yb),
+    np.testing.assert_allclose(rule(zb, yb, reduction="none", multilabel=True).numpy(),
+                               reference(rule, zb, yb), rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------- class-probability targets, multilabel, (N, 1)
+
+
+def expected_reference(rule, logits: torch.Tensor, q: torch.Tensor,
+                       weight: torch.Tensor | None = None) -> np.ndarray:
+    """``sum_c w_c q_c S(p, c)`` per item, from the per-class textbook reference (numpy)."""
+    num_classes = logits.shape[1]
+    w = np.ones(num_classes) if weight is None else weight.double().numpy()
+    qn = q.double().numpy()
+    total = np.zeros(logits.shape[:1] + logits.shape[2:])
+    for c in range(num_classes):
+        t = torch.full(logits.shape[:1] + logits.shape[2:], c, dtype=torch.long)
+        total += w[c] * qn[:, c] * reference(rule, logits, t)
+    return total
+
+
+@pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
+def test_float_one_hot_target_equals_class_indices(rule):
+    # issue 9 item 2: a float one-hot (N, C) target is read as class probabilities, exactly
+    # as F.cross_entropy does, never as independent sigmoids
+    g = torch.Generator().manual_seed(21)
+    z = torch.randn(7, 5, 3, generator=g, dtype=torch.float64) * 2
+    t = torch.randint(0, 5, (7, 3), generator=g)
+    one_hot = _onehot(t, 5)
+    w = torch.rand(5, generator=g, dtype=torch.float64) + 0.1
+    torch.testing.assert_close(rule(z, one_hot, reduction="none"), rule(z, t, reduction="none"),
+                               **TOL)
+    torch.testing.assert_close(rule(z, one_hot), rule(z, t), **TOL)
+    torch.testing.assert_close(rule(z, one_hot, weight=w, reduction="sum"),
+                               rule(z, t, weight=w, reduction="sum"), **TOL)
+    # F.cross_entropy's 'mean' with probability targets divides by N, not by the weights
+    torch.testing.assert_close(rule(z, one_hot, weight=w),
+                               rule(z, t, weight=w, reduction="sum") / t.numel(), **TOL)
+
+
+def test_log_score_probability_targets_match_cross_entropy():
+    g = torch.Generator().manual_seed(22)
+    z = torch.randn(6, 4, 2, generator=g, dtype=torch.float64) * 3
+    q = torch.softmax(torch.randn(6, 4, 2, generator=g, dtype=torch.float64), 1)
+    w = torch.rand(4, generator=g, dtype=torch.float64) + 0.1
+    for weight, eps, reduction in itertools.product([None, w], [0.0, 0.2],
+                                                    ["mean", "sum", "none"]):
+        ours = log_score(z, q, weight=weight, label_smoothing=eps, reduction=reduction)
+        ref = F.cross_entropy(z, q, weight=weight, label_smoothing=eps, reduction=reduction)
+        torch.testing.assert_close(ours, ref, **TOL)
+    # the issue's numbers: a one-hot float target is softmax cross-entropy (1.891), not
+    # the mean of independent sigmoids (0.758), which needs multilabel=True
+    zi = torch.randn(32, 10, generator=torch.Generator().manual_seed(0))
+    yi = F.one_hot(torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(1)),
+                   10).float()
+    torch.testing.assert_close(log_score(zi, yi), F.cross_entropy(zi, yi))
+    torch.testing.assert_close(log_score(zi, yi, multilabel=True),
+                               F.binary_cross_entropy_with_logits(zi, yi))
+    assert (log_score(zi, yi) - log_score(zi, yi, multilabel=True)).abs() > 0.5
+
+
+@pytest.mark.parametrize("rule", [brier_score, spherical_score, ranked_probability_score],
+                         ids=["brier_score", "spherical_score", "ranked_probability_score"])
+def test_probability_targets_are_the_expected_score(rule):
+    g = torch.Generator().manual_seed(23)
+    z = torch.randn(8, 5, 2, generator=g, dtype=torch.float64) * 2
+    q = torch.softmax(torch.randn(8, 5, 2, generator=g, dtype=torch.float64) * 2, 1)
+    q[0, :, 0] = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    w = torch.rand(5, generator=g, dtype=torch.float64) + 0.1
+    np.testing.assert_allclose(rule(z, q, reduction="none").numpy(),
+                               expected_reference(rule, z, q), rtol=1e-12, atol=1e-12)
+    ref_w = expected_reference(rule, z, q, w)
+    np.testing.assert_allclose(rule(z, q, weight=w, reduction="none").numpy(), ref_w,
                                rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(rule(z, q, weight=w).item(), ref_w.mean(), rtol=1e-12)
+    zg = z.clone().requires_grad_(True)
+    assert gradcheck(lambda x: rule(x, q, weight=w), (zg,))
+
+
+def test_probability_brier_is_distance_plus_target_entropy():
+    # sum_c q_c ||p - e_c||^2 = ||p - q||^2 + sum_c q_c (1 - q_c): the same gradient as
+    # the squared distance to q, and the same value for one-hot q
+    g = torch.Generator().manual_seed(24)
+    z = torch.randn(10, 4, generator=g, dtype=torch.float64)
+    q = torch.softmax(torch.randn(10, 4, generator=g, dtype=torch.float64), 1)
+    p = torch.softmax(z, 1)
+    expected = ((p - q) ** 2).sum(1) + (q * (1 - q)).sum(1)
+    torch.testing.assert_close(brier_score(z, q, reduction="none"), expected, **TOL)
+
+
+PROB_TARGET_ERRORS = [
+    ("row sum 1.2", torch.tensor([[0.6, 0.6, 0.0]]), r"target: expected class probabilities "
+     r"whose sum over dim 1 is 1 \(tolerance 0.0001\), got 1.2"),
+    ("row sum 0", torch.zeros(1, 3), r"target: expected class probabilities whose sum"),
+    ("negative", torch.tensor([[1.5, -0.5, 0.0]]), r"target: expected probabilities in \[0, 1\]"),
+    ("nan", torch.tensor([[float("nan"), 0.5, 0.5]]), r"target: expected probabilities"),
+    ("integer same shape", torch.tensor([[1, 0, 0]]), r"target: expected class indices of shape"),
+]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
+@pytest.mark.parametrize("case", PROB_TARGET_ERRORS, ids=[c[0] for c in PROB_TARGET_ERRORS])
+def test_invalid_probability_targets_raise(rule, case):
+    _, q, match = case
+    with pytest.raises(ValueError, match=match):
+        rule(torch.zeros(1, 3), q)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
+def test_probability_target_tolerance_and_masks(rule):
+    z = torch.zeros(2, 3)
+    q = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    q_ok = q + torch.tensor([[5e-5, 0.0, 0.0], [0.0, 0.0, -5e-5]])  # inside 1e-4
+    assert torch.isfinite(rule(z, q_ok))
+    with pytest.raises(ValueError, match="^target: expected class probabilities"):
+        rule(z, q + torch.tensor([[2e-4, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    # -inf masks are not allowed with probability targets (0 * -inf)
+    with pytest.raises(ValueError, match="^logits: expected finite values"):
+        rule(torch.tensor([[0.0, 1.0, float("-inf")]] * 2), q)
+    with pytest.raises(ValueError, match="^weight: expected a 1-d tensor of 3 class weights"):
+        rule(z, q, weight=torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
+def test_binary_head_n_by_1_equals_binary(rule):
+    g = torch.Generator().manual_seed(25)
+    z = torch.randn(9, generator=g, dtype=torch.float64) * 3
+    y = torch.randint(0, 2, (9,), generator=g).double()
+    y[2] = -100
+    w = torch.rand(9, generator=g, dtype=torch.float64)
+    ref = rule(z, y, weight=w, reduction="none")
+    torch.testing.assert_close(rule(z[:, None], y, weight=w, reduction="none"), ref, **TOL)
+    torch.testing.assert_close(rule(z[:, None], y[:, None], weight=w[:, None],
+                                    reduction="none"), ref[:, None], **TOL)
+    torch.testing.assert_close(rule(z[:, None], y), rule(z, y), **TOL)
+    with pytest.raises(ValueError, match=r"^target: expected shape \(9, 1\) or \(9,\)"):
+        rule(z[:, None], y[:5])
+
+
+def test_multilabel_rejects_class_indices_and_is_a_bool():
+    with pytest.raises(ValueError, match="^target: multilabel=True expects 0/1 float labels"):
+        log_score(torch.zeros(2, 3), torch.tensor([0, 1]), multilabel=True)
+    with pytest.raises(TypeError, match="^multilabel: expected a bool"):
+        brier_score(torch.zeros(2, 3), torch.tensor([0, 1]), multilabel=1)
 
 
 def test_hand_worked_values():
@@ -181,10 +322,11 @@ def test_weight_and_ignore_index_semantics(rule):
     wb = torch.tensor([1.0, 0.5, 2.0, 4.0], dtype=torch.float64)  # broadcast over rows
     per_item = torch.from_numpy(reference(rule, zb, yb.clamp(min=0)))
     w_item = wb.expand(3, 4) * (yb != -100)
-    torch.testing.assert_close(rule(zb, yb, weight=wb, reduction="none"), w_item * per_item,
-                               **TOL)
-    torch.testing.assert_close(rule(zb, yb, weight=wb), (w_item * per_item).sum() / w_item.sum(),
-                               **TOL)
+    # (N, C) 0/1 float targets are independent sigmoids only with multilabel=True
+    torch.testing.assert_close(rule(zb, yb, weight=wb, reduction="none", multilabel=True),
+                               w_item * per_item, **TOL)
+    torch.testing.assert_close(rule(zb, yb, weight=wb, multilabel=True),
+                               (w_item * per_item).sum() / w_item.sum(), **TOL)
 
 
 @pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
@@ -221,8 +363,8 @@ def test_gradcheck_binary_with_weight_and_ignore(rule):
     y = torch.randint(0, 2, (3, 4), generator=g).double()
     y[1, 2] = -100
     w = torch.rand(3, 4, generator=g, dtype=torch.float64) + 0.1
-    assert gradcheck(lambda x: rule(x, y, weight=w), (z,))
-    assert gradgradcheck(lambda x: rule(x, y, reduction="none"), (z,))
+    assert gradcheck(lambda x: rule(x, y, weight=w, multilabel=True), (z,))
+    assert gradgradcheck(lambda x: rule(x, y, reduction="none", multilabel=True), (z,))
 
 
 @pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
@@ -392,11 +534,11 @@ BAD_INPUTS = [
     ("integer binary target", _z(3), torch.tensor([0, 1, 1]), {}, ValueError,
      r"target: expected floating-point labels in \{0, 1\}"),
     ("shape mismatch", _z(4, 3), torch.tensor([0, 1, 2]), {}, ValueError,
-     r"target: expected shape \(4, 3\) .* or \(4,\)"),
+     r"target: expected shape \(4,\) .* or \(4, 3\)"),
     ("shape mismatch 1-d", _z(4), torch.tensor([0.0, 1.0]), {}, ValueError,
      r"target: expected shape \(4,\)"),
-    ("single class", _z(4, 1), torch.tensor([0, 0, 0, 0]), {}, ValueError,
-     r"logits: expected at least 2 classes along dim 1.*squeeze"),
+    ("single class indices", _z(4, 1), torch.tensor([0, 0, 0, 0]), {}, ValueError,
+     r"target: expected floating-point labels in \{0, 1\}"),
     ("unknown reduction", _z(2, 3), torch.tensor([0, 1]), {"reduction": "avg"}, ValueError,
      r"reduction: expected one of"),
     ("empty", torch.empty(0, 3), torch.empty(0, dtype=torch.long), {}, ValueError,
@@ -410,7 +552,8 @@ BAD_INPUTS = [
     ("weight nan", _z(2, 3), torch.tensor([0, 1]),
      {"weight": torch.tensor([1.0, float("nan"), 1.0])}, ValueError,
      r"weight: expected finite values"),
-    ("binary weight shape", _z(2, 3), torch.zeros(2, 3), {"weight": torch.ones(2)}, ValueError,
+    ("binary weight shape", _z(2, 3), torch.zeros(2, 3),
+     {"weight": torch.ones(2), "multilabel": True}, ValueError,
      r"weight: expected a tensor broadcastable to the target's shape"),
     ("not a tensor", [[0.0, 1.0]], torch.tensor([0]), {}, TypeError,
      r"logits: expected a torch.Tensor"),
@@ -472,18 +615,19 @@ def test_shapes_and_weighted_mean(data):
         target[ignore] = -7
         w_item = weight[target.clamp(min=0)] * ~ignore
         shape = (n,) + extra
-    none = rule(z, target, weight=weight, ignore_index=-7, reduction="none")
+    kw = {"multilabel": binary}  # multi-dim 0/1 float targets: independent sigmoids
+    none = rule(z, target, weight=weight, ignore_index=-7, reduction="none", **kw)
     assert none.shape == shape and none.dtype == torch.float64
     assert torch.all(none[ignore] == 0)
-    total = rule(z, target, weight=weight, ignore_index=-7, reduction="sum")
+    total = rule(z, target, weight=weight, ignore_index=-7, reduction="sum", **kw)
     torch.testing.assert_close(total, none.sum(), **TOL)
-    mean = rule(z, target, weight=weight, ignore_index=-7, reduction="mean")
+    mean = rule(z, target, weight=weight, ignore_index=-7, reduction="mean", **kw)
     expected = none.sum() / w_item.sum()
     if torch.isnan(expected):
         assert torch.isnan(mean)
     else:
         torch.testing.assert_close(mean, expected, **TOL)
-    unweighted = rule(z, target, ignore_index=-7, reduction="none")
+    unweighted = rule(z, target, ignore_index=-7, reduction="none", **kw)
     torch.testing.assert_close(none, unweighted * w_item, **TOL)
 
 
@@ -519,7 +663,7 @@ def test_hypothesis_bad_values_name_the_argument_and_position(data):
         z.view(-1)[flat] = float("nan") if kind == "nan" else float("inf")
         name, where = "logits", _position(flat, shape)
     with pytest.raises(ValueError) as info:
-        rule(z, target)
+        rule(z, target, multilabel=binary)
     message = str(info.value)
     assert message.startswith(name + ":") and f"position {where}" in message, message
 

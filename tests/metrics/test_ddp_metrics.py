@@ -124,3 +124,51 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
             _close(v, w, f"{name}.{k}")
         _close(ref[name]["result"], got[name]["result"], name)
     assert int(got["ece"]["states"]["count"].sum()) == sum(SHARDS)
+
+
+# ------------------------------------------------------------------ issue 9: DDP edge cases
+def _worker_edge(rank: int, world: int, port: int, path: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        logits, target, _ = _data()
+        out = {}
+        # exact=True with a rank that never updated (its 'cat' states are empty lists)
+        m = CalibrationError(estimator="smooth", exact=True)
+        eq = CalibrationError(estimator="equal_mass", exact=True, n_bins=10)
+        if rank == 0:
+            m.update(logits, target)
+            eq.update(logits, target)
+        out["smooth"] = m.compute()
+        out["equal_mass"] = eq.compute()
+        # ranks built with different settings: every rank raises 'other: ...'
+        bad = CalibrationError(n_bins=15 if rank == 0 else 10)
+        bad.update(logits[:100], target[:100])
+        try:
+            bad.compute()
+            out["mismatch"] = "no error"
+        except ValueError as e:
+            out["mismatch"] = str(e)
+        torch.save(out, f"{path}.{rank}")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(60)
+def test_exact_with_an_empty_rank_and_config_mismatch(tmp_path):
+    path = str(tmp_path / "edge.pt")
+    mp.spawn(_worker_edge, args=(2, _free_port(), path), nprocs=2, join=True)
+    logits, target, _ = _data()
+    ref_s = CalibrationError(estimator="smooth", exact=True)
+    ref_s.update(logits, target)
+    ref_e = CalibrationError(estimator="equal_mass", exact=True, n_bins=10)
+    ref_e.update(logits, target)
+    for rank in (0, 1):
+        got = torch.load(f"{path}.{rank}", weights_only=False)
+        assert abs(float(got["smooth"]) - float(ref_s.compute())) <= 1e-12
+        assert abs(float(got["equal_mass"]) - float(ref_e.compute())) <= 1e-12
+        assert got["mismatch"].startswith("other: rank(s) ["), got["mismatch"]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import pathlib
+import types
 
 import pytest
+import torch
 
 from recipes.complex_link_prediction import audit as audit_mod
 from recipes.complex_link_prediction.cli import _config_from_namespace, build_parser, main
@@ -31,10 +33,20 @@ def _load(path):
     return rep, {k: v for k, v in rep.items() if k not in TIMING_KEYS}
 
 
-def test_tiny_family_end_to_end(tmp_path, monkeypatch):
+def test_tiny_family_end_to_end(tmp_path, monkeypatch, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
     assert main(TINY + ["--output_dir", str(a)]) == 0
     rep, rep_a = _load(a)
+    out = capsys.readouterr().out
+    # stdout: each audit's line with the ties / T created; the 1-N triple line says why T
+    # cannot fix it
+    tail_line = next(ln for ln in out.splitlines() if ln.startswith("audit tail:"))
+    triple_line = next(ln for ln in out.splitlines() if ln.startswith("audit triple:"))
+    assert "invariants ok (" in tail_line and "created by / T" in tail_line
+    assert "invariants ok (" in triple_line
+    assert "T cannot fix a 1-N model here" in triple_line and "cannot move an offset" in \
+        triple_line and "base rate 0.1667" in triple_line
+    assert "T cannot fix" not in tail_line
     assert TOP_KEYS <= set(rep)
     assert TAIL_KEYS <= set(rep["audits"]["tail"])
     assert TRIPLE_KEYS <= set(rep["audits"]["triple"])
@@ -86,12 +98,30 @@ def test_tiny_family_end_to_end(tmp_path, monkeypatch):
         assert [ln for ln in text_a if not ln.decode().startswith(timing)] == [
             ln for ln in text_b if not ln.decode().startswith(timing)], name
 
-    # a failed invariant makes the command fail
-    monkeypatch.setattr(audit_mod, "same_ranking", lambda x, y: False)
+    # the counts behind the invariants are in the report, per audit
+    for name in ("tail", "triple"):
+        au = rep["audits"][name]
+        assert au["strict_inversions"] == 0 and au["ties_broken"] == 0
+        assert au["ties_created"] >= 0 and au["max_tie_gap_ulps"] <= au["max_tie_gap_bound_ulps"]
+        assert f"ties created by / T: {au['ties_created']}" in text
+
+    # a failed invariant (a "scaler" that reorders the scores) makes the command fail
+    class Reorders:
+        def fit(self, logits, target):
+            return types.SimpleNamespace(temperature=1.0, converged=True)
+
+        def __call__(self, logits):
+            g = torch.Generator().manual_seed(0)
+            return logits - 20 * torch.rand(logits.shape, generator=g, dtype=logits.dtype)
+
+    monkeypatch.setattr(audit_mod, "TemperatureScaler", Reorders)
     c = tmp_path / "c"
+    capsys.readouterr()
     assert main(TINY + ["--output_dir", str(c), "--audit.plots", "false",
                         "--trainer.max_epochs", "1"]) == 1
     assert json.loads((c / "report.json").read_text())["invariants_ok"] is False
+    err = capsys.readouterr().err
+    assert "invariant(s) failed: tail.no_strict_inversion" in err
 
 
 def test_bad_tsv_is_a_clear_error(tmp_path, capsys):
@@ -122,14 +152,82 @@ def test_every_option_overrides_the_config(capsys):
     assert "--trainer.max_epochs" in out and "--data.hide" in out and "hidden truth" in out
 
 
-def test_negatives_mode_at_the_audit_base_rate(tmp_path):
+def test_negatives_mode_at_the_audit_base_rate(tmp_path, capsys):
     out = tmp_path / "neg"
     args = TINY + ["--mode", "negatives", "--model.num_negatives", "5", "--output_dir", str(out),
                    "--audit.plots", "false", "--trainer.logger", "false",
                    "--trainer.max_epochs", "2", "--audit.n_bins", "10"]
     assert main(args) == 0
+    assert "T cannot fix" not in capsys.readouterr().out
     rep = json.loads((out / "report.json").read_text())
     assert rep["mode"] == "negatives" and rep["invariants_ok"] is True
     text = (out / "report.txt").read_text()
     assert "one temperature is a legitimate repair" in text
     assert "ECE (L1, 10 bins)" in text and "10 bins, 95% wilson" in text
+
+
+def _tsv(path, rows):
+    path.write_text("".join(f"{h}\t{r}\t{t}\n" for h, r, t in rows))
+    return str(path)
+
+
+def _world(tmp_path, test_rows, extra_train=()):
+    """A small TSV KG: 12 entities on a ring under two relations, so every query has free
+    tails; ``test_rows`` as the test file."""
+    ents = [f"e{i}" for i in range(12)]
+    train = [(ents[i], "next", ents[(i + 1) % 12]) for i in range(12)]
+    train += [(ents[i], "skip", ents[(i + 2) % 12]) for i in range(0, 12, 2)]
+    train += list(extra_train)
+    valid = [(ents[1], "skip", ents[3])]
+    return ["--data.dataset", "tsv", "--data.train", _tsv(tmp_path / "train.tsv", train),
+            "--data.valid", _tsv(tmp_path / "valid.tsv", valid),
+            "--data.test", _tsv(tmp_path / "test.tsv", test_rows),
+            "--model.rank", "4", "--trainer.enable_progress_bar", "false",
+            "--trainer.logger", "false", "--audit.plots", "false", "--monitor", "false",
+            "--output_dir", str(tmp_path / "out")]
+
+
+TEST_ROWS = [("e3", "skip", "e5"), ("e5", "skip", "e7"), ("e7", "skip", "e9"),
+             ("e9", "skip", "e11"), ("e2", "next", "e4"), ("e6", "next", "e8")]
+
+
+@pytest.mark.parametrize(("rows", "extra", "match"), [
+    ([("e3", "skip", "e5")], ["--trainer.max_epochs", "1"],
+     "error: data.test: expected at least 2 test triples"),
+    ([("e3", "skip", "e5"), ("e2", "next", "e4")], ["--trainer.max_epochs", "1"],
+     "error: data.test: the evaluation half is empty"),
+    (TEST_ROWS, ["--trainer.max_epochs", "0"], "error: trainer.max_epochs: expected an int >= 1"),
+    (TEST_ROWS, ["--trainer.max_epochs", "-1"], "error: trainer.max_epochs: expected an int >= 1"),
+    # 12 entities: a query's own answer is known, so at most 11 tails are free: fewer than
+    # k = 12 distinct corruptions
+    (TEST_ROWS, ["--trainer.max_epochs", "1", "--audit.k", "12"],
+     "error: audit.k: no test query of the calibration half has k = 12 distinct"),
+])
+def test_unusable_input_is_exit_2_before_training(tmp_path, capsys, rows, extra, match):
+    assert main(_world(tmp_path, rows) + extra) == 2
+    captured = capsys.readouterr()
+    assert match in captured.err
+    assert "filtered MRR" not in captured.out  # nothing trained or reported
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_test_triples_in_train_warn_and_are_counted(tmp_path, capsys):
+    leaked = TEST_ROWS[:2]
+    args = _world(tmp_path, TEST_ROWS, extra_train=leaked) + [
+        "--trainer.max_epochs", "2", "--audit.k", "3"]
+    with pytest.warns(UserWarning, match="^data.test: 2 of 6 test triples also occur in the "
+                                         "training triples"):
+        assert main(args) == 0
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert rep["num_test_in_train"] == 2
+    assert "invariants ok" in capsys.readouterr().out
+    # and without the leak: no warning, a count of 0
+    import warnings
+
+    (tmp_path / "out" / "report.json").unlink()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(_world(tmp_path, TEST_ROWS) + ["--trainer.max_epochs", "2",
+                                                   "--audit.k", "3"]) == 0
+    assert not [w for w in caught if str(w.message).startswith("data.test")]
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["num_test_in_train"] == 0

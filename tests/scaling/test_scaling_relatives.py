@@ -9,6 +9,7 @@ import torch
 from scipy.optimize import brentq, minimize
 from scipy.special import expit, log_expit, logsumexp
 
+from torchcal.functional.invariants import check_monotone_map
 from torchcal.scaling import (
     CalibrationWarning,
     GroupTemperatureScaler,
@@ -46,33 +47,104 @@ def _platt_numpy(params, s, y):
     return f, np.array([np.mean(r * s), np.mean(r)])
 
 
-def test_platt_reaches_scipy_optimum_and_keeps_ranking():
+def _platt_targets(y):
+    """Platt's (1999, section 2.2) smoothed targets, written out independently."""
+    n_pos, n_neg = y.sum(), len(y) - y.sum()
+    return np.where(y > 0.5, (n_pos + 1) / (n_pos + 2), 1 / (n_neg + 2))
+
+
+@pytest.mark.parametrize("smooth", [True, False])
+def test_platt_reaches_scipy_optimum_and_keeps_ranking(smooth):
     sk = pytest.importorskip("sklearn.metrics")
     g = torch.Generator().manual_seed(0)
     s = 3 * torch.randn(5000, generator=g, dtype=torch.float64)
     y = torch.bernoulli(torch.sigmoid(0.4 * s - 1.2), generator=g)
-    platt = PlattScaler()
+    platt = PlattScaler(smooth_targets=smooth)
     res = platt.fit(s, y)
     sn, yn = s.numpy(), y.numpy()
-    ref = minimize(_platt_numpy, x0=[1.0, 0.0], args=(sn, yn), jac=True, method="BFGS",
+    tn = _platt_targets(yn) if smooth else yn
+    ref = minimize(_platt_numpy, x0=[1.0, 0.0], args=(sn, tn), jac=True, method="BFGS",
                    options={"gtol": 1e-12})
     ours = np.array([platt.weight.item(), platt.bias.item()])
-    f_ours, g_ours = _platt_numpy(ours, sn, yn)
+    f_ours, g_ours = _platt_numpy(ours, sn, tn)
     assert res.converged and res.grad_norm <= 1e-8
     assert res.passes >= res.iterations + 1  # one objective evaluation per pass, reported
     assert np.linalg.norm(g_ours) <= 1e-8
     assert f_ours <= ref.fun + 1e-12
     assert np.allclose(ours, ref.x, atol=1e-6)
-    assert abs(res.nll_after - f_ours) <= 1e-12 and res.nll_after < res.nll_before
+    # nll_before / nll_after are the NLL of the 0/1 labels, whatever the fitted targets
+    assert abs(res.nll_after - _platt_numpy(ours, sn, yn)[0]) <= 1e-12
+    assert abs(res.nll_before - _platt_numpy([1.0, 0.0], sn, yn)[0]) <= 1e-12
+    assert res.nll_after < res.nll_before
     out = platt(s).detach()
-    assert torch.equal(torch.argsort(out, stable=True), torch.argsort(s, stable=True))
+    check = check_monotone_map(s, out, decisions=False)
+    assert check.ok and check.strict_inversions == 0
     assert sk.roc_auc_score(yn, out.numpy()) == sk.roc_auc_score(yn, sn)
+
+
+def test_platt_default_matches_sklearn_sigmoid_calibration():
+    """The default (smoothed targets) is scikit-learn's ``_sigmoid_calibration`` (its sign
+    convention: P = 1 / (1 + exp(A f + B)), so a = -A, b = -B); scikit-learn stops its LBFGS
+    at gtol 1e-6, hence the looser tolerance than against the tight scipy fit above."""
+    cal = pytest.importorskip("sklearn.calibration")
+    g = torch.Generator().manual_seed(3)
+    s = 2 * torch.randn(800, generator=g, dtype=torch.float64)
+    y = torch.bernoulli(torch.sigmoid(1.5 * s + 0.3), generator=g)
+    platt = PlattScaler()
+    platt.fit(s, y)
+    A, B = cal._sigmoid_calibration(s.numpy(), y.numpy())
+    assert abs(platt.weight.item() + A) <= 1e-4 * abs(A)
+    assert abs(platt.bias.item() + B) <= 1e-4 * max(1.0, abs(B))
+    # and the plain 0/1 fit is a different (sharper) map: the smoothing is not a no-op
+    plain = PlattScaler(smooth_targets=False)
+    plain.fit(s, y)
+    assert plain.weight.item() > platt.weight.item() * (1 + 1e-3)
+
+
+def test_platt_separated_set():
+    """0/1 targets on a separated set: slope on its bound, warned, converged=False (no longer
+    a finite 'converged' slope); the default smoothed targets have a finite optimum there."""
+    s = torch.linspace(-3, 3, 200, dtype=torch.float64)
+    y = (s > 0).double()
+    with pytest.warns(CalibrationWarning, match="perfectly separated"):
+        res = PlattScaler(smooth_targets=False).fit(s, y)
+    assert not res.converged and math.isfinite(res.nll_after)
+    # quasi-separation (a tie across the classes) is separation too
+    s2 = torch.tensor([-2.0, 0.0, 0.0, 2.0], dtype=torch.float64)
+    with pytest.warns(CalibrationWarning, match="perfectly separated"):
+        PlattScaler(smooth_targets=False).fit(s2, torch.tensor([0.0, 0.0, 1.0, 1.0]))
+    platt = PlattScaler()
+    res = platt.fit(s, y)
+    sn, yn = s.numpy(), y.numpy()
+    ref = minimize(_platt_numpy, x0=[1.0, 0.0], args=(sn, _platt_targets(yn)), jac=True,
+                   method="BFGS", options={"gtol": 1e-12})
+    assert res.converged and not res.warnings
+    assert np.allclose([platt.weight.item(), platt.bias.item()], ref.x, atol=1e-6)
+
+
+def test_platt_saturated_scores_do_not_crash():
+    """Issue 9: ``fit([1e3, -1e3, 2e3, -3e3], [1, 1, 0, 0])`` crashed in linalg.solve (every
+    score saturated at a = 1: a zero Hessian). The optimum slope (scikit-learn: 6.8e-5) is
+    below the bound 1 / t_max, so a stops there, with a warning."""
+    s = torch.tensor([1e3, -1e3, 2e3, -3e3], dtype=torch.float64)
+    y = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    with pytest.warns(CalibrationWarning, match="slope bound"):
+        res = PlattScaler().fit(s, y)
+    assert not res.converged and math.isfinite(res.nll_after)
+    wide = PlattScaler(bounds=(1e-3, 1e6))
+    res = wide.fit(s, y)  # the bound no longer binds: the smoothed optimum, interior
+    tn = _platt_targets(y.numpy())
+    ref = minimize(_platt_numpy, x0=[0.0, 0.0], args=(s.numpy() / 3e3, tn), jac=True,
+                   method="BFGS", options={"gtol": 1e-14})
+    assert res.converged
+    assert abs(wide.weight.item() - ref.x[0] / 3e3) <= 1e-6 * abs(ref.x[0] / 3e3)
+    assert abs(wide.bias.item() - ref.x[1]) <= 1e-6
 
 
 def test_platt_degenerate_and_bad_input():
     s = torch.linspace(-3, 3, 200, dtype=torch.float64)
     with pytest.warns(CalibrationWarning, match="slope bound"):
-        res = PlattScaler().fit(s, (s > 0).double())
+        res = PlattScaler().fit(s, (s < 0).double())  # anti-correlated: a -> 1 / t_max
     assert not res.converged and math.isfinite(res.nll_after)
     with pytest.raises(ValueError, match="^target: expected both classes"):
         PlattScaler().fit(s, torch.ones(200))
@@ -171,11 +243,84 @@ def test_vector_scaling_may_change_the_argmax():
     assert not torch.equal(scaler(z).argmax(1), z.argmax(1))
 
 
+def _masked_affine_numpy(params, z, mask, y, kind, od, breg):
+    """The masked objective, independently: masked inputs enter as 0, masked outputs -inf."""
+    n, c = z.shape
+    zf = np.where(mask, 0.0, z)
+    if kind == "vector":
+        a = zf * params[:c] + params[c:]
+    else:
+        a = zf @ params[:c * c].reshape(c, c).T + params[c * c:]
+    a = np.where(mask, -np.inf, a)
+    f = np.mean(logsumexp(a, axis=1) - a[np.arange(n), y])
+    w = params[:c * c].reshape(c, c) if kind == "matrix" else None
+    if kind == "vector":
+        f += breg / c * np.sum(params[c:] ** 2)
+    else:
+        off = w - np.diag(np.diag(w))
+        f += od / (c * (c - 1)) * np.sum(off * off) + breg / c * np.sum(params[c * c:] ** 2)
+    return f
+
+
+@pytest.mark.parametrize("kind", ["vector", "matrix"])
+def test_affine_scalers_with_masked_logits(kind):
+    """Issue 9: -inf masks made MatrixScaler's output NaN. A masked entry stays -inf
+    (probability 0) and contributes nothing to the other classes; the fit minimises that
+    masked objective (checked against an independent numpy objective: no lower value nearby,
+    and the unmasked parameters' optimum matches scipy's)."""
+    c = 4
+    z, y = _multiclass(2000, c, seed=12, bias=[0.3, 0.0, -0.3, 0.1])
+    g = torch.Generator().manual_seed(13)
+    mask = torch.rand(z.shape, generator=g) < 0.2
+    mask[torch.arange(2000), y] = False
+    zm = z.masked_fill(mask, -math.inf)
+    scaler = VectorScaler(c, bias_reg=0.01) if kind == "vector" else MatrixScaler(c)
+    od, breg = (0.0, 0.01) if kind == "vector" else (0.01, 0.01)
+    res = scaler.fit(zm, y)
+    assert res.converged and math.isfinite(res.nll_after)
+    zn, mn, yn = z.numpy(), mask.numpy(), y.numpy()
+    x0 = np.concatenate([np.ones(c) if kind == "vector" else np.eye(c).ravel(), np.zeros(c)])
+    ref = minimize(_masked_affine_numpy, x0, args=(zn, mn, yn, kind, od, breg),
+                   method="BFGS", options={"gtol": 1e-10})
+    ours = np.concatenate([scaler.weight.detach().numpy().ravel(), scaler.bias.detach().numpy()])
+    assert _masked_affine_numpy(ours, zn, mn, yn, kind, od, breg) <= ref.fun + 1e-10
+    assert np.allclose(ours, ref.x, atol=1e-4)
+    assert abs(res.nll_after - _masked_affine_numpy(ours, zn, mn, yn, kind, 0.0, 0.0)) <= 1e-12
+    # forward: no NaN, masked entries -inf, also with a negative weight on a masked class
+    out = scaler(zm)
+    assert not bool(torch.isnan(out).any())
+    assert torch.equal(torch.isneginf(out), mask)
+    with torch.no_grad():
+        scaler.weight.neg_()
+    out = scaler(zm)
+    assert torch.equal(torch.isneginf(out), mask) and not bool(torch.isnan(out).any())
+    # the target class masked: likelihood 0, a clear error
+    bad = zm.clone()
+    bad[5, y[5]] = -math.inf
+    with pytest.raises(ValueError, match=r"^logits: the target class is masked \(-inf\) at row 5"):
+        (VectorScaler(c) if kind == "vector" else MatrixScaler(c)).fit(bad, y)
+
+
+@pytest.mark.parametrize("kind", ["vector", "matrix"])
+def test_closed_form_masked_hessian_matches_autograd(kind):
+    z, y = _multiclass(200, 4, seed=9)
+    mask = torch.rand(z.shape, generator=torch.Generator().manual_seed(3)) < 0.25
+    mask[torch.arange(200), y] = False
+    zf = z.masked_fill(mask, 0.0)
+    sc = VectorScaler(4) if kind == "vector" else MatrixScaler(4)
+    g = torch.Generator().manual_seed(10)
+    w = sc.weight.detach() + 0.3 * torch.randn(sc.weight.shape, generator=g, dtype=torch.float64)
+    b = 0.3 * torch.randn(4, generator=g, dtype=torch.float64)
+    nw = w.numel()
+    x = torch.cat([w.flatten(), b])
+    ref = torch.autograd.functional.hessian(
+        lambda v: sc.objective(zf, y, v[:nw].reshape(w.shape), v[nw:], mask)[1], x)
+    assert torch.allclose(sc._nll_hessian(zf, w, b, mask), ref, rtol=1e-10, atol=1e-13)
+
+
 def test_affine_bad_input():
     with pytest.raises(ValueError, match="^logits: expected 3 columns"):
         VectorScaler(3).fit(torch.zeros(4, 2), torch.zeros(4, dtype=torch.long))
-    with pytest.raises(ValueError, match="^logits: -inf masks are not supported"):
-        MatrixScaler(2).fit(torch.tensor([[0.0, -math.inf]]), torch.zeros(1, dtype=torch.long))
     with pytest.raises(ValueError, match="^off_diagonal_reg:"):
         MatrixScaler(2, off_diagonal_reg=-1.0)
     with pytest.raises(NotFittedError):
@@ -205,8 +350,9 @@ def test_group_temperatures_match_the_penalised_optimum(shrinkage):
     y = torch.multinomial(torch.softmax(z / true_t[:, None], 1), 1, generator=g).squeeze(1)
     scaler = GroupTemperatureScaler(3, shrinkage=shrinkage)
     res = scaler.fit(z, y, groups)
-    t_glob = TemperatureScaler().fit(z, y).temperature
+    t_glob = TemperatureScaler(method="newton").fit(z, y).temperature
     assert res.temperature == t_glob
+    assert abs(TemperatureScaler().fit(z, y).temperature / t_glob - 1) <= 1e-8
     for k in range(3):
         m = groups == k
         ref = _penalised_group_optimum(z[m], y[m], math.log(t_glob), shrinkage)
@@ -216,7 +362,8 @@ def test_group_temperatures_match_the_penalised_optimum(shrinkage):
         free = GroupTemperatureScaler(3, shrinkage=0.0).fit(z, y, groups).temperatures
         assert abs(math.log(res.temperatures[2] / t_glob)) < abs(math.log(free[2] / t_glob))
     out = scaler(z, groups).detach()
-    assert torch.equal(out.argmax(1), z.argmax(1))
+    check = check_monotone_map(z, out)  # per row: a division by a positive T_g
+    assert check.ok and check.top1_kept and check.strict_inversions == 0
 
 
 def test_group_binary_keeps_ranking_within_groups_and_round_trips():
@@ -231,7 +378,8 @@ def test_group_binary_keeps_ranking_within_groups_and_round_trips():
     out = scaler(s, groups).detach()
     for k in range(2):
         m = groups == k
-        assert torch.equal(torch.argsort(out[m], stable=True), torch.argsort(s[m], stable=True))
+        check = check_monotone_map(s[m], out[m])
+        assert check.ok and check.strict_inversions == 0 and check.decisions_kept
     loaded = _round_trip(scaler, GroupTemperatureScaler(2))
     assert set(scaler.state_dict()) == {"log_temperature", "log_temperature_global", "fitted"}
     assert torch.equal(loaded(s, groups), scaler(s, groups))
@@ -263,11 +411,19 @@ def test_isotonic_binary_equals_sklearn():
     res = iso.fit(s, y)
     ref = isotonic.IsotonicRegression(out_of_bounds="clip").fit(s.numpy(), y.numpy())
     q = torch.cat([s, torch.linspace(-20, 20, 2001, dtype=torch.float64)])
-    assert np.max(np.abs(iso(q).numpy() - ref.predict(q.numpy()))) <= 1e-12
+    p_ref = ref.predict(q.numpy())
+    assert np.max(np.abs(iso.predict_proba(q).numpy() - p_ref)) <= 1e-12
+    # forward: calibrated logits, logit(p) with p clamped to [1e-12, 1 - 1e-12]
+    z_out = iso(q)
+    assert z_out.dtype == q.dtype and z_out.shape == q.shape
+    assert np.max(np.abs(torch.sigmoid(z_out).numpy() - np.clip(p_ref, 1e-12, 1 - 1e-12))) \
+        <= 1e-12
     assert res.converged and res.nll_after < res.nll_before
-    # weakly monotone: no pair inverted
-    order = torch.argsort(q)
-    assert bool((iso(q)[order].diff() >= 0).all())
+    # weakly monotone: no pair inverted (ties are created on purpose: flat runs)
+    assert check_monotone_map(q, iso.predict_proba(q), decisions=False,
+                              max_tie_gap_ulps=2**62).strict_inversions == 0
+    assert check_monotone_map(q, z_out, decisions=False,
+                              max_tie_gap_ulps=2**62).strict_inversions == 0
 
 
 def test_isotonic_confidence_reading_equals_sklearn_and_round_trips():
@@ -283,12 +439,15 @@ def test_isotonic_confidence_reading_equals_sklearn_and_round_trips():
     rest = zn - zn.max(1, keepdims=True)
     rest[np.arange(len(zn)), top] = -np.inf
     with np.errstate(divide="ignore"):
-        score = np.clip(-logsumexp(rest, axis=1), -1e300, 1e300)
+        score = np.clip(-logsumexp(rest, axis=1), -np.finfo(float).max, np.finfo(float).max)
     correct = (top == y.numpy()).astype(float)
     ref = isotonic.IsotonicRegression(out_of_bounds="clip").fit(score, correct)
-    got = iso(z).numpy()
+    got = iso.predict_proba(z).numpy()
     assert np.max(np.abs(got - ref.predict(score))) <= 1e-12
     assert np.all(got[:10] == 1.0)
+    logit = iso(z)
+    assert logit.shape == (3000,) and logit.dtype == z.dtype
+    assert np.max(np.abs(torch.sigmoid(logit).numpy() - np.clip(got, 1e-12, 1 - 1e-12))) <= 1e-12
     loaded = _round_trip(iso, IsotonicCalibrator(reading="confidence"))
     assert torch.equal(loaded(z), iso(z))
     assert loaded.x_thresholds.shape == iso.x_thresholds.shape

@@ -3,12 +3,17 @@ never run a forward pass of their own), with an error that shows how to return t
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 
-__all__ = ["STEP_NAME", "check_extract_fn", "check_key", "read_outputs"]
+from torchcal.functional._validation import check_binary_target, check_class_target, check_finite
+from torchcal.scaling._base import check_logits_target
+
+__all__ = ["STEP_NAME", "check_extract_fn", "check_key", "check_logits_batch", "read_outputs"]
 
 STEP_NAME = {"val": "validation_step", "test": "test_step"}
 _EXAMPLE_VALUE = {"logits": "logits", "probs": "logits.softmax(-1)", "target": "y"}
@@ -70,3 +75,37 @@ def check_extract_fn(extract_fn: Any) -> Callable[..., Any] | None:
         raise ValueError(f"extract_fn: expected a callable fn(pl_module, batch, outputs) or "
                          f"None, got {type(extract_fn).__name__}")
     return extract_fn
+
+
+#: A multiclass row whose entries all lie in [0, 1] and sum to 1 within this tolerance looks
+#: like a probability vector (float32 softmax rows sum to 1 within ~1e-6 * C).
+PROBS_SUM_TOL = 1e-3
+
+
+def check_logits_batch(owner: str, logits: Tensor, target: Tensor, *, values: bool) -> bool:
+    """Check one batch of ``(logits, target)`` for a temperature fit; returns ``True`` for
+    binary ``(B,)`` logits.
+
+    Shapes and dtypes always (no host sync); with ``values=True`` (the first batch of an
+    epoch, sanity check included) also NaN/``+inf`` logits, rows of only ``-inf``, label
+    values, and a warning when every multiclass row lies in [0, 1] and sums to 1
+    (probabilities passed as logits)."""
+    binary = check_logits_target(logits, target)
+    if not values:
+        return binary
+    check_finite("logits", logits, allow_neg_inf=True)
+    if binary:
+        check_binary_target("target", target)
+        return binary
+    check_class_target("target", target, int(logits.shape[1]))
+    masked = torch.isneginf(logits).all(-1)
+    if bool(masked.any()):
+        raise ValueError(f"logits: expected at least one finite logit per row, row "
+                         f"{int(masked.nonzero()[0, 0])} is entirely -inf")
+    in_unit = bool(((logits >= 0) & (logits <= 1)).all())
+    if in_unit and bool(((logits.double().sum(-1) - 1).abs() <= PROBS_SUM_TOL).all()):
+        warnings.warn(
+            f"logits: every row of the first validation batch lies in [0, 1] and sums to 1; "
+            f"these look like probabilities, but {owner} needs the logits (before softmax): "
+            f"return them from validation_step", UserWarning, stacklevel=3)
+    return binary

@@ -124,7 +124,8 @@ def table_figure(table: ReliabilityTable) -> Any:
     return fig
 
 
-def history_figure(history: Sequence[dict[str, Any]], title: str) -> Any:
+def history_figure(history: Sequence[dict[str, Any]], title: str, *,
+                   brier_key: str = "brier_confidence") -> Any:
     """"Calibration over epochs": ECE / debiased ECE / MCE, the Brier score and the NLL (one
     panel each: their scales differ) against the epoch, one point per validation run in
     ``history``. When an epoch holds several runs (``val_check_interval < 1``, a
@@ -137,7 +138,7 @@ def history_figure(history: Sequence[dict[str, Any]], title: str) -> Any:
     x, xlabel = ([h["step"] for h in history], "global step") if by_step else (epochs, "epoch")
     fig = Figure(figsize=(10.5, 3.4), dpi=90)
     panels = ((("ece", "ece_debiased", "mce"), "calibration error"),
-              (("brier",), "Brier score"), (("nll",), "NLL (nats)"))
+              ((brier_key,), brier_key.replace("_", " ")), (("nll",), "NLL (nats)"))
     for i, (keys, ylabel) in enumerate(panels):
         ax = fig.add_subplot(1, 3, i + 1)
         for k in keys:

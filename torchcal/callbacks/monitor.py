@@ -23,8 +23,22 @@ from torchcal.report import ReliabilityTable
 
 __all__ = ["CalibrationMonitor"]
 
-#: Scalars logged per stage (and dataloader), in this order.
-METRICS = ("ece", "ece_debiased", "mce", "brier", "nll")
+#: Scalars logged per stage (and dataloader), in this order, for the default reading
+#: (``confidence``); see :func:`metric_names` for the others.
+METRICS = ("ece", "ece_debiased", "mce", "brier_confidence", "nll")
+
+
+def brier_name(reading: str) -> str:
+    """The key of the reading's Brier score: ``"brier"`` where it is the usual Brier score of
+    the full prediction (``binary``: ``(p - y)^2``; ``classwise``: the multiclass
+    ``sum_k (p_k - y_k)^2``), ``"brier_confidence"`` where it is the Brier score of the
+    top-label confidence against correct-or-not (``confidence``, ``top_label``)."""
+    return "brier" if reading in ("binary", "classwise") else "brier_confidence"
+
+
+def metric_names(reading: str) -> tuple[str, ...]:
+    """The scalars logged per stage (and dataloader) for ``reading``, in order."""
+    return ("ece", "ece_debiased", "mce", brier_name(reading), "nll")
 
 
 class CalibrationMonitor(Callback):
@@ -37,18 +51,23 @@ class CalibrationMonitor(Callback):
     :class:`torchcal.metrics.NegativeLogLikelihood`, and at the end of each validation/test
     epoch (not the sanity check):
 
-    * logs ``{stage}/ece``, ``{stage}/ece_debiased``, ``{stage}/mce``, ``{stage}/brier`` and
-      ``{stage}/nll`` with ``pl_module.log(..., sync_dist=True)`` (``stage`` is ``val`` or
-      ``test``; with several dataloaders the names end in ``/dataloader_idx_{i}``), so
-      ``ModelCheckpoint(monitor="val/ece")`` and ``EarlyStopping`` can use them. The values
-      come from the already all-reduced statistics, so the ``sync_dist`` mean averages equal
-      numbers;
+    * logs ``{stage}/ece``, ``{stage}/ece_debiased``, ``{stage}/mce``, the Brier score
+      (``{stage}/brier_confidence`` for the ``confidence`` and ``top_label`` readings,
+      ``{stage}/brier`` for ``binary`` and ``classwise``, see below) and ``{stage}/nll``
+      with ``pl_module.log(..., sync_dist=True)`` (``stage`` is ``val`` or ``test``), so
+      ``ModelCheckpoint(monitor="val/nll")`` and ``EarlyStopping`` can use them. With several
+      dataloaders, the one chosen by ``dataloader_idx`` (default 0) keeps these plain names
+      (so the same ``monitor`` key works with one loader or several) and the others' names
+      end in ``/dataloader_idx_{i}``. The values come from the already all-reduced
+      statistics, so the ``sync_dist`` mean averages equal numbers. For model selection use
+      a proper score (``nll``, the Brier score): ECE alone is no criterion (a constant
+      forecast of the base rate has ECE 0);
     * writes the reliability table to every attached logger: TensorBoard (markdown text and
       the diagram as an image), W&B (table and image), MLflow (table and figure), and
       appends it in long format (``epoch, step, bin, lo, hi, count, conf, acc, gap, ci_low,
       ci_high``; empty bins omitted) to ``reliability.csv`` in the CSVLogger's ``log_dir``
-      (else ``trainer.log_dir``). Test tables go to ``test_reliability.csv``, several
-      dataloaders to ``..._dataloader_idx_{i}.csv``, per-group tables to
+      (else ``trainer.log_dir``). Test tables go to ``test_reliability.csv``, the other
+      dataloaders' to ``..._dataloader_idx_{i}.csv``, per-group tables to
       ``reliability_groups.csv`` (an extra ``group`` column). Unknown loggers get one
       warning;
     * records the scalars in :attr:`history` (kept in the checkpoint, so a resumed run keeps
@@ -58,12 +77,17 @@ class CalibrationMonitor(Callback):
     Definitions (one place: :mod:`torchcal.functional.calibration`, from the same binned
     statistics): ``ece`` is the equal-width L1 ECE of the chosen ``reading`` (Naeini et al.
     2015; Guo et al. 2017), ``ece_debiased`` the debiased L2 ECE of Kumar, Liang & Ma (2019),
-    ``mce`` the maximum bin gap, ``brier`` the Brier score of the reading's (confidence,
-    outcome) pairs: the usual Brier score for ``binary``, the Brier score of the top-label
-    confidence against correct-or-not for ``confidence`` and ``top_label``, and the full
-    multiclass Brier score ``mean_i sum_k (p_ik - y_ik)^2`` for ``classwise``. ``nll`` is the
+    ``mce`` the maximum bin gap; the Brier score is that of the reading's (confidence,
+    outcome) pairs, and its key says which it is: ``brier`` is the usual Brier score of the
+    full prediction (``binary``: ``mean (p - y)^2``; ``classwise``: the multiclass
+    ``mean_i sum_k (p_ik - y_ik)^2``, as :func:`torchcal.functional.brier_score`),
+    ``brier_confidence`` the Brier score of the top-label confidence against correct-or-not
+    (``confidence``, ``top_label``), which is not the multiclass Brier score. ``nll`` is the
     mean negative log-likelihood of the full prediction (cross-entropy for multiclass,
     binary log loss for binary).
+
+    Every batch is read and checked from the first one on, the sanity check's included
+    (nothing is accumulated there), so a wrong ``validation_step`` fails before training.
 
     ``-inf`` entries in multiclass ``input="logits"`` are masks (probability 0, as in a
     softmax; ``nll`` is ``inf`` if a true class is masked); NaN, ``+inf``, a row of only
@@ -95,6 +119,8 @@ class CalibrationMonitor(Callback):
         verbose: print the table each epoch (rank 0).
         prog_bar: also show ``ece`` in the progress bar.
         validate_args: run the value checks (NaN/Inf, label range) on each batch.
+        dataloader_idx: with several validation (or test) dataloaders, the one whose metrics
+            get the plain names (``val/nll``); the others get ``/dataloader_idx_{i}``.
 
     Example:
         >>> import torch, lightning as L
@@ -113,7 +139,7 @@ class CalibrationMonitor(Callback):
         >>> out = trainer.validate(Model(), torch.utils.data.DataLoader(data, batch_size=16),
         ...                        verbose=False)
         >>> sorted(out[0])
-        ['val/brier', 'val/ece', 'val/ece_debiased', 'val/mce', 'val/nll']
+        ['val/brier_confidence', 'val/ece', 'val/ece_debiased', 'val/mce', 'val/nll']
         >>> trainer.callbacks[0].history[-1]["n"]
         64
     """
@@ -138,6 +164,7 @@ class CalibrationMonitor(Callback):
         verbose: bool = False,
         prog_bar: bool = False,
         validate_args: bool = True,
+        dataloader_idx: int = 0,
     ) -> None:
         super().__init__()
         self.n_bins = check_int("n_bins", n_bins, minimum=1)
@@ -172,8 +199,11 @@ class CalibrationMonitor(Callback):
         self.verbose = bool(verbose)
         self.prog_bar = bool(prog_bar)
         self.validate_args = bool(validate_args)
+        self.dataloader_idx = check_int("dataloader_idx", dataloader_idx, minimum=0)
+        #: The scalars logged per stage and dataloader (the keys of :attr:`history`).
+        self.metrics = metric_names(reading)
         #: One dict per (stage, dataloader) and epoch: ``stage, dataloader_idx, epoch, step,
-        #: n`` and the scalars of :data:`METRICS` (``group_ece``: per-group ECEs or None).
+        #: n`` and the scalars of :attr:`metrics` (``group_ece``: per-group ECEs or None).
         self.history: list[dict[str, Any]] = []
         self._accs: dict[tuple[str, int], tuple[ReliabilityDiagram, NegativeLogLikelihood]] = {}
         self._warn = _sinks.WarnOnce()
@@ -227,8 +257,8 @@ class CalibrationMonitor(Callback):
 
     def _update(self, stage: str, trainer: Trainer, pl_module: LightningModule, outputs: Any,
                 batch: Any, dataloader_idx: int) -> None:
-        if trainer.sanity_checking:
-            return
+        # the sanity check's batches too: a wrong output fails before any training (its sums
+        # are dropped at the next epoch start and never emitted)
         preds, target, groups = self._extract(stage, pl_module, batch, outputs)
         rd, nll = self._acc(stage, dataloader_idx, preds.device)
         rd.update(preds, target, groups)  # validates (NaN/+inf, all -inf rows, labels)
@@ -237,10 +267,17 @@ class CalibrationMonitor(Callback):
     @override
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._reset("val")
+        self._check_loaders("val", len(trainer.num_val_batches))
+
+    def _check_loaders(self, stage: str, n_loaders: int) -> None:
+        if n_loaders > 1 and self.dataloader_idx >= n_loaders:
+            raise ValueError(f"dataloader_idx: expected one of the {n_loaders} {stage} "
+                             f"dataloaders (0 to {n_loaders - 1}), got {self.dataloader_idx}")
 
     @override
     def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._reset("test")
+        self._check_loaders("test", len(trainer.num_test_batches))
 
     def _reset(self, stage: str) -> None:
         for key in [k for k in self._accs if k[0] == stage]:
@@ -285,7 +322,7 @@ class CalibrationMonitor(Callback):
             "ece": C.calibration_error_from_stats(stats, norm="l1", reading=r),
             "ece_debiased": C.debiased_calibration_error_from_stats(stats, reading=r),
             "mce": C.calibration_error_from_stats(stats, norm="max", reading=r),
-            "brier": C.brier_decomposition_from_stats(stats, reading=r)["brier"],
+            brier_name(r): C.brier_decomposition_from_stats(stats, reading=r)["brier"],
         }
 
     def _table(self, stats: C.BinnedStats) -> ReliabilityTable:
@@ -293,9 +330,13 @@ class CalibrationMonitor(Callback):
                                               reading=self.reading)
 
     def _names(self, stage: str, idx: int, several: bool) -> tuple[str, str]:
-        """(namespace, suffix) for metric names: ``val[/name]``, ``[/dataloader_idx_i]``."""
+        """(namespace, suffix) for metric names: ``val[/name]``, ``[/dataloader_idx_i]``
+        (no suffix for the chosen ``dataloader_idx``)."""
         ns = f"{stage}/{self.name}" if self.name else stage
-        return ns, (f"/dataloader_idx_{idx}" if several else "")
+        return ns, (f"/dataloader_idx_{idx}" if self._suffixed(idx, several) else "")
+
+    def _suffixed(self, idx: int, several: bool) -> bool:
+        return several and idx != self.dataloader_idx
 
     def _emit(self, stage: str, trainer: Trainer, pl_module: LightningModule,
               n_loaders: int) -> None:
@@ -312,7 +353,7 @@ class CalibrationMonitor(Callback):
             ns, sfx = self._names(stage, idx, several)
             dev = pl_module.device
             dtype = torch.float32 if dev.type == "mps" else torch.float64  # no float64 on mps
-            for key in METRICS:
+            for key in self.metrics:
                 pl_module.log(f"{ns}/{key}{sfx}", values[key].to(dev, dtype), on_step=False,
                               on_epoch=True, sync_dist=True, add_dataloader_idx=False,
                               prog_bar=self.prog_bar and key == "ece")
@@ -334,7 +375,7 @@ class CalibrationMonitor(Callback):
                                                       self._table(gs), group=g))
             entry = {"stage": stage, "dataloader_idx": idx, "epoch": int(trainer.current_epoch),
                      "step": int(trainer.global_step), "n": n,
-                     **{k: float(values[k]) for k in METRICS}, "group_ece": group_ece}
+                     **{k: float(values[k]) for k in self.metrics}, "group_ece": group_ece}
             self.history.append(entry)
             if trainer.is_global_zero:
                 self._write(stage, trainer, idx, several, records, entry)
@@ -345,7 +386,7 @@ class CalibrationMonitor(Callback):
         if self.verbose:
             where = f" dataloader {idx}" if several else ""
             print(f"[CalibrationMonitor] {stage}{where} epoch {epoch} step {step}: "
-                  + ", ".join(f"{k}={entry[k]:.4f}" for k in METRICS))
+                  + ", ".join(f"{k}={entry[k]:.4f}" for k in self.metrics))
             print(records[0].table.to_text())
         if self.write_csv:
             base = os.path.join(_sinks.log_dir_of(trainer), self._file(stage, idx, several))
@@ -362,7 +403,7 @@ class CalibrationMonitor(Callback):
         parts = ([] if stage == "val" else [stage]) + ([self.name.replace("/", "_")]
                                                       if self.name else [])
         parts.append("reliability")
-        if several:
+        if self._suffixed(idx, several):
             parts.append(f"dataloader_idx_{idx}")
         return "_".join(parts)
 
@@ -388,7 +429,8 @@ class CalibrationMonitor(Callback):
             several = len(loaders) > 1
             ns, sfx = self._names("val", idx, several)
             try:
-                fig = _sinks.history_figure(hist, f"calibration over epochs ({ns}{sfx})")
+                fig = _sinks.history_figure(hist, f"calibration over epochs ({ns}{sfx})",
+                                            brier_key=brier_name(self.reading))
             except ImportError:
                 self._warn("matplotlib", "CalibrationMonitor: matplotlib is not installed; "
                                          "the calibration-over-epochs figure is skipped")

@@ -19,6 +19,11 @@ from torchcal.functional.continuous import (
     interval_score,
     quantile_score,
 )
+from torchcal.functional.invariants import (
+    MonotoneMapCheck,
+    check_monotone_map,
+    ulp_distance,
+)
 from torchcal.functional.regularizers import (
     confidence_penalty,
     dca,
@@ -60,4 +65,7 @@ __all__ = [
     "confidence_penalty",
     "dca",
     "mdca",
+    "MonotoneMapCheck",
+    "check_monotone_map",
+    "ulp_distance",
 ]

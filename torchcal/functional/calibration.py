@@ -38,6 +38,7 @@ argument (value checks can be switched off with
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -54,7 +55,6 @@ from torchcal.functional._validation import (
     check_nonempty,
     check_option,
     check_probabilities,
-    check_same_shape,
     check_tensor,
     first_bad_position,
     values_checked,
@@ -187,7 +187,9 @@ class PreparedInputs:
     """Per-element confidences, outcomes and cell ids after applying a reading.
 
     Attributes:
-        conf: confidences, flat, in the input dtype.
+        conf: confidences, flat: float64 for binary and classwise logits (linked in
+            float64), float32 or float64 for the other multiclass readings of logits, the
+            input dtype for probabilities.
         outcome: outcomes (0/1), flat, bool or floating.
         lead: flat index ``g * K + k`` of each element's (group, slot), or ``None`` if
             ``G == K == 1``.
@@ -196,6 +198,8 @@ class PreparedInputs:
         group_counts: samples per group, int64 ``(G,)`` (samples, not sample x class).
         per_sample: elements per sample (``C`` for ``classwise``: one per class, laid out
             sample-major; else 1).
+        looks_like_probs: ``input="logits"`` but every row lies in [0, 1] and sums to 1
+            (probabilities passed as logits; the callers warn).
 
     Example:
         >>> import torch
@@ -211,6 +215,7 @@ class PreparedInputs:
     num_slots: int
     group_counts: Tensor
     per_sample: int = 1
+    looks_like_probs: bool = False
 
 
 @dataclass(frozen=True)
@@ -304,40 +309,128 @@ def _check_logits_via(name: str, x: Tensor, derived: Tensor) -> None:
                          f"entirely -inf")
 
 
-def _max_softmax_correct(x: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
-    """Max-softmax confidence of logits ``(M, C)`` and whether ``argmax == t`` (first maximum
-    wins, as ``torch.max``), validated, without the slow indexed reduction on most rows.
+def _sum_tolerance(dtype: torch.dtype, num_classes: int) -> float:
+    """Tolerance on ``|sum_c p_c - 1|`` for a row of probabilities: ``max(1e-4, C * eps)``
+    of the dtype (the rule of :func:`torchcal.functional.scoring.check_class_probabilities`):
+    1e-4 for float64 and for float32 up to C = 838, ``C * 2^-7`` for bfloat16."""
+    return max(1e-4, num_classes * torch.finfo(dtype).eps)
 
-    ``s = sum_j exp(x_j - max)`` gives the confidence ``1 / s``. The target is right iff it
-    attains the maximum and no earlier class does; an earlier class can only tie if two
-    entries equal the maximum, which forces ``s >= 2`` (each contributes exactly 1 and sums
-    of non-negative terms are monotone in floating point), so ``torch.max`` runs only on the
-    rows that hit the maximum with ``s >= 2``.
+
+def _check_ignore_index(ignore_index: int | None) -> None:
+    if ignore_index is not None and (isinstance(ignore_index, bool)
+                                     or not isinstance(ignore_index, int)):
+        raise TypeError(f"ignore_index: expected an int or None, got "
+                        f"{type(ignore_index).__name__}")
+
+
+def _raise_bad_prob_rows(x: Tensor, total: Tensor, tol: float) -> None:
+    """Name the culprit of a failed fused probability check (slow path, on failure only)."""
+    check_probabilities("preds", x)  # NaN/Inf/outside [0, 1]
+    bad = (total.to(torch.float64) - 1).abs() > tol
+    row = first_bad_position(bad)
+    val = float(total.reshape(-1)[int(torch.nonzero(bad.reshape(-1))[0, 0])])
+    raise ValueError(f"preds: expected probabilities whose sum over the classes (dim 1) is 1 "
+                     f"(tolerance {tol:.3g}), got {val!r} in row {row}; pass input='logits' "
+                     f"for unnormalised scores")
+
+
+def _rows_look_like_probs(x: Tensor) -> bool:
+    """Every row of ``x`` ``(M, C)`` in [0, 1] and summing to 1 (probabilities passed as
+    logits); called only when the O(M) necessary conditions already hold."""
+    tol = _sum_tolerance(x.dtype, x.shape[1])
+    total = x.sum(dim=1, dtype=torch.float64)
+    return bool((x.amin() >= 0) & ((total - 1).abs() <= tol).all())
+
+
+def _check_class_target_fast(target: Tensor, num_classes: int, ignore_index: int | None
+                             ) -> None:
+    """``check_class_target`` with one fused ``aminmax`` on the common path."""
+    if (values_checked() and target.numel() and not target.is_floating_point()
+            and target.dtype != torch.bool and not target.is_complex()):
+        lo, hi = torch.aminmax(target)
+        if bool((lo >= 0) & (hi < num_classes)):
+            return
+    check_class_target("target", target, num_classes, ignore_index=ignore_index)
+
+
+def _logit_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor, bool]:
+    """The fused confidence pass over logits ``(M, C)``, ``M >= 1``.
+
+    Returns ``top`` (row maxima ``(M, 1)``), ``e = exp(x - top)`` and ``s = sum_j e_j``
+    (float32 for float16/bfloat16/float32 logits, float64 for float64), and whether every
+    row lies in [0, 1] and sums to 1 (probabilities passed as logits). Every step is exact
+    (max, subtraction's correct rounding) or row-wise (``exp`` of a value, the row's sum),
+    so a row's confidence ``1 / s`` does not depend on where the row sits in a batch:
+    streaming equals one call bit for bit (tested; unlike float32 ``sigmoid``, which rounds
+    by position and is therefore run in float64 for binary logits). Validation costs O(M)
+    and one host sync: ``s`` is NaN exactly for a row with a NaN or ``+inf`` or only
+    ``-inf`` entries, and probabilities force ``max <= 1`` and ``s >= C / e``; the O(M C)
+    scans run only to name a culprit or to confirm the probability pattern.
     """
-    top = x.amax(dim=1, keepdim=True)
-    s = (x - top).exp_().sum(dim=1)
-    conf = s.reciprocal()
-    _check_logits_via("preds", x, conf)
+    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    top = work.amax(dim=1, keepdim=True)
+    e = (work - top).exp_()
+    s = e.sum(dim=1)
+    looks = False
+    if values_checked():  # one host sync: min propagates NaN
+        s_min, t_max = torch.stack([s.min(), top.max()]).tolist()
+        if math.isnan(s_min):
+            _check_logits_via("preds", x, s)
+        looks = t_max <= 1 and s_min >= 0.36 * x.shape[1] and _rows_look_like_probs(x)
+    return top, e, s, looks
+
+
+def _first_max_hit(x: Tensor, t: Tensor, top: Tensor, maybe_tie: Tensor) -> Tensor:
+    """Whether ``argmax(x_i) == t_i`` (first maximum wins, as ``torch.max``) from the row
+    maxima, without the slow indexed reduction on most rows: ``t`` is right iff it attains
+    the maximum and no earlier class does; ``torch.max`` re-checks only the rows that hit
+    the maximum and where ``maybe_tie`` (a superset of the rows with two maxima) is set."""
     hit = (x.gather(1, t.unsqueeze(1)) == top).squeeze(1)
-    maybe = hit & (s >= 2)
-    if bool(maybe.any()):
-        rows = maybe.nonzero().squeeze(1)
+    rows = (hit & maybe_tie).nonzero().squeeze(1)  # the one host sync
+    if rows.numel():
         hit[rows] = x[rows].max(dim=1).indices == t[rows]
-    return conf, hit
+    return hit
+
+
+def _prob_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The fused confidence pass over probabilities ``(M, C)``: row maxima ``(M, 1)`` and
+    the superset of rows that may hold two maxima; validated (values in [0, 1], rows sum to 1
+    within :func:`_sum_tolerance`) from one ``amin``, the row maxima and the row sums."""
+    top = x.amax(dim=1, keepdim=True)
+    if not values_checked():
+        return top, torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    tol = _sum_tolerance(x.dtype, x.shape[1])
+    total = x.sum(dim=1)
+    s_lo, s_hi = torch.aminmax(total)
+    lo, hi, s_lo, s_hi = torch.stack([x.amin(), top.max(), s_lo, s_hi]).tolist()
+    if not (lo >= 0 and hi <= 1 and s_lo >= 1 - tol and s_hi <= 1 + tol):  # NaN fails all
+        _raise_bad_prob_rows(x, total, tol)
+    # two maxima force 2 * max <= sum <= 1 + tol
+    return top, top.squeeze(1) <= (1 + 2 * tol) / 2
 
 
 def prepare_inputs(preds: Tensor, target: Tensor, *, reading: str = "confidence",
                    input: str = "logits", num_classes: int | None = None,
-                   groups: Tensor | None = None, num_groups: int | None = None
-                   ) -> PreparedInputs:
+                   groups: Tensor | None = None, num_groups: int | None = None,
+                   ignore_index: int | None = None) -> PreparedInputs:
     """Validate ``preds``/``target`` and turn them into per-element (confidence, outcome, cell).
 
     Shapes: ``reading="binary"``: ``preds`` and ``target`` of the same shape, ``target`` in
-    {0, 1}; other readings: ``preds`` ``(N, C, *)`` and integer ``target`` ``(N, *)`` with
-    classes in ``[0, C)``. ``groups`` has the shape of ``target``. Ties in the arg-max go to
-    the lowest class index (``torch.max``). Multiclass logits may hold ``-inf`` (a masked
-    class, probability 0; e.g. known answers in filtered link prediction) but no NaN/``+inf``
-    and not a row of only ``-inf``; binary logits must be finite.
+    {0, 1} (a binary head ``(B, 1)`` is also accepted with a ``(B,)`` target); other
+    readings: ``preds`` ``(N, C, *)`` with ``C >= 2`` and integer ``target`` ``(N, *)`` with
+    classes in ``[0, C)``. ``groups`` has the shape of ``target``. Elements whose target
+    equals ``ignore_index`` are dropped (as ``F.cross_entropy`` does; the result may then be
+    empty). Ties in the arg-max go to the lowest class index (``torch.max``). Multiclass
+    logits may hold ``-inf`` (a masked class, probability 0; e.g. known answers in filtered
+    link prediction) but no NaN/``+inf`` and not a row of only ``-inf``; binary logits must
+    be finite. ``input="probs"`` rows must lie in [0, 1] and sum to 1 within
+    ``max(1e-4, C * eps(dtype))``. Binary logits are linked in float64 (float32 ``sigmoid``
+    rounds by position in the tensor); multiclass confidences come from the row-wise pass of
+    :func:`_logit_rows`. Either way an element's confidence does not depend on its position
+    in the batch, so streaming equals one call.
+
+    ``looks_like_probs`` is set when ``input="logits"`` and every row of a multiclass
+    ``preds`` lies in [0, 1] and sums to 1 (the callers warn).
 
     Example:
         >>> import torch
@@ -347,20 +440,40 @@ def prepare_inputs(preds: Tensor, target: Tensor, *, reading: str = "confidence"
     """
     check_option("reading", reading, READINGS)
     check_option("input", input, INPUTS)
+    _check_ignore_index(ignore_index)
     check_floating("preds", preds)
     check_tensor("target", target)
     check_nonempty("preds", preds)
+    G = 1
+    if groups is not None:
+        G = _check_groups(groups, target.shape, num_groups)
+    elif num_groups is not None:
+        G = check_int("num_groups", num_groups, minimum=1)
+    g = None if groups is None else groups.reshape(-1).to(torch.int64)
+    looks = False
     if reading == "binary":
-        check_same_shape("preds", preds, "target", target)
+        if (preds.shape != target.shape and preds.dim() == 2 and preds.shape[1] == 1
+                and target.shape == preds.shape[:1]):
+            preds = preds.reshape(target.shape)  # a binary head (B, 1) with (B,) targets
+        if preds.shape != target.shape:
+            raise ValueError(f"target: expected the shape of preds {tuple(preds.shape)} for "
+                             f"reading='binary' (or (B,) for a (B, 1) binary head), got "
+                             f"{tuple(target.shape)}")
+        check_binary_target("target", target, ignore_index=ignore_index)
+        p = preds.reshape(-1)
+        t = target.reshape(-1)
+        if ignore_index is not None:
+            keep = t != ignore_index
+            if not bool(keep.all()):
+                p, t = p[keep], t[keep]
+                g = None if g is None else g[keep]
         if input == "logits":
-            check_finite("preds", preds)
-            p = torch.sigmoid(preds)
+            check_finite("preds", p)
+            conf = torch.sigmoid(p.to(torch.float64))
         else:
-            _check_probabilities_fast(preds)
-            p = preds
-        check_binary_target("target", target)
-        conf = p.reshape(-1)
-        outcome = target.reshape(-1)
+            _check_probabilities_fast(p)
+            conf = p
+        outcome = t
         slot = None
         K = 1
     else:
@@ -369,6 +482,10 @@ def prepare_inputs(preds: Tensor, target: Tensor, *, reading: str = "confidence"
                              f"got shape {tuple(preds.shape)}; use reading='binary' for one "
                              f"probability per sample")
         C = preds.shape[1]
+        if C < 2:
+            raise ValueError(f"preds: expected C >= 2 classes in dim 1 for reading={reading!r}, "
+                             f"got shape {tuple(preds.shape)}; a single score per sample is "
+                             f"binary: use reading='binary'")
         if num_classes is not None and num_classes != C:
             raise ValueError(f"preds: expected {num_classes} classes (num_classes) in dim 1, "
                              f"got {C}")
@@ -376,49 +493,84 @@ def prepare_inputs(preds: Tensor, target: Tensor, *, reading: str = "confidence"
         if tuple(target.shape) != expected:
             raise ValueError(f"target: expected shape {expected} for preds of shape "
                              f"{tuple(preds.shape)}, got {tuple(target.shape)}")
-        check_class_target("target", target, C)
+        _check_class_target_fast(target, C, ignore_index)
         x = preds.movedim(1, -1).reshape(-1, C) if preds.dim() > 2 else preds
         t = target.reshape(-1)
-        if input == "probs":
-            _check_probabilities_fast(x)
-        if reading == "classwise":
-            probs = torch.softmax(x, dim=1) if input == "logits" else x
-            if input == "logits":
-                _check_logits_via("preds", x, probs[:, 0])
+        if ignore_index is not None:
+            keep = t != ignore_index
+            if not bool(keep.all()):
+                x, t = x[keep], t[keep]
+                g = None if g is None else g[keep]
+        if t.numel() == 0:  # everything ignored
+            conf = torch.zeros(0, dtype=torch.float64, device=x.device)
+            outcome = torch.zeros(0, dtype=torch.bool, device=x.device)
+            slot = torch.zeros(0, dtype=torch.int64, device=x.device)
+        elif reading == "classwise":
+            if input == "logits":  # every class's probability is binned: float64 link
+                _, e, s, looks = _logit_rows(x.to(torch.float64))
+                probs = e.div_(s.unsqueeze(1))
+            else:
+                _prob_rows(x)
+                probs = x
             conf = probs.reshape(-1)
             outcome = (t.unsqueeze(1) == torch.arange(C, device=t.device)).reshape(-1)
             slot = torch.arange(C, device=t.device).repeat(t.shape[0])
-            K = C
-        elif reading == "confidence" and input == "logits":
-            conf, outcome = _max_softmax_correct(x, t)
-            slot = None
-            K = 1
+        elif input == "logits":
+            top, _, s, looks = _logit_rows(x)
+            conf = s.reciprocal()
+            if reading == "top_label":
+                slot = x.max(dim=1).indices
+                outcome = slot == t
+            else:  # two maxima contribute exactly 1 each: s >= 2
+                outcome = _first_max_hit(x, t, top, s >= 2)
+                slot = None
         else:
-            if input == "logits":
-                top, pred = x.max(dim=1)
-                # max softmax = 1 / sum_j exp(x_j - max); NaN for a NaN/+inf/all -inf row
-                conf = (x - top.unsqueeze(1)).exp_().sum(dim=1).reciprocal_()
-                _check_logits_via("preds", x, conf)
+            top, maybe_tie = _prob_rows(x)
+            conf = top.squeeze(1)
+            if reading == "top_label":
+                slot = x.max(dim=1).indices
+                outcome = slot == t
             else:
-                conf, pred = x.max(dim=1)
-            outcome = pred == t
-            slot = pred if reading == "top_label" else None
-            K = C if reading == "top_label" else 1
-    n_samples = target.numel()
-    if groups is not None:
-        G = _check_groups(groups, target.shape, num_groups)
-        g = groups.reshape(-1).to(torch.int64)
+                outcome = _first_max_hit(x, t, top, maybe_tie)
+                slot = None
+        K = C if reading in ("top_label", "classwise") else 1
+    n_samples = t.numel()
+    if g is not None:
         group_counts = torch.bincount(g.clamp(0, G - 1), minlength=G)
         if reading == "classwise":
             g = g.repeat_interleave(K)
         lead = g * K if slot is None else g * K + slot
     else:
-        G = 1 if num_groups is None else check_int("num_groups", num_groups, minimum=1)
-        group_counts = torch.zeros(G, dtype=torch.int64, device=target.device)
-        group_counts[0] = n_samples
+        group_counts = torch.full((G,), n_samples, dtype=torch.int64, device=t.device)
+        if G > 1:
+            group_counts[1:] = 0
         lead = slot
     return PreparedInputs(conf, outcome, lead, G, K, group_counts,
-                          K if reading == "classwise" else 1)
+                          K if reading == "classwise" else 1, looks)
+
+
+PROBS_AS_LOGITS = ("preds: every row lies in [0, 1] and sums to 1: these look like probabilities "
+                   "passed with input='logits' (the default), which softmaxes them again and "
+                   "gives a wrong calibration error; pass input='probs' if they are "
+                   "probabilities")
+
+
+def warn_probs_as_logits(prep: PreparedInputs, stacklevel: int = 3) -> None:
+    """Warn (``UserWarning``) when :func:`prepare_inputs` flagged probabilities passed as
+    logits."""
+    if prep.looks_like_probs:
+        warnings.warn(PROBS_AS_LOGITS, UserWarning, stacklevel=stacklevel)
+
+
+def _prepare(preds: Tensor, target: Tensor, **kw: Any) -> PreparedInputs:
+    """:func:`prepare_inputs` for the one-shot functionals: warns on probabilities passed as
+    logits, and raises when ``ignore_index`` removed every element."""
+    prep = prepare_inputs(preds, target, **kw)
+    warn_probs_as_logits(prep, stacklevel=4)
+    if prep.conf.numel() == 0:
+        raise ValueError(f"target: every target equals ignore_index={kw.get('ignore_index')}, "
+                         f"nothing to measure")
+    return prep
 
 
 #: elements per block of the float64 per-bin sums (see :func:`_blocked_bincount`)
@@ -486,7 +638,8 @@ def accumulate(prep: PreparedInputs, n_bins: int) -> BinnedStats:
 def binned_statistics(preds: Tensor, target: Tensor, *, n_bins: int = 15,
                       reading: str = "confidence", input: str = "logits",
                       num_classes: int | None = None, groups: Tensor | None = None,
-                      num_groups: int | None = None) -> BinnedStats:
+                      num_groups: int | None = None, ignore_index: int | None = None
+                      ) -> BinnedStats:
     """Binned sufficient statistics of shape ``(G, K, n_bins)`` (see :class:`BinnedStats`).
 
     Example:
@@ -497,8 +650,8 @@ def binned_statistics(preds: Tensor, target: Tensor, *, n_bins: int = 15,
         ([[[1, 2]]], [[[0.0, 2.0]]])
     """
     n_bins = check_int("n_bins", n_bins, minimum=1)
-    prep = prepare_inputs(preds, target, reading=reading, input=input, num_classes=num_classes,
-                          groups=groups, num_groups=num_groups)
+    prep = _prepare(preds, target, reading=reading, input=input, num_classes=num_classes,
+                    groups=groups, num_groups=num_groups, ignore_index=ignore_index)
     return accumulate(prep, n_bins)
 
 
@@ -640,7 +793,10 @@ def calibration_error_from_stats(stats: BinnedStats, *, norm: str = "l1",
     ``l2``: ``sqrt(sum_b n_b / N (conf_b - acc_b)^2)``; ``max``: ``max_b |conf_b - acc_b|``
     over non-empty bins. ``top_label`` treats each (class, bin) as a bin, which is the
     count-weighted average over predicted classes (Gupta & Ramdas 2021); ``classwise``
-    averages the per-class errors over classes (Kull et al. 2019).
+    aggregates the one-vs-rest errors ``e_k`` of the classes by the power mean of the norm,
+    as the marginal calibration error of Kumar et al. (2019; ``verified_calibration``):
+    ``mean_k e_k`` for ``l1`` (Kull et al. 2019), ``sqrt(mean_k e_k^2)`` for ``l2``,
+    ``max_k e_k`` for ``max``.
 
     Example:
         >>> import torch
@@ -666,8 +822,19 @@ def calibration_error_from_stats(stats: BinnedStats, *, norm: str = "l1",
         err = torch.where(nonempty, gap.abs() / n, -math.inf).amax(-1)
         err = torch.where(N > 0, err, math.nan)
     if reading == "classwise":
-        err = err.mean(-1)
+        err = _class_mean(err, norm)
     return err
+
+
+def _class_mean(err: Tensor, norm: str) -> Tensor:
+    """Aggregate per-class errors ``(..., K)`` by the power mean of the norm, as
+    ``verified_calibration`` (Kumar et al. 2019) does for its marginal (classwise) error:
+    ``l1`` the mean, ``l2`` the root mean square, ``max`` the maximum (NaN propagates)."""
+    if norm == "l1":
+        return err.mean(-1)
+    if norm == "l2":
+        return torch.sqrt((err * err).mean(-1))
+    return err.amax(-1)
 
 
 def debiased_calibration_error_from_stats(stats: BinnedStats, *,
@@ -677,7 +844,8 @@ def debiased_calibration_error_from_stats(stats: BinnedStats, *,
     Per non-empty bin the plug-in ``(conf_b - acc_b)^2`` minus the variance of the bin's
     accuracy ``acc_b (1 - acc_b) / (n_b - 1)``; bins with fewer than two samples contribute
     0; the weighted sum ``sum_b n_b / N (...)`` is clipped at 0 and square-rooted (as their
-    ``unbiased_l2_ce``). ``classwise`` averages over classes.
+    ``unbiased_l2_ce``). ``classwise`` is the root of the mean over classes of the clipped
+    squares (their marginal calibration error).
 
     Example:
         >>> import torch
@@ -697,10 +865,9 @@ def debiased_calibration_error_from_stats(stats: BinnedStats, *,
     a = acc / n
     term = (gap / n) ** 2 - a * (1 - a) / (n - 1)
     sq = torch.where(ok, n * term, 0.0).sum(-1) / N
-    err = torch.sqrt(sq.clamp_min(0))
-    if reading == "classwise":
-        err = err.mean(-1)
-    return err
+    if reading == "classwise":  # root of the mean over classes of the clipped squares
+        return torch.sqrt(sq.clamp_min(0).mean(-1))
+    return torch.sqrt(sq.clamp_min(0))
 
 
 def brier_decomposition_from_stats(stats: BinnedStats, *, reading: str = "confidence"
@@ -1102,7 +1269,9 @@ def ece_bootstrap_from_stats(wn: Tensor, wc: Tensor, wo: Tensor, *, level: float
 
     The ECE of a replicate is ``sum_cells |wc - wo| / sum_cells wn`` in every reading: for
     ``classwise`` the cells are (class, bin) and ``sum wn`` is ``C`` times the weighted
-    number of samples, so this is the mean over classes of the one-vs-rest ECE.
+    number of samples, so this is the mean over classes of the one-vs-rest ECE. Replicates
+    whose Poisson weights are all 0 (likely for small N: probability ``exp(-N)``) are
+    dropped; fewer than two usable replicates raise ``ValueError``.
 
     Example:
         >>> import torch
@@ -1113,7 +1282,12 @@ def ece_bootstrap_from_stats(wn: Tensor, wc: Tensor, wo: Tensor, *, level: float
         [0.1542, 0.1625]
     """
     _z(level)
-    ece = (wc - wo).abs().sum(-1) / wn.sum(-1)
+    total = wn.sum(-1)
+    used = total > 0  # a replicate whose weights are all 0 has no ECE: dropped
+    if int(used.sum()) < 2:
+        raise ValueError(f"replicates: only {int(used.sum())} of {wn.shape[0]} bootstrap "
+                         f"replicates drew a sample; use more samples or more replicates")
+    ece = ((wc - wo).abs().sum(-1) / total)[used]
     a = (1 - level) / 2
     q = torch.quantile(ece, torch.tensor([a, 1 - a], dtype=torch.float64, device=ece.device))
     return q[0], q[1]
@@ -1193,7 +1367,8 @@ def calibration_error(preds: Tensor, target: Tensor, *, n_bins: int = 15, norm: 
                       estimator: str = "binned", num_classes: int | None = None,
                       groups: Tensor | None = None, num_groups: int | None = None,
                       fine_bins: int = 4096, exact: bool = False,
-                      sigma: float | None = None) -> Tensor | GroupedResult:
+                      sigma: float | None = None, ignore_index: int | None = None
+                      ) -> Tensor | GroupedResult:
     """Calibration error of ``preds`` against ``target``.
 
     Args:
@@ -1213,6 +1388,12 @@ def calibration_error(preds: Tensor, target: Tensor, *, n_bins: int = 15, norm: 
             :class:`~torchcal.report.GroupedResult` with ``pooled`` (scalar) and
             ``per_group`` (``(G,)``, ``NaN`` for empty groups) is returned.
         sigma: fixed bandwidth for ``estimator="smooth"`` (default: the fixed point).
+        ignore_index: a target value whose elements are dropped (as in
+            ``F.cross_entropy``); ``ValueError`` if nothing is left.
+
+    ``input="logits"`` whose rows all lie in [0, 1] and sum to 1 warn (``UserWarning``:
+    probabilities passed as logits). ``input="probs"`` rows must sum to 1 within
+    ``max(1e-4, C * eps(dtype))``.
 
     Returns:
         A float64 scalar tensor, or a ``GroupedResult`` when ``groups`` is given.
@@ -1225,8 +1406,8 @@ def calibration_error(preds: Tensor, target: Tensor, *, n_bins: int = 15, norm: 
     """
     n_bins = check_int("n_bins", n_bins, minimum=1)
     _check_estimator(estimator, norm, reading)
-    prep = prepare_inputs(preds, target, reading=reading, input=input, num_classes=num_classes,
-                          groups=groups, num_groups=num_groups)
+    prep = _prepare(preds, target, reading=reading, input=input, num_classes=num_classes,
+                    groups=groups, num_groups=num_groups, ignore_index=ignore_index)
     stats = accumulate(prep, n_bins)
     fine = samples = None
     if estimator in FINE_ESTIMATORS:
@@ -1248,7 +1429,8 @@ def reliability_table(preds: Tensor, target: Tensor, *, n_bins: int = 15,
                       reading: str = "confidence", input: str = "logits",
                       interval: str = "wilson", level: float = 0.95,
                       num_classes: int | None = None, groups: Tensor | None = None,
-                      num_groups: int | None = None) -> ReliabilityTable | GroupedResult:
+                      num_groups: int | None = None, ignore_index: int | None = None
+                      ) -> ReliabilityTable | GroupedResult:
     """Equal-width :class:`~torchcal.report.ReliabilityTable` with per-bin counts and
     accuracy intervals (``interval="wilson" | "clopper_pearson"`` at ``level``).
 
@@ -1265,8 +1447,8 @@ def reliability_table(preds: Tensor, target: Tensor, *, n_bins: int = 15,
     n_bins = check_int("n_bins", n_bins, minimum=1)
     check_option("interval", interval, INTERVALS)
     _z(level)
-    prep = prepare_inputs(preds, target, reading=reading, input=input, num_classes=num_classes,
-                          groups=groups, num_groups=num_groups)
+    prep = _prepare(preds, target, reading=reading, input=input, num_classes=num_classes,
+                    groups=groups, num_groups=num_groups, ignore_index=ignore_index)
     stats = accumulate(prep, n_bins)
 
     def fn(s: BinnedStats, f: Any, smp: Any) -> ReliabilityTable:
@@ -1280,7 +1462,7 @@ def reliability_table(preds: Tensor, target: Tensor, *, n_bins: int = 15,
 def brier_decomposition(preds: Tensor, target: Tensor, *, n_bins: int = 15,
                         reading: str = "binary", input: str = "logits",
                         num_classes: int | None = None, groups: Tensor | None = None,
-                        num_groups: int | None = None
+                        num_groups: int | None = None, ignore_index: int | None = None
                         ) -> dict[str, Tensor] | GroupedResult:
     """Brier score with its exact binned Murphy decomposition (see
     :func:`brier_decomposition_from_stats`): a dict with ``brier``, ``reliability``,
@@ -1304,8 +1486,8 @@ def brier_decomposition(preds: Tensor, target: Tensor, *, n_bins: int = 15,
         0.175
     """
     n_bins = check_int("n_bins", n_bins, minimum=1)
-    prep = prepare_inputs(preds, target, reading=reading, input=input, num_classes=num_classes,
-                          groups=groups, num_groups=num_groups)
+    prep = _prepare(preds, target, reading=reading, input=input, num_classes=num_classes,
+                    groups=groups, num_groups=num_groups, ignore_index=ignore_index)
     stats = accumulate(prep, n_bins)
     pooled = brier_decomposition_from_stats(stats.pooled(), reading=reading)
     if groups is None:
@@ -1317,10 +1499,12 @@ def brier_decomposition(preds: Tensor, target: Tensor, *, n_bins: int = 15,
 def calibration_error_bootstrap(preds: Tensor, target: Tensor, *, n_bins: int = 15,
                                 reading: str = "confidence", input: str = "logits",
                                 num_classes: int | None = None, replicates: int = 200,
-                                level: float = 0.95, seed: int = 0
+                                level: float = 0.95, seed: int = 0,
+                                ignore_index: int | None = None
                                 ) -> tuple[Tensor, Tensor, Tensor]:
     """Equal-width L1 ECE with a seeded Poisson-bootstrap percentile interval:
-    ``(ece, low, high)``.
+    ``(ece, low, high)``. Needs at least 2 samples; replicates that drew no sample are
+    dropped (see :func:`ece_bootstrap_from_stats`).
 
     Example:
         >>> import torch
@@ -1334,7 +1518,11 @@ def calibration_error_bootstrap(preds: Tensor, target: Tensor, *, n_bins: int = 
     """
     n_bins = check_int("n_bins", n_bins, minimum=1)
     replicates = check_int("replicates", replicates, minimum=2)
-    prep = prepare_inputs(preds, target, reading=reading, input=input, num_classes=num_classes)
+    prep = _prepare(preds, target, reading=reading, input=input, num_classes=num_classes,
+                    ignore_index=ignore_index)
+    n = prep.conf.numel() // prep.per_sample
+    if n < 2:
+        raise ValueError(f"preds: a bootstrap interval needs at least 2 samples, got {n}")
     stats = accumulate(prep, n_bins)
     gen = torch.Generator(device=prep.conf.device).manual_seed(seed)
     wn, wc, wo = bootstrap_statistics(prep, n_bins, replicates, gen)
@@ -1343,14 +1531,149 @@ def calibration_error_bootstrap(preds: Tensor, target: Tensor, *, n_bins: int = 
 
 
 # =============================================================================== log score
-def nll_items(preds: Tensor, target: Tensor, *, input: str = "logits") -> Tensor:
-    """Per-prediction negative log-likelihood, in the input dtype, shape of ``target``.
+def _nll(preds: Tensor, target: Tensor, input: str, ignore_index: int | None,
+         multilabel: bool) -> tuple[Tensor, Tensor | None]:
+    """Per-item NLL in the dtype of ``preds`` (the shape of the items) and the mask of the
+    items kept (``None``: all kept); ignored items hold 0."""
+    check_option("input", input, INPUTS)
+    _check_ignore_index(ignore_index)
+    if not isinstance(multilabel, bool):
+        raise TypeError(f"multilabel: expected a bool, got {type(multilabel).__name__}")
+    check_floating("preds", preds)
+    check_tensor("target", target)
+    check_nonempty("preds", preds)
+    has_classes = preds.dim() >= 2
+    class_shape = preds.shape[:1] + preds.shape[2:]
+    if has_classes and preds.shape[1] == 1 and not multilabel and target.shape in (
+            preds.shape, class_shape):
+        return _nll_binary(preds.reshape(target.shape), target, input, ignore_index)
+    if target.shape == preds.shape and (multilabel or not has_classes):
+        return _nll_binary(preds, target, input, ignore_index)
+    if has_classes and target.shape == preds.shape:
+        return _nll_soft(preds, target, input), None
+    if has_classes and target.shape == class_shape and not multilabel:
+        return _nll_indices(preds, target, input, ignore_index)
+    if not has_classes:
+        expected = f"{tuple(preds.shape)} (binary labels)"
+    elif multilabel:
+        expected = f"{tuple(preds.shape)} (multi-label 0/1 labels)"
+    else:
+        expected = (f"{tuple(class_shape)} (class indices) or {tuple(preds.shape)} (float "
+                    f"class probabilities) for preds (N, C, *)")
+    raise ValueError(f"target: expected shape {expected}, got {tuple(target.shape)}")
 
-    Binary when ``target`` has the shape of ``preds`` (``{0, 1}``), multiclass for
-    ``preds`` ``(N, C, *)`` and class indices ``(N, *)``. Logits go through
-    ``F.cross_entropy``/``F.binary_cross_entropy_with_logits`` (log-softmax/softplus, never
-    ``log(softmax)``); multiclass logits may hold ``-inf`` masks (a masked true class gives
-    ``inf``). Probabilities go through ``log`` (a zero probability on the truth gives ``inf``).
+
+def _nll_binary(preds: Tensor, target: Tensor, input: str, ignore_index: int | None
+                ) -> tuple[Tensor, Tensor | None]:
+    check_binary_target("target", target, ignore_index=ignore_index)
+    keep = None if ignore_index is None else target != ignore_index
+    y = target.to(preds.dtype)
+    if keep is not None:
+        y = torch.where(keep, y, 0.0)
+    if input == "logits":
+        check_finite("preds", preds)
+        items = F.binary_cross_entropy_with_logits(preds, y, reduction="none")
+    else:
+        check_probabilities("preds", preds)
+        items = -(torch.xlogy(y, preds) + torch.xlogy(1 - y, 1 - preds))
+    return (items if keep is None else items * keep), keep
+
+
+def _check_prob_rows_nd(name: str, p: Tensor) -> None:
+    """``(N, C, *)`` values in [0, 1] with sums over dim 1 equal to 1 (``_sum_tolerance``)."""
+    check_probabilities(name, p)
+    if not values_checked():
+        return
+    tol = _sum_tolerance(p.dtype, p.shape[1])
+    total = p.sum(dim=1, dtype=torch.float64)
+    bad = (total - 1).abs() > tol
+    if bool(bad.any()):
+        val = float(total.reshape(-1)[int(torch.nonzero(bad.reshape(-1))[0, 0])])
+        raise ValueError(f"{name}: expected probabilities whose sum over the classes (dim 1) "
+                         f"is 1 (tolerance {tol:.3g}), got {val!r} at item "
+                         f"{first_bad_position(bad)}")
+
+
+def logits_look_like_probs(preds: Tensor) -> bool:
+    """Whether multiclass logits ``(N, C, *)`` (``C >= 2``) are all in [0, 1] with every
+    row (dim 1) summing to 1 within ``max(1e-4, C * eps)``: probabilities passed as logits.
+    One ``aminmax`` pass and a host sync; the row sums only when the range fits."""
+    if not values_checked() or preds.dim() < 2 or preds.shape[1] < 2 or preds.numel() == 0:
+        return False
+    lo, hi = torch.aminmax(preds)
+    if not bool((lo >= 0) & (hi <= 1)):
+        return False
+    tol = _sum_tolerance(preds.dtype, preds.shape[1])
+    return bool(((preds.sum(dim=1, dtype=torch.float64) - 1).abs() <= tol).all())
+
+
+def _check_rows_finite(items: Tensor, preds: Tensor) -> None:
+    """An item is NaN exactly when its row of logits is entirely ``-inf`` (NaN/``+inf`` were
+    rejected before): name it."""
+    if values_checked():
+        bad = torch.isnan(items)
+        if bool(bad.any()):
+            raise ValueError(f"preds: expected at least one finite score per row, row "
+                             f"{first_bad_position(bad)} is entirely -inf")
+
+
+def _nll_soft(preds: Tensor, target: Tensor, input: str) -> Tensor:
+    if not target.is_floating_point():
+        raise ValueError(f"target: expected class indices of shape "
+                         f"{tuple(preds.shape[:1] + preds.shape[2:])} or float class "
+                         f"probabilities of the shape of preds, got dtype {target.dtype} of "
+                         f"shape {tuple(target.shape)}; for independent sigmoids pass "
+                         f"multilabel=True")
+    _check_prob_rows_nd("target", target)
+    q = target.to(preds.dtype)
+    if input == "logits":
+        check_finite("preds", preds, allow_neg_inf=True)
+        logp = F.log_softmax(preds, dim=1)
+        items = -torch.where(q > 0, q * logp, 0.0).sum(dim=1)
+        _check_rows_finite(logp.amax(dim=1), preds)
+        return items
+    _check_prob_rows_nd("preds", preds)
+    return -torch.xlogy(q, preds).sum(dim=1)
+
+
+def _nll_indices(preds: Tensor, target: Tensor, input: str, ignore_index: int | None
+                 ) -> tuple[Tensor, Tensor | None]:
+    check_class_target("target", target, preds.shape[1], ignore_index=ignore_index)
+    keep = None if ignore_index is None else target != ignore_index
+    if input == "logits":
+        check_finite("preds", preds, allow_neg_inf=True)
+        items = F.cross_entropy(preds, target, reduction="none",
+                                ignore_index=-100 if ignore_index is None else ignore_index)
+        _check_rows_finite(items, preds)
+        return items, keep
+    _check_prob_rows_nd("preds", preds)
+    t = target if keep is None else torch.where(keep, target, 0)
+    items = -torch.log(preds.gather(1, t.unsqueeze(1)).squeeze(1))
+    return (items if keep is None else items * keep), keep
+
+
+def nll_items(preds: Tensor, target: Tensor, *, input: str = "logits",
+              ignore_index: int | None = None, multilabel: bool = False) -> Tensor:
+    """Per-prediction negative log-likelihood, in the input dtype, shape of the items.
+
+    Layouts (as :mod:`torchcal.functional.scoring`; decided by shapes, dtypes and the
+    explicit ``multilabel``, never by values):
+
+    * **binary**: ``preds`` without a class dimension and ``target`` of its shape in
+      ``{0, 1}``; a binary head ``(N, 1, *)`` with a target ``(N, 1, *)`` or ``(N, *)``;
+    * **class indices**: ``preds`` ``(N, C, *)``, ``C >= 2``, integer ``target`` ``(N, *)``;
+    * **class probabilities**: a *floating* ``target`` of the shape of ``preds`` ``(N, C, *)``
+      is read as class probabilities, exactly as ``F.cross_entropy`` reads it (rows summing
+      to 1 within ``max(1e-4, C * eps(dtype))``): ``-sum_c q_c log p_c``;
+    * **multi-label** (independent sigmoids per element) only with ``multilabel=True``.
+
+    Logits go through ``F.cross_entropy``/``log_softmax``/
+    ``F.binary_cross_entropy_with_logits`` (never ``log(softmax)``); multiclass logits may
+    hold ``-inf`` masks (a masked true class gives ``inf``) but a row entirely ``-inf``
+    raises ``ValueError``. Probabilities go through ``log`` (a zero probability on the
+    truth gives ``inf``); multiclass probability rows must sum to 1. Items whose target
+    equals ``ignore_index`` are 0 (class indices and binary layouts). Multiclass logits
+    whose rows all lie in [0, 1] and sum to 1 warn (probabilities passed as logits).
 
     Example:
         >>> import torch
@@ -1358,32 +1681,18 @@ def nll_items(preds: Tensor, target: Tensor, *, input: str = "logits") -> Tensor
         >>> [round(v, 4) for v in items.tolist()]
         [0.6931, 2.1269]
     """
-    check_option("input", input, INPUTS)
-    check_floating("preds", preds)
-    check_tensor("target", target)
-    check_nonempty("preds", preds)
-    if preds.shape == target.shape:
-        check_binary_target("target", target)
-        y = target.to(preds.dtype)
-        if input == "logits":
-            check_finite("preds", preds)
-            return F.binary_cross_entropy_with_logits(preds, y, reduction="none")
-        check_probabilities("preds", preds)
-        return -(torch.xlogy(y, preds) + torch.xlogy(1 - y, 1 - preds))
-    if preds.dim() < 2 or tuple(target.shape) != (preds.shape[0],) + tuple(preds.shape[2:]):
-        raise ValueError(f"target: expected shape {tuple(preds.shape)} (binary) or "
-                         f"{(preds.shape[0],) + tuple(preds.shape[2:])} (class indices), got "
-                         f"{tuple(target.shape)}")
-    check_class_target("target", target, preds.shape[1])
-    if input == "logits":
-        check_finite("preds", preds, allow_neg_inf=True)
-        return F.cross_entropy(preds, target, reduction="none")
-    check_probabilities("preds", preds)
-    return -torch.log(preds.gather(1, target.unsqueeze(1)).squeeze(1))
+    items = _nll(preds, target, input, ignore_index, multilabel)[0]
+    if input == "logits" and not multilabel and logits_look_like_probs(preds):
+        warnings.warn(PROBS_AS_LOGITS, UserWarning, stacklevel=2)
+    return items
 
 
-def nll_sum(preds: Tensor, target: Tensor, *, input: str = "logits") -> tuple[Tensor, int]:
-    """Summed negative log-likelihood (float64 sum of :func:`nll_items`) and the count.
+def nll_sum(preds: Tensor, target: Tensor, *, input: str = "logits",
+            ignore_index: int | None = None, multilabel: bool = False) -> tuple[Tensor, int]:
+    """Summed negative log-likelihood and the number of items used (ignored items excluded).
+
+    The link runs in float64 (``preds`` are upcast before ``log_softmax``/``softplus``), so
+    a sum over batches equals one call to float64 rounding (layouts as :func:`nll_items`).
 
     Example:
         >>> import torch
@@ -1391,17 +1700,34 @@ def nll_sum(preds: Tensor, target: Tensor, *, input: str = "logits") -> tuple[Te
         >>> round(float(s), 4), n
         (1.3863, 2)
     """
-    items = nll_items(preds, target, input=input)
-    return items.sum(dtype=torch.float64), items.numel()
+    items, keep = _nll(_as_float64(preds), target, input, ignore_index, multilabel)
+    if input == "logits" and not multilabel and logits_look_like_probs(preds):
+        warnings.warn(PROBS_AS_LOGITS, UserWarning, stacklevel=2)
+    n = items.numel() if keep is None else int(keep.sum())
+    return items.sum(dtype=torch.float64), n
 
 
-def negative_log_likelihood(preds: Tensor, target: Tensor, *, input: str = "logits") -> Tensor:
-    """Mean negative log-likelihood (the log score; Good 1952) in float64.
+def _as_float64(preds: Tensor) -> Tensor:
+    return preds.to(torch.float64) if isinstance(preds, Tensor) and preds.is_floating_point() \
+        else preds
+
+
+def negative_log_likelihood(preds: Tensor, target: Tensor, *, input: str = "logits",
+                            ignore_index: int | None = None,
+                            multilabel: bool = False) -> Tensor:
+    """Mean negative log-likelihood (the log score; Good 1952) in float64 over the items
+    not ignored (layouts as :func:`nll_items`; ``ValueError`` if every item is ignored).
+    Multiclass ``input="logits"`` whose rows all lie in [0, 1] and sum to 1 warn
+    (probabilities passed as logits).
 
     Example:
         >>> import torch
         >>> round(float(negative_log_likelihood(torch.zeros(4, 2), torch.tensor([0, 1, 0, 1]))), 4)
         0.6931
     """
-    s, n = nll_sum(preds, target, input=input)
+    s, n = nll_sum(preds, target, input=input, ignore_index=ignore_index,
+                   multilabel=multilabel)
+    if n == 0:
+        raise ValueError(f"target: every target equals ignore_index={ignore_index}, nothing "
+                         f"to measure")
     return s / n

@@ -18,6 +18,16 @@ are reduced with ``reduction='mean'|'sum'|'none'``.
 * The Gaussian negative log-likelihood (the logarithmic score of a normal forecast)
   and the Dawid-Sebastiani score (Dawid & Sebastiani 1999; Gneiting & Raftery 2007).
 
+Argument order and shapes (one contract for every function): the forecast's parameters
+come first, the observations ``target`` last (``crps_normal(loc, scale, target)``,
+``gaussian_nll(loc, spread, target)``, ``crps_ensemble(samples, target)``, ...). The
+forecast parameters may broadcast *up to* the target's shape (a scalar ``scale``, one
+ensemble shared by every item); the target itself is never broadcast: a ``target`` whose
+shape differs from the broadcast of everything (e.g. ``(N, 1)`` against ``(N,)``
+predictions, which would silently score all ``N x N`` pairs) raises
+``ValueError("target: ...")``. ``reduction='none'`` therefore returns the target's shape
+(``quantile_score``: ``(*target.shape, Q)``).
+
 Dtypes: float16/bfloat16 inputs are computed (and returned) in float32; mixed dtypes
 follow torch's type promotion. Sample-based scores subtract the detached ensemble mean
 from samples and target first (the scores are shift-invariant), so float32 stays
@@ -96,6 +106,37 @@ def _prepare(named: Sequence[tuple[str, Tensor]],
     if dtype in (torch.float16, torch.bfloat16):
         dtype = torch.float32
     return [x.to(dtype) for _, x in everything]
+
+
+def _check_target_shape(target_shape: torch.Size, forecast: Sequence[tuple[str, torch.Size]],
+                        what: str = "") -> None:
+    """The forecast shapes must broadcast to ``target_shape``; the target is never broadcast.
+
+    ``forecast`` holds (name, shape) pairs already compared with the target's shape
+    (e.g. without the ensemble dimension); ``what`` says which part of the target's
+    shape is meant in the message.
+    """
+    shape = torch.Size([])
+    for i, (name, s) in enumerate(forecast):
+        try:
+            shape = torch.broadcast_shapes(shape, s)
+        except RuntimeError:
+            others = ", ".join(f"{n} {tuple(t)}" for n, t in forecast[:i])
+            raise ValueError(f"{name}: expected a shape broadcastable with {others}, got "
+                             f"{tuple(s)}") from None
+    if _broadcast_or_none([shape, target_shape]) != target_shape:
+        names = ", ".join(f"{n} {tuple(s)}" for n, s in forecast)
+        raise ValueError(f"target: expected {what}shape {tuple(target_shape)} to match the "
+                         f"forecast ({names}); the forecast may broadcast to the target's "
+                         f"shape, the target is never broadcast (an (N, 1) target against "
+                         f"(N,) predictions would score all N x N pairs)")
+
+
+def _broadcast_or_none(shapes: Sequence[torch.Size]) -> torch.Size | None:
+    try:
+        return torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        return None
 
 
 def _check_estimator(estimator: str) -> str:
@@ -211,9 +252,19 @@ _CRPSLaplace = _make_crps_function(_laplace_value, _laplace_grads, "_CRPSLaplace
 _CRPSLogistic = _make_crps_function(_logistic_value, _logistic_grads, "_CRPSLogistic")
 
 
+def _location_scale(loc: Tensor, scale: Tensor, target: Tensor, scale_name: str = "scale"
+                    ) -> list[Tensor]:
+    """Validate ``(loc, scale, target)`` of a location-scale forecast, target last."""
+    for name, x in (("loc", loc), (scale_name, scale), ("target", target)):
+        check_tensor(name, x)
+    out = _prepare([("loc", loc), (scale_name, scale), ("target", target)])
+    _check_target_shape(target.shape, [("loc", loc.shape), (scale_name, scale.shape)])
+    return out
+
+
 def _crps_closed_form(fn, loc: Tensor, scale: Tensor, target: Tensor, reduction: str) -> Tensor:
     check_reduction(reduction)
-    (loc, scale, target) = _prepare([("loc", loc), ("scale", scale), ("target", target)])
+    (loc, scale, target) = _location_scale(loc, scale, target)
     check_positive("scale", scale)
     loc, scale, target = torch.broadcast_tensors(loc, scale, target)
     return reduce(fn.apply(loc, scale, target), reduction)
@@ -230,10 +281,11 @@ def crps_normal(loc: Tensor, scale: Tensor, target: Tensor, *, reduction: str = 
     autograd through ``z`` is not. Double backward is supported.
 
     Args:
-        loc: mean :math:`\mu`, any shape broadcastable with ``scale`` and ``target``.
-        scale: standard deviation :math:`\sigma > 0`.
-        target: observations :math:`y`.
-        reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (broadcast shape).
+        loc: mean :math:`\mu`, broadcastable to the target's shape.
+        scale: standard deviation :math:`\sigma > 0`, broadcastable to the target's shape.
+        target: observations :math:`y`; never broadcast (an ``(N, 1)`` target against
+            ``(N,)`` parameters raises).
+        reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (the target's shape).
 
     Example:
         >>> import torch
@@ -255,8 +307,8 @@ def crps_laplace(loc: Tensor, scale: Tensor, target: Tensor, *,
     Args:
         loc: location :math:`\mu`.
         scale: scale :math:`b > 0` (the standard deviation is :math:`\sqrt{2} b`).
-        target: observations.
-        reduction: ``'mean'`` | ``'sum'`` | ``'none'``.
+        target: observations, never broadcast (``loc``/``scale`` broadcast to its shape).
+        reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (the target's shape).
 
     Example:
         >>> import torch
@@ -279,8 +331,8 @@ def crps_logistic(loc: Tensor, scale: Tensor, target: Tensor, *,
     Args:
         loc: location :math:`\mu`.
         scale: scale :math:`s > 0` (the standard deviation is :math:`s\pi/\sqrt{3}`).
-        target: observations.
-        reduction: ``'mean'`` | ``'sum'`` | ``'none'``.
+        target: observations, never broadcast (``loc``/``scale`` broadcast to its shape).
+        reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (the target's shape).
 
     Example:
         >>> import torch
@@ -368,11 +420,12 @@ def crps_ensemble(samples: Tensor, target: Tensor, *, estimator: str = "fair",
     N(0, 1) data with it learns sigma ~ 0.64; with ``'fair'`` it learns 1).
 
     Args:
-        samples: ensemble members, ``ensemble_dim`` holds the ``M`` members.
-        target: observations, broadcastable with ``samples`` without ``ensemble_dim``.
+        samples: ensemble members, ``ensemble_dim`` holds the ``M`` members; without that
+            dim, broadcastable to the target's shape (e.g. ``(N, M)`` for ``(N,)``).
+        target: observations, never broadcast: shape ``(N,)`` for samples ``(N, M)``.
         estimator: ``'fair'`` (default, needs ``M >= 2``) or ``'nrg'``.
         ensemble_dim: the dimension of ``samples`` that indexes members (default last).
-        reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (broadcast batch shape).
+        reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (the target's shape).
 
     Example:
         >>> import torch
@@ -397,11 +450,7 @@ def crps_ensemble(samples: Tensor, target: Tensor, *, estimator: str = "fair",
     _ensemble_size_check(m, estimator)
     check_floating("target", target)
     check_nonempty("target", target)
-    try:
-        torch.broadcast_shapes(x.shape[:-1], target.shape)
-    except RuntimeError:
-        raise ValueError(f"target: expected a shape broadcastable with samples without "
-                         f"ensemble_dim {tuple(x.shape[:-1])}, got {tuple(target.shape)}") from None
+    _check_target_shape(target.shape, [("samples without ensemble_dim", x.shape[:-1])])
     (x, target) = _prepare([("samples", x), ("target", target.unsqueeze(-1))])
     x = x.expand(*torch.broadcast_shapes(x.shape[:-1], target.shape[:-1]), m)
 
@@ -424,7 +473,8 @@ def energy_score(samples: Tensor, target: Tensor, *, estimator: str = "fair",
 
     Args:
         samples: ``(..., M, D)`` ensemble of ``M`` members in ``D`` dimensions.
-        target: ``(..., D)`` observations (batch dims broadcast with ``samples``).
+        target: ``(..., D)`` observations; ``samples``' batch dims broadcast to the
+            target's, never the other way round.
         estimator: ``'fair'`` (needs ``M >= 2``) or ``'nrg'``.
         reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (batch shape ``...``).
 
@@ -437,6 +487,8 @@ def energy_score(samples: Tensor, target: Tensor, *, estimator: str = "fair",
     """
     check_reduction(reduction)
     _check_estimator(estimator)
+    check_tensor("samples", samples)
+    check_tensor("target", target)
     check_floating("samples", samples)
     check_nonempty("samples", samples)
     if samples.dim() < 2:
@@ -449,11 +501,8 @@ def energy_score(samples: Tensor, target: Tensor, *, estimator: str = "fair",
     if target.dim() < 1 or target.shape[-1] != dim:
         raise ValueError(f"target: expected shape (..., D) with D = {dim} (the last dim of "
                          f"samples), got {tuple(target.shape)}")
-    try:
-        torch.broadcast_shapes(samples.shape[:-2], target.shape[:-1])
-    except RuntimeError:
-        raise ValueError(f"target: expected batch dims broadcastable with samples' "
-                         f"{tuple(samples.shape[:-2])}, got {tuple(target.shape[:-1])}") from None
+    _check_target_shape(target.shape[:-1], [("samples' batch dims", samples.shape[:-2])],
+                        "batch ")
     (x, y) = _prepare([("samples", samples), ("target", target.unsqueeze(-2))])
 
     centre = x.detach().mean(dim=-2, keepdim=True)
@@ -480,11 +529,14 @@ def interval_score(lower: Tensor, upper: Tensor, target: Tensor, *, alpha: float
     convention as scoringrules' ``interval_score``).
 
     Args:
-        lower, upper: interval bounds, ``lower <= upper`` (broadcastable with ``target``).
-        target: observations.
-        alpha: miscoverage level in (0, 1): a float or a tensor broadcastable with the
-            others (e.g. ``(K,)`` levels with bounds of shape ``(..., K)``).
-        reduction: ``'mean'`` | ``'sum'`` | ``'none'``.
+        lower, upper: interval bounds, ``lower <= upper``, broadcastable to the target's
+            shape.
+        target: observations, never broadcast: the bounds and ``alpha`` broadcast to its
+            shape; or, for ``K`` levels at once (as scoringrules), bounds ``(..., K)``,
+            ``alpha`` of shape ``(K,)`` and ``target`` ``(...)``.
+        alpha: miscoverage level in (0, 1): a float or a tensor (see ``target``).
+        reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (the target's shape, or
+            ``(..., K)`` for ``K`` levels).
 
     Example:
         >>> import torch
@@ -495,8 +547,24 @@ def interval_score(lower: Tensor, upper: Tensor, target: Tensor, *, alpha: float
     """
     check_reduction(reduction)
     alpha = _check_alpha(alpha)
-    named = [("lower", lower), ("upper", upper), ("target", target)]
+    for name, x in (("lower", lower), ("upper", upper), ("target", target)):
+        check_tensor(name, x)
     options = [("alpha", alpha)] if isinstance(alpha, Tensor) else []
+    forecast = [("lower", lower.shape), ("upper", upper.shape)] + [
+        (n, x.shape) for n, x in options]
+    if isinstance(alpha, Tensor) and alpha.dim() == 1 and target.shape != _broadcast_or_none(
+            [s for _, s in forecast] + [target.shape]):
+        # K levels at once: bounds (..., K), alpha (K,), target (...), as quantile_score
+        _check_target_shape(target.shape, [(n, s[:-1]) for n, s in forecast[:2]])
+        for n, s in forecast[:2]:
+            if s.numel() and (len(s) == 0 or s[-1] != alpha.shape[0]):
+                raise ValueError(f"{n}: expected shape (..., K) with K = {alpha.shape[0]} "
+                                 f"(the number of alpha levels) for a target of shape "
+                                 f"{tuple(target.shape)}, got {tuple(s)}")
+        target = target.unsqueeze(-1)
+    else:
+        _check_target_shape(target.shape, forecast)
+    named = [("lower", lower), ("upper", upper), ("target", target)]
     tensors = _prepare(named, options)
     lower, upper, target = tensors[:3]
     if isinstance(alpha, Tensor):
@@ -522,7 +590,8 @@ def quantile_score(pred: Tensor, target: Tensor, quantiles: Tensor | Sequence[fl
 
     Args:
         pred: ``(..., Q)`` predicted quantiles, one per level.
-        target: ``(...)`` observations (broadcast against ``pred[..., 0]``).
+        target: ``(...)`` observations, never broadcast (``pred[..., 0]`` broadcasts to
+            the target's shape).
         quantiles: ``(Q,)`` levels in (0, 1), a tensor or a sequence of floats.
         reduction: ``'none'`` returns ``(..., Q)``; ``'mean'``/``'sum'`` run over all
             items and levels.
@@ -537,16 +606,14 @@ def quantile_score(pred: Tensor, target: Tensor, quantiles: Tensor | Sequence[fl
     """
     check_reduction(reduction)
     quantiles = _check_levels(quantiles)
+    check_tensor("pred", pred)
+    check_tensor("target", target)
     check_floating("pred", pred)
     if pred.dim() < 1 or pred.shape[-1] != quantiles.shape[0]:
         raise ValueError(f"pred: expected shape (..., Q) with Q = {quantiles.shape[0]} "
                          f"(the number of quantiles), got {tuple(pred.shape)}")
     check_floating("target", target)
-    try:
-        torch.broadcast_shapes(pred.shape[:-1], target.shape)
-    except RuntimeError:
-        raise ValueError(f"target: expected a shape broadcastable with pred without its last "
-                         f"dim {tuple(pred.shape[:-1])}, got {tuple(target.shape)}") from None
+    _check_target_shape(target.shape, [("pred without its last dim", pred.shape[:-1])])
     pred, target, levels = _prepare([("pred", pred), ("target", target.unsqueeze(-1))],
                                     [("quantiles", quantiles)])
     diff = target - pred  # y - q
@@ -557,47 +624,55 @@ def quantile_score(pred: Tensor, target: Tensor, quantiles: Tensor | Sequence[fl
 # ----------------------------------------------------------- Gaussian NLL and Dawid-Sebastiani
 
 
-def gaussian_nll(loc: Tensor, target: Tensor, *, scale: Tensor | None = None,
-                 var: Tensor | None = None, full: bool = True,
-                 reduction: str = "mean") -> Tensor:
+def gaussian_nll(loc: Tensor, spread: Tensor, target: Tensor, *, var: bool = False,
+                 full: bool = True, reduction: str = "mean") -> Tensor:
     r"""Negative log-likelihood of ``target`` under :math:`N(\mu, \sigma^2)` (log score).
 
     :math:`\frac12\left[\log\sigma^2 + (y-\mu)^2/\sigma^2\right] + \frac12\log 2\pi`
     (the constant only with ``full=True``, the default: then this is exactly the
-    logarithmic score, Gneiting & Raftery 2007). Pass exactly one of
-    ``scale`` (standard deviation) or ``var``. Unlike ``F.gaussian_nll_loss`` nothing is
-    clamped: non-positive ``scale``/``var`` raise.
+    logarithmic score, Gneiting & Raftery 2007). ``spread`` is the standard deviation
+    :math:`\sigma` by default, the variance :math:`\sigma^2` with ``var=True``. Unlike
+    ``F.gaussian_nll_loss`` nothing is clamped: non-positive spreads raise.
+
+    Argument order: forecast first, observations last, as every score in this module
+    (``crps_normal(loc, scale, target)``). This is **not** the order of
+    ``F.gaussian_nll_loss(input, target, var)``; the keyword-only ``var=True`` flag
+    makes an old call ``gaussian_nll(loc, target, var=v)`` fail with a ``TypeError``
+    instead of running with swapped arguments.
 
     Args:
-        loc: mean :math:`\mu`.
-        target: observations (broadcastable with ``loc`` and the spread).
-        scale: standard deviation :math:`\sigma > 0` (keyword only).
-        var: variance :math:`\sigma^2 > 0` (keyword only).
+        loc: mean :math:`\mu`, broadcastable to the target's shape.
+        spread: standard deviation :math:`\sigma > 0` (or the variance with
+            ``var=True``), broadcastable to the target's shape.
+        target: observations, never broadcast.
+        var: read ``spread`` as the variance.
         full: include :math:`\frac12\log 2\pi`.
-        reduction: ``'mean'`` | ``'sum'`` | ``'none'``.
+        reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (the target's shape).
 
     Example:
         >>> import torch
         >>> from torchcal.functional import gaussian_nll
-        >>> round(gaussian_nll(torch.tensor(0.0), torch.tensor(0.0), scale=torch.tensor(1.0)).item(), 5)
+        >>> round(gaussian_nll(torch.tensor(0.0), torch.tensor(1.0), torch.tensor(0.0)).item(), 5)
         0.91894
+        >>> round(gaussian_nll(torch.tensor(0.0), torch.tensor(4.0), torch.tensor(2.0),
+        ...                    var=True).item(), 5)
+        2.11209
     """
     check_reduction(reduction)
-    if (scale is None) == (var is None):
-        raise ValueError("scale: expected exactly one of scale (std) or var, got "
-                         + ("both" if scale is not None else "neither"))
+    if not isinstance(var, bool):
+        raise TypeError(f"var: expected a bool (spread is the variance), got "
+                        f"{type(var).__name__}; the signature is gaussian_nll(loc, spread, "
+                        f"target, *, var=False)")
     if not isinstance(full, bool):
         raise TypeError(f"full: expected a bool, got {type(full).__name__}")
-    spread_name, spread = ("scale", scale) if scale is not None else ("var", var)
-    (loc, target, spread) = _prepare(
-        [("loc", loc), ("target", target), (spread_name, spread)])
-    check_positive(spread_name, spread)
-    if spread_name == "scale":
-        z = (target - loc) / spread
-        nll = torch.log(spread) + 0.5 * z * z
-    else:
+    (loc, spread, target) = _location_scale(loc, spread, target, "spread")
+    check_positive("spread", spread)
+    if var:
         d = target - loc
         nll = 0.5 * (torch.log(spread) + d * d / spread)
+    else:
+        z = (target - loc) / spread
+        nll = torch.log(spread) + 0.5 * z * z
     if full:
         nll = nll + 0.5 * _LOG_2PI
     return reduce(nll, reduction)
@@ -612,10 +687,10 @@ def dawid_sebastiani_score(loc: Tensor, scale: Tensor, target: Tensor, *,
     equals ``2 * gaussian_nll(..., full=False)``.
 
     Args:
-        loc: predictive mean :math:`\mu`.
-        scale: predictive standard deviation :math:`\sigma > 0`.
-        target: observations.
-        reduction: ``'mean'`` | ``'sum'`` | ``'none'``.
+        loc: predictive mean :math:`\mu`, broadcastable to the target's shape.
+        scale: predictive standard deviation :math:`\sigma > 0`, likewise.
+        target: observations, never broadcast.
+        reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (the target's shape).
 
     Example:
         >>> import torch
@@ -624,7 +699,7 @@ def dawid_sebastiani_score(loc: Tensor, scale: Tensor, target: Tensor, *,
         4.0
     """
     check_reduction(reduction)
-    (loc, scale, target) = _prepare([("loc", loc), ("scale", scale), ("target", target)])
+    (loc, scale, target) = _location_scale(loc, scale, target)
     check_positive("scale", scale)
     z = (target - loc) / scale
     return reduce(z * z + 2.0 * torch.log(scale), reduction)

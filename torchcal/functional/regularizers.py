@@ -4,8 +4,17 @@ DCA, MDCA and the confidence penalty.
 None of these is a strictly proper scoring rule (their minimiser over forecasts is not
 the true distribution); they are meant as training objectives or as penalties added to
 a proper score. Layouts, ``ignore_index`` and validation follow
-:mod:`torchcal.functional.scoring`: binary (``target`` of the logits' shape, 0/1 floats)
-or multiclass (``logits`` ``(N, C, *)``, integer class indices ``(N, *)``).
+:mod:`torchcal.functional.scoring`: binary (``target`` of the logits' shape, 0/1 floats;
+a binary head ``(N, 1, *)`` is binary too), multiclass (``logits`` ``(N, C, *)``, integer
+class indices ``(N, *)``) or, only with ``multilabel=True``, independent sigmoids over
+``(N, C, *)`` 0/1 float targets (every element one binary item). A float target of the
+logits' shape without ``multilabel=True`` means class probabilities: :func:`mdca` and
+:func:`confidence_penalty` accept it, the others raise ``ValueError`` (their readings need
+a class label; they never fall back to independent sigmoids).
+
+Gradients are finite everywhere, also at a value of 0 (a saturated all-correct batch):
+roots (:func:`mmce`, :func:`soft_binned_ece`) take the subgradient 0 there. The smooth
+forms (``squared=True`` / ``root=False``) are the defaults of the Loss modules.
 
 :func:`mmce` and :func:`soft_binned_ece` are set-level statistics of the *confidence*
 reading: confidence ``r_i`` = max softmax probability (binary: ``max(p, 1 - p)``) and
@@ -66,6 +75,25 @@ def _check_positive_float(name: str, value: float) -> float:
     return float(value)
 
 
+def _no_soft(prep: _Prepared, name: str) -> None:
+    """The confidence-reading regularisers need a class label per item."""
+    if prep.soft is not None:
+        raise ValueError(f"target: {name} needs class indices (N, *) (or 0/1 labels with "
+                         f"multilabel=True), got class probabilities of the logits' shape "
+                         f"{tuple(prep.soft.shape)}")
+
+
+def _safe_root(value: Tensor, power: float) -> Tensor:
+    """``value ** (1 / power)`` for ``value >= 0`` with the subgradient 0 at 0 (no NaN).
+
+    Rounding below 0 (a kernel sum that is >= 0 in exact arithmetic) is read as 0.
+    """
+    positive = value > 0
+    safe = torch.where(positive, value, torch.ones_like(value))
+    root = torch.sqrt(safe) if power == 2.0 else safe.pow(1.0 / power)
+    return torch.where(positive, root, torch.zeros_like(value))
+
+
 def _check_beta(beta: float) -> float:
     if isinstance(beta, bool) or not isinstance(beta, (int, float)):
         raise TypeError(f"beta: expected a number, got {type(beta).__name__}")
@@ -83,6 +111,12 @@ def _check_mmce_options(width: float, squared: bool) -> tuple[float, bool]:
     return width, squared
 
 
+def _check_bool(name: str, value: bool) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+    return value
+
+
 def _check_soft_bin_options(bins: int, temperature: float, p: float) -> tuple[int, float, float]:
     bins = check_int("bins", bins, minimum=1)
     temperature = _check_positive_float("temperature", temperature)
@@ -94,7 +128,7 @@ def _check_soft_bin_options(bins: int, temperature: float, p: float) -> tuple[in
 
 def focal_loss(logits: Tensor, target: Tensor, *, gamma: float | str = 2.0,
                weight: Tensor | None = None, ignore_index: int = -100,
-               reduction: str = "mean") -> Tensor:
+               reduction: str = "mean", multilabel: bool = False) -> Tensor:
     r"""Focal loss ``-(1 - p_y)^gamma log p_y`` from logits (Lin et al. 2017, ICCV).
 
     ``gamma='adaptive'`` is FLSD-53 (Mukhoti et al. 2020, *Calibrating deep neural
@@ -102,6 +136,8 @@ def focal_loss(logits: Tensor, target: Tensor, *, gamma: float | str = 2.0,
     otherwise, chosen per item from the detached ``p_y`` in one vectorised ``where``
     (no host sync). ``gamma=0`` is the log score. ``weight`` (the class weights often
     called alpha), ``ignore_index`` and ``reduction`` follow ``F.cross_entropy``.
+    ``multilabel=True`` with 0/1 float targets of the logits' shape is the sigmoid focal
+    loss per element (RetinaNet's form); class-probability targets raise.
 
     Numerics: ``log(1 - p_y)`` is computed as ``logsumexp`` over the other classes minus
     ``logsumexp`` over all (binary: ``logsigmoid``), so ``(1 - p_y)^gamma`` is
@@ -119,7 +155,8 @@ def focal_loss(logits: Tensor, target: Tensor, *, gamma: float | str = 2.0,
         0.1631
     """
     gamma = _check_gamma(gamma)
-    prep = _prepare(logits, target, weight, ignore_index, reduction)
+    prep = _prepare(logits, target, weight, ignore_index, reduction, multilabel)
+    _no_soft(prep, "focal_loss")
     z = prep.logits
     with _autocast_off(z):
         if prep.binary:
@@ -170,7 +207,7 @@ def _confidence_reading(prep: _Prepared) -> tuple[Tensor, Tensor]:
 
 
 def mmce(logits: Tensor, target: Tensor, *, width: float = 0.4, squared: bool = False,
-         ignore_index: int = -100) -> Tensor:
+         ignore_index: int = -100, multilabel: bool = False) -> Tensor:
     r"""Maximum mean calibration error with a Laplacian kernel (Kumar et al. 2018, ICML).
 
     ``MMCE^2 = (1/m^2) sum_{i,j} (o_i - r_i)(o_j - r_j) exp(-|r_i - r_j| / width)`` over
@@ -178,7 +215,9 @@ def mmce(logits: Tensor, target: Tensor, *, width: float = 0.4, squared: bool = 
     for neural networks from kernel mean embeddings*, eq. 2, with their kernel width
     0.4); returns ``MMCE`` (the square root; the kernel is positive definite, so the
     sum is >= 0 and rounding below 0 is set to 0) or ``MMCE^2`` with ``squared=True``
-    (use that for training when MMCE can reach 0: the root has an infinite slope there).
+    (the smooth form, default of :class:`~torchcal.losses.MMCELoss`: the root has an
+    infinite slope at 0, where this function takes the subgradient 0, so a saturated
+    all-correct batch gives zero gradients, never NaN).
 
     Exact in O(N log N): after sorting the confidences,
     ``sum_{j<i} a_j e^{-(r_i - r_j)/w} = e^{-r_i/w} * cumsum(a e^{r/w})``, evaluated in
@@ -194,7 +233,8 @@ def mmce(logits: Tensor, target: Tensor, *, width: float = 0.4, squared: bool = 
         0.1647
     """
     width, squared = _check_mmce_options(width, squared)
-    prep = _prepare(logits, target, None, ignore_index, "mean")
+    prep = _prepare(logits, target, None, ignore_index, "mean", multilabel)
+    _no_soft(prep, "mmce")
     with _autocast_off(prep.logits):
         conf, correct = _confidence_reading(prep)
         m = conf.numel()
@@ -209,13 +249,14 @@ def mmce(logits: Tensor, target: Tensor, *, width: float = 0.4, squared: bool = 
         total = (a_sorted * a_sorted).sum() + 2.0 * cross
         value = total / (m * m) if m else total.new_tensor(float("nan"))
         if not squared:
-            value = torch.sqrt(value.clamp_min(0.0))
+            value = _safe_root(value, 2.0)
         return value.to(prep.logits.dtype)
 
 
 def soft_binned_ece(logits: Tensor, target: Tensor, *, bins: int = 15,
                     temperature: float = 0.01, p: float = 2.0,
-                    ignore_index: int = -100) -> Tensor:
+                    ignore_index: int = -100, root: bool = True,
+                    multilabel: bool = False) -> Tensor:
     r"""Soft-binned expected calibration error (Karandikar et al. 2021, NeurIPS).
 
     Each confidence ``r_i`` belongs to every bin ``b`` with weight
@@ -230,7 +271,9 @@ def soft_binned_ece(logits: Tensor, target: Tensor, *, bins: int = 15,
     computed as ``sum_b |sum_i u_ib (o_i - r_i)|^p / (m S_b^(p-1))`` in float64 (bins
     whose soft count underflows to 0 contribute 0). As ``temperature -> 0`` it tends to
     the hard-binned ECE with equal-width bins (``p = 1``). The result has the compute
-    dtype of the logits.
+    dtype of the logits. ``root=False`` returns ``SB-ECE_p^p`` (the smooth form, default
+    of :class:`~torchcal.losses.SoftBinnedECELoss`); with the root, the value 0 gets the
+    subgradient 0 (no NaN on a saturated all-correct batch).
 
     Example:
         >>> import torch
@@ -240,7 +283,9 @@ def soft_binned_ece(logits: Tensor, target: Tensor, *, bins: int = 15,
         0.3192
     """
     bins, temperature, p = _check_soft_bin_options(bins, temperature, p)
-    prep = _prepare(logits, target, None, ignore_index, "mean")
+    root = _check_bool("root", root)
+    prep = _prepare(logits, target, None, ignore_index, "mean", multilabel)
+    _no_soft(prep, "soft_binned_ece")
     with _autocast_off(prep.logits):
         conf, correct = _confidence_reading(prep)
         m = conf.numel()
@@ -251,8 +296,10 @@ def soft_binned_ece(logits: Tensor, target: Tensor, *, bins: int = 15,
         gaps = ((correct.double() - r).unsqueeze(1) * u).sum(dim=0)
         safe_counts = torch.where(counts > 0, counts, torch.ones_like(counts))
         total = (gaps.abs().pow(p) / safe_counts.pow(p - 1.0)).sum()
-        value = (total / m).pow(1.0 / p) if m else total.new_tensor(float("nan"))
-        return value.to(prep.logits.dtype)
+        if not m:
+            return total.new_tensor(float("nan")).to(prep.logits.dtype)
+        value = total / m
+        return (_safe_root(value, p) if root else value).to(prep.logits.dtype)
 
 
 
@@ -279,7 +326,8 @@ def _prepare_logits_only(logits: Tensor, reduction: str) -> _Prepared:
 
 
 def confidence_penalty(logits: Tensor, target: Tensor | None = None, *, beta: float = 1.0,
-                       ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+                       ignore_index: int = -100, reduction: str = "mean",
+                       multilabel: bool = False) -> Tensor:
     r"""Confidence penalty ``-beta * H(p)`` to add to a loss (Pereyra et al. 2017).
 
     Pereyra, Tucker, Chorowski, Kaiser & Hinton 2017, *Regularizing neural networks by
@@ -294,7 +342,9 @@ def confidence_penalty(logits: Tensor, target: Tensor | None = None, *, beta: fl
     ``target`` is optional; it is only used for the layout and ``ignore_index``. Without
     it, ``logits`` are multiclass ``(N, C, *)``. With it, the layouts of
     :mod:`torchcal.functional.scoring` apply (binary: ``H`` of Bernoulli(sigmoid(z)));
-    ignored items get 0 and zero gradient, ``'mean'`` averages over the used items.
+    ignored items get 0 and zero gradient, ``'mean'`` averages over the used items
+    (``multilabel=True``: the Bernoulli entropy per element; class probabilities: every
+    item is used).
     ``-inf`` logits masking classes contribute ``0 log 0 = 0`` (finite gradient).
 
     Not a proper scoring rule: ``log_score + confidence_penalty`` is minimised by a
@@ -314,7 +364,10 @@ def confidence_penalty(logits: Tensor, target: Tensor | None = None, *, beta: fl
     if target is None:
         prep = _prepare_logits_only(logits, reduction)
     else:
-        prep = _prepare(logits, target, None, ignore_index, reduction)
+        prep = _prepare(logits, target, None, ignore_index, reduction, multilabel)
+        if prep.soft is not None:  # class probabilities: every item is used
+            prep = prep._replace(weight=torch.ones_like(prep.target, dtype=prep.logits.dtype),
+                                 used=torch.zeros_like(prep.used))
     z = prep.logits
     with _autocast_off(z):
         if prep.binary:
@@ -333,7 +386,8 @@ def confidence_penalty(logits: Tensor, target: Tensor | None = None, *, beta: fl
 # ------------------------------------------------------------------------- DCA / MDCA
 
 
-def dca(logits: Tensor, target: Tensor, *, ignore_index: int = -100) -> Tensor:
+def dca(logits: Tensor, target: Tensor, *, ignore_index: int = -100,
+        multilabel: bool = False) -> Tensor:
     r"""Difference between confidence and accuracy (DCA, Liang et al. 2020).
 
     ``DCA = | (1/m) sum_i r_i - (1/m) sum_i o_i |`` over the ``m`` used items, with the
@@ -352,7 +406,8 @@ def dca(logits: Tensor, target: Tensor, *, ignore_index: int = -100) -> Tensor:
         >>> round(dca(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
         0.0467
     """
-    prep = _prepare(logits, target, None, ignore_index, "mean")
+    prep = _prepare(logits, target, None, ignore_index, "mean", multilabel)
+    _no_soft(prep, "dca")
     with _autocast_off(prep.logits):
         conf, correct = _confidence_reading(prep)
         m = conf.numel()
@@ -361,7 +416,8 @@ def dca(logits: Tensor, target: Tensor, *, ignore_index: int = -100) -> Tensor:
         return value.to(prep.logits.dtype)
 
 
-def mdca(logits: Tensor, target: Tensor, *, ignore_index: int = -100) -> Tensor:
+def mdca(logits: Tensor, target: Tensor, *, ignore_index: int = -100,
+         multilabel: bool = False) -> Tensor:
     r"""Multi-class difference in confidence and accuracy (MDCA, Hebbalaguppe et al. 2022).
 
     ``MDCA = (1/C) sum_c | (1/m) sum_i p_ic - (1/m) sum_i [y_i = c] |`` over the ``m``
@@ -371,6 +427,8 @@ def mdca(logits: Tensor, target: Tensor, *, ignore_index: int = -100) -> Tensor:
     ``(1 - p, p)``, so MDCA is ``|mean(p) - mean(y)|`` (the 2-class value).
     ``-inf`` masked classes have ``p_ic = 0``. One scalar per call (no ``reduction``),
     NaN when every item is ignored; sums in float64, result in the compute dtype.
+    Class-probability targets (float, the logits' shape) give the class frequencies as
+    their mean; ``multilabel=True`` reads each element as a binary item.
 
     MDCA is 0 for a batch whose mean forecast equals its class frequencies, whatever the
     individual forecasts; per item (a batch of one) it is improper.
@@ -382,9 +440,15 @@ def mdca(logits: Tensor, target: Tensor, *, ignore_index: int = -100) -> Tensor:
         >>> round(mdca(logits, torch.tensor([0, 2])).item(), 4)
         0.2082
     """
-    prep = _prepare(logits, target, None, ignore_index, "mean")
+    prep = _prepare(logits, target, None, ignore_index, "mean", multilabel)
     z = prep.logits
     with _autocast_off(z):
+        if prep.soft is not None:  # class frequencies are the mean target probabilities
+            num_classes = z.shape[1]
+            p_mean = torch.softmax(z, dim=1).movedim(1, -1).reshape(-1, num_classes)
+            q_mean = prep.soft.movedim(1, -1).reshape(-1, num_classes)
+            gap = (p_mean.double() - q_mean.double()).mean(dim=0)
+            return gap.abs().mean().to(z.dtype)
         used = prep.used.to(torch.float64)
         m = used.sum()  # 0 when all are ignored: 0 / 0 gives NaN, no host sync
         if prep.binary:

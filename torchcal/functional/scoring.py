@@ -5,14 +5,27 @@ Every rule is negatively oriented (lower is better), strictly proper, and has an
 
     fn(logits, target, *, weight=None, ignore_index=-100, reduction="mean")
 
-Layouts (decided by shapes and dtypes, never by values):
+Layouts (decided by shapes, dtypes and the explicit ``multilabel`` flag, never by values):
 
-* **binary**: ``target.shape == logits.shape`` and ``target`` is floating with values
-  in {0, 1}; ``p = sigmoid(logits)`` is the probability of the label 1.
-* **multiclass**: ``logits`` is ``(N, C, *)`` and ``target`` ``(N, *)`` holds integer
-  class indices; ``p = softmax(logits, dim=1)``, ``C >= 2``. A floating ``target`` of
-  that shape raises (it is not read as soft labels); so does ``C = 1`` (a binary head
-  of shape ``(N, 1)`` with ``(N,)`` indices would silently score 0).
+* **binary**: ``logits`` is ``(N, *)`` without a class dimension and ``target`` has its
+  shape, floating with values in {0, 1}; ``p = sigmoid(logits)`` is the probability of
+  the label 1. A binary head of shape ``(N, 1, *)`` (``C = 1``) is binary too, with a
+  target of shape ``(N, 1, *)`` or ``(N, *)``: the same numbers as ``logits.squeeze(1)``
+  (``'none'`` returns the target's shape).
+* **multiclass, class indices**: ``logits`` is ``(N, C, *)`` with ``C >= 2`` and ``target``
+  ``(N, *)`` holds integer class indices; ``p = softmax(logits, dim=1)``.
+* **multiclass, class probabilities**: ``logits`` ``(N, C, *)`` with ``C >= 2`` and a
+  *floating* ``target`` of the same shape: ``target[:, c]`` is the probability of class
+  ``c``, exactly as ``F.cross_entropy`` reads it (a one-hot float target gives the same
+  numbers as its class indices). Each rule returns the expected score under ``y ~ q``,
+  ``S(p, q) = sum_c q_c S(p, c)`` (for the log score ``-sum_c q_c log p_c``). Targets must
+  lie in [0, 1] with rows summing to 1 within ``max(1e-4, C * eps(target.dtype))`` (sums
+  in float64), else ``ValueError``. As in ``F.cross_entropy``: ``weight[c]`` multiplies
+  class ``c``'s term, ``'mean'`` divides by the number of items (not by the weights),
+  ``ignore_index`` does not apply; every logit must be finite (no ``-inf`` masks).
+* **multi-label** (independent sigmoids over the classes) only with ``multilabel=True``:
+  ``target`` of the logits' shape with 0/1 floats, scored like the binary layout per
+  element. It is never guessed from a float target.
 
 ``weight``, ``ignore_index`` and ``reduction`` follow ``torch.nn.functional.cross_entropy``
 exactly: multiclass ``weight`` is per class ``(C,)`` and item ``i`` gets
@@ -53,6 +66,7 @@ from torchcal.functional._validation import (
     check_finite,
     check_floating,
     check_nonempty,
+    check_probabilities,
     check_reduction,
     check_tensor,
     first_bad_position,
@@ -73,33 +87,113 @@ _NEG_INF = float("-inf")
 
 class _Prepared(NamedTuple):
     binary: bool
-    logits: Tensor  # in the compute dtype
+    logits: Tensor  # in the compute dtype (a (N, 1, *) binary head squeezed to the target)
     target: Tensor  # binary: 0/1 floats; multiclass: long indices (ignored items -> 0)
     used: Tensor  # bool, shape of target: False where target == ignore_index
-    weight: Tensor  # per-item weight w_i (0 where ignored), compute dtype, shape of target
+    weight: Tensor | None  # per-item weight w_i (0 where ignored), compute dtype; None: soft
+    soft: Tensor | None = None  # class-probability target (N, C, *), compute dtype
+    class_weight: Tensor | None = None  # soft targets only: (C,) weights or None
+
+
+def _check_multilabel(multilabel: bool) -> bool:
+    if not isinstance(multilabel, bool):
+        raise TypeError(f"multilabel: expected a bool, got {type(multilabel).__name__}")
+    return multilabel
 
 
 def _prepare(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
-             reduction: str) -> _Prepared:
+             reduction: str, multilabel: bool = False) -> _Prepared:
     """Validate the common arguments and bring them into one canonical form."""
     check_tensor("logits", logits)
     check_tensor("target", target)
     check_reduction(reduction)
     _check_ignore_index(ignore_index)
+    _check_multilabel(multilabel)
     check_floating("logits", logits)
     check_nonempty("logits", logits)
     dtype = torch.float32 if logits.dtype in _HALF else logits.dtype
     if weight is not None:
         check_floating("weight", weight)
-    if target.shape == logits.shape:
-        return _prepare_binary(logits, target, weight, ignore_index, dtype)
     class_shape = logits.shape[:1] + logits.shape[2:]
-    if logits.dim() >= 2 and target.shape == class_shape:
+    has_classes = logits.dim() >= 2
+    if has_classes and logits.shape[1] == 1 and not multilabel:
+        # a binary head (N, 1, *): binary with a target of shape (N, 1, *) or (N, *)
+        if target.shape in (logits.shape, class_shape):
+            return _prepare_binary(logits.reshape(target.shape), target, weight,
+                                   ignore_index, dtype)
+    elif target.shape == logits.shape:
+        if multilabel or not has_classes:
+            return _prepare_binary(logits, target, weight, ignore_index, dtype)
+        return _prepare_soft(logits, target, weight, dtype)
+    elif has_classes and target.shape == class_shape:
+        if multilabel:
+            raise ValueError(f"target: multilabel=True expects 0/1 float labels of the logits' "
+                             f"shape {tuple(logits.shape)}, got {tuple(target.shape)}")
         return _prepare_multiclass(logits, target, weight, ignore_index, dtype)
-    expected = f"{tuple(logits.shape)} (binary labels)"
-    if logits.dim() >= 2:
-        expected += f" or {tuple(class_shape)} (class indices for logits (N, C, *))"
+    if not has_classes:
+        expected = f"{tuple(logits.shape)} (binary labels)"
+    elif logits.shape[1] == 1:
+        expected = (f"{tuple(logits.shape)} or {tuple(class_shape)} (binary labels for a "
+                    f"binary head (N, 1, *))")
+    elif multilabel:
+        expected = f"{tuple(logits.shape)} (multi-label 0/1 floats)"
+    else:
+        expected = (f"{tuple(class_shape)} (class indices) or {tuple(logits.shape)} "
+                    f"(class probabilities) for logits (N, C, *)")
     raise ValueError(f"target: expected shape {expected}, got {tuple(target.shape)}")
+
+
+def _prepare_soft(logits: Tensor, target: Tensor, weight: Tensor | None,
+                  dtype: torch.dtype) -> _Prepared:
+    """Class-probability targets of the logits' shape, as ``F.cross_entropy`` reads them."""
+    num_classes = logits.shape[1]
+    if not target.is_floating_point():
+        raise ValueError(f"target: expected class indices of shape "
+                         f"{tuple(logits.shape[:1] + logits.shape[2:])} or floating class "
+                         f"probabilities of the logits' shape, got dtype {target.dtype} of the "
+                         f"logits' shape {tuple(target.shape)}; for independent sigmoids "
+                         f"pass multilabel=True and 0/1 floats")
+    check_class_probabilities("target", target)
+    check_finite("logits", logits)
+    if weight is not None:
+        if weight.shape != (num_classes,):
+            raise ValueError(f"weight: expected a 1-d tensor of {num_classes} class weights, "
+                             f"got shape {tuple(weight.shape)}")
+        _check_weight_values(weight)
+        weight = weight.to(device=logits.device, dtype=dtype)
+    shape = logits.shape[:1] + logits.shape[2:]
+    index = torch.zeros(shape, dtype=torch.long, device=logits.device)
+    used = torch.ones(shape, dtype=torch.bool, device=logits.device)
+    return _Prepared(False, logits.to(dtype), index, used, None,
+                     target.to(device=logits.device, dtype=dtype), weight)
+
+
+def check_class_probabilities(name: str, target: Tensor) -> None:
+    """``target`` ``(N, C, *)``: values in [0, 1], sums over dim 1 equal to 1 within
+    ``max(1e-4, C * eps(target.dtype))`` (computed in float64)."""
+    check_probabilities(name, target)
+    if not values_checked():
+        return
+    num_classes = target.shape[1]
+    tol = max(1e-4, num_classes * torch.finfo(target.dtype).eps)
+    total = target.sum(dim=1, dtype=torch.float64)
+    bad = (total - 1.0).abs() > tol
+    if bool(bad.any()):
+        pos = first_bad_position(bad)
+        val = float(total.reshape(-1)[int(torch.nonzero(bad.reshape(-1))[0, 0])])
+        raise ValueError(f"{name}: expected class probabilities whose sum over dim 1 is 1 "
+                         f"(tolerance {tol:.3g}), got {val!r} at item {pos}; for independent "
+                         f"sigmoids (multi-label) pass multilabel=True")
+
+
+def _soft_expected(prep: _Prepared, per_class: Tensor, reduction: str) -> Tensor:
+    """``sum_c w_c q_c S(p, c)`` from the ``(N, C, *)`` per-class scores, then reduced as
+    ``F.cross_entropy`` does for probability targets (``'mean'`` divides by the items)."""
+    wq = prep.soft
+    if prep.class_weight is not None:
+        shape = [1, -1] + [1] * (wq.dim() - 2)
+        wq = wq * prep.class_weight.reshape(shape)
+    return reduce((wq * per_class).sum(dim=1), reduction)
 
 
 def _prepare_binary(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
@@ -233,7 +327,7 @@ def _check_label_smoothing(label_smoothing: float) -> float:
 
 def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
               ignore_index: int = -100, reduction: str = "mean",
-              label_smoothing: float = 0.0) -> Tensor:
+              label_smoothing: float = 0.0, multilabel: bool = False) -> Tensor:
     r"""Logarithmic score (negative log-likelihood, cross-entropy) from logits.
 
     ``S(p, y) = -log p_y`` (Good 1952, *J. R. Stat. Soc. B* 14, 107-114; Gneiting &
@@ -266,7 +360,11 @@ def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
         0.7417
     """
     label_smoothing = _check_label_smoothing(label_smoothing)
-    prep = _prepare(logits, target, weight, ignore_index, reduction)
+    prep = _prepare(logits, target, weight, ignore_index, reduction, multilabel)
+    if prep.soft is not None:
+        with _autocast_off(prep.logits):
+            return F.cross_entropy(prep.logits, prep.soft, weight=prep.class_weight,
+                                   reduction=reduction, label_smoothing=label_smoothing)
     if label_smoothing > 0:
         return _smoothed_log_score(prep, weight, reduction, label_smoothing)
     with _autocast_off(prep.logits):
@@ -348,7 +446,8 @@ class _SoftmaxBrier(torch.autograd.Function):
 
 
 def brier_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
-                ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+                ignore_index: int = -100, reduction: str = "mean",
+                multilabel: bool = False) -> Tensor:
     r"""Brier (quadratic) score from logits.
 
     Multiclass: ``S(p, y) = sum_c (p_c - [c = y])^2``, Brier's original definition
@@ -371,10 +470,16 @@ def brier_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
         >>> brier_score(torch.tensor([0.0]), torch.tensor([1.0])).item()
         0.25
     """
-    prep = _prepare(logits, target, weight, ignore_index, reduction)
+    prep = _prepare(logits, target, weight, ignore_index, reduction, multilabel)
     with _autocast_off(prep.logits):
         if prep.binary:
             return reduce(_binary_brier(prep), reduction, prep.weight)
+        if prep.soft is not None:
+            # ||p - e_c||^2 = (1 - p_c)^2 + (||p||^2 - p_c^2): two non-negative terms
+            p = torch.softmax(prep.logits, dim=1)
+            sq = p.square()
+            per_class = (1.0 - p).square() + (sq.sum(dim=1, keepdim=True) - sq)
+            return _soft_expected(prep, per_class, reduction)
         return _fused_multiclass(_SoftmaxBrier, prep, reduction)
 
 
@@ -413,7 +518,8 @@ class _SoftmaxSpherical(torch.autograd.Function):
 
 
 def spherical_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
-                    ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+                    ignore_index: int = -100, reduction: str = "mean",
+                    multilabel: bool = False) -> Tensor:
     r"""Spherical score from logits, negatively oriented: ``S(p, y) = 1 - p_y / ||p||_2``.
 
     The spherical score ``p_y / ||p||_2`` (Good 1971; Gneiting & Raftery 2007, eq. 13,
@@ -432,9 +538,13 @@ def spherical_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = N
         >>> round(spherical_score(torch.tensor([0.0]), torch.tensor([1.0])).item(), 4)
         0.2929
     """
-    prep = _prepare(logits, target, weight, ignore_index, reduction)
+    prep = _prepare(logits, target, weight, ignore_index, reduction, multilabel)
     z = prep.logits
     with _autocast_off(z):
+        if prep.soft is not None:
+            p = torch.softmax(z, dim=1)
+            per_class = 1.0 - p / torch.linalg.vector_norm(p, dim=1, keepdim=True)
+            return _soft_expected(prep, per_class, reduction)
         if prep.binary:
             half_norm = 0.5 * torch.logaddexp(torch.zeros_like(z), 2.0 * z)
             score = -torch.expm1(prep.target * z - half_norm)
@@ -487,8 +597,34 @@ class _SoftmaxRPS(torch.autograd.Function):
         return h.sub_(centre).mul_(p).mul_(g2), None
 
 
+def _suffix_after(x: Tensor) -> Tensor:
+    """``out[:, k] = sum_{c > k} x[:, c]`` along dim 1 (no cancellation), for ``k < C - 1``."""
+    inclusive = x.flip(1).cumsum(dim=1).flip(1)
+    return inclusive.narrow(1, 1, x.shape[1] - 1)
+
+
+def _soft_rps(prep: _Prepared) -> Tensor:
+    """Expected RPS ``sum_c w_c q_c RPS(p, c)`` per item.
+
+    With ``P_k`` / ``Pbar_k`` the forecast mass at or below / above ``k`` and ``B_k`` /
+    ``D_k`` the (weighted) target mass at or below / above ``k``:
+    ``sum_{k < C-1} B_k Pbar_k^2 + D_k P_k^2`` (non-negative terms, no cancellation).
+    """
+    c = prep.logits.shape[1]
+    p = torch.softmax(prep.logits, dim=1)
+    wq = prep.soft
+    if prep.class_weight is not None:
+        wq = wq * prep.class_weight.reshape([1, -1] + [1] * (wq.dim() - 2))
+    below = p.cumsum(dim=1).narrow(1, 0, c - 1)
+    above = _suffix_after(p)
+    w_below = wq.cumsum(dim=1).narrow(1, 0, c - 1)
+    w_above = _suffix_after(wq)
+    return (w_below * above.square() + w_above * below.square()).sum(dim=1)
+
+
 def ranked_probability_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
-                             ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+                             ignore_index: int = -100, reduction: str = "mean",
+                             multilabel: bool = False) -> Tensor:
     r"""Ranked probability score for ordered classes, from logits.
 
     ``S(p, y) = sum_{k=0}^{C-2} (P_k - [y <= k])^2`` with ``P_k = p_0 + ... + p_k`` the
@@ -508,8 +644,10 @@ def ranked_probability_score(logits: Tensor, target: Tensor, *, weight: Tensor |
         >>> round(ranked_probability_score(logits, torch.tensor([2])).item(), 4)
         0.26
     """
-    prep = _prepare(logits, target, weight, ignore_index, reduction)
+    prep = _prepare(logits, target, weight, ignore_index, reduction, multilabel)
     with _autocast_off(prep.logits):
         if prep.binary:
             return reduce(_binary_brier(prep), reduction, prep.weight)
+        if prep.soft is not None:
+            return reduce(_soft_rps(prep), reduction)
         return _fused_multiclass(_SoftmaxRPS, prep, reduction)

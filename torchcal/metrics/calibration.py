@@ -10,15 +10,34 @@ merges ranks under DDP, and ``update``/``compute`` run the same code as the func
 With ``num_groups=G`` every ``update`` needs ``groups`` (a domain id per sample) and
 ``compute()`` returns a :class:`~torchcal.report.GroupedResult` (``pooled`` beside
 ``per_group``). ``compute()`` before any sample raises ``RuntimeError``.
+
+**Merging.** ``merge_state(other)`` and the DDP sync add the statistics only between metrics
+of the same configuration (class, ``n_bins``, ``reading``, ``input``, ``num_classes``,
+``num_groups``, ``norm``, ``estimator``, ``exact``, ...: everything that changes what a
+statistic or the result means; not ``validate_args``, ``ignore_index`` or ``seed``), else
+``ValueError("other: ...")``. Under DDP every rank all-gathers an 8-byte fingerprint of its
+configuration before the states (one small collective per sync). A state ``dict`` passed to
+``merge_state`` carries no configuration: only its shapes and dtypes are checked.
+
+**Dtypes.** The statistics stay float64 (counts int64) under every dtype conversion:
+``.to(dtype)``, ``.half()``, ``.bfloat16()``, ``.type()``, ``set_dtype`` and Lightning's
+``"bf16-true"``/``"16-true"`` (which call ``module.to(dtype)``); device moves apply.
+
+**Probabilities passed as logits.** With ``input="logits"`` a batch whose rows all lie in
+[0, 1] and sum to 1 gets one ``UserWarning`` per metric (``validate_args=True``).
 """
 
 from __future__ import annotations
 
+import warnings
+import zlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
+from torchmetrics.utilities.distributed import gather_all_tensors
 
 from torchcal.functional import calibration as C
 from torchcal.functional._validation import check_int, check_option, validation_enabled
@@ -36,7 +55,76 @@ _STAT_NAMES = ("count", "sum_conf", "sum_acc", "sum_conf2", "sum_conf_acc")
 
 
 class _PooledPlot(Metric):
-    """``plot()`` of torchmetrics for scalar (or dict) results; the pooled value for groups."""
+    """``plot()`` of torchmetrics for scalar (or dict) results; the pooled value for groups.
+
+    Also the shared guards: configuration checks in ``merge_state`` and the DDP sync,
+    float64 states kept under dtype conversions, the one-time probabilities warning.
+    """
+
+    #: attributes whose values change what the states or the result mean
+    _CONFIG: tuple[str, ...] = ()
+
+    def _config(self) -> dict[str, Any]:
+        return {"class": type(self).__name__,
+                **{k: getattr(self, k, None) for k in self._CONFIG}}
+
+    def _fingerprint(self) -> int:
+        return zlib.crc32(repr(sorted(self._config().items())).encode())
+
+    def merge_state(self, incoming_state: dict[str, Any] | Metric) -> None:
+        """Add another metric's states (or a state dict) to this one's; ``ValueError``
+        naming ``other`` when the configurations (or a dict's shapes/dtypes) differ."""
+        if isinstance(incoming_state, Metric):
+            if not isinstance(incoming_state, _PooledPlot):
+                raise ValueError(f"other: expected a {type(self).__name__}, got "
+                                 f"{type(incoming_state).__name__}")
+            mine, theirs = self._config(), incoming_state._config()
+            diff = [f"{k}={mine[k]!r} here, {theirs.get(k)!r} there" for k in mine
+                    if mine[k] != theirs.get(k)]
+            if diff:
+                raise ValueError(f"other: cannot merge metrics of different configurations: "
+                                 f"{'; '.join(diff)}")
+        elif isinstance(incoming_state, dict):
+            for name in self._defaults:
+                mine, theirs = getattr(self, name), incoming_state.get(name)
+                if isinstance(mine, Tensor) and isinstance(theirs, Tensor) and (
+                        theirs.shape != mine.shape or theirs.dtype != mine.dtype):
+                    raise ValueError(f"other: state {name!r} has shape {tuple(theirs.shape)} "
+                                     f"and dtype {theirs.dtype}, expected "
+                                     f"{tuple(mine.shape)} and {mine.dtype}")
+        super().merge_state(incoming_state)
+
+    def _sync_dist(self, dist_sync_fn: Callable | None = None,
+                   process_group: Any | None = None) -> None:
+        fn = dist_sync_fn or gather_all_tensors
+        group = process_group or self.process_group
+        mine = torch.tensor([self._fingerprint()], dtype=torch.int64, device=self.device)
+        ranks = [r for r, fp in enumerate(fn(mine, group=group)) if int(fp) != int(mine)]
+        if ranks:
+            raise ValueError(f"other: rank(s) {ranks} built {type(self).__name__} with a "
+                             f"different configuration than this rank ({self._config()}); "
+                             f"every rank must use the same settings")
+        # a rank that never updated holds [] for a 'cat' state; torchmetrics would send an
+        # empty tensor of the metric's default dtype, which does not match the others'
+        for name, dtype in self._cat_dtypes().items():
+            if isinstance(getattr(self, name), list) and len(getattr(self, name)) == 0:
+                setattr(self, name, [torch.zeros(0, dtype=dtype, device=self.device)])
+        super()._sync_dist(fn, process_group=process_group)
+
+    def _cat_dtypes(self) -> dict[str, torch.dtype]:
+        return {}
+
+    def _apply(self, fn: Callable, exclude_state: Any = "") -> torch.nn.Module:
+        def keep_dtype(t: Tensor) -> Tensor:
+            out = fn(t)  # a dtype change is undone from the original: no rounding trip
+            return out if out.dtype == t.dtype else t.to(device=out.device)
+
+        return super()._apply(keep_dtype, exclude_state)
+
+    def _warn_probs_once(self, looks_like_probs: bool, stacklevel: int = 5) -> None:
+        if looks_like_probs and not getattr(self, "_warned_probs", False):
+            self._warned_probs = True
+            warnings.warn(C.PROBS_AS_LOGITS, UserWarning, stacklevel=stacklevel)
 
     def plot(self, val: Any = None, ax: Any = None) -> Any:
         """Plot the value(s) with torchmetrics' plot (the pooled value(s) for groups);
@@ -56,11 +144,15 @@ class _BinnedMetric(_PooledPlot):
     higher_is_better = False
     plot_lower_bound = 0.0
 
+    _CONFIG = ("n_bins", "reading", "input", "num_classes", "num_groups")
+
     def __init__(self, n_bins: int = 15, *, reading: str = "confidence",
                  input: str = "logits", num_classes: int | None = None,
                  num_groups: int | None = None, validate_args: bool = True,
-                 **kwargs: Any) -> None:
+                 ignore_index: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        C._check_ignore_index(ignore_index)
+        self.ignore_index = ignore_index
         self.n_bins = check_int("n_bins", n_bins, minimum=1)
         check_option("reading", reading, C.READINGS)
         check_option("input", input, C.INPUTS)
@@ -104,9 +196,11 @@ class _BinnedMetric(_PooledPlot):
             raise ValueError("groups: pass num_groups= to the metric's constructor to get "
                              "per-group results (the state size must be fixed up front)")
         with validation_enabled(self.validate_args):
-            return C.prepare_inputs(preds, target, reading=self.reading, input=self.input,
+            prep = C.prepare_inputs(preds, target, reading=self.reading, input=self.input,
                                     num_classes=self.num_classes, groups=groups,
-                                    num_groups=self.num_groups)
+                                    num_groups=self.num_groups, ignore_index=self.ignore_index)
+        self._warn_probs_once(prep.looks_like_probs)
+        return prep
 
     def _update_binned(self, prep: C.PreparedInputs) -> None:
         self._add_to("", C.accumulate(prep, self.n_bins))
@@ -154,6 +248,8 @@ class CalibrationError(_BinnedMetric):
             for every batch, and batches must get fresh weights); a new metric with the same
             seed repeats a run exactly.
         validate_args: run the value checks (NaN, ranges; one host sync each) in ``update``.
+        ignore_index: a target value whose elements ``update`` drops (as
+            ``F.cross_entropy``; a batch may be entirely ignored).
 
     ``compute()`` returns a float64 scalar, or a :class:`~torchcal.report.GroupedResult`
     (``pooled`` scalar, ``per_group`` ``(G,)``) with ``num_groups``.
@@ -162,8 +258,8 @@ class CalibrationError(_BinnedMetric):
         >>> import torch
         >>> from torchcal.metrics import CalibrationError
         >>> m = CalibrationError(n_bins=10)
-        >>> m.update(torch.tensor([[2.0, 0.0], [0.0, 3.0]]), torch.tensor([0, 1]))
-        >>> m.update(torch.tensor([[1.0, 0.0]]), torch.tensor([1]))
+        >>> m.update(torch.tensor([[2.0, 0.0]]), torch.tensor([0]))
+        >>> m.update(torch.tensor([[0.0, 3.0], [1.0, 0.0]]), torch.tensor([1, 1]))
         >>> round(float(m.compute()), 4)
         0.2992
     """
@@ -173,9 +269,11 @@ class CalibrationError(_BinnedMetric):
                  num_classes: int | None = None, num_groups: int | None = None,
                  fine_bins: int = 4096, exact: bool = False, sigma: float | None = None,
                  bootstrap: int = 0, level: float = 0.95, seed: int = 0,
-                 validate_args: bool = True, **kwargs: Any) -> None:
+                 validate_args: bool = True, ignore_index: int | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(n_bins, reading=reading, input=input, num_classes=num_classes,
-                         num_groups=num_groups, validate_args=validate_args, **kwargs)
+                         num_groups=num_groups, validate_args=validate_args,
+                         ignore_index=ignore_index, **kwargs)
         C._check_estimator(estimator, norm, reading)
         self.norm = norm
         self.estimator = estimator
@@ -200,6 +298,15 @@ class CalibrationError(_BinnedMetric):
             for name in ("boot_n", "boot_conf", "boot_acc"):
                 self.add_state(name, torch.zeros(self.bootstrap, cells, dtype=torch.float64),
                                dist_reduce_fx="sum")
+
+    _CONFIG = _BinnedMetric._CONFIG + ("norm", "estimator", "exact", "fine_bins", "sigma",
+                                       "bootstrap", "level")
+
+    def _cat_dtypes(self) -> dict[str, torch.dtype]:
+        if not self._keep:
+            return {}
+        return {"sample_conf": torch.float64, "sample_outcome": torch.float64,
+                "sample_group": torch.int64}
 
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
         """Accumulate a batch (shapes as :func:`~torchcal.functional.calibration_error`)."""
@@ -250,23 +357,33 @@ class CalibrationError(_BinnedMetric):
 
     def compute_interval(self) -> tuple[Tensor, Tensor]:
         """Percentile bootstrap interval ``(low, high)`` of the pooled L1 equal-width ECE at
-        ``level`` (needs ``bootstrap > 0``; synchronises ranks like ``compute``)."""
+        ``level`` (needs ``bootstrap > 0`` and at least 2 samples; replicates that drew no
+        sample are dropped; synchronises ranks like ``compute``)."""
         if not self.bootstrap:
             raise ValueError("bootstrap: expected a number of replicates > 0 at construction "
                              "to compute a bootstrap interval, got 0")
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=True):
             self._check_seen()
+            n = int(self.group_count.sum())
+            if n < 2:
+                raise ValueError(f"preds: a bootstrap interval needs at least 2 samples, got "
+                                 f"{n}")
             return C.ece_bootstrap_from_stats(self.boot_n, self.boot_conf, self.boot_acc,
                                               level=self.level)
 
 
 class ClasswiseCalibrationError(_BinnedMetric):
-    """Classwise (one-vs-rest) calibration error, mean over classes (Kull et al. 2019),
-    state ``G x C x B``.
+    """Classwise (one-vs-rest) calibration error (Kull et al. 2019), state ``G x C x B``.
+
+    The per-class errors ``e_k`` are aggregated by the power mean of the norm, as the
+    marginal calibration error of Kumar et al. (2019; ``verified_calibration``):
+    ``mean_k e_k`` for ``l1``, the root mean square ``sqrt(mean_k e_k^2)`` for ``l2`` (and
+    the debiased estimator, whose clipped squares are averaged), ``max_k e_k`` for ``max``.
 
     Args:
         num_classes: the number of classes ``C``.
-        n_bins, norm, input, num_groups, validate_args: as :class:`CalibrationError`.
+        n_bins, norm, input, num_groups, validate_args, ignore_index: as
+            :class:`CalibrationError`.
         estimator: ``"binned"`` or ``"debiased"`` (``norm="l2"``).
 
     Example:
@@ -283,12 +400,15 @@ class ClasswiseCalibrationError(_BinnedMetric):
     def __init__(self, num_classes: int, n_bins: int = 15, *, norm: str = "l1",
                  input: str = "logits", estimator: str = "binned",
                  num_groups: int | None = None, validate_args: bool = True,
-                 **kwargs: Any) -> None:
+                 ignore_index: int | None = None, **kwargs: Any) -> None:
         super().__init__(n_bins, reading="classwise", input=input, num_classes=num_classes,
-                         num_groups=num_groups, validate_args=validate_args, **kwargs)
+                         num_groups=num_groups, validate_args=validate_args,
+                         ignore_index=ignore_index, **kwargs)
         C._check_estimator(estimator, norm, "classwise", allowed=("binned", "debiased"))
         self.norm = norm
         self.estimator = estimator
+
+    _CONFIG = _BinnedMetric._CONFIG + ("norm", "estimator")
 
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
         """Accumulate a batch: ``preds`` ``(N, C, *)``, ``target`` ``(N, *)``."""
@@ -302,8 +422,9 @@ class ClasswiseCalibrationError(_BinnedMetric):
         return C.calibration_error_from_stats(s1, norm=self.norm, reading="binary")
 
     def compute(self) -> Tensor | GroupedResult:
-        """Mean over classes of the one-vs-rest errors, or a GroupedResult."""
-        res = self._grouped(lambda s, f, smp: self._per_class(s).mean())
+        """Power mean over classes of the one-vs-rest errors, or a GroupedResult."""
+        norm = "l2" if self.estimator == "debiased" else self.norm
+        res = self._grouped(lambda s, f, smp: C._class_mean(self._per_class(s), norm))
         return res if self.num_groups is None else C._stack_scalars(res)
 
     def compute_per_class(self) -> Tensor:
@@ -318,7 +439,7 @@ class ReliabilityDiagram(_BinnedMetric):
     :class:`~torchcal.report.ReliabilityTable` (or a GroupedResult of tables).
 
     Args:
-        n_bins, reading, input, num_classes, num_groups, validate_args: as
+        n_bins, reading, input, num_classes, num_groups, validate_args, ignore_index: as
             :class:`CalibrationError`.
         interval: ``"wilson"`` (default) or ``"clopper_pearson"`` (needs scipy).
         level: level of the per-bin intervals.
@@ -338,13 +459,17 @@ class ReliabilityDiagram(_BinnedMetric):
     def __init__(self, n_bins: int = 15, *, reading: str = "confidence",
                  input: str = "logits", num_classes: int | None = None,
                  num_groups: int | None = None, interval: str = "wilson",
-                 level: float = 0.95, validate_args: bool = True, **kwargs: Any) -> None:
+                 level: float = 0.95, validate_args: bool = True,
+                 ignore_index: int | None = None, **kwargs: Any) -> None:
         super().__init__(n_bins, reading=reading, input=input, num_classes=num_classes,
-                         num_groups=num_groups, validate_args=validate_args, **kwargs)
+                         num_groups=num_groups, validate_args=validate_args,
+                         ignore_index=ignore_index, **kwargs)
         check_option("interval", interval, C.INTERVALS)
         C._z(level)
         self.interval = interval
         self.level = float(level)
+
+    _CONFIG = _BinnedMetric._CONFIG + ("interval", "level")
 
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
         """Accumulate a batch (shapes as :func:`~torchcal.functional.reliability_table`)."""
@@ -383,9 +508,11 @@ class BrierDecomposition(_BinnedMetric):
 
     def __init__(self, n_bins: int = 15, *, reading: str = "binary", input: str = "logits",
                  num_classes: int | None = None, num_groups: int | None = None,
-                 validate_args: bool = True, **kwargs: Any) -> None:
+                 validate_args: bool = True, ignore_index: int | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(n_bins, reading=reading, input=input, num_classes=num_classes,
-                         num_groups=num_groups, validate_args=validate_args, **kwargs)
+                         num_groups=num_groups, validate_args=validate_args,
+                         ignore_index=ignore_index, **kwargs)
 
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
         """Accumulate a batch (shapes as :func:`~torchcal.functional.brier_decomposition`)."""
@@ -405,13 +532,19 @@ class BrierDecomposition(_BinnedMetric):
 class NegativeLogLikelihood(_PooledPlot):
     """Streaming mean negative log-likelihood (log score) with float64 sum states.
 
-    Binary when ``target`` has the shape of ``preds``, multiclass for ``(N, C, *)`` scores
-    and ``(N, *)`` class indices (see :func:`~torchcal.functional.calibration.nll_sum`).
+    Layouts as :func:`~torchcal.functional.calibration.nll_items`: binary when ``target``
+    has the shape of 1-d ``preds`` (or a ``(N, 1)`` head), class indices ``(N, *)`` for
+    ``(N, C, *)`` scores, float class probabilities of the shape of ``preds`` (as
+    ``F.cross_entropy``), independent sigmoids only with ``multilabel=True``. The link runs
+    in float64, so streaming equals one call to float64 rounding.
 
     Args:
         input: ``"logits"`` or ``"probs"``.
         num_groups: per-group means (``update`` then needs ``groups`` of ``target``'s shape).
         validate_args: run the value checks in ``update``.
+        ignore_index: a target value whose items are not counted.
+        multilabel: score a target of the shape of ``(N, C)`` logits as independent 0/1
+            labels.
 
     Example:
         >>> import torch
@@ -426,12 +559,19 @@ class NegativeLogLikelihood(_PooledPlot):
     is_differentiable = False
     higher_is_better = False
     plot_lower_bound = 0.0
+    _CONFIG = ("input", "num_groups", "multilabel")
 
     def __init__(self, *, input: str = "logits", num_groups: int | None = None,
-                 validate_args: bool = True, **kwargs: Any) -> None:
+                 validate_args: bool = True, ignore_index: int | None = None,
+                 multilabel: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         check_option("input", input, C.INPUTS)
+        C._check_ignore_index(ignore_index)
+        if not isinstance(multilabel, bool):
+            raise TypeError(f"multilabel: expected a bool, got {type(multilabel).__name__}")
         self.input = input
+        self.ignore_index = ignore_index
+        self.multilabel = multilabel
         self.num_groups = None if num_groups is None else check_int("num_groups", num_groups,
                                                                     minimum=1)
         self.validate_args = bool(validate_args)
@@ -441,23 +581,28 @@ class NegativeLogLikelihood(_PooledPlot):
 
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
         """Accumulate a batch."""
+        if self.num_groups is None and groups is not None:
+            raise ValueError("groups: pass num_groups= to the metric's constructor to get "
+                             "per-group results")
+        if self.num_groups is not None and groups is None:
+            raise ValueError(f"groups: expected a group id per sample (the metric was "
+                             f"built with num_groups={self.num_groups}), got None")
         with validation_enabled(self.validate_args):
-            if self.num_groups is None:
-                if groups is not None:
-                    raise ValueError("groups: pass num_groups= to the metric's constructor to "
-                                     "get per-group results")
-                s, n = C.nll_sum(preds, target, input=self.input)
-                self.nll_sum[0] += s.to(self.nll_sum.device)
-                self.count[0] += n
-                return
-            if groups is None:
-                raise ValueError(f"groups: expected a group id per sample (the metric was "
-                                 f"built with num_groups={self.num_groups}), got None")
-            G = C._check_groups(groups, target.shape, self.num_groups)
-            g = groups.reshape(-1).to(torch.int64)
-            items = C.nll_items(preds, target, input=self.input).reshape(-1).double()
-            self.nll_sum.add_(torch.bincount(g, weights=items, minlength=G))
-            self.count.add_(torch.bincount(g, minlength=G))
+            if self.num_groups is not None:
+                G = C._check_groups(groups, target.shape, self.num_groups)
+            items, keep = C._nll(C._as_float64(preds), target, self.input, self.ignore_index,
+                                 self.multilabel)
+            if self.input == "logits" and not self.multilabel:
+                self._warn_probs_once(C.logits_look_like_probs(preds), stacklevel=4)
+        if self.num_groups is None:
+            self.nll_sum[0] += items.sum(dtype=torch.float64).to(self.nll_sum.device)
+            self.count[0] += items.numel() if keep is None else int(keep.sum())
+            return
+        g = groups.reshape(-1).to(torch.int64)
+        w = None if keep is None else keep.reshape(-1).to(torch.int64)
+        self.nll_sum.add_(torch.bincount(g, weights=items.reshape(-1), minlength=G))
+        self.count.add_(torch.bincount(g, minlength=G) if w is None
+                        else torch.bincount(g, weights=w, minlength=G).to(torch.int64))
 
     def compute(self) -> Tensor | GroupedResult:
         """Mean NLL (float64), or a GroupedResult (``NaN`` for empty groups)."""

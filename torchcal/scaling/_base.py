@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from torchcal.functional._validation import check_floating, check_tensor
+from torchcal.functional._validation import check_floating, check_tensor, values_checked
 
-__all__ = ["FitResult", "CalibrationWarning", "NotFittedError", "collect_logits"]
+__all__ = ["FitResult", "CalibrationWarning", "NotFittedError", "collect_logits",
+           "as_binary_vector", "check_state_finite"]
 
 
 class CalibrationWarning(UserWarning):
@@ -76,12 +78,43 @@ def warn_all(messages: Sequence[str], stacklevel: int = 3) -> tuple[str, ...]:
 
 class FittedMixin(nn.Module):
     """Holds the ``fitted`` flag as a (persistent) bool buffer, so that it round-trips through
-    ``state_dict`` / ``load_state_dict`` and ``torch.load(weights_only=True)``."""
+    ``state_dict`` / ``load_state_dict`` and ``torch.load(weights_only=True)``.
+
+    Fitted state is float64 and stays float64: ``.to(dtype)``, ``.half()``, ``.bfloat16()``,
+    ``.float()`` and Lightning's true-precision plugins (``module.to(torch.bfloat16)`` of a
+    module holding the calibrator) move it to the new device but keep its dtype, so a fitted
+    ``T = 2.4776`` is not rounded to bfloat16's ``2.4750`` (``forward`` still returns the
+    dtype of its input). Loaded state is validated before it is copied in
+    (:meth:`_check_state`): a ``ValueError`` names the offending key.
+    """
 
     fitted: Tensor
 
     def _init_fitted(self) -> None:
         self.register_buffer("fitted", torch.tensor(False))
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> FittedMixin:
+        """Apply ``fn`` (device moves, dtype casts) but keep float64 tensors float64."""
+
+        def keep_float64(t: Tensor) -> Tensor:
+            out = fn(t)
+            if t.dtype == torch.float64 and out.dtype != torch.float64:
+                return t.to(device=out.device)
+            return out
+
+        return super()._apply(keep_float64, recurse)
+
+    def _check_state(self, state: Mapping[str, Tensor], prefix: str) -> None:
+        """Validate incoming state (``state`` maps this module's own names to the tensors to
+        be loaded; absent keys are left to ``load_state_dict``'s own missing-key report);
+        raise ``ValueError("<prefix><name>: ...")``. The base checks nothing."""
+
+    def _load_from_state_dict(self, state_dict: Mapping[str, Any], prefix: str,
+                              *args: Any, **kwargs: Any) -> None:
+        own = {k[len(prefix):]: v.detach() for k, v in state_dict.items()
+               if k.startswith(prefix) and "." not in k[len(prefix):] and isinstance(v, Tensor)}
+        self._check_state(own, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # type: ignore[arg-type]
 
     @property
     def is_fitted(self) -> bool:
@@ -108,12 +141,56 @@ class FittedMixin(nn.Module):
                                  f"load_state_dict a fitted state)")
 
 
+def check_state_finite(state: Mapping[str, Tensor], prefix: str, *names: str) -> None:
+    """Loaded float state must be finite (NaN/Inf would make every output NaN/Inf)."""
+    for name in names:
+        value = state.get(name)
+        if value is not None and value.is_floating_point() and \
+                not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{prefix}{name}: expected finite values in the loaded state, got "
+                             f"{value.flatten()[:8].tolist()}")
+
+
+def as_binary_vector(logits: object, target: object = None) -> tuple[Any, Any, bool]:
+    """``(B, 1)`` binary logits (and a ``(B,)`` or ``(B, 1)`` target) as ``(B,)`` views.
+
+    Returns ``(logits, target, squeezed)``; anything else is returned unchanged (and checked
+    later by :func:`check_logits_target`).
+    """
+    if isinstance(logits, Tensor) and logits.dim() == 2 and logits.shape[1] == 1:
+        if isinstance(target, Tensor) and target.shape == logits.shape:
+            target = target.reshape(-1)
+        return logits.reshape(-1), target, True
+    return logits, target, False
+
+
+def warn_if_probabilities(logits: Tensor) -> None:
+    """A :class:`CalibrationWarning` when ``logits`` look like probabilities: every value in
+    ``[0, 1]`` and (multiclass) every row summing to 1 within ``1e-4`` -- a calibrator fitted
+    on them maps probabilities, not logits (pass ``torch.log(probs)`` instead). Value check:
+    off inside ``validation_enabled(False)``."""
+    if not values_checked() or logits.numel() < 2:
+        return
+    lo, hi = torch.aminmax(logits.detach())
+    if not (float(lo) >= 0.0 and float(hi) <= 1.0):
+        return
+    if logits.dim() == 2 and not bool(
+            ((logits.detach().sum(1, dtype=torch.float64) - 1).abs() <= 1e-4).all()):
+        return
+    what = "every row is in [0, 1] and sums to 1" if logits.dim() == 2 else \
+        "every value is in [0, 1]"
+    warnings.warn(f"logits: {what}: these look like probabilities, not logits; the calibrator "
+                  f"maps its input as logits (pass torch.log(probs), or torch.logit(p) for "
+                  f"binary probabilities)", CalibrationWarning, stacklevel=3)
+
+
 def check_logits_target(logits: object, target: object, *,
                         binary_only: bool = False, multiclass_only: bool = False,
                         allow_neg_inf: bool = True) -> bool:
     """Shape/dtype checks shared by the calibrators; returns ``True`` for binary input.
 
-    Binary: logits ``(N,)`` and target ``(N,)`` in {0, 1}. Multiclass: logits ``(N, C)``,
+    Binary: logits ``(N,)`` and target ``(N,)`` in {0, 1} (``(N, 1)`` logits are squeezed by
+    :func:`as_binary_vector` before this check). Multiclass: logits ``(N, C)``,
     ``C >= 2``, and integer target ``(N,)``. Values (NaN, ranges) are checked in the passes.
     """
     logits = check_tensor("logits", logits)
@@ -134,7 +211,7 @@ def check_logits_target(logits: object, target: object, *,
     if logits.dim() == 2:
         if logits.shape[1] < 2:
             raise ValueError(f"logits: expected at least 2 classes (columns), got shape "
-                             f"{tuple(logits.shape)}; pass binary logits as shape (N,)")
+                             f"{tuple(logits.shape)}; pass binary logits as shape (N,) or (N, 1)")
         if target.is_floating_point() or target.dtype == torch.bool:
             raise ValueError(f"target: expected integer class indices (torch.long), got dtype "
                              f"{target.dtype}")

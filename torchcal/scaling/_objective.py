@@ -40,8 +40,11 @@ __all__ = ["Chunk", "STAT_FIELDS", "chunk_rows", "row_terms", "temperature_pass"
            "default_workers", "log_bounds", "binary_nll"]
 
 # Columns of the per-group statistics returned by ``temperature_pass``.
-STAT_FIELDS = ("count", "loss", "dloss", "d2loss", "loss_identity")
-_N, _L, _D1, _D2, _L1 = range(5)
+# ``misranked`` (rows whose target is not a row maximum; binary: a score on the wrong side of
+# 0) does not depend on T and is only filled by identity passes: when it is 0 the set is
+# perfectly separated (the NLL decreases all the way to T -> 0).
+STAT_FIELDS = ("count", "loss", "dloss", "d2loss", "loss_identity", "misranked")
+_N, _L, _D1, _D2, _L1, _W = range(6)
 
 # Chunks stay below ATen's parallel grain sizes (32768 elements for element-wise ops, 2048
 # for the MKL-VML exp/log): each op then runs single-threaded on a cache-resident chunk, with
@@ -81,7 +84,8 @@ def row_terms(logits: Tensor, target: Tensor, beta: Tensor | float, *, binary: b
 
     ``beta`` is a float, a float64 scalar or a per-row ``(n,)`` tensor. ``-inf`` logits are
     masks: probability 0 (multiclass) or, in the binary case with target 0, no contribution.
-    With ``identity=True`` a fourth tensor holds the per-sample NLL at ``beta = 1``.
+    With ``identity=True`` two more tensors follow: the per-sample NLL at ``beta = 1`` and a
+    0/1 flag for rows whose target is not a row maximum (binary: score on the wrong side).
     ``state`` (a dict kept across the chunks of a pass) remembers that masks were seen.
     """
     if binary:
@@ -98,7 +102,8 @@ def row_terms(logits: Tensor, target: Tensor, beta: Tensor | float, *, binary: b
         d2 = ((p * torch.sigmoid(-t)) * z) * z  # left to right: 0 * floor, never floor**2
         out: tuple[Tensor, ...] = (loss, d1, d2)
         if identity:
-            out = out + (binary_nll(z, y),)
+            wrong = ((y == 1) & (z < 0)) | ((y == 0) & (z > 0))
+            out = out + (binary_nll(z, y), wrong.to(torch.float64))
         return out
     b = beta.unsqueeze(-1) if isinstance(beta, Tensor) and beta.dim() == 1 else beta
     m = logits.amax(dim=1).to(torch.float64)
@@ -134,7 +139,7 @@ def row_terms(logits: Tensor, target: Tensor, beta: Tensor | float, *, binary: b
     d2 = (s2 / s0 - mean_d * mean_d).clamp_(min=0.0)
     if identity:
         e1 = (d * _LOG2E).exp2_()
-        return loss, d1, d2, torch.log(e1.sum(1)) + gap
+        return loss, d1, d2, torch.log(e1.sum(1)) + gap, (gap > 0).to(torch.float64)
     return loss, d1, d2
 
 
@@ -255,7 +260,7 @@ def temperature_pass(chunks: Iterable[Chunk], u: Tensor, *, binary: bool,
                      num_classes: int | None = None, num_groups: int = 1,
                      identity: bool = False, reduce: bool = False, workers: int = 1,
                      check_labels: bool = True) -> Tensor:
-    """One pass: per-group sums ``(G, 5)`` of :data:`STAT_FIELDS` at ``u = log beta``.
+    """One pass: per-group sums ``(G, 6)`` of :data:`STAT_FIELDS` at ``u = log beta``.
 
     ``u`` holds one value per group (``(G,)``, float64). Derivatives are w.r.t. ``beta``.
     ``reduce=True`` all-reduces the sums over the process group. ``workers > 1`` (a list of
@@ -330,7 +335,7 @@ class NewtonResult:
     """Solution of :func:`solve_log_beta` (per group)."""
 
     u: Tensor           # log beta at the last evaluated point
-    stats: Tensor       # (G, 5) sums at u
+    stats: Tensor       # (G, 6) sums at u
     grad: Tensor        # d(objective)/du per sample (penalty included), at u
     curv: Tensor        # d2(objective)/du2 per sample, at u
     converged: Tensor   # bool (G,)
@@ -359,7 +364,8 @@ def _u_derivatives(stats: Tensor, u: Tensor, center: Tensor | None,
 def solve_log_beta(evaluate: Callable[[Tensor, bool], Tensor], u0: Tensor, *,
                    lower: float, upper: float, grad_tol: float, step_tol: float,
                    max_iter: int, center: Tensor | None = None, strength: float = 0.0,
-                   identity_first: bool = False, max_step: float = 2.0) -> NewtonResult:
+                   identity_first: bool = False, max_step: float = 2.0,
+                   detect_separation: bool = True) -> NewtonResult:
     """Safeguarded Newton on ``u = log beta`` in ``[lower, upper]``, vectorised over groups.
 
     ``evaluate(u, identity)`` returns the ``(G, 5)`` sums of one pass. The objective per group
@@ -369,6 +375,12 @@ def solve_log_beta(evaluate: Callable[[Tensor, bool], Tensor], u0: Tensor, *,
     gradient pointing outwards. Newton steps are capped at ``max_step`` and replaced by
     bisection of the bracket when they leave it; the NLL is unimodal in ``u`` (convex in
     ``beta``), so the bracket always holds the optimum.
+
+    With ``identity_first`` and ``detect_separation``, a group without prior whose set is
+    perfectly separated (``misranked == 0``: its NLL decreases all the way to ``T -> 0``, but
+    its gradient underflows below any tolerance at a finite, arbitrary T) goes straight to
+    the upper bound of ``u`` (``at_upper``), if its NLL there is below the NLL at ``T = 1``
+    (else every row is constant: the NLL does not depend on T, the group stays where it is).
     """
     u = u0.to(torch.float64).clone().clamp_(lower, upper)
     G = u.shape[0]
@@ -383,6 +395,17 @@ def solve_log_beta(evaluate: Callable[[Tensor, bool], Tensor], u0: Tensor, *,
     stats = evaluate(u, identity_first)
     identity_stats = stats[:, _L1].clone() if identity_first else None
     passes, iterations = 1, 0
+    free = torch.full((G,), center is None or strength == 0, dtype=torch.bool)
+    sep = free & (stats[:, _W] == 0) & (stats[:, _N] > 0)
+    if identity_first and detect_separation and bool(sep.any()):
+        u_try = torch.where(sep, torch.full_like(u, upper), u)
+        at_bound = evaluate(u_try, False)
+        passes += 1
+        lower_there = sep & (at_bound[:, _L] < stats[:, _L1])  # below the NLL at T = 1
+        stats = torch.where(lower_there.unsqueeze(1), at_bound, stats)
+        u = torch.where(lower_there, u_try, u)
+        at_upper |= lower_there
+        done |= lower_there
     while True:
         _, g, h = _u_derivatives(stats, u, center, strength)
         count = stats[:, _N].clamp(min=1.0)

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torchcal.functional._validation import check_class_target, check_finite, check_int
-from torchcal.scaling._base import FitResult, FittedMixin, check_logits_target, warn_all
+from torchcal.functional._validation import (
+    check_class_target,
+    check_finite,
+    check_int,
+    first_bad_position,
+)
+from torchcal.scaling._base import (
+    FitResult,
+    FittedMixin,
+    check_logits_target,
+    check_state_finite,
+    warn_all,
+    warn_if_probabilities,
+)
 
 __all__ = ["VectorScaler", "MatrixScaler"]
 
@@ -25,6 +37,7 @@ def _check_reg(name: str, value: float) -> float:
 # Up to this many parameters the fit is Newton's method with the exact Hessian (P backward
 # passes per step, quadratic convergence); beyond it, LBFGS with strong-Wolfe line search.
 _NEWTON_MAX_PARAMS = 256
+_MAX_ABS_LOGIT = 1e100
 
 
 class _AffineScaler(FittedMixin):
@@ -49,34 +62,63 @@ class _AffineScaler(FittedMixin):
     def _identity(self) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
 
+    def _check_state(self, state: Mapping[str, Tensor], prefix: str) -> None:
+        check_state_finite(state, prefix, "weight", "bias")
+
+    def _masked_affine(self, z: Tensor, weight: Tensor, bias: Tensor,
+                       mask: Tensor | None) -> Tensor:
+        """The affine map of ``z`` (masked entries already 0), masked outputs ``-inf``."""
+        out = self._affine(z, weight, bias)
+        return out if mask is None else out.masked_fill(mask, float("-inf"))
+
     def forward(self, logits: Tensor) -> Tensor:
-        """Calibrated logits ``(N, C)`` in the dtype of ``logits``."""
+        """Calibrated logits ``(N, C)`` in the dtype of ``logits``; a ``-inf`` (masked) logit
+        stays ``-inf`` (probability 0) and contributes nothing to the other classes."""
         self._check_fitted()
         if not isinstance(logits, Tensor) or not logits.is_floating_point() or \
                 logits.dim() != 2 or logits.shape[1] != self.num_classes:
             raise ValueError(f"logits: expected a floating-point tensor of shape "
                              f"(N, {self.num_classes})")
+        check_finite("logits", logits, allow_neg_inf=True)
         w = self.weight.to(device=logits.device, dtype=logits.dtype)
         b = self.bias.to(device=logits.device, dtype=logits.dtype)
-        return self._affine(logits, w, b)
+        mask = torch.isneginf(logits)
+        if not bool(mask.any()):
+            return self._affine(logits, w, b)
+        return self._masked_affine(logits.masked_fill(mask, 0.0), w, b, mask)
 
-    def objective(self, logits: Tensor, target: Tensor, weight: Tensor, bias: Tensor
-                  ) -> tuple[Tensor, Tensor]:
-        """``(mean NLL + penalty, mean NLL)`` at the given parameters (float64)."""
-        nll = F.cross_entropy(self._affine(logits, weight, bias), target)
+    def objective(self, logits: Tensor, target: Tensor, weight: Tensor, bias: Tensor,
+                  mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``(mean NLL + penalty, mean NLL)`` at the given parameters (float64); with
+        ``mask``, ``logits`` holds 0 at the masked entries (see :meth:`forward`)."""
+        nll = F.cross_entropy(self._masked_affine(logits, weight, bias, mask), target)
         return nll + self._penalty(weight, bias), nll
 
     def fit(self, logits: Tensor, target: Tensor) -> FitResult:
         """Fit the weights and biases on multiclass logits ``(N, C)`` and class indices."""
-        check_logits_target(logits, target, multiclass_only=True, allow_neg_inf=False)
+        check_logits_target(logits, target, multiclass_only=True)
         if logits.shape[1] != self.num_classes:
             raise ValueError(f"logits: expected {self.num_classes} columns (num_classes), got "
                              f"shape {tuple(logits.shape)}")
-        check_finite("logits", logits)
+        check_finite("logits", logits, allow_neg_inf=True)
         check_class_target("target", target, self.num_classes)
+        warn_if_probabilities(logits)
         with torch.inference_mode(False), torch.no_grad():
             z = logits.detach().to(torch.float64).clone()
             y = target.detach().to(device=z.device, dtype=torch.long).clone()
+            big = float(z.masked_fill(torch.isneginf(z), 0.0).abs().max())
+            if big > _MAX_ABS_LOGIT:
+                raise ValueError(f"logits: expected |logits| <= {_MAX_ABS_LOGIT:g} (their squares "
+                                 f"enter the float64 Hessian), got {big:g}")
+            neg = torch.isneginf(z)
+            mask: Tensor | None = None
+            if bool(neg.any()):
+                bad = neg.gather(1, y.unsqueeze(1)).squeeze(1)
+                if bool(bad.any()):
+                    raise ValueError(f"logits: the target class is masked (-inf) at row "
+                                     f"{first_bad_position(bad)}; its likelihood is 0")
+                mask = neg
+                z = z.masked_fill(mask, 0.0)
             w0, b0 = self._identity()
             w0, b0 = w0.to(z.device), b0.to(z.device)
             nw = w0.numel()
@@ -85,17 +127,17 @@ class _AffineScaler(FittedMixin):
                 return x[:nw].reshape(w0.shape), x[nw:]
 
             def total(x: Tensor) -> Tensor:
-                return self.objective(z, y, *split(x))[0]
+                return self.objective(z, y, *split(x), mask)[0]
 
             x = torch.cat([w0.flatten(), b0])
-            nll_before = float(self.objective(z, y, w0, b0)[1])
+            nll_before = float(self.objective(z, y, w0, b0, mask)[1])
             with torch.enable_grad():
                 if x.numel() <= _NEWTON_MAX_PARAMS:
                     def hessian(x: Tensor) -> Tensor:
                         w, b = split(x)
                         pen = torch.autograd.functional.hessian(
                             lambda v: self._penalty(*split(v)), x)  # tiny: no data involved
-                        return self._nll_hessian(z, w, b) + pen
+                        return self._nll_hessian(z, w, b, mask) + pen
 
                     x, iterations, passes, method = self._newton(total, hessian, x)
                 else:
@@ -104,9 +146,17 @@ class _AffineScaler(FittedMixin):
                 loss = total(xg)
                 (grad,) = torch.autograd.grad(loss, [xg])
             w, b = split(x.detach())
-            nll = self.objective(z, y, w, b)[1]
+            nll = self.objective(z, y, w, b, mask)[1]
             grad_norm = float(torch.linalg.vector_norm(grad))
         msgs = []
+        if z.shape[0] < x.numel():
+            msgs.append(f"{type(self).__name__}: fewer samples ({z.shape[0]}) than parameters "
+                        f"({x.numel()}): the map interpolates the fitting set; use more data, "
+                        f"a regulariser, or TemperatureScaler")
+        elif float(nll) <= 1e-8:
+            msgs.append(f"{type(self).__name__}: the fitted map separates the fitting set (NLL "
+                        f"{float(nll):.3g}): a separable set has no finite optimum; the "
+                        f"parameters are where the gradient fell below grad_tol")
         if not grad_norm <= max(1e-8, math.sqrt(x.numel()) * self.grad_tol):
             msgs.append(f"{type(self).__name__}: LBFGS stopped before the tolerance was met "
                         f"(|grad| = {grad_norm:.3g}); a separable set without regularisation "
@@ -118,8 +168,10 @@ class _AffineScaler(FittedMixin):
                          grad_norm=grad_norm, iterations=iterations, converged=not msgs,
                          warnings=warn_all(msgs, stacklevel=3), passes=passes, method=method)
 
-    def _nll_hessian(self, z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        """Exact Hessian of the mean NLL w.r.t. ``cat(weight.flatten(), bias)``."""
+    def _nll_hessian(self, z: Tensor, weight: Tensor, bias: Tensor,
+                     mask: Tensor | None = None) -> Tensor:
+        """Exact Hessian of the mean NLL w.r.t. ``cat(weight.flatten(), bias)`` (``z`` holds 0
+        at masked entries: their output is constant, ``p = 0`` there)."""
         raise NotImplementedError
 
     def _newton(self, total: Callable[[Tensor], Tensor], hessian: Callable[[Tensor], Tensor],
@@ -193,9 +245,11 @@ class VectorScaler(_AffineScaler):
     reported (``<= 1e-8`` is tested against ``scipy.optimize`` on the same objective).
 
     Invariance: none guaranteed -- per-class scales and biases can change the argmax (and the
-    accuracy). No ``-inf`` masks. ``forward`` before ``fit`` raises.
+    accuracy). ``-inf`` logits are masks (fit and forward): a masked entry stays ``-inf``
+    (probability 0), whatever the sign of its weight. ``forward`` before ``fit`` raises.
 
-    State: ``weight`` ``(C,)``, ``bias`` ``(C,)`` (float64 parameters), ``fitted``.
+    State: ``weight`` ``(C,)``, ``bias`` ``(C,)`` (float64 parameters, float64 under
+    ``.to(dtype)``; finite on load), ``fitted``.
 
     Example:
         >>> import torch
@@ -226,10 +280,11 @@ class VectorScaler(_AffineScaler):
         C = self.num_classes
         return torch.ones(C, dtype=torch.float64), torch.zeros(C, dtype=torch.float64)
 
-    def _nll_hessian(self, z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    def _nll_hessian(self, z: Tensor, weight: Tensor, bias: Tensor,
+                     mask: Tensor | None = None) -> Tensor:
         # a_ic = w_c z_ic + b_c; with u_ic = (z_ic, 1) and S_i = diag(p_i) - p_i p_i^T:
         # H[(k, c), (l, d)] = mean_i S_i[c, d] u_ic[k] u_id[l]  (params ordered w then b)
-        p = torch.softmax(self._affine(z, weight, bias), dim=1)
+        p = torch.softmax(self._masked_affine(z, weight, bias, mask), dim=1)
         u = torch.stack([z, torch.ones_like(z)], dim=1)                   # (N, 2, C)
         pu = p.unsqueeze(1) * u                                           # (N, 2, C)
         C = self.num_classes
@@ -252,10 +307,12 @@ class MatrixScaler(_AffineScaler):
     Convex; minimised from the identity in float64 as :class:`VectorScaler` (Newton up to 256
     parameters, i.e. ``C <= 15``, LBFGS with strong-Wolfe line search beyond).
 
-    Invariance: none guaranteed (argmax may change). No ``-inf`` masks. ``forward`` before
-    ``fit`` raises.
+    Invariance: none guaranteed (argmax may change). ``-inf`` logits are masks (fit and
+    forward): a masked entry contributes nothing to the other classes (it enters the product
+    as 0) and its own output stays ``-inf`` (probability 0). ``forward`` before ``fit`` raises.
 
-    State: ``weight`` ``(C, C)``, ``bias`` ``(C,)`` (float64 parameters), ``fitted``.
+    State: ``weight`` ``(C, C)``, ``bias`` ``(C,)`` (float64 parameters, float64 under
+    ``.to(dtype)``; finite on load), ``fitted``.
 
     Example:
         >>> import torch
@@ -289,11 +346,12 @@ class MatrixScaler(_AffineScaler):
         C = self.num_classes
         return torch.eye(C, dtype=torch.float64), torch.zeros(C, dtype=torch.float64)
 
-    def _nll_hessian(self, z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    def _nll_hessian(self, z: Tensor, weight: Tensor, bias: Tensor,
+                     mask: Tensor | None = None) -> Tensor:
         # a_i = A u_i with A = [W | b], u_i = (z_i, 1); S_i = diag(p_i) - p_i p_i^T:
         # H[(c, k), (d, l)] = mean_i S_i[c, d] u_i[k] u_i[l]
         n, C = z.shape
-        p = torch.softmax(self._affine(z, weight, bias), dim=1)
+        p = torch.softmax(self._masked_affine(z, weight, bias, mask), dim=1)
         u = torch.cat([z, torch.ones(n, 1, dtype=z.dtype, device=z.device)], dim=1)  # (N, K)
         uu = torch.einsum("ik,il->ikl", u, u)                             # (N, K, K)
         h = -torch.einsum("ic,id,ikl->ckdl", p, p, uu)

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
 
-from torchcal.functional._validation import check_int, check_tensor
+from torchcal.functional._validation import check_finite, check_int, check_tensor
 from torchcal.scaling import _objective as obj
-from torchcal.scaling._base import FitResult, FittedMixin, check_logits_target, warn_all
+from torchcal.scaling._base import (
+    FitResult,
+    FittedMixin,
+    as_binary_vector,
+    check_logits_target,
+    check_state_finite,
+    warn_all,
+)
 from torchcal.scaling.temperature import TemperatureScaler, check_bounds, degenerate_messages
 
 __all__ = ["GroupTemperatureScaler"]
@@ -76,6 +84,14 @@ class GroupTemperatureScaler(FittedMixin):
         self.register_buffer("log_temperature_global", torch.zeros((), dtype=torch.float64))
         self._init_fitted()
 
+    def _check_state(self, state: Mapping[str, Tensor], prefix: str) -> None:
+        check_state_finite(state, prefix, "log_temperature", "log_temperature_global")
+        for name in ("log_temperature", "log_temperature_global"):
+            v = state.get(name)
+            if v is not None and v.numel() and not float(v.abs().max()) <= 700.0:
+                raise ValueError(f"{prefix}{name}: expected temperatures 0 < T < inf in "
+                                 f"float64 (|log T| <= 700), got {v.flatten()[:8].tolist()}")
+
     @property
     def temperatures(self) -> Tensor:
         """The per-group temperatures ``(G,)`` (a detached float64 tensor)."""
@@ -101,12 +117,14 @@ class GroupTemperatureScaler(FittedMixin):
         self._check_fitted()
         if not isinstance(logits, Tensor) or not logits.is_floating_point() or logits.dim() == 0:
             raise ValueError("logits: expected a floating-point tensor of shape (N,) or (N, C)")
+        check_finite("logits", logits, allow_neg_inf=True)
         groups = self._check_groups(groups, logits.shape[0], logits.device)
         t = torch.exp(self.log_temperature).to(device=logits.device, dtype=logits.dtype)[groups]
         return logits / t.reshape(-1, *([1] * (logits.dim() - 1)))
 
     def fit(self, logits: Tensor, target: Tensor, groups: Tensor) -> FitResult:
         """Fit the global and the per-group temperatures (see the class docstring)."""
+        logits, target, _ = as_binary_vector(logits, target)
         binary = check_logits_target(logits, target)
         logits = logits.detach()
         target = target.detach().to(logits.device)
@@ -114,7 +132,8 @@ class GroupTemperatureScaler(FittedMixin):
             target = target.long()
         groups = self._check_groups(groups, logits.shape[0], logits.device)
         glob = TemperatureScaler(bounds=self.bounds, grad_tol=self.grad_tol,
-                                 step_tol=self.step_tol, max_iter=self.max_iter)
+                                 step_tol=self.step_tol, max_iter=self.max_iter,
+                                 method="newton")
         res_g = glob.fit(logits, target)
         num_classes = None if binary else logits.shape[1]
         G = self.num_groups
@@ -150,7 +169,8 @@ class GroupTemperatureScaler(FittedMixin):
                          nll_before=float(res.identity_stats.sum()) / n,
                          nll_after=float(res.stats[:, obj._L].sum()) / n,
                          grad_norm=float(torch.linalg.vector_norm(res.grad)),
-                         iterations=res.iterations, converged=bool(res.converged.all()),
+                         iterations=res.iterations,
+                         converged=bool(res.converged.all()) and res_g.converged,
                          warnings=tuple(res_g.warnings) + msgs_t,
                          passes=res.passes + res_g.passes, method="newton",
                          temperatures=tuple(self.temperatures.tolist()))

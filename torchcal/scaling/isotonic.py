@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -13,14 +14,19 @@ from torchcal.functional._validation import (
     check_finite,
     check_option,
 )
-from torchcal.scaling._base import FitResult, FittedMixin, check_logits_target
+from torchcal.scaling._base import FitResult, FittedMixin, as_binary_vector, check_logits_target
 from torchcal.scaling._objective import binary_nll
 
 __all__ = ["IsotonicCalibrator"]
 
 _READINGS = ("binary", "confidence")
-_BIG = 1e300  # stand-in for an infinite log-odds (a -inf mask, or all other classes masked)
+# stand-in for an infinite log-odds (a -inf mask, or all other classes masked): the largest
+# float64, so that no finite score is clamped (1e300 used to merge scores beyond it into ties)
+_BIG = torch.finfo(torch.float64).max
 _MAX_ROUNDS = 64
+# forward returns logit(p) with p clamped to [_P_EPS, 1 - _P_EPS]: +-27.63, finite in every
+# float dtype (predict_proba returns the unclamped p, 0 and 1 included)
+_P_EPS = 1e-12
 
 
 def _sequential_pav(s: Tensor, c: Tensor, n: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -89,15 +95,21 @@ class IsotonicCalibrator(FittedMixin):
     log-odds (the logit itself; for confidence, ``-logsumexp_{j != top}(z_j - z_top)``), so
     nothing saturates the way float32 probabilities do. ``-inf`` logits (masks) are allowed.
 
-    ``forward(logits)`` returns **probabilities** ``(N,)`` (not logits: the map can reach 0 and
-    1 exactly). Before ``fit`` it raises :class:`~torchcal.scaling.NotFittedError`.
+    ``forward(logits)`` returns **calibrated logits**, as every other calibrator here:
+    ``logit(p)`` of the calibrated probability ``p``, which the isotonic map can make exactly 0
+    or 1, so ``p`` is first clamped to ``[1e-12, 1 - 1e-12]`` (logits within +-27.63; finite in
+    every dtype). The output has the input's dtype and, for ``reading="binary"``, its shape
+    (``(N,)`` or ``(N, 1)``); ``reading="confidence"`` gives ``(N,)`` logits of the top-1
+    confidence. :meth:`predict_proba` returns the unclamped float64 probabilities. Before
+    ``fit`` both raise :class:`~torchcal.scaling.NotFittedError`.
 
     Invariance (tested): the map is non-decreasing, so no pair of scores is inverted, but ties
     are created -- rankings hold only weakly and the AUC may drop. The argmax is untouched
     (the confidence reading recalibrates the top-1 probability only).
 
     State: ``x_thresholds``, ``y_thresholds`` (float64 buffers whose length is set by the fit;
-    ``load_state_dict`` resizes them) and ``fitted``.
+    ``load_state_dict`` resizes them and checks them: ``x`` finite and increasing, ``y`` a
+    non-decreasing map into ``[0, 1]``, non-empty when fitted) and ``fitted``.
 
     Example:
         >>> import torch
@@ -106,8 +118,10 @@ class IsotonicCalibrator(FittedMixin):
         >>> y = torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0, 1.0])
         >>> iso = IsotonicCalibrator()
         >>> _ = iso.fit(s, y)
-        >>> iso(torch.tensor([-2.0, -0.5, 2.5])).tolist()
+        >>> iso.predict_proba(torch.tensor([-2.0, -0.5, 2.5])).tolist()
         [0.0, 0.5, 1.0]
+        >>> [round(v, 2) for v in iso(torch.tensor([-2.0, -0.5, 2.5])).tolist()]  # logits
+        [-27.63, 0.0, 27.63]
     """
 
     x_thresholds: Tensor
@@ -120,6 +134,26 @@ class IsotonicCalibrator(FittedMixin):
         self.register_buffer("x_thresholds", torch.zeros(0, dtype=torch.float64))
         self.register_buffer("y_thresholds", torch.zeros(0, dtype=torch.float64))
         self._init_fitted()
+
+    def _check_state(self, state: Mapping[str, Tensor], prefix: str) -> None:
+        xt, yt, fitted = (state.get(k) for k in ("x_thresholds", "y_thresholds", "fitted"))
+        if xt is None or yt is None:
+            return
+        if xt.dim() != 1 or yt.shape != xt.shape:
+            raise ValueError(f"{prefix}y_thresholds: expected the 1-D shape of x_thresholds "
+                             f"{tuple(xt.shape)}, got {tuple(yt.shape)}")
+        if fitted is not None and bool(fitted) and xt.numel() == 0:
+            raise ValueError(f"{prefix}x_thresholds: a fitted state needs at least one "
+                             f"threshold, got none")
+        xd, yd = xt.to(torch.float64), yt.to(torch.float64)
+        if not bool(torch.isfinite(xd).all()) or not bool((xd[1:] > xd[:-1]).all()):
+            raise ValueError(f"{prefix}x_thresholds: expected finite, strictly increasing "
+                             f"values in the loaded state")
+        if not bool(((yd >= 0) & (yd <= 1)).all()) or not bool((yd[1:] >= yd[:-1]).all()):
+            raise ValueError(f"{prefix}y_thresholds: expected a non-decreasing map into "
+                             f"[0, 1] in the loaded state, got values in "
+                             f"[{float(yd.min()):g}, {float(yd.max()):g}]" if yd.numel() else
+                             f"{prefix}y_thresholds: expected values in [0, 1]")
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
                               **kwargs: Any) -> None:
@@ -154,6 +188,8 @@ class IsotonicCalibrator(FittedMixin):
 
     def fit(self, logits: Tensor, target: Tensor) -> FitResult:
         """Fit the isotonic map on held-out logits and targets (see the class docstring)."""
+        if self.reading == "binary":
+            logits, target, _ = as_binary_vector(logits, target)
         check_logits_target(logits, target, binary_only=self.reading == "binary",
                             multiclass_only=self.reading == "confidence")
         check_finite("logits", logits, allow_neg_inf=True)
@@ -187,10 +223,23 @@ class IsotonicCalibrator(FittedMixin):
                          method="pav")
 
     def forward(self, logits: Tensor) -> Tensor:
-        """Calibrated probabilities ``(N,)`` (float64): ``P(y=1)`` or the top-1 confidence."""
+        """Calibrated logits (``logit(p)``, ``p`` clamped to ``[1e-12, 1 - 1e-12]``) in the
+        dtype of ``logits``: shape ``(N,)`` / ``(N, 1)`` as the input (binary), ``(N,)``
+        (confidence)."""
+        p = self.predict_proba(logits)
+        p = p.clamp(_P_EPS, 1.0 - _P_EPS)
+        out = (torch.log(p) - torch.log1p(-p)).to(logits.dtype)
+        return out.reshape(logits.shape) if self.reading == "binary" else out
+
+    def predict_proba(self, logits: Tensor) -> Tensor:
+        """Calibrated probabilities ``(N,)`` (float64, 0 and 1 included): ``P(y=1)``
+        (binary) or the probability that the top-1 prediction is right (confidence)."""
         self._check_fitted()
         if not isinstance(logits, Tensor) or not logits.is_floating_point():
             raise ValueError("logits: expected a floating-point tensor")
+        check_finite("logits", logits, allow_neg_inf=True)
+        if self.reading == "binary":
+            logits = as_binary_vector(logits)[0]
         x, _ = self._scores(logits, None)
         xt = self.x_thresholds.to(x.device)
         yt = self.y_thresholds.to(x.device)
@@ -200,5 +249,6 @@ class IsotonicCalibrator(FittedMixin):
         idx = torch.searchsorted(xt, x, right=True).clamp(1, xt.numel() - 1)
         x0, x1 = xt[idx - 1], xt[idx]
         y0, y1 = yt[idx - 1], yt[idx]
-        frac = ((x - x0) / (x1 - x0)).clamp(0.0, 1.0)
+        # halves first: differences of scores near +-float64 max must not overflow to inf
+        frac = ((0.5 * x - 0.5 * x0) / (0.5 * x1 - 0.5 * x0)).clamp(0.0, 1.0)
         return y0 + frac * (y1 - y0)

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from torchcal.functional._validation import check_finite
 from torchcal.scaling import _objective as obj
 from torchcal.scaling._base import (
     FitResult,
     FittedMixin,
+    as_binary_vector,
     check_logits_target,
+    check_state_finite,
     collect_logits,
     warn_all,
+    warn_if_probabilities,
 )
 
 __all__ = ["TemperatureScaler"]
@@ -69,15 +73,15 @@ class TemperatureScaler(FittedMixin):
     The NLL is convex in ``beta = 1/T``. Two solvers minimise the same float64 objective to
     the same tolerances and return the same optimum (tested against Brent's method):
 
-    - ``method="newton"`` (**the default**): a safeguarded 1-D Newton iteration on
-      ``log beta = -log T`` with the exact curvature ``Var_p[z]``, computed in the same float64
-      pass as the loss and the gradient, kept inside a bracket of the optimum. It is the
-      default because on this 1-D problem LBFGS only approximates that curvature by secants:
-      Newton needs fewer passes over the data (4-10 against LBFGS's 6-15 on the tested sets),
-      and it is also the solver that streams (:meth:`fit_stream`, DDP): its statistics are
-      sums.
-    - ``method="lbfgs"``: ``torch.optim.LBFGS`` with strong-Wolfe line search on ``log T``,
-      stopped by the gradient tolerance (no loss-change test, no small iteration cap).
+    - ``method="lbfgs"`` (**the default of** :meth:`fit` / :meth:`fit_model`):
+      ``torch.optim.LBFGS`` with strong-Wolfe line search on ``log T``, in float64, stopped
+      by the gradient tolerance (no loss-change test, no small iteration cap).
+    - ``method="newton"`` (**the default of** :meth:`fit_stream`, and an option everywhere): a
+      safeguarded 1-D Newton iteration on ``log beta = -log T`` with the exact curvature
+      ``Var_p[z]``, computed in the same float64 pass as the loss and the gradient, kept inside
+      a bracket of the optimum. Its statistics are sums, so it streams (:meth:`fit_stream`,
+      DDP), and it needs fewer passes over the data (4-10 against LBFGS's 6-15 on the tested
+      sets).
 
     Both stop when ``|d NLL / d log T| <= grad_tol`` or the Newton step on ``log T`` (from the
     exact curvature) is below ``step_tol``, at the point they return. Large inputs are
@@ -88,7 +92,10 @@ class TemperatureScaler(FittedMixin):
     Degenerate sets: when the NLL keeps falling as ``T -> inf`` (logits no better than
     uniform) or ``T -> 0`` (perfectly separated), ``T`` stops at ``bounds`` with a
     :class:`~torchcal.scaling.CalibrationWarning` and ``converged=False``; when it does not
-    depend on ``T`` at all (every row's logits equal), ``T`` stays at 1, with the same.
+    depend on ``T`` at all (every row's logits equal), ``T`` stays at 1, with the same. A
+    perfectly separated set (every target is a row maximum -- binary: no score on the wrong
+    side of 0) is detected exactly from the data, not from the gradient (which underflows
+    below any tolerance long before ``T`` reaches 0), and gets ``T = t_min``.
 
     Invariance (tested): multiclass -- every argmax (top-1 prediction, accuracy) is kept;
     binary -- the ranking of the scores, hence the AUC and the decision at logit 0, is kept.
@@ -102,11 +109,14 @@ class TemperatureScaler(FittedMixin):
     :attr:`temperature` by hand or loading a fitted state counts as fitted).
 
     State: ``log_temperature`` (float64 parameter) and ``fitted`` (bool buffer); both
-    round-trip through ``state_dict`` / ``torch.load(weights_only=True)``.
+    round-trip through ``state_dict`` / ``torch.load(weights_only=True)``, stay float64 under
+    ``.to(dtype)`` / ``.half()`` / ``.bfloat16()``, and are validated on load (a finite
+    ``log_temperature`` with ``0 < T < inf``). Binary logits may be ``(N,)`` or ``(N, 1)``.
 
     Args:
         bounds: ``(t_min, t_max)``; the fitted T is kept inside.
-        method: ``"newton"`` (default) or ``"lbfgs"`` (see above).
+        method: ``None`` (default: ``"lbfgs"`` in memory, ``"newton"`` when streaming),
+            ``"lbfgs"`` or ``"newton"`` (see above).
         grad_tol: stop when ``|d NLL / d log T| <= grad_tol`` (mean NLL, nats).
         step_tol: or when the Newton step on ``log T`` is below ``step_tol``.
         max_iter: iteration cap (reached only on pathological input; reported as
@@ -128,11 +138,11 @@ class TemperatureScaler(FittedMixin):
 
     log_temperature: nn.Parameter
 
-    def __init__(self, *, bounds: tuple[float, float] = (1e-3, 1e3), method: str = "newton",
+    def __init__(self, *, bounds: tuple[float, float] = (1e-3, 1e3), method: str | None = None,
                  grad_tol: float = 1e-10, step_tol: float = 1e-8, max_iter: int = 100) -> None:
         super().__init__()
-        if method not in ("newton", "lbfgs"):
-            raise ValueError(f"method: expected one of ('newton', 'lbfgs'), got {method!r}")
+        if method not in (None, "newton", "lbfgs"):
+            raise ValueError(f"method: expected None, 'newton' or 'lbfgs', got {method!r}")
         self.bounds = check_bounds(bounds)
         self.method = method
         self.grad_tol = float(grad_tol)
@@ -142,6 +152,15 @@ class TemperatureScaler(FittedMixin):
         self._init_fitted()
 
     # ------------------------------------------------------------------ state
+    def _check_state(self, state: Mapping[str, Tensor], prefix: str) -> None:
+        check_state_finite(state, prefix, "log_temperature")
+        lt = state.get("log_temperature")
+        if lt is not None and lt.numel() == 1:
+            if not abs(float(lt)) <= 700.0:  # exp() finite and > 0 in float64
+                raise ValueError(f"{prefix}log_temperature: expected a temperature "
+                                 f"0 < exp(log_temperature) < inf in float64, got "
+                                 f"log_temperature = {float(lt)!r}")
+
     @property
     def temperature(self) -> float:
         """The temperature ``T = exp(log_temperature)``; settable (``> 0``, marks fitted)."""
@@ -160,6 +179,7 @@ class TemperatureScaler(FittedMixin):
         self._check_fitted()
         if not isinstance(logits, Tensor) or not logits.is_floating_point():
             raise ValueError("logits: expected a floating-point tensor")
+        check_finite("logits", logits, allow_neg_inf=True)
         t = torch.exp(self.log_temperature).to(device=logits.device, dtype=logits.dtype)
         return logits / t
 
@@ -173,13 +193,16 @@ class TemperatureScaler(FittedMixin):
         ``distributed=True`` treats each rank's tensors as a shard and all-reduces the sums
         (every rank must call it); by default the tensors are the whole set.
         """
+        logits, target, _ = as_binary_vector(logits, target)
         binary = check_logits_target(logits, target)
+        warn_if_probabilities(logits)
         logits = logits.detach()
         target = target.detach().to(logits.device)
         if not binary:
             target = target.long()
         num_classes = None if binary else logits.shape[1]
         workers = obj.default_workers(logits)
+        method = self.method or "lbfgs"
         with torch.inference_mode(False), torch.no_grad():
             # labels once, up front (O(N)); logits only if a pass comes out non-finite
             obj.validate_labels(obj.Chunk(logits, target), binary, num_classes)
@@ -189,7 +212,7 @@ class TemperatureScaler(FittedMixin):
             if distributed:
                 obj.all_reduce_(numel)
             pre_passes = 0
-            if self.method == "newton" and float(numel) > _SUBSAMPLE_ELEMENTS:
+            if float(numel) > _SUBSAMPLE_ELEMENTS:
                 # warm start on every 64th, then every 8th row, each only to the accuracy its
                 # sampling error allows; the full passes then start within ~1e-2 in log T
                 lo, hi = obj.log_bounds(*self.bounds)
@@ -205,11 +228,13 @@ class TemperatureScaler(FittedMixin):
                         return stats
 
                     warm = obj.solve_log_beta(sub_eval, u0, lower=lo, upper=hi, grad_tol=1e-8,
-                                              step_tol=tol, max_iter=self.max_iter)
+                                              step_tol=tol, max_iter=self.max_iter,
+                                              detect_separation=False)
                     u0 = warm.u
                     pre_passes += warm.passes
             return self._solve(lambda: full, binary, num_classes, u0, reduce=distributed,
-                               workers=workers, pre_passes=pre_passes, check_labels=False)
+                               workers=workers, pre_passes=pre_passes, check_labels=False,
+                               method=method)
 
     def fit_stream(self, batches: Iterable[tuple[Tensor, Tensor]] | Callable[[], Iterable],
                    *, distributed: bool | None = None) -> FitResult:
@@ -230,7 +255,7 @@ class TemperatureScaler(FittedMixin):
             >>> y = torch.multinomial(torch.softmax(z / 3, 1), 1, generator=g).squeeze(1)
             >>> chunks = list(zip(z.split(1000), y.split(1000)))
             >>> t_stream = TemperatureScaler().fit_stream(chunks).temperature
-            >>> t_full = TemperatureScaler().fit(z, y).temperature
+            >>> t_full = TemperatureScaler(method="newton").fit(z, y).temperature
             >>> abs(t_stream / t_full - 1) < 1e-9
             True
         """
@@ -253,7 +278,7 @@ class TemperatureScaler(FittedMixin):
             for item in factory():
                 if not isinstance(item, (tuple, list)) or len(item) != 2:
                     raise ValueError("batches: expected (logits, target) pairs")
-                lg, tg = item
+                lg, tg, _ = as_binary_vector(*item)
                 binary = check_logits_target(lg, tg)
                 c = None if binary else lg.shape[1]
                 if "binary" not in kind:
@@ -281,7 +306,8 @@ class TemperatureScaler(FittedMixin):
             binary = first is not None and first.logits.dim() == 1
             num_classes = None if binary or first is None else first.logits.shape[1]
             return self._solve(chunks, binary, num_classes, torch.zeros(1, dtype=torch.float64),
-                               reduce=reduce, workers=1, pre_passes=0)
+                               reduce=reduce, workers=1, pre_passes=0,
+                               method=self.method or "newton")
 
     def fit_model(self, model: nn.Module, dataloader: Iterable, *,
                   cache_dtype: torch.dtype | None = None, input_key: str | None = None,
@@ -313,7 +339,7 @@ class TemperatureScaler(FittedMixin):
     def _solve(self, chunks: Callable[[], Sequence[obj.Chunk] | Iterable[obj.Chunk]],
                binary: bool,
                num_classes: int | None, u0: Tensor, *, reduce: bool, workers: int,
-               pre_passes: int, check_labels: bool = True) -> FitResult:
+               pre_passes: int, check_labels: bool = True, method: str) -> FitResult:
         lo, hi = obj.log_bounds(*self.bounds)
 
         def evaluate(u: Tensor, identity: bool) -> Tensor:
@@ -323,8 +349,8 @@ class TemperatureScaler(FittedMixin):
             obj.check_stats(stats, chunks, binary)
             return stats
 
-        if self.method == "lbfgs":
-            return self._solve_lbfgs(evaluate, lo, hi)
+        if method == "lbfgs":
+            return self._solve_lbfgs(evaluate, lo, hi, u0, pre_passes)
         res = obj.solve_log_beta(evaluate, u0, lower=lo, upper=hi, grad_tol=self.grad_tol,
                                  step_tol=self.step_tol, max_iter=self.max_iter,
                                  identity_first=True)
@@ -357,14 +383,15 @@ class TemperatureScaler(FittedMixin):
                          passes=res.passes + pre_passes, method=method)
 
     def _solve_lbfgs(self, evaluate: Callable[[Tensor, bool], Tensor], lo: float,
-                     hi: float) -> FitResult:
+                     hi: float, u0: Tensor, pre_passes: int) -> FitResult:
         """``torch.optim.LBFGS`` (strong-Wolfe line search) on ``log T = -u`` over the same
-        float64 sums as Newton, judged by the same tests at the returned point.
+        float64 sums as Newton, judged by the same tests at the returned point, from ``u0``.
 
         ``tolerance_change=0``: near the optimum the NLL is flat to float64 resolution, so a
         loss-change test would stop LBFGS early; only ``|grad| <= grad_tol``, ``max_iter`` or
         its evaluation cap stop it. An evaluation on a bound whose gradient points outwards
-        ends the fit there (the NLL is unimodal in ``log T``: the optimum lies beyond it).
+        ends the fit there (the NLL is unimodal in ``log T``: the optimum lies beyond it). A
+        perfectly separated set goes to ``t_min`` at once (see :func:`solve_log_beta`).
         """
         cache: dict[float, Tensor] = {}  # u -> sums: LBFGS re-evaluates points; passes = len
 
@@ -373,30 +400,48 @@ class TemperatureScaler(FittedMixin):
                 cache[u] = evaluate(torch.tensor([u], dtype=torch.float64), identity)
             return cache[u]
 
-        n = float(stats_at(0.0, True)[0, obj._N])
+        start = min(max(float(u0[0]), lo), hi)
+        first = stats_at(start, True)
+        n = float(first[0, obj._N])
         if n == 0:
             raise ValueError("batches: every rank's shard is empty")
-        nll_before = float(cache[0.0][0, obj._L1]) / n
+        nll_before = float(first[0, obj._L1]) / n
 
         def grad_u(u: float) -> float:
             g = obj._u_derivatives(stats_at(u), torch.tensor([u], dtype=torch.float64),
                                    None, 0.0)[1]
             return float(g[0]) / n
 
-        log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+        log_t = torch.full((), -start, dtype=torch.float64, requires_grad=True)
         opt = torch.optim.LBFGS([log_t], lr=1.0, max_iter=self.max_iter,
                                 tolerance_grad=self.grad_tol, tolerance_change=0.0,
                                 history_size=10, line_search_fn="strong_wolfe")
 
         def closure() -> Tensor:
-            u = min(max(-float(log_t.detach()), lo), hi)
+            raw = -float(log_t.detach())
+            u = min(max(raw, lo), hi)
             g = grad_u(u)
             if (u <= lo and g > 0) or (u >= hi and g < 0):
                 raise _OnBound(u)
+            f = float(stats_at(u)[0, obj._L]) / n
+            if raw != u:
+                # The line search may step past a bound. Clamping there would show it a flat
+                # function with a non-zero gradient (inconsistent: it stalls on the bound, far
+                # from the optimum). Continue the NLL past the bound as its C1 quadratic
+                # extension instead; the gradient at the bound points inwards (else we stopped
+                # above), so the extension's minimum lies inside and the search comes back.
+                d = raw - u
+                c = max(float(obj._u_derivatives(stats_at(u), torch.tensor([u], dtype=torch.float64),
+                                                 None, 0.0)[2][0]) / n, abs(g), 1.0)
+                f, g = f + g * d + 0.5 * c * d * d, g + c * d
             log_t.grad = torch.tensor(-g, dtype=torch.float64)
-            return torch.tensor(float(stats_at(u)[0, obj._L]) / n, dtype=torch.float64)
+            return torch.tensor(f, dtype=torch.float64)
 
+        separated = float(first[0, obj._W]) == 0 and \
+            float(stats_at(hi)[0, obj._L]) < float(first[0, obj._L])
         try:
+            if separated:
+                raise _OnBound(hi)
             with torch.enable_grad():
                 opt.step(closure)
             # LBFGS's last point is not always its best: near the optimum the NLL is flat to a
@@ -410,15 +455,17 @@ class TemperatureScaler(FittedMixin):
             u = min(near, key=lambda v: abs(grad_u(v)))
         except _OnBound as stop:
             u = stop.u
-        iterations = int(opt.state[log_t].get("n_iter", 0))
+        iterations = int(opt.state[log_t].get("n_iter", 0)) if log_t in opt.state else 0
         ut = torch.tensor([u], dtype=torch.float64)
         stats = stats_at(u)
         _, g, h = obj._u_derivatives(stats, ut, None, 0.0)
         g, h = g / n, h / n
-        at_lower, at_upper = (ut <= lo) & (g > 0), (ut >= hi) & (g < 0)
+        at_lower = (ut <= lo) & (g > 0)
+        at_upper = ((ut >= hi) & (g < 0)) | torch.tensor([separated])
         converged = ~(at_lower | at_upper) & (
             (g.abs() <= self.grad_tol) | ((h > 0) & ((g / h).abs() <= self.step_tol)))
         res = obj.NewtonResult(u=ut, stats=stats, grad=g, curv=h, converged=converged,
                                at_lower=at_lower, at_upper=at_upper, iterations=iterations,
                                passes=len(cache))
-        return self._result(res, nll_before, method="lbfgs", pre_passes=0, stacklevel=6)
+        return self._result(res, nll_before, method="lbfgs", pre_passes=pre_passes,
+                            stacklevel=6)

@@ -1,0 +1,74 @@
+"""Every config in configs/ runs end to end as a new user runs it: ``python -m
+recipes.complex_link_prediction --config X`` in a fresh process, exit code 0, ``invariants ok``
+on stdout. The pykeen configs at reduced epochs (the audits and invariants still run on all
+their test triples); the family default at its real settings (about 20 s), the README's
+first command."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONFIGS = sorted((ROOT / "configs" / "complex").glob("*.yaml"))
+FAST = ["--trainer.enable_progress_bar", "false", "--audit.plots", "false",
+        "--trainer.logger", "false"]
+
+
+def _run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "recipes.complex_link_prediction", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _check(proc: subprocess.CompletedProcess, out: pathlib.Path, mode: str) -> dict:
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    audit_lines = [ln for ln in lines if ln.startswith("audit ")]
+    assert [ln.split(":")[0] for ln in audit_lines] == ["audit tail", "audit triple"]
+    assert all("invariants ok (" in ln for ln in audit_lines), audit_lines
+    # the triple line says why T cannot fix a 1-N model, and only for a 1-N model
+    assert ("T cannot fix a 1-N model here" in audit_lines[1]) == (mode == "one_to_n")
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["invariants_ok"] is True and rep["mode"] == mode
+    for name in ("tail", "triple"):
+        a = rep["audits"][name]
+        assert a["strict_inversions"] == 0 and a["ties_broken"] == 0
+        assert 0 <= a["max_tie_gap_ulps"] <= a["max_tie_gap_bound_ulps"] == 4
+    return rep
+
+
+def test_there_are_configs():
+    assert {c.stem for c in CONFIGS} >= {"family", "nations", "kinships", "umls",
+                                         "umls_negatives"}
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_config_runs_at_reduced_epochs(config, tmp_path):
+    import yaml
+
+    mode = yaml.safe_load(config.read_text()).get("mode", "one_to_n")
+    out = tmp_path / "out"
+    proc = _run(["--config", str(config), "--trainer.max_epochs", "2", "--output_dir", str(out),
+                 *FAST])
+    rep = _check(proc, out, mode)
+    assert rep["epochs"] == 2
+
+
+def test_family_default_at_its_real_settings(tmp_path):
+    """The README's first command, as written (only the output directory and the progress
+    bar differ): 30 epochs, exit 0, invariants ok, and a model good enough to audit."""
+    out = tmp_path / "family"
+    proc = _run(["--config", "configs/complex/family.yaml", "--output_dir", str(out),
+                 "--trainer.enable_progress_bar", "false"])
+    rep = _check(proc, out, "one_to_n")
+    assert rep["epochs"] == 30
+    assert rep["mrr"] > 0.9
+    tail = rep["audits"]["tail"]
+    assert tail["temperature"] < 1 and tail["ece_after"] < tail["ece_before"]
+    assert (out / "report.md").stat().st_size > 0
