@@ -34,11 +34,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from recipes.complex_link_prediction.cli import (  # noqa: E402
-    _config_from_namespace,
-    build_parser,
-    run,
-)
+from recipes.complex_link_prediction.cli import build_parser, run  # noqa: E402
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOALS = {"umls": 0.95, "kinships": 0.88, "nations": 0.75}
@@ -51,7 +47,7 @@ def _ours(name: str, seed: int, out: str, extra: list[str], threads: int) -> dic
                                     "--trainer.logger", "false", "--monitor", "false",
                                     "--audit.plots", "false", "--threads", str(threads),
                                     *extra])
-    report, _ = run(_config_from_namespace(ns))
+    report, _ = run(ns)
     return report
 
 

@@ -1,7 +1,10 @@
-"""Result types for binned reliability: :class:`ReliabilityTable` and :class:`GroupedResult`.
+"""Result types for binned reliability: :class:`ReliabilityTable` (text, markdown, CSV,
+dict) and :class:`GroupedResult`.
 
-This module is a leaf: it imports only ``torch`` (and ``matplotlib`` lazily inside
-:meth:`ReliabilityTable.plot`). The tables are built by
+At import this module needs only ``torch``: the one ECE formula is called from
+:mod:`torchcal.functional.calibration` and the diagram drawn by :mod:`torchcal.plotting`
+(matplotlib), both imported when asked for, because ``functional`` builds these tables
+(``docs/design.md`` section 1). The tables are built by
 :func:`torchcal.functional.reliability_table` and :class:`torchcal.metrics.ReliabilityDiagram`
 from binned sufficient statistics; every bin carries its count and an interval for its
 accuracy, so a bin of seven right out of seven reads as "accuracy at least about 0.65 (95 %
@@ -63,12 +66,6 @@ class GroupedResult(Generic[T]):
 
 def _fmt(x: float, digits: int = 4) -> str:
     return f"{x:.{digits}f}"
-
-
-def _abs_gap_sum(t: ReliabilityTable) -> float:
-    """``sum_b count_b |conf_b - acc_b|`` over the non-empty bins of ``t``."""
-    m = t.count > 0
-    return float((t.count[m].double() * t.gap[m].abs()).sum())
 
 
 _INTERVAL_NAMES = {"wilson": "Wilson", "clopper_pearson": "Clopper-Pearson"}
@@ -148,17 +145,28 @@ class ReliabilityTable:
 
     @property
     def ece(self) -> float:
-        """Equal-width L1 ECE of the reading, as :func:`~torchcal.functional.calibration_error`
-        gives it: ``sum_b count_b / n * |gap_b|``; with ``per_class`` tables, over the
-        (class, bin) cells for ``top_label`` (Gupta & Ramdas 2021) and the mean of the
-        per-class errors for ``classwise`` (Kull et al. 2019)."""
-        if self.per_class is not None and self.reading in ("top_label", "classwise"):
-            if self.reading == "classwise":
-                return sum(t.ece for t in self.per_class) / len(self.per_class)
-            n = self.n
-            return math.nan if n == 0 else sum(_abs_gap_sum(t) for t in self.per_class) / n
-        n = self.n
-        return math.nan if n == 0 else _abs_gap_sum(self) / n
+        """Equal-width L1 ECE of the reading, by the one formula of
+        :func:`~torchcal.functional.calibration.calibration_error_from_stats` applied to the
+        table's bins (sums ``count_b * conf_b``, ``count_b * acc_b``): ``sum_b count_b / n *
+        |gap_b|``; with ``per_class`` tables, over the (class, bin) cells for ``top_label``
+        (Gupta & Ramdas 2021) and the mean of the per-class errors for ``classwise`` (Kull et
+        al. 2019). ``NaN`` for an empty table."""
+        from torchcal.functional.calibration import BinnedStats, calibration_error_from_stats
+
+        tables = (self.per_class if self.per_class is not None
+                  and self.reading in ("top_label", "classwise") else (self,))
+        count = torch.stack([t.count for t in tables])
+        seen = count > 0
+        conf = torch.where(seen, torch.stack([t.conf for t in tables]) * count, 0.0)
+        acc = torch.where(seen, torch.stack([t.acc for t in tables]) * count, 0.0)
+        unused = torch.full_like(conf, math.nan)  # second moments: not needed by the L1 ECE
+        stats = BinnedStats(count, conf, acc, unused, unused)
+        return float(calibration_error_from_stats(stats, norm="l1", reading=self.reading))
+
+    @property
+    def interval_label(self) -> str:
+        """The per-bin interval in words, e.g. ``"95% Wilson"``."""
+        return f"{self._level()} {_INTERVAL_NAMES.get(self.interval, self.interval)}"
 
     # ----------------------------------------------------------------- exports
     def rows(self) -> list[dict[str, float | int]]:
@@ -199,7 +207,7 @@ class ReliabilityTable:
             "reading": self.reading, "n_bins": self.n_bins, "n": self.n,
             "interval": self.interval, "level": self.level, "ece": self.ece,
             "rows": self.rows(),
-            "omitted": [b for b, c in enumerate(self.count.reshape(-1).tolist()) if c == 0],
+            "omitted": self.omitted_bins(),
         }
 
     def to_csv(self, header: bool = True) -> str:
@@ -216,10 +224,19 @@ class ReliabilityTable:
         buf = io.StringIO()
         if header:
             buf.write(",".join(CSV_COLUMNS) + "\n")
-        for r in self.rows():
-            buf.write(",".join(repr(r[c]) if isinstance(r[c], float) else str(r[c])
-                               for c in CSV_COLUMNS) + "\n")
+        for cells in self.csv_rows():
+            buf.write(",".join(cells) + "\n")
         return buf.getvalue()
+
+    def csv_rows(self) -> list[list[str]]:
+        """The CSV cells of the non-empty bins (columns :data:`CSV_COLUMNS`; floats as
+        ``repr``, so they read back exactly)."""
+        return [[repr(r[c]) if isinstance(r[c], float) else str(r[c]) for c in CSV_COLUMNS]
+                for r in self.rows()]
+
+    def omitted_bins(self) -> list[int]:
+        """The empty bins (left out of :meth:`rows` and the exports)."""
+        return [b for b, c in enumerate(self.count.reshape(-1).tolist()) if c == 0]
 
     def _level(self) -> str:
         return f"{round(self.level * 100, 6):g}%"
@@ -239,9 +256,7 @@ class ReliabilityTable:
         return f"ECE (l1, equal-width{how}) = {_fmt(self.ece)}"
 
     def _legend(self) -> str:
-        name = _INTERVAL_NAMES.get(self.interval, self.interval)
-        return (f"gap = conf - acc (> 0: overconfident); ci = {self._level()} {name} "
-                f"interval for acc")
+        return f"gap = conf - acc (> 0: overconfident); ci = {self.interval_label} interval for acc"
 
     def _cells(self) -> list[list[str]]:
         cells = []
@@ -252,7 +267,7 @@ class ReliabilityTable:
         return cells
 
     def _omitted(self) -> str:
-        om = [str(b) for b, c in enumerate(self.count.reshape(-1).tolist()) if c == 0]
+        om = [str(b) for b in self.omitted_bins()]
         return "omitted (empty): " + (("bins " + ", ".join(om)) if om else "none")
 
     def to_text(self) -> str:
@@ -295,63 +310,10 @@ class ReliabilityTable:
         return self.to_text()
 
     def plot(self, ax: Any = None) -> Any:
-        """Reliability diagram (needs ``matplotlib``, imported here only).
+        """Reliability diagram (needs ``matplotlib``): see
+        :func:`torchcal.plotting.reliability_diagram`. A new pyplot figure with the count
+        histogram below when ``ax`` is ``None``, else drawn into ``ax`` with the counts behind
+        it. Returns the diagram's axis."""
+        from torchcal.plotting import reliability_diagram
 
-        Accuracy bars per non-empty bin against the diagonal, the per-bin interval as
-        whiskers (so seven right out of seven reads as "at least ~0.65", not 1.0), each bin's
-        (mean confidence, accuracy) as a point (on the diagonal when calibrated), ``k/n``
-        (right / samples) written in each bin when there are at most 20 bins, and a count
-        histogram: below the diagram when ``ax`` is ``None``, else behind it on a twin axis
-        of ``ax`` (scaled into its bottom quarter). Returns the diagram's axis.
-        """
-        try:
-            import matplotlib.pyplot as plt
-            from matplotlib.ticker import MaxNLocator
-        except ImportError as e:  # pragma: no cover - optional extra
-            raise ImportError("ReliabilityTable.plot needs matplotlib "
-                              "(pip install 'torchcal[plot]')") from e
-        idx = self.nonempty.numpy()
-        lo, hi = self.lo.numpy(), self.hi.numpy()
-        width = hi - lo
-        count = self.count.numpy()
-        acc = self.acc.numpy()[idx]
-        twin = ax is not None
-        if twin:
-            ax_h = ax.twinx()
-            ax.set_zorder(ax_h.get_zorder() + 1)  # the diagram in front of the counts
-            ax.patch.set_visible(False)
-        else:
-            _, (ax, ax_h) = plt.subplots(2, 1, sharex=True, figsize=(4.5, 5.5),
-                                         gridspec_kw={"height_ratios": [3, 1]})
-        ax.plot([0, 1], [0, 1], "--", color="gray", lw=1, label="perfect calibration")
-        ax.bar(lo[idx], acc, width=width[idx], align="edge", color="tab:blue", alpha=0.6,
-               edgecolor="black", lw=0.6, label="accuracy")
-        centers = (lo + hi)[idx] / 2
-        yerr = [(acc - self.ci_low.numpy()[idx]).clip(min=0),
-                (self.ci_high.numpy()[idx] - acc).clip(min=0)]
-        name = _INTERVAL_NAMES.get(self.interval, self.interval)
-        ax.errorbar(centers, acc, yerr=yerr, fmt="none", ecolor="black", elinewidth=1.2,
-                    capsize=3, label=f"{self._level()} {name} interval")
-        ax.plot(self.conf.numpy()[idx], acc, "o", ms=3.5, color="tab:red",
-                label="(mean confidence, accuracy)")
-        if self.n_bins <= 20:
-            hits = (self.acc.numpy()[idx] * count[idx]).round().astype(int)
-            for x, k, n in zip(centers, hits, count[idx]):
-                ax.text(x, 0.015, f"{k}/{n}", rotation=90, ha="center", va="bottom",
-                        fontsize=7, bbox={"boxstyle": "square,pad=0.15", "fc": "white",
-                                          "ec": "none", "alpha": 0.7})
-        ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
-        ax.set_ylabel("accuracy")
-        ax.set_title(f"{self.reading}: ECE {self.ece:.4f}, n={self.n}")
-        ax.legend(loc="best", fontsize="x-small" if twin else "small", framealpha=0.9)
-        ax_h.bar(lo, count, width=width, align="edge", color="tab:gray",
-                 alpha=0.25 if twin else 0.6)
-        ax_h.yaxis.set_major_locator(MaxNLocator(nbins=3, integer=True))
-        ax_h.set_ylabel("count")
-        if twin:
-            ax_h.set_ylim(0, 4 * max(int(count.max()), 1))
-            ax.set_xlabel("confidence")
-        else:
-            ax_h.set_xlabel("confidence")
-        return ax
+        return reliability_diagram(self, ax=ax)

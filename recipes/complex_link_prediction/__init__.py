@@ -2,7 +2,9 @@
 one temperature and prove by exact assertion that no decision and no ranking moved.
 
 Run ``python -m recipes.complex_link_prediction --config configs/complex/family.yaml``.
-Modules: :mod:`.data` (datasets), :mod:`.model` (ComplEx-N3, LightningModule),
-:mod:`.evaluation` (filtered ranks), :mod:`.audit` (the two calibration audits),
-:mod:`.report` (outputs), :mod:`.cli` (the command).
+Modules: :mod:`.datasets` (family generator, pykeen and TSV loaders), :mod:`.data` (the
+LightningDataModule), :mod:`.model` (ComplEx-N3, LightningModule), :mod:`.evaluation` (filtered
+ranks), :mod:`.items` (the audits' halves and corruptions), :mod:`.audit` (the two calibration
+audits), :mod:`.report` (outputs), :mod:`.cli` (the command). Only torchcal's touch points, on
+one screen: :mod:`.minimal`.
 """

@@ -36,20 +36,21 @@ import torch
 from torch import Tensor
 
 import torchcal.functional as TF
-from recipes.complex_link_prediction.data import KGData, with_reciprocals
+from recipes.complex_link_prediction.datasets import KGData, with_reciprocals
 from recipes.complex_link_prediction.evaluation import (
     TripleFilter,
     filtered_ranks,
     mask_known,
     ranking_metrics,
 )
+from recipes.complex_link_prediction.items import TripleItems, stratified_halves, triple_items
 from recipes.complex_link_prediction.model import ComplEx
 from torchcal.functional import MonotoneMapCheck, check_monotone_map
 from torchcal.report import ReliabilityTable
 from torchcal.scaling import PlattScaler, TemperatureScaler
 
-__all__ = ["MAX_TIE_GAP_ULPS", "AuditResult", "TripleItems", "auc", "check_audit_data",
-           "stratified_halves", "tail_audit", "triple_audit", "triple_items"]
+__all__ = ["MAX_TIE_GAP_ULPS", "AuditResult", "all_tail_logits", "auc", "named_invariants",
+           "run_audits", "tail_audit", "triple_audit"]
 
 MIN_RELATION_ITEMS = 50
 #: The widest original gap (float64 ulps) between two scores that ``x / T`` may merge into a
@@ -77,34 +78,14 @@ class AuditResult:
         return all(self.invariants.values())
 
 
-def stratified_halves(strata: Tensor, seed: int) -> Tensor:
-    """Boolean mask of the calibration half: inside every stratum a seeded random half
-    (the first ``ceil(n/2)`` of a random order), so both halves hold every relation.
-
-    Example:
-        >>> import torch
-        >>> cal = stratified_halves(torch.tensor([0, 0, 0, 1, 1]), seed=0)
-        >>> int(cal[:3].sum()), int(cal[3:].sum())
-        (2, 1)
-    """
-    n = len(strata)
-    g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(n, generator=g)
-    order = perm[torch.argsort(strata[perm], stable=True)]
-    s = strata[order]
-    # position of each item inside its stratum (strata are contiguous after the sort)
-    first = torch.ones(n, dtype=torch.bool)
-    first[1:] = s[1:] != s[:-1]
-    start = torch.cummax(torch.where(first, torch.arange(n), 0), 0).values
-    pos = torch.arange(n) - start
-    cal = torch.zeros(n, dtype=torch.bool)
-    cal[order] = pos % 2 == 0
-    return cal
-
-
 def auc(scores: Tensor, labels: Tensor) -> float:
     """ROC AUC by the Mann-Whitney U statistic with mid-ranks for ties (Hanley & McNeil
     1982), vectorised: ``(sum of positive ranks - P (P + 1) / 2) / (P N)``.
+
+    Kept instead of torchmetrics' ``binary_auroc``, which is not exact for the invariance
+    check: it applies a sigmoid to scores outside [0, 1] (distinct float64 logits past ~37
+    become ties: 0.75 instead of 1.0 on ``[37, 38, 40, 1]`` labelled ``[0, 1, 1, 0]``) and
+    returns float32 (a 1e-8 relative difference on tied data).
 
     Example:
         >>> import torch
@@ -182,7 +163,7 @@ def _tables(logits: dict[str, Tensor], target: Tensor, reading: str,
             for key, x in logits.items()}
 
 
-def _invariants(check: MonotoneMapCheck, decisions: bool) -> dict[str, bool]:
+def named_invariants(check: MonotoneMapCheck, decisions: bool) -> dict[str, bool]:
     """The audit's named invariants from one :func:`check_monotone_map` result."""
     out = {"no_strict_inversion": check.strict_inversions == 0,
            "ties_kept": check.ties_broken == 0,
@@ -201,13 +182,27 @@ def _invariant_counts(check: MonotoneMapCheck) -> dict[str, object]:
 
 
 @torch.no_grad()
-def _all_tail_logits(model: ComplEx, queries: Tensor, filt: TripleFilter,
-                     batch_size: int = 1024) -> Tensor:
+def all_tail_logits(model: ComplEx, queries: Tensor, filt: TripleFilter,
+                    batch_size: int = 1024) -> Tensor:
+    """float64 scores of every tail of ``queries``, the other known answers masked ``-inf``."""
     parts = []
     for q in queries.split(batch_size):
         h, r, t = q.unbind(1)
         parts.append(mask_known(model.score_all(h, r, dtype=torch.float64), t, filt.mask(h, r)))
     return torch.cat(parts)
+
+
+def _tail_hidden_truth(data: KGData, queries: Tensor, pred: Tensor, ev: Tensor, lg_ev: Tensor,
+                       sc_ev: Tensor, n_bins: int) -> dict[str, float]:
+    """The tail audit against true labels: a top-1 answer that is hidden truth is right, so
+    it becomes the target."""
+    R = data.num_relations
+    hidden = TripleFilter(with_reciprocals(data.hidden, R), data.num_entities, 2 * R)
+    hit_hidden = hidden.contains(queries[:, 0], queries[:, 1], pred)
+    true_target = torch.where(hit_hidden, pred, queries[:, 2])[ev]
+    out = _true_label_ece(lg_ev, sc_ev, true_target, "confidence", n_bins)
+    out["hits1_true"] = float((pred[ev] == true_target).double().mean())
+    return out
 
 
 @torch.no_grad()
@@ -225,7 +220,7 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
     known = TripleFilter(with_reciprocals(data.known(), R), data.num_entities, 2 * R)
     cal = stratified_halves(data.test[:, 1], seed).repeat(2)
     ev = ~cal
-    logits = _all_tail_logits(model, queries, known)
+    logits = all_tail_logits(model, queries, known)
     target = queries[:, 2]
 
     scaler = TemperatureScaler()
@@ -234,7 +229,7 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
 
     check = check_monotone_map(logits, scaled, decisions=False,
                                max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
-    invariants = _invariants(check, decisions=False)
+    invariants = named_invariants(check, decisions=False)
     pred = logits.argmax(1)
     ranks = filtered_ranks(logits[ev], target[ev])
     mrr = ranking_metrics(ranks.realistic)["mrr"]
@@ -262,20 +257,13 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
         "invariants_ok": all(invariants.values()),
     }
     summary["nll_improved"] = summary["nll_after"] < summary["nll_before"]
-    for k, v in before.items():
-        summary[f"{k}_before"] = v
-    for k, v in after.items():
-        summary[f"{k}_after"] = v
+    summary.update({f"{k}_before": v for k, v in before.items()})
+    summary.update({f"{k}_after": v for k, v in after.items()})
     notes = [f"{n} test triples -> {len(queries)} queries (tail and reciprocal head "
              "prediction); confidence = max softmax over all entities, other known answers "
              "masked; outcome = the top-1 entity is the test triple's answer."]
     if len(data.hidden):
-        hidden = TripleFilter(with_reciprocals(data.hidden, R), data.num_entities, 2 * R)
-        # a top-1 answer that is hidden truth is right against true labels: make it the target
-        hit_hidden = hidden.contains(queries[:, 0], queries[:, 1], pred)
-        true_target = torch.where(hit_hidden, pred, target)[ev]
-        summary.update(_true_label_ece(lg_ev, sc_ev, true_target, "confidence", n_bins))
-        summary["hits1_true"] = float((pred[ev] == true_target).double().mean())
+        summary.update(_tail_hidden_truth(data, queries, pred, ev, lg_ev, sc_ev, n_bins))
         notes.append("hidden truth: a top-1 answer that is a hidden true triple counts as "
                      "wrong against observed labels and right against true labels.")
     per_rel = _per_relation(lg_ev, sc_ev, t_ev, rel[ev], data.relations, "confidence", n_bins)
@@ -283,90 +271,72 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
     return AuditResult("tail", summary, invariants, tables, per_rel, notes)
 
 
-@dataclass
-class TripleItems:
-    """The triple audit's items: row ``i`` is source positive ``(head[i], relation[i],
-    tails[i, 0])`` followed by its ``k`` corruptions ``tails[i, 1:]`` (labels 1, 0, ..., 0);
-    ``source[i]`` is the test triple it comes from and ``cal[i]`` its half, so a positive and
-    its corruptions are never split."""
-
-    head: Tensor
-    relation: Tensor
-    tails: Tensor
-    labels: Tensor
-    source: Tensor
-    cal: Tensor
-
-
-def triple_items(data: KGData, k: int, seed: int) -> TripleItems:
-    """Positives (each test triple in both directions) with ``k`` distinct uniform corruptions
-    of the tail (drawn without replacement among the tails that make no observed triple),
-    and the calibration half (seeded, by test triple, stratified by relation). A query with
-    fewer than ``k`` possible corruptions is left out (:func:`check_audit_data` says how many
-    and raises when a half would be empty).
-
-    Example:
-        >>> from recipes.complex_link_prediction.data import load_dataset
-        >>> items = triple_items(load_dataset("family", num_families=3, generations=4), 5, 0)
-        >>> items.tails.shape[1], bool((items.tails.sort(1).values.diff(dim=1) != 0).all())
-        (6, True)
-    """
-    if not isinstance(k, int) or k < 1:
-        raise ValueError(f"audit.k: expected an int >= 1, got {k!r}")
-    R = data.num_relations
-    n = len(data.test)
-    queries = with_reciprocals(data.test, R)
-    source = torch.arange(n).repeat(2)
-    cal = stratified_halves(data.test[:, 1], seed).repeat(2)
-    known = TripleFilter(with_reciprocals(data.known(), R), data.num_entities, 2 * R)
-    free = ~known.mask(queries[:, 0], queries[:, 1])
-    possible = free.sum(1) >= k
-    queries, source, cal, free = queries[possible], source[possible], cal[possible], free[possible]
-    h, r, t = queries.unbind(1)
-    g = torch.Generator().manual_seed(seed + 1)
-    if len(queries):
-        neg = torch.multinomial(free.double(), k, replacement=False, generator=g)
-    else:
-        neg = torch.empty(0, k, dtype=torch.long)
-    tails = torch.cat([t[:, None], neg], dim=1)
-    sorted_tails = tails.sort(1).values
-    dup = (sorted_tails[:, 1:] == sorted_tails[:, :-1]).any(1)
-    if bool(dup.any()):  # cannot happen by construction; a silent duplicate skews the audit
-        i = int(torch.nonzero(dup)[0, 0])
-        raise ValueError(f"audit.k: duplicate sampled candidates for query ({int(h[i])}, "
-                         f"{int(r[i])}, ?): {tails[i].tolist()}")
-    labels = torch.zeros(len(queries), 1 + k, dtype=torch.float64)
-    labels[:, 0] = 1.0
-    return TripleItems(head=h, relation=r, tails=tails, labels=labels, source=source, cal=cal)
-
-
-def check_audit_data(data: KGData, k: int, seed: int) -> dict[str, int]:
-    """Raise a clear ``ValueError`` (before any training) when the audits cannot run on
-    ``data``: fewer than 2 test triples, an empty calibration or evaluation half (every
-    relation has a single test triple), or no query with ``k`` distinct filtered corruptions
-    in one of the halves. Returns the counts the report shows."""
-    n = len(data.test)
-    if n < 2:
-        raise ValueError(f"data.test: expected at least 2 test triples (the audits split them "
-                         f"into a calibration half and an evaluation half), got {n}")
-    cal = stratified_halves(data.test[:, 1], seed)
-    if not bool((~cal).any()):
-        raise ValueError(f"data.test: the evaluation half is empty: each of the {n} test "
-                         "triples has a relation of its own, and the audits split test "
-                         "triples by relation; add test triples")
-    items = triple_items(data, k, seed)
-    n_queries = 2 * n
-    for half, mask in (("calibration", items.cal), ("evaluation", ~items.cal)):
-        if not bool(mask.any()):
-            raise ValueError(f"audit.k: no test query of the {half} half has k = {k} distinct "
-                             f"filtered corruptions ({len(items.head)} of {n_queries} queries "
-                             f"have); lower --audit.k")
-    return {"triple_queries_left_out": n_queries - len(items.head)}
-
-
 def _dropped(n: int, k: int) -> str:
     return (f"; {n} queries with fewer than k = {k} possible corruptions are left out"
             if n else "")
+
+
+def _triple_notes(n_test: int, n_pos: int, k: int, trained_mode: str, trained_k: int | None,
+                  summary: dict[str, object]) -> list[str]:
+    """The triple audit's notes: its items, and whether one temperature can calibrate this
+    model (trained in mode negatives at the audit's k) or why not."""
+    notes = [f"{n_test} test triples -> {n_pos} positives (tail and reciprocal "
+             f"head queries{_dropped(2 * n_test - n_pos, k)}), each with k = {k} "
+             "distinct uniform filtered corruptions of its tail: base rate 1/(1+k) = "
+             f"{1 / (1 + k):.4f}."]
+    if trained_mode == "negatives" and trained_k == k:
+        notes.append("This model was trained with the binary log score against k = "
+                     f"{k} corruptions per positive, the audit's base rate: sigmoid(score) is "
+                     "its own probability, so one temperature is a legitimate repair.")
+    elif trained_mode == "negatives":
+        notes.append(f"This model was trained against {trained_k} corruptions per positive "
+                     f"(base rate {1 / (1 + (trained_k or 0)):.4f}) but is audited at k = {k}: "
+                     "the base rates differ, which a temperature cannot fix (it cannot move an "
+                     "offset); compare the Platt row.")
+    else:
+        notes.append(
+            "Why one temperature cannot calibrate these triples: this model was trained 1-N "
+            "(a proper score of the softmax over all entities), and that loss does not change "
+            "when a constant is added to all scores of a query, so training never fixes the "
+            "score level and sigmoid(score) is not the probability that a triple is true. A "
+            "temperature only divides the scores by T, so logit 0 stays the decision threshold "
+            f"(accuracy at logit 0: {summary['acc_before']:.4f}, against "
+            f"{summary['acc_base_rate']:.4f} for always answering 'false' at base rate "
+            f"{1 / (1 + k):.4f}); fixing it needs an offset, as the Platt row (scale and "
+            "offset, shown for information) does. A model trained with mode 'negatives' "
+            "at the audit's k learns the level at this base rate, and one temperature can "
+            "calibrate it.")
+    return notes
+
+
+def _triple_hidden_truth(data: KGData, items: TripleItems, columns: dict[str, Tensor],
+                         n_bins: int) -> dict[str, object]:
+    """The triple audit against true labels: a corruption that is hidden truth is true."""
+    R = data.num_relations
+    hidden = TripleFilter(with_reciprocals(data.hidden, R), data.num_entities, 2 * R)
+    labels = items.labels
+    true_labels = labels.bool() | hidden.contains(items.head[:, None], items.relation[:, None],
+                                                  items.tails)
+    out: dict[str, object] = dict(_true_label_ece(
+        columns["before"], columns["after"], true_labels[~items.cal].reshape(-1).double(),
+        "binary", n_bins))
+    out["hidden_true_corruptions"] = int((true_labels & ~labels.bool()).sum())
+    return out
+
+
+def _triple_checks(logits: Tensor,
+                   scaled: Tensor) -> tuple[MonotoneMapCheck, MonotoneMapCheck, dict[str, bool]]:
+    """The triple audit's checks: the complete order (AUC, decisions) and, per query, the
+    top-1 (the per-query order is part of the complete one); ``(check, per_query,
+    invariants)``."""
+    check = check_monotone_map(logits.reshape(-1), scaled.reshape(-1),
+                               max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
+    per_query = check_monotone_map(logits, scaled, max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
+    invariants = named_invariants(check, decisions=True)
+    invariants["top1_kept"] = per_query.top1_kept
+    invariants["created_ties_within_bound"] = (
+        max(check.max_tie_gap_ulps, per_query.max_tie_gap_ulps) <= MAX_TIE_GAP_ULPS)
+    return check, per_query, invariants
 
 
 @torch.no_grad()
@@ -392,15 +362,7 @@ def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_
     platt = PlattScaler()
     platt_fit = platt.fit(logits[cal].reshape(-1), labels[cal].reshape(-1))
 
-    # the complete order (AUC, decisions) and, per query, the top-1; the per-query order is
-    # part of the complete one
-    check = check_monotone_map(logits.reshape(-1), scaled.reshape(-1),
-                               max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
-    per_query = check_monotone_map(logits, scaled, max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
-    invariants = _invariants(check, decisions=True)
-    invariants["top1_kept"] = per_query.top1_kept
-    invariants["created_ties_within_bound"] = (
-        max(check.max_tie_gap_ulps, per_query.max_tie_gap_ulps) <= MAX_TIE_GAP_ULPS)
+    check, per_query, invariants = _triple_checks(logits, scaled)
     # every metric on the evaluation half, for four score columns: as trained, after T, after
     # Platt (information) and the base rate (a constant 1/(1+k), the no-skill reference)
     y_ev = labels[ev].reshape(-1)
@@ -432,38 +394,9 @@ def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_
     if summary["platt_scale"] > 0:
         summary["auc_platt"] = summary["auc_before"]
     summary["nll_improved"] = summary["nll_after"] < summary["nll_before"]
-    notes = [f"{len(data.test)} test triples -> {len(h)} positives (tail and reciprocal "
-             f"head queries{_dropped(2 * len(data.test) - len(h), k)}), each with k = {k} "
-             "distinct uniform filtered corruptions of its tail: base rate 1/(1+k) = "
-             f"{1 / (1 + k):.4f}."]
-    if trained_mode == "negatives" and trained_k == k:
-        notes.append("This model was trained with the binary log score against k = "
-                     f"{k} corruptions per positive, the audit's base rate: sigmoid(score) is "
-                     "its own probability, so one temperature is a legitimate repair.")
-    elif trained_mode == "negatives":
-        notes.append(f"This model was trained against {trained_k} corruptions per positive "
-                     f"(base rate {1 / (1 + (trained_k or 0)):.4f}) but is audited at k = {k}: "
-                     "the base rates differ, which a temperature cannot fix (it cannot move an "
-                     "offset); compare the Platt row.")
-    else:
-        notes.append(
-            "Why one temperature cannot calibrate these triples: this model was trained 1-N "
-            "(a proper score of the softmax over all entities), and that loss does not change "
-            "when a constant is added to all scores of a query, so training never fixes the "
-            "score level and sigmoid(score) is not the probability that a triple is true. A "
-            "temperature only divides the scores by T, so logit 0 stays the decision threshold "
-            f"(accuracy at logit 0: {summary['acc_before']:.4f}, against "
-            f"{summary['acc_base_rate']:.4f} for always answering 'false' at base rate "
-            f"{1 / (1 + k):.4f}); fixing it needs an offset, as the Platt row (scale and "
-            "offset, shown for information) does. A model trained with mode 'negatives' "
-            "at the audit's k learns the level at this base rate, and one temperature can "
-            "calibrate it.")
+    notes = _triple_notes(len(data.test), len(h), k, trained_mode, trained_k, summary)
     if len(data.hidden):
-        hidden = TripleFilter(with_reciprocals(data.hidden, R), data.num_entities, 2 * R)
-        true_labels = labels.bool() | hidden.contains(h[:, None], r[:, None], cand)
-        summary.update(_true_label_ece(columns["before"], columns["after"],
-                                       true_labels[ev].reshape(-1).double(), "binary", n_bins))
-        summary["hidden_true_corruptions"] = int((true_labels & ~labels.bool()).sum())
+        summary.update(_triple_hidden_truth(data, items, columns, n_bins))
         notes.append("hidden truth: a corruption that is a hidden true triple is labelled 0 "
                      "against observed labels and 1 against true labels.")
     rel = (r[:, None] % R).expand_as(logits)[ev].reshape(-1)
@@ -472,3 +405,24 @@ def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_
     tables = _tables({k: columns[k] for k in ("before", "after", "platt")}, y_ev, "binary",
                      n_bins)
     return AuditResult("triple", summary, invariants, tables, per_rel, notes)
+
+
+def run_audits(model: ComplEx, data: KGData, *, seed: int = 0, trained_mode: str = "one_to_n",
+               trained_k: int | None = None, k: int | None = None,
+               n_bins: int = 15) -> list[AuditResult]:
+    """Both audits, ``tail`` then ``triple``. The command line's ``--audit.k`` and
+    ``--audit.n_bins`` are this signature's (jsonargparse reads it).
+
+    Args:
+        model: the trained model.
+        data: its dataset (the audits use the test triples).
+        seed: seed of the halves and of the corruptions.
+        trained_mode: the model's training mode (what the triple audit's notes say).
+        trained_k: the model's corruptions per positive in training.
+        k: corruptions per held-out positive in the triple audit (default: model.num_negatives).
+        n_bins: equal-width bins of the reliability tables and ECE.
+    """
+    k = trained_k if k is None else k
+    return [tail_audit(model, data, seed=seed, n_bins=n_bins),
+            triple_audit(model, data, k=k, seed=seed, n_bins=n_bins, trained_mode=trained_mode,
+                         trained_k=trained_k)]

@@ -1,97 +1,48 @@
 """Command line: train ComplEx, evaluate filtered ranks, run both calibration audits, write
 the reports. ``python -m recipes.complex_link_prediction --config configs/complex/family.yaml``;
-every option can be overridden (``--trainer.max_epochs 5 --seed 3 --model.rank 100``)."""
+every option can be overridden (``--trainer.max_epochs 5 --seed 3 --model.rank 100``).
+
+There is no config layer of its own: jsonargparse reads the options of each group from the
+signature (and docstring) of the callable that takes them: ``--data.*`` from
+:func:`~recipes.complex_link_prediction.datasets.load_dataset` and
+:class:`~recipes.complex_link_prediction.data.KGDataModule`, ``--model.*`` from
+:class:`~recipes.complex_link_prediction.model.ComplExModule`, ``--trainer.*`` from
+:func:`build_trainer`, ``--audit.*`` from
+:func:`~recipes.complex_link_prediction.audit.run_audits` and
+:func:`~recipes.complex_link_prediction.report.write_reports`. Not ``LightningCLI``: it names the
+seed ``--seed_everything``, exposes every ``Trainer`` argument while the recipe pins devices,
+checkpointing and determinism, builds the Trainer before the dataset (whose name places the
+CSV log) is known, and parses inside its constructor, outside the thread/determinism
+environment of a run.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, Optional
 
 import torch
 
-__all__ = [
-    "AuditConfig",
-    "DataConfig",
-    "ModelConfig",
-    "RecipeConfig",
-    "TrainerConfig",
-    "audit_line",
-    "build_parser",
-    "main",
-    "run",
-]
+__all__ = ["audit_line", "build_parser", "build_trainer", "main", "run"]
 
 
-@dataclass
-class DataConfig:
-    """Dataset options.
+def build_trainer(output_dir: str, callbacks: list, max_epochs: int = 50,
+                  check_val_every_n_epoch: int = 1, enable_progress_bar: bool = True,
+                  logger: bool = True, accelerator: str = "cpu") -> Any:
+    """The recipe's Lightning Trainer (one device, no checkpoints, deterministic with
+    warnings, no sanity validation). The command line's ``--trainer.*`` options are this
+    signature's.
 
     Args:
-        dataset: 'family' (generated), 'nations', 'kinships', 'umls' (from pykeen) or 'tsv'.
-        train: TSV training triples (dataset 'tsv').
-        valid: TSV validation triples (dataset 'tsv').
-        test: TSV test triples (dataset 'tsv').
-        hide: fraction of true triples kept out of the data as hidden truth (family: from
-            every split; pykeen/tsv: from valid and test).
-        num_families: founder couples of the family KG.
-        generations: generations of the family KG.
-        valid_fraction: share of the family KG's triples in the validation split.
-        test_fraction: share of the family KG's triples in the test split (the audits' data).
-        batch_size: training batch size (triples incl. reciprocals; distinct queries
-            (h, r) with group_queries).
-        group_queries: mode one_to_n: train on batches of distinct queries (h, r), each
-            with all its training tails, scoring all entities once per query instead of
-            once per triple; the loss is the same per-triple mean (log score + N3).
-        eval_batch_size: queries per evaluation batch.
-    """
-
-    dataset: str = "family"
-    train: Optional[str] = None
-    valid: Optional[str] = None
-    test: Optional[str] = None
-    hide: float = 0.0
-    num_families: int = 16
-    generations: int = 5
-    valid_fraction: float = 0.1
-    test_fraction: float = 0.1
-    batch_size: int = 1000
-    group_queries: bool = False
-    eval_batch_size: int = 2048
-
-
-@dataclass
-class ModelConfig:
-    """ComplEx-N3 options.
-
-    Args:
-        rank: complex embedding dimension.
-        init_scale: standard deviation of the initial embeddings.
-        lr: Adagrad learning rate.
-        regularization: N3 weight.
-        loss: 'log' (multiclass log score) or 'brier' in mode one_to_n.
-        num_negatives: corruptions per positive in mode negatives.
-    """
-
-    rank: int = 200
-    init_scale: float = 1e-3
-    lr: float = 0.1
-    regularization: float = 0.01
-    loss: Literal["log", "brier"] = "log"
-    num_negatives: int = 10
-
-
-@dataclass
-class TrainerConfig:
-    """Lightning Trainer options.
-
-    Args:
+        output_dir: where the CSV log goes (``output_dir/logs``).
+        callbacks: the Trainer's callbacks.
         max_epochs: training epochs.
         check_val_every_n_epoch: validation (filtered MRR, calibration monitor) frequency.
         enable_progress_bar: show the progress bar.
@@ -99,74 +50,60 @@ class TrainerConfig:
             calibration monitor) under output_dir/logs.
         accelerator: Lightning accelerator.
     """
+    import lightning as L
 
-    max_epochs: int = 50
-    check_val_every_n_epoch: int = 1
-    enable_progress_bar: bool = True
-    logger: bool = True
-    accelerator: str = "cpu"
+    csv_logger: Any = False
+    if logger:
+        from lightning.pytorch.loggers import CSVLogger
 
-
-@dataclass
-class AuditConfig:
-    """Calibration audit options.
-
-    Args:
-        k: corruptions per held-out positive in the triple audit (default: model.num_negatives).
-        n_bins: equal-width bins of the reliability tables and ECE.
-        plots: write PNG reliability diagrams.
-    """
-
-    k: Optional[int] = None
-    n_bins: int = 15
-    plots: bool = True
-
-
-@dataclass
-class RecipeConfig:
-    seed: int = 0
-    mode: Literal["one_to_n", "negatives"] = "one_to_n"
-    output_dir: Optional[str] = None
-    threads: int = 1
-    monitor: bool = True
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    audit: AuditConfig = field(default_factory=AuditConfig)
+        csv_logger = CSVLogger(output_dir, name="logs")
+    return L.Trainer(max_epochs=max_epochs, accelerator=accelerator, devices=1,
+                     logger=csv_logger, enable_checkpointing=False,
+                     enable_progress_bar=enable_progress_bar, enable_model_summary=False,
+                     check_val_every_n_epoch=check_val_every_n_epoch,
+                     num_sanity_val_steps=0, callbacks=callbacks, deterministic="warn")
 
 
 def build_parser() -> Any:
-    """The jsonargparse parser: ``--config`` plus every field of :class:`RecipeConfig`."""
+    """The jsonargparse parser: ``--config``, the recipe's own five options, and each group
+    from the signature of the callable that takes it (see the module docstring)."""
     from jsonargparse import ActionConfigFile, ArgumentParser
 
+    from recipes.complex_link_prediction.audit import run_audits
+    from recipes.complex_link_prediction.data import KGDataModule
+    from recipes.complex_link_prediction.datasets import load_dataset
+    from recipes.complex_link_prediction.model import ComplExModule
+    from recipes.complex_link_prediction.report import write_reports
+
     parser = ArgumentParser(prog="python -m recipes.complex_link_prediction",
-                            description=__doc__, default_env=False)
+                            description=__doc__.split("\n\n")[0], default_env=False)
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config file")
-    defaults = RecipeConfig()
-    parser.add_argument("--seed", type=int, default=defaults.seed,
-                        help="seed of everything random")
-    parser.add_argument("--mode", type=Literal["one_to_n", "negatives"], default=defaults.mode,
+    parser.add_argument("--seed", type=int, default=0, help="seed of everything random")
+    parser.add_argument("--mode", type=Literal["one_to_n", "negatives"], default="one_to_n",
                         help="training objective")
-    parser.add_argument("--output_dir", type=Optional[str], default=defaults.output_dir,
+    parser.add_argument("--output_dir", type=Optional[str], default=None,
                         help="where the reports go (default runs/complex/<dataset>)")
-    parser.add_argument("--threads", type=int, default=defaults.threads,
+    parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (1 is fastest for these small matmuls "
                              "on a shared CPU)")
-    parser.add_argument("--monitor", type=bool, default=defaults.monitor,
+    parser.add_argument("--monitor", type=bool, default=True,
                         help="attach torchcal's CalibrationMonitor to validation")
-    parser.add_class_arguments(DataConfig, "data")
-    parser.add_class_arguments(ModelConfig, "model")
-    parser.add_class_arguments(TrainerConfig, "trainer")
-    parser.add_class_arguments(AuditConfig, "audit")
+    parser.add_function_arguments(load_dataset, "data", skip={"seed"})
+    parser.add_class_arguments(KGDataModule, "data", skip={"data", "seed"}, as_group=False)
+    parser.add_class_arguments(ComplExModule, "model", skip={
+        "num_entities", "num_relations", "train_triples", "known_triples", "mode", "seed"})
+    parser.add_function_arguments(build_trainer, "trainer", skip={"output_dir", "callbacks"})
+    parser.add_function_arguments(run_audits, "audit", skip={
+        "model", "data", "seed", "trained_mode", "trained_k"})
+    parser.add_function_arguments(write_reports, "audit", as_group=False, skip={
+        "output_dir", "result", "audits", "data_summary"})
     return parser
 
 
-def _config_from_namespace(ns: Any) -> RecipeConfig:
-    d = ns.as_dict()
-    return RecipeConfig(
-        seed=d["seed"], mode=d["mode"], output_dir=d["output_dir"], threads=d["threads"],
-        monitor=d["monitor"], data=DataConfig(**d["data"]), model=ModelConfig(**d["model"]),
-        trainer=TrainerConfig(**d["trainer"]), audit=AuditConfig(**d["audit"]))
+def _options(fn: Callable, group: Any) -> dict[str, Any]:
+    """The options of a parsed group that ``fn`` takes (a group may feed two callables)."""
+    names = inspect.signature(fn).parameters
+    return {k: v for k, v in vars(group).items() if k in names}
 
 
 @contextlib.contextmanager
@@ -181,7 +118,8 @@ def _recipe_environment(threads: int) -> Iterator[None]:
     old_det = (torch.are_deterministic_algorithms_enabled(),
                torch.is_deterministic_algorithms_warn_only_enabled())
     with warnings.catch_warnings():
-        # torch 2.13 + lightning 2.6 emit this FutureWarning on every fit (DESIGN.md sec. 5).
+        # torch 2.13 + lightning 2.6 emit this FutureWarning on every fit (docs/design.md
+        # section 5).
         warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
         # In-process batches of index tensors: worker processes would only add overhead.
         warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
@@ -204,24 +142,71 @@ def _calibration_monitor(n_bins: int, to_logger: bool) -> Any:
     # reliability of the top-1 filtered tail prediction on the validation queries, per epoch.
     from torchcal.callbacks import CalibrationMonitor
 
-    return CalibrationMonitor(n_bins=n_bins, reading="confidence", input="logits",
-                              write_csv=to_logger, log_tables=to_logger, log_figures=False,
-                              prog_bar=True)
+    sinks = ("csv", "loggers", "prog_bar") if to_logger else ("prog_bar",)
+    return CalibrationMonitor(n_bins=n_bins, reading="confidence", input="logits", sinks=sinks)
 
 
-def run(cfg: RecipeConfig) -> tuple[dict, list]:
-    """Train, evaluate, audit and write the reports; returns ``(report, audits)``."""
+def run(cfg: Any) -> tuple[dict, list]:
+    """Train, evaluate, audit and write the reports; returns ``(report, audits)``.
+    ``cfg`` is the parsed namespace of :func:`build_parser`."""
     with _recipe_environment(cfg.threads):
         return _run(cfg)
 
 
-def _run(cfg: RecipeConfig) -> tuple[dict, list]:
+def _prepare(cfg: Any) -> tuple[Any, int, dict[str, Any], Any, Any]:
+    """Data, the audit's k, the pre-training checks (every unusable input fails here, before
+    training) and the module and datamodule: ``(data, k, counts, module, datamodule)``."""
+    from recipes.complex_link_prediction.data import KGDataModule
+    from recipes.complex_link_prediction.datasets import load_dataset
+    from recipes.complex_link_prediction.evaluation import TripleFilter
+    from recipes.complex_link_prediction.items import check_audit_data
+    from recipes.complex_link_prediction.model import ComplExModule
+
+    data = load_dataset(**_options(load_dataset, cfg.data), seed=cfg.seed)
+    k = cfg.audit.k if cfg.audit.k is not None else cfg.model.num_negatives
+    counts = check_audit_data(data, k, cfg.seed)
+    in_train = int(TripleFilter(data.train, data.num_entities, data.num_relations).contains(
+        data.test[:, 0], data.test[:, 1], data.test[:, 2]).sum())
+    if in_train:
+        warnings.warn(f"data.test: {in_train} of {len(data.test)} test triples also occur in "
+                      "the training triples; their ranks and audit items measure memory, not "
+                      "generalisation (the report counts them as num_test_in_train)",
+                      UserWarning, stacklevel=3)
+    if cfg.data.group_queries and cfg.mode != "one_to_n":
+        raise ValueError(f"data.group_queries: only mode 'one_to_n' trains on grouped queries, "
+                         f"got mode {cfg.mode!r}")
+    module = ComplExModule(data.num_entities, data.num_relations, data.train, data.known(),
+                           mode=cfg.mode, seed=cfg.seed, **_options(ComplExModule, cfg.model))
+    datamodule = KGDataModule(data, seed=cfg.seed, **_options(KGDataModule, cfg.data))
+    return data, k, {**counts, "num_test_in_train": in_train}, module, datamodule
+
+
+def _ranking(model: Any, data: Any, batch_size: int) -> dict[str, float]:
+    """Filtered ranking metrics of the test triples (both directions): realistic against the
+    observed filter, ``_true`` against every true triple (when some are hidden) and
+    ``_pessimistic``."""
+    from recipes.complex_link_prediction.datasets import with_reciprocals
+    from recipes.complex_link_prediction.evaluation import TripleFilter, evaluate, ranking_metrics
+
+    R = data.num_relations
+    queries = with_reciprocals(data.test, R)
+    known = TripleFilter(with_reciprocals(data.known(), R), data.num_entities, 2 * R)
+    ranks = evaluate(model.score_all, queries, known, batch_size=batch_size)
+    out = ranking_metrics(ranks.realistic)
+    if len(data.hidden):
+        # against true labels: hidden true tails are filtered too
+        truth = TripleFilter(with_reciprocals(data.truth(), R), data.num_entities, 2 * R)
+        ranks_true = evaluate(model.score_all, queries, truth, batch_size=batch_size)
+        out.update({f"{key}_true": v for key, v in ranking_metrics(ranks_true.realistic).items()})
+    out.update({f"{key}_pessimistic": v for key, v in ranking_metrics(ranks.pessimistic).items()})
+    return out
+
+
+def _run(cfg: Any) -> tuple[dict, list]:
     import lightning as L
 
-    from recipes.complex_link_prediction.audit import check_audit_data, tail_audit, triple_audit
-    from recipes.complex_link_prediction.data import KGDataModule, load_dataset, with_reciprocals
-    from recipes.complex_link_prediction.evaluation import TripleFilter, evaluate, ranking_metrics
-    from recipes.complex_link_prediction.model import ComplExModule, EpochTimer
+    from recipes.complex_link_prediction.audit import run_audits
+    from recipes.complex_link_prediction.model import EpochTimer
     from recipes.complex_link_prediction.report import write_reports
 
     t_start = time.perf_counter()
@@ -229,97 +214,36 @@ def _run(cfg: RecipeConfig) -> tuple[dict, list]:
         raise ValueError(f"trainer.max_epochs: expected an int >= 1, got "
                          f"{cfg.trainer.max_epochs} (the audits need a trained model)")
     L.seed_everything(cfg.seed, verbose=False)
-
-    d = cfg.data
-    data = load_dataset(d.dataset, train=d.train, valid=d.valid, test=d.test, hide=d.hide,
-                        num_families=d.num_families, generations=d.generations,
-                        valid_fraction=d.valid_fraction, test_fraction=d.test_fraction,
-                        seed=cfg.seed)
+    data, k, counts, module, datamodule = _prepare(cfg)
     output_dir = cfg.output_dir or os.path.join("runs", "complex", data.name)
-    m = cfg.model
-    k = cfg.audit.k if cfg.audit.k is not None else m.num_negatives
-    # fail before training when the audits cannot run on this data
-    audit_counts = check_audit_data(data, k, cfg.seed)
-    R = data.num_relations
-    in_train = int(TripleFilter(data.train, data.num_entities, R).contains(
-        data.test[:, 0], data.test[:, 1], data.test[:, 2]).sum())
-    if in_train:
-        warnings.warn(f"data.test: {in_train} of {len(data.test)} test triples also occur in "
-                      "the training triples; their ranks and audit items measure memory, not "
-                      "generalisation (the report counts them as num_test_in_train)",
-                      UserWarning, stacklevel=2)
-    if d.group_queries and cfg.mode != "one_to_n":
-        raise ValueError(f"data.group_queries: only mode 'one_to_n' trains on grouped queries, "
-                         f"got mode {cfg.mode!r}")
-    module = ComplExModule(data.num_entities, data.num_relations, data.train, data.known(),
-                           rank=m.rank, init_scale=m.init_scale, lr=m.lr,
-                           regularization=m.regularization, mode=cfg.mode, loss=m.loss,
-                           num_negatives=m.num_negatives, seed=cfg.seed)
-    datamodule = KGDataModule(data, batch_size=d.batch_size, eval_batch_size=d.eval_batch_size,
-                              seed=cfg.seed, group_queries=d.group_queries)
-    t = cfg.trainer
-    logger: Any = False
-    if t.logger:
-        from lightning.pytorch.loggers import CSVLogger
-
-        logger = CSVLogger(output_dir, name="logs")
     timer = EpochTimer()
     callbacks: list = [timer]
     if cfg.monitor:
-        callbacks.append(_calibration_monitor(cfg.audit.n_bins, bool(t.logger)))
-    trainer = L.Trainer(max_epochs=t.max_epochs, accelerator=t.accelerator, devices=1,
-                        logger=logger, enable_checkpointing=False,
-                        enable_progress_bar=t.enable_progress_bar, enable_model_summary=False,
-                        check_val_every_n_epoch=t.check_val_every_n_epoch,
-                        num_sanity_val_steps=0, callbacks=callbacks, deterministic="warn")
+        callbacks.append(_calibration_monitor(cfg.audit.n_bins, bool(cfg.trainer.logger)))
+    trainer = build_trainer(output_dir, callbacks, **_options(build_trainer, cfg.trainer))
     t_fit = time.perf_counter()
     trainer.fit(module, datamodule=datamodule)
     train_seconds = time.perf_counter() - t_fit
 
     module.eval().cpu()
-    model = module.model
-    known = TripleFilter(with_reciprocals(data.known(), R), data.num_entities, 2 * R)
-    ranks = evaluate(model.score_all, with_reciprocals(data.test, R), known,
-                     batch_size=d.eval_batch_size)
+    ranking = _ranking(module.model, data, cfg.data.eval_batch_size)
     t_audit = time.perf_counter()
-    audits = [
-        tail_audit(model, data, seed=cfg.seed, n_bins=cfg.audit.n_bins),
-        triple_audit(model, data, k=k, seed=cfg.seed, n_bins=cfg.audit.n_bins,
-                     trained_mode=cfg.mode, trained_k=m.num_negatives),
-    ]
+    audits = run_audits(module.model, data, seed=cfg.seed, trained_mode=cfg.mode,
+                        trained_k=cfg.model.num_negatives, k=k, n_bins=cfg.audit.n_bins)
     audit_seconds = time.perf_counter() - t_audit
-
     report: dict[str, Any] = {
-        "dataset": data.name,
-        "seed": cfg.seed,
-        "mode": cfg.mode,
-        "num_entities": data.num_entities,
-        "num_relations": data.num_relations,
-        "num_train": len(data.train),
-        "num_valid": len(data.valid),
-        "num_test": len(data.test),
-        "num_hidden": len(data.hidden),
-        "num_test_in_train": in_train,
-        **audit_counts,
-        "epochs": trainer.current_epoch,
-        "config": {k: v for k, v in asdict(cfg).items() if k != "output_dir"},
-        "train_seconds": train_seconds,
-        "epoch_seconds": timer.mean_seconds(),
-        "audit_seconds": audit_seconds,
+        "dataset": data.name, "seed": cfg.seed, "mode": cfg.mode,
+        "num_entities": data.num_entities, "num_relations": data.num_relations,
+        "num_train": len(data.train), "num_valid": len(data.valid), "num_test": len(data.test),
+        "num_hidden": len(data.hidden), **counts, "epochs": trainer.current_epoch,
+        "config": {key: v for key, v in cfg.as_dict().items()
+                   if key not in ("output_dir", "config")},
+        "train_seconds": train_seconds, "epoch_seconds": timer.mean_seconds(),
+        "audit_seconds": audit_seconds, **ranking,
+        "audits": {a.name: {**a.summary, "invariants": a.invariants,
+                            "per_relation": a.per_relation} for a in audits},
+        "invariants_ok": all(a.invariants_ok for a in audits),
     }
-    report.update(ranking_metrics(ranks.realistic))
-    if len(data.hidden):
-        # against true labels: hidden true tails are filtered too
-        truth = TripleFilter(with_reciprocals(data.truth(), R), data.num_entities, 2 * R)
-        ranks_true = evaluate(model.score_all, with_reciprocals(data.test, R), truth,
-                              batch_size=d.eval_batch_size)
-        for key, v in ranking_metrics(ranks_true.realistic).items():
-            report[f"{key}_true"] = v
-    for key, v in ranking_metrics(ranks.pessimistic).items():
-        report[f"{key}_pessimistic"] = v
-    report["audits"] = {a.name: {**a.summary, "invariants": a.invariants,
-                                 "per_relation": a.per_relation} for a in audits}
-    report["invariants_ok"] = all(a.invariants_ok for a in audits)
     report["total_seconds"] = time.perf_counter() - t_start
     write_reports(output_dir, report, audits, data.summary(), plots=cfg.audit.plots)
     report["output_dir"] = output_dir
@@ -346,8 +270,7 @@ def audit_line(a: Any, mode: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status: 0, 1 when an invariant failed, 2 on bad input."""
-    parser = build_parser()
-    cfg = _config_from_namespace(parser.parse_args(argv))
+    cfg = build_parser().parse_args(argv)
     try:
         report, audits = run(cfg)
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:

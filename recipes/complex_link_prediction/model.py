@@ -24,21 +24,21 @@ Two training modes, each with a torchcal proper scoring rule:
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from torch import Tensor, nn
 
 import torchcal.functional as TF
-from recipes.complex_link_prediction.data import with_reciprocals
+from recipes.complex_link_prediction.datasets import with_reciprocals
 from recipes.complex_link_prediction.evaluation import (
     TripleFilter,
     filtered_ranks,
     mask_known,
 )
 
-__all__ = ["ComplEx", "ComplExModule", "EpochTimer", "sample_corruptions"]
+__all__ = ["ComplEx", "ComplExModule", "EpochTimer", "Pow15", "sample_corruptions"]
 
 MODES = ("one_to_n", "negatives")
 LOSSES = ("log", "brier")
@@ -140,9 +140,15 @@ def _complex_product(x: Tensor, y: Tensor) -> Tensor:
     return torch.cat([a * c - b * d, a * d + b * c], dim=-1)
 
 
-class _Pow15(torch.autograd.Function):
+class Pow15(torch.autograd.Function):
     """``x ** 1.5`` for ``x >= 0`` as ``x * sqrt(x)`` with the backward ``1.5 * sqrt(x)``
-    (0 at 0): measured faster than ``Tensor.pow(1.5)`` and its backward on CPU."""
+    (0 at 0): measured faster than ``Tensor.pow(1.5)`` and its backward on CPU.
+
+    Kept on purpose rather than plain autograd: ``x * x.sqrt()`` has a NaN gradient at 0, and
+    ``x.pow(1.5)`` (finite at 0) rounds differently (about a quarter of float64 values differ
+    by an ulp forward, a third backward), so it would change every trained number and the
+    recipe's report.json.
+    """
 
     @staticmethod
     def forward(ctx: Any, x: Tensor) -> Tensor:
@@ -159,7 +165,7 @@ class _Pow15(torch.autograd.Function):
 def _cubed_moduli(x: Tensor) -> Tensor:
     """``|z|^3`` of the complex coordinates of ``[Re, Im]`` rows: ``(n, rank)``."""
     re, im = x.chunk(2, dim=-1)
-    return _Pow15.apply(re * re + im * im)
+    return Pow15.apply(re * re + im * im)
 
 
 def _n3(eh: Tensor, wr: Tensor, et: Tensor) -> Tensor:
@@ -192,13 +198,29 @@ class ComplExModule(L.LightningModule):
 
     ``validation_step`` returns ``{"logits": (B, E) tail scores with the other known answers
     masked by -inf, "target": (B,) true tails}`` (what ``CalibrationMonitor`` reads) and logs
-    the filtered realistic MRR as ``val_mrr``.
+    the filtered realistic MRR as ``val_mrr``. The command line's ``--model.*`` options are
+    this signature's (jsonargparse reads it).
+
+    Args:
+        num_entities: entities of the graph.
+        num_relations: relations of the graph (their reciprocals are added).
+        train_triples: ``(n, 3)`` training triples (the corruption filter of mode negatives).
+        known_triples: ``(n, 3)`` observed triples (the validation filter).
+        rank: complex embedding dimension.
+        init_scale: standard deviation of the initial embeddings.
+        lr: Adagrad learning rate.
+        regularization: N3 weight.
+        mode: 'one_to_n' or 'negatives' (the recipe's top-level ``--mode``).
+        loss: 'log' (multiclass log score) or 'brier' in mode one_to_n.
+        num_negatives: corruptions per positive in mode negatives.
+        seed: seed of the corruption sampler.
     """
 
     def __init__(self, num_entities: int, num_relations: int, train_triples: Tensor,
                  known_triples: Tensor, rank: int = 200, init_scale: float = 1e-3,
                  lr: float = 0.1, regularization: float = 0.01, mode: str = "one_to_n",
-                 loss: str = "log", num_negatives: int = 10, seed: int = 0) -> None:
+                 loss: Literal["log", "brier"] = "log", num_negatives: int = 10,
+                 seed: int = 0) -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")

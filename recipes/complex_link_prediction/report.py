@@ -173,7 +173,16 @@ def _plot(audit: AuditResult, output_dir: str) -> list[str]:
 
 def write_reports(output_dir: str, result: dict, audits: Sequence[AuditResult],
                   data_summary: str, plots: bool = True) -> dict[str, str]:
-    """Write ``report.json`` / ``report.txt`` / ``report.md`` (and the PNGs) to ``output_dir``."""
+    """Write ``report.json`` / ``report.txt`` / ``report.md`` (and the PNGs) to ``output_dir``.
+    The command line's ``--audit.plots`` is this signature's (jsonargparse reads it).
+
+    Args:
+        output_dir: where the reports go.
+        result: the run's numbers (``report.json``).
+        audits: the audits' results.
+        data_summary: one line about the dataset.
+        plots: write PNG reliability diagrams.
+    """
     os.makedirs(output_dir, exist_ok=True)
     paths = {
         "json": os.path.join(output_dir, "report.json"),

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
@@ -31,6 +34,20 @@ def quiet_warnings() -> None:
     FutureWarning of torch 2.13 + lightning 2.6, worker-count hints)."""
     for pat in QUIET:
         warnings.filterwarnings("ignore", message=pat)
+
+
+@contextmanager
+def info_log(caplog: Any) -> Iterator[Any]:
+    """Capture what ``rank_zero_info`` logs (``verbose=True``): Lightning's own logger does
+    not propagate to the root logger that ``caplog`` listens on."""
+    lg = logging.getLogger("lightning.pytorch")
+    old = lg.propagate
+    lg.propagate = True
+    try:
+        with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
+            yield caplog
+    finally:
+        lg.propagate = old
 
 
 def make_data(n: int, seed: int, *, binary: bool = False, groups: int = 0,

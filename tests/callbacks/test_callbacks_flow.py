@@ -50,7 +50,7 @@ def test_fit_checkpoint_best_test_load_validate(tmp_path):
     torch.manual_seed(0)
     train, val, test, other = (make_data(64, 1), make_data(200, 2), make_data(150, 3),
                                make_data(120, 4))
-    mon, ts = CalibrationMonitor(n_bins=10, write_csv=False), TemperatureScaling(n_bins=10)
+    mon, ts = CalibrationMonitor(n_bins=10, sinks=("loggers", "figures")), TemperatureScaling(n_bins=10)
     ck = ModelCheckpoint(dirpath=str(tmp_path / "ck"), monitor="val/nll", mode="min",
                          save_top_k=-1, save_last=True, filename="{epoch}")
     tr = trainer(tmp_path, max_epochs=5, callbacks=[mon, ts, ck], enable_checkpointing=True,
@@ -115,7 +115,7 @@ def test_validate_unfitted_warns(tmp_path):
 
 def test_two_validation_loaders(tmp_path):
     a, b = make_data(200, 2), make_data(120, 5)
-    mon = CalibrationMonitor(n_bins=10, write_csv=False, dataloader_idx=1)
+    mon = CalibrationMonitor(n_bins=10, sinks=("loggers", "figures"), dataloader_idx=1)
     ts = TemperatureScaling(dataloader_idx=1)
     ck_b = ModelCheckpoint(dirpath=str(tmp_path / "b"), monitor="val/nll")
     ck_a = ModelCheckpoint(dirpath=str(tmp_path / "a"), monitor="val/nll/dataloader_idx_0")
@@ -184,7 +184,7 @@ def test_epoch_without_any_sample_warns(tmp_path):
     model = TinyModule()
     with pytest.warns(UserWarning, match=r"^TemperatureScaling: validation dataloader 0 gave "
                                          r"no sample on any rank"):
-        trainer(tmp_path, max_epochs=1, callbacks=[CalibrationMonitor(write_csv=False), ts]
+        trainer(tmp_path, max_epochs=1, callbacks=[CalibrationMonitor(sinks=("loggers", "figures")), ts]
                 ).fit(model, loader(make_data(64, 1)), empty)
     assert not model.temperature_scaler.is_fitted
 
@@ -220,7 +220,7 @@ class Bad(Calibrated):
 @pytest.mark.parametrize("who", ["temperature", "monitor"])
 def test_bad_outputs_fail_at_the_sanity_check(kind, match, who, tmp_path):
     model = Bad(kind)
-    cb = TemperatureScaling() if who == "temperature" else CalibrationMonitor(write_csv=False)
+    cb = TemperatureScaling() if who == "temperature" else CalibrationMonitor(sinks=("loggers", "figures"))
     with pytest.raises(ValueError, match=match if who == "temperature" else None):
         trainer(tmp_path, max_epochs=1, callbacks=[cb], num_sanity_val_steps=1).fit(
             model, loader(make_data(64, 1)), loader(make_data(32, 2)))

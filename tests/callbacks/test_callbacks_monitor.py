@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from _callbacks_helpers import (
     N_CLASSES,
     TinyModule,
+    info_log,
     loader,
     make_data,
     quiet_warnings,
@@ -185,7 +186,7 @@ def test_readings_match_functional(reading, tmp_path):
     val = make_data(96, 3, binary=binary)
     model = TinyModule(binary=binary)
     mon = CalibrationMonitor(n_bins=8, reading=reading,
-                             num_classes=None if binary else N_CLASSES, write_csv=False)
+                             num_classes=None if binary else N_CLASSES, sinks=("loggers", "figures"))
     out = trainer(tmp_path, callbacks=[mon]).validate(model, loader(val), verbose=False)[0]
     logits, y = offline_logits(model, val)
     kw = dict(n_bins=8, reading=reading, num_classes=None if binary else N_CLASSES)
@@ -212,12 +213,13 @@ def test_readings_match_functional(reading, tmp_path):
     assert mon.history[-1]["n"] == 96
 
 
-def test_test_stage_and_several_dataloaders(tmp_path, capsys):
+def test_test_stage_and_several_dataloaders(tmp_path, caplog):
     a, b = make_data(64, 4), make_data(40, 5)
     model = TinyModule()
     mon = CalibrationMonitor(n_bins=5, verbose=True)
     tr = trainer(tmp_path, callbacks=[mon], logger=CSVLogger(str(tmp_path)))
-    out = tr.test(model, [loader(a), loader(b)], verbose=False)
+    with info_log(caplog):  # verbose=True: rank_zero_info, not print
+        out = tr.test(model, [loader(a), loader(b)], verbose=False)
     keys = set(out[0]) | set(out[1])
     # dataloader 0 (the default dataloader_idx) keeps the plain names, so one monitor key
     # works with one loader or several; the others carry the suffix
@@ -233,7 +235,7 @@ def test_test_stage_and_several_dataloaders(tmp_path, capsys):
         logits, y = offline_logits(model, (a, b)[i])
         assert out[i][key] == pytest.approx(
             float(C.calibration_error(logits, y, n_bins=5)), abs=1e-6)
-    printed = capsys.readouterr().out
+    printed = caplog.text
     assert "test dataloader 1 epoch 0" in printed and "reliability table" in printed
     assert [(h["stage"], h["dataloader_idx"]) for h in mon.history] == [("test", 0), ("test", 1)]
 
@@ -263,7 +265,7 @@ def test_groups_tables_and_metrics(tmp_path):
 
 def test_group_ids_without_num_groups_warn_once(tmp_path):
     val = make_data(96, 6, groups=3)  # the step returns "group", the monitor has no num_groups
-    mon = CalibrationMonitor(n_bins=5, write_csv=False)
+    mon = CalibrationMonitor(n_bins=5, sinks=("loggers", "figures"))
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         quiet_warnings()
@@ -276,13 +278,13 @@ def test_group_ids_without_num_groups_warn_once(tmp_path):
 
 def test_history_figure_axes():
     pytest.importorskip("matplotlib")
-    from torchcal.callbacks import _sinks
+    from torchcal.plotting import history_figure
 
     def hist(epochs, steps):
         return [dict(epoch=e, step=s, ece=0.1, ece_debiased=0.05, mce=0.2, brier_confidence=0.3,
                      nll=1.0) for e, s in zip(epochs, steps)]
 
-    fig = _sinks.history_figure(hist([0, 1, 2], [10, 20, 30]), "t")
+    fig = history_figure(hist([0, 1, 2], [10, 20, 30]), "t")
     axes = fig.get_axes()
     assert [a.get_ylabel() for a in axes] == ["calibration error", "brier confidence",
                                               "NLL (nats)"]
@@ -290,7 +292,7 @@ def test_history_figure_axes():
     assert [ln.get_label() for ln in axes[0].get_lines()] == ["ece", "ece_debiased", "mce"]
     assert list(axes[2].get_lines()[0].get_xdata()) == [0, 1, 2]
     # several validations per epoch (val_check_interval=0.5): one point per step
-    fig = _sinks.history_figure(hist([0, 0, 1, 1], [5, 10, 15, 20]), "t")
+    fig = history_figure(hist([0, 0, 1, 1], [5, 10, 15, 20]), "t")
     assert {a.get_xlabel() for a in fig.get_axes()} == {"global step"}
     assert list(fig.get_axes()[1].get_lines()[0].get_xdata()) == [5, 10, 15, 20]
 
@@ -302,7 +304,7 @@ def test_extract_fn_and_probs(tmp_path):
     def extract(pl_module, batch, outputs):
         return torch.softmax(pl_module(batch[0]), 1), batch[1]
 
-    mon = CalibrationMonitor(n_bins=5, input="probs", extract_fn=extract, write_csv=False)
+    mon = CalibrationMonitor(n_bins=5, input="probs", extract_fn=extract, sinks=("loggers", "figures"))
     out = trainer(tmp_path, callbacks=[mon]).validate(model, loader(val), verbose=False)[0]
     logits, y = offline_logits(model, val)
     assert out["val/ece"] == pytest.approx(float(C.calibration_error(logits, y, n_bins=5)),
@@ -315,7 +317,7 @@ def test_neg_inf_masks_allowed(tmp_path):
     # 4 outputs, the last masked with -inf (as known answers in filtered link prediction)
     val = make_data(64, 8, n_classes=3)
     model = TinyModule(n_classes=4, mask_last=True)
-    mon = CalibrationMonitor(n_bins=5, write_csv=False)
+    mon = CalibrationMonitor(n_bins=5, sinks=("loggers", "figures"))
     out = trainer(tmp_path, callbacks=[mon]).validate(model, loader(val), verbose=False)[0]
     logits, y = offline_logits(model, val)
     assert torch.isinf(logits[:, -1]).all()
@@ -325,7 +327,7 @@ def test_neg_inf_masks_allowed(tmp_path):
                                            abs=1e-6)
     # a masked true class: the NLL is honestly infinite, the binned metrics stay finite
     y2 = torch.full_like(y, 3)
-    out2 = trainer(tmp_path, callbacks=[CalibrationMonitor(n_bins=5, write_csv=False)]
+    out2 = trainer(tmp_path, callbacks=[CalibrationMonitor(n_bins=5, sinks=("loggers", "figures"))]
                    ).validate(model, loader(torch.utils.data.TensorDataset(
                        val.tensors[0], y2)), verbose=False)[0]
     assert out2["val/nll"] == math.inf and math.isfinite(out2["val/ece"])
@@ -334,7 +336,7 @@ def test_neg_inf_masks_allowed(tmp_path):
 # ---------------------------------------------------------------- errors and validation
 @pytest.mark.parametrize("returns", ["none", "loss"])
 def test_missing_outputs_error_names_keys(returns, tmp_path):
-    mon = CalibrationMonitor(write_csv=False)
+    mon = CalibrationMonitor(sinks=("loggers", "figures"))
     with pytest.raises(ValueError) as e:
         trainer(tmp_path, callbacks=[mon]).validate(TinyModule(returns=returns),
                                                     loader(make_data(32, 0)), verbose=False)
@@ -351,7 +353,7 @@ def test_bad_values_raise(tmp_path):
             return torch.where(torch.arange(z.shape[0])[:, None] == 3, torch.nan, z)
 
     with pytest.raises(ValueError, match="preds: expected finite"):
-        trainer(tmp_path, callbacks=[CalibrationMonitor(write_csv=False)]).validate(
+        trainer(tmp_path, callbacks=[CalibrationMonitor(sinks=("loggers", "figures"))]).validate(
             NaNModule(), loader(make_data(32, 0)), verbose=False)
 
     class DeadRow(TinyModule):
@@ -360,7 +362,7 @@ def test_bad_values_raise(tmp_path):
             return torch.where(torch.arange(z.shape[0])[:, None] == 2, -torch.inf, z)
 
     with pytest.raises(ValueError, match="row 2 is entirely -inf"):
-        trainer(tmp_path, callbacks=[CalibrationMonitor(write_csv=False)]).validate(
+        trainer(tmp_path, callbacks=[CalibrationMonitor(sinks=("loggers", "figures"))]).validate(
             DeadRow(), loader(make_data(32, 0)), verbose=False)
 
 
@@ -377,6 +379,8 @@ def test_bad_values_raise(tmp_path):
     (dict(target_key=3), "target_key"),
     (dict(name="/x"), "name"),
     (dict(extract_fn="f"), "extract_fn"),
+    (dict(sinks=("loggers", "tables")), "sinks"),
+    (dict(sinks=3), "sinks"),
 ])
 def test_init_validation(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -415,6 +419,7 @@ def test_lightning_cli_yaml(tmp_path, monkeypatch):
         "        reading: top_label\n"
         "        num_classes: 3\n"
         "        preds_key: scores\n"
+        "        sinks: [csv, prog_bar]\n"
         "    - class_path: torchcal.callbacks.TemperatureScaling\n"
         "      init_args:\n"
         "        when: epoch\n"
@@ -423,7 +428,7 @@ def test_lightning_cli_yaml(tmp_path, monkeypatch):
                        save_config_callback=None)
     mon = [c for c in cli.trainer.callbacks if isinstance(c, CalibrationMonitor)]
     assert len(mon) == 1 and mon[0].n_bins == 12 and mon[0].reading == "top_label"
-    assert mon[0].preds_key == "scores"
+    assert mon[0].preds_key == "scores" and mon[0].sinks == {"csv", "prog_bar"}
     ts = [c for c in cli.trainer.callbacks if isinstance(c, TemperatureScaling)]
     assert len(ts) == 1 and ts[0].when == "epoch" and ts[0].fit_on_validate
     cfg.write_text(cfg.read_text().replace("reading: top_label", "reading: top1"))
@@ -530,7 +535,7 @@ def test_logger_failure_does_not_crash(tmp_path):
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         quiet_warnings()
-        trainer(tmp_path, callbacks=[CalibrationMonitor(log_figures=False)], logger=lg).validate(
+        trainer(tmp_path, callbacks=[CalibrationMonitor(sinks=("loggers", "csv"))], logger=lg).validate(
             TinyModule(), loader(make_data(32, 0)), verbose=False)
     assert any("disk full" in str(w.message) for w in rec)
 

@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from _callbacks_helpers import TinyModule, loader, make_data, quiet_warnings, trainer
+from _callbacks_helpers import (
+    TinyModule,
+    info_log,
+    loader,
+    make_data,
+    quiet_warnings,
+    trainer,
+)
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
@@ -56,7 +63,7 @@ def fitted(tmp_path_factory):
     train, val = make_data(256, 1), make_data(200, 2)
     ts = TemperatureScaling(n_bins=10)
     model = TinyModule(scale=4.0)  # overconfident: T > 1
-    tr = trainer(tmp, max_epochs=2, callbacks=[CalibrationMonitor(write_csv=False), ts],
+    tr = trainer(tmp, max_epochs=2, callbacks=[CalibrationMonitor(sinks=("loggers", "figures")), ts],
                  logger=CSVLogger(str(tmp)))
     tr.fit(model, loader(train), loader(val))
     path = str(tmp / "calibrated.ckpt")
@@ -172,19 +179,20 @@ def test_every_epoch_checkpoints_carry_their_temperature(tmp_path):
     assert float(tr.callback_metrics["val/temperature"]) == ts.history[-1]["temperature"]
 
 
-def test_validate_inference_mode_and_masks(tmp_path, capsys):
+def test_validate_inference_mode_and_masks(tmp_path, caplog):
     # 4 outputs, the last masked with -inf; targets only in the first 3 classes
     val = make_data(120, 5, n_classes=3)
     model = TinyModule(n_classes=4, mask_last=True, scale=3.0)
     ts = TemperatureScaling(verbose=True, fit_on_validate=True)
-    out = trainer(tmp_path, callbacks=[ts]).validate(model, loader(val), verbose=False)[0]
+    with info_log(caplog):  # verbose=True: rank_zero_info, not print
+        out = trainer(tmp_path, callbacks=[ts]).validate(model, loader(val), verbose=False)[0]
     logits, y = val_logits(model, val)
     assert torch.isinf(logits[:, -1]).all()
     assert out["val/temperature"] == pytest.approx(brent_temperature(logits[:, :3], y),
                                                    rel=1e-6)
     assert out["val/nll_after_scaling"] <= out["val/nll_before_scaling"]
     assert math.isfinite(out["val/ece_after_scaling"])
-    printed = capsys.readouterr().out
+    printed = caplog.text
     assert (f"[TemperatureScaling] epoch 0: T = {out['val/temperature']:.4f}; NLL "
             f"{out['val/nll_before_scaling']:.4f} -> {out['val/nll_after_scaling']:.4f}; "
             f"ECE (15 bins) {out['val/ece_before_scaling']:.4f} -> ") in printed

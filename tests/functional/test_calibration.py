@@ -467,7 +467,7 @@ def test_equal_mass_fine_histogram_close_to_sort():
     p, t = torch.tensor(f), torch.tensor(y)
     prep = C.prepare_inputs(p, t, reading="binary", input="probs")
     fine = C.accumulate(prep, 4096).pooled()
-    samples = C._samples_from(prep)
+    samples = C.samples_from(prep)
     for B in (5, 10, 15, 20):
         a = C.equal_mass_calibration_error_from_stats(fine, B)
         b = C.equal_mass_calibration_error_from_samples(samples, B)

@@ -601,14 +601,14 @@ def test_hypothesis_ensemble_and_closed_forms(batch, m, est, seed, scale, shift)
 
 def test_crps_ensemble_torch_sort_path_matches(monkeypatch):
     # off-CPU devices sort with torch.sort; check that path gives the same values and grads
-    from torchcal.functional import continuous
+    from torchcal.functional import crps
 
     g = torch.Generator().manual_seed(8)
     x = torch.randn(7, 9, dtype=D64, generator=g).requires_grad_()
     y = torch.randn(7, dtype=D64, generator=g).requires_grad_()
     out = crps_ensemble(x, y, reduction="none")
     gx, gy = torch.autograd.grad(out.sum(), (x, y))
-    monkeypatch.setattr(continuous, "_argsort_last",
+    monkeypatch.setattr(crps, "_argsort_last",
                         lambda t: torch.sort(t.detach(), dim=-1).indices)
     out2 = crps_ensemble(x, y, reduction="none")
     gx2, gy2 = torch.autograd.grad(out2.sum(), (x, y))

@@ -19,6 +19,7 @@ from torchcal.functional import (
     spherical_score,
     validation_enabled,
 )
+from torchcal.functional.calibration import nll_items
 
 RULES = [log_score, brier_score, spherical_score, ranked_probability_score]
 RULE_IDS = [f.__name__ for f in RULES]
@@ -531,14 +532,12 @@ BAD_INPUTS = [
      r"target: expected binary labels in \{0, 1\}, got 2.0 at position 1"),
     ("binary nan label", _z(2), torch.tensor([0.0, float("nan")]), {}, ValueError,
      r"target: expected binary labels"),
-    ("integer binary target", _z(3), torch.tensor([0, 1, 1]), {}, ValueError,
-     r"target: expected floating-point labels in \{0, 1\}"),
     ("shape mismatch", _z(4, 3), torch.tensor([0, 1, 2]), {}, ValueError,
      r"target: expected shape \(4,\) .* or \(4, 3\)"),
     ("shape mismatch 1-d", _z(4), torch.tensor([0.0, 1.0]), {}, ValueError,
      r"target: expected shape \(4,\)"),
-    ("single class indices", _z(4, 1), torch.tensor([0, 0, 0, 0]), {}, ValueError,
-     r"target: expected floating-point labels in \{0, 1\}"),
+    ("integer binary label 2", _z(3), torch.tensor([0, 2, 1]), {}, ValueError,
+     r"target: expected binary labels in \{0, 1\}, got 2 at position 1"),
     ("unknown reduction", _z(2, 3), torch.tensor([0, 1]), {"reduction": "avg"}, ValueError,
      r"reduction: expected one of"),
     ("empty", torch.empty(0, 3), torch.empty(0, dtype=torch.long), {}, ValueError,
@@ -568,6 +567,32 @@ def test_bad_input_raises(rule, case):
     _, logits, target, kwargs, exc, match = case
     with pytest.raises(exc, match=match):
         rule(logits, target, **kwargs)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
+@pytest.mark.parametrize("shape, target_shape", [((3,), (3,)), ((4, 1), (4,)), ((4, 1), (4, 1)),
+                                                 ((2, 3), (2, 3))])
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32, torch.bool])
+def test_integer_binary_labels(rule, shape, target_shape, dtype):
+    """One rule with the metrics' negative log-likelihood (issue 10): 0/1 labels of an integer
+    or bool dtype in a binary layout (decided by the shapes) score as their float twins,
+    ignore_index included; the (N, 1) binary head reads its (N,) target as binary labels."""
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(shape, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 2, target_shape, generator=g)
+    kw = {"multilabel": True} if len(shape) == 2 and shape[1] > 1 else {}
+    for reduction in ("none", "sum", "mean"):
+        assert torch.equal(rule(logits, y.to(dtype), reduction=reduction, **kw),
+                           rule(logits, y.double(), reduction=reduction, **kw))
+    if dtype != torch.bool:
+        yi = y.clone().to(dtype)
+        yi.view(-1)[0] = -100
+        yf = yi.double()
+        assert torch.equal(rule(logits, yi, reduction="none", **kw),
+                           rule(logits, yf, reduction="none", **kw))
+    if rule is log_score:  # the metrics' entry point: the same kernel, the same numbers
+        assert torch.equal(nll_items(logits, y.to(dtype), **kw),
+                           log_score(logits, y.to(dtype), reduction="none", **kw))
 
 
 def test_ignored_item_with_nan_logits_still_raises():

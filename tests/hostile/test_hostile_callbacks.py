@@ -91,7 +91,7 @@ def test_bad_step_outputs_raise_naming_the_argument(case, who):
     _, bend, twist, m_ts, m_mon = case
     model = Step(bend or (lambda z: z), twist or (lambda y, z: y))
     cb = (TemperatureScaling(fit_on_validate=True) if who == "temperature"
-          else CalibrationMonitor(write_csv=False))
+          else CalibrationMonitor(sinks=("loggers", "figures")))
     with pytest.raises(ValueError, match=m_ts if who == "temperature" else m_mon):
         validate(cb, model)
 
@@ -182,14 +182,14 @@ def test_calibration_monitor_constructor(kwargs, match):
 def test_monitor_unnormalised_probs_raise():
     model = Step(lambda z: z.softmax(1) * 0.5)
     with pytest.raises(ValueError, match=r"^preds"):
-        validate(CalibrationMonitor(input="probs", preds_key="logits", write_csv=False), model)
+        validate(CalibrationMonitor(input="probs", preds_key="logits", sinks=("loggers", "figures")), model)
 
 
 def test_monitor_nll_matches_cross_entropy_with_masks():
     """-inf masks (not on the target) are allowed: NLL equals F.cross_entropy."""
     ds = data(64, 4)
     model = Step(lambda z: torch.cat([z, torch.full_like(z[:, :1], -INF)], 1))
-    out = validate(CalibrationMonitor(write_csv=False), model, ds)
+    out = validate(CalibrationMonitor(sinks=("loggers", "figures")), model, ds)
     with torch.no_grad():
         z = 3.0 * model.net(ds.tensors[0])
     assert out["val/nll"] == pytest.approx(float(F.cross_entropy(z.double(), ds.tensors[1])),

@@ -69,7 +69,7 @@ CLASS_ERRORS = [
     ("(N, 1) index target", _Z, _T[:, None], "target"),
     ("(N, 1) binary target for (N,) logits", _Z[:, 0], (_T[:, None] > 0).float(), "target"),
     ("binary label 2", _Z[:, 0], torch.tensor([0.0, 1.0, 2.0, 1.0]), "target"),
-    ("integer binary target", _Z[:, 0], torch.tensor([0, 1, 1, 0]), "target"),
+    ("integer binary label 2", _Z[:, 0], torch.tensor([0, 2, 1, 0]), "target"),
     ("unnormalised prob target", _Z, torch.full((4, 3), 0.5), "target"),
     ("negative prob target", _Z, torch.tensor([[1.5, -0.5, 0.0]] * 4), "target"),
     ("nan prob target", _Z, torch.tensor([[NAN, 0.5, 0.5]] * 4), "target"),
@@ -86,6 +86,15 @@ def test_classification_bad_input_names_the_argument(name, case):
         return
     with pytest.raises(ValueError, match=f"^{arg}:"):
         CLASS_FNS[name](logits, target)
+
+
+@pytest.mark.parametrize("name", list(CLASS_FNS))
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool])
+def test_integer_binary_target_equals_float_target(name, dtype):
+    """One binary-label rule everywhere (issue 10): {0, 1} integer or bool labels of the logits'
+    shape give exactly the numbers of the float labels (the metrics' NLL always accepted them)."""
+    z, y = _Z[:, 0], torch.tensor([0.0, 1.0, 1.0, 0.0])
+    assert torch.equal(CLASS_FNS[name](z, y.to(dtype)), CLASS_FNS[name](z, y))
 
 
 def _conf_reference(z: torch.Tensor, t: torch.Tensor) -> tuple[float, float]:

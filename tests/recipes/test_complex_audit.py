@@ -11,8 +11,9 @@ import torch
 
 import torchcal.functional as TF
 from recipes.complex_link_prediction import audit as audit_mod
-from recipes.complex_link_prediction.audit import stratified_halves, tail_audit, triple_audit
-from recipes.complex_link_prediction.data import load_dataset, with_reciprocals
+from recipes.complex_link_prediction.audit import tail_audit, triple_audit
+from recipes.complex_link_prediction.datasets import load_dataset, with_reciprocals
+from recipes.complex_link_prediction.items import stratified_halves
 from recipes.complex_link_prediction.model import ComplEx
 
 
@@ -116,7 +117,7 @@ def test_each_invariant_catches_its_damage(world, monkeypatch, audit, damage, fa
 
 def test_invariant_names():
     # the report and the CLI's error name these; the triple audit adds the decision at 0
-    names = audit_mod._invariants(TF.check_monotone_map(torch.ones(2), torch.ones(2)),
+    names = audit_mod.named_invariants(TF.check_monotone_map(torch.ones(2), torch.ones(2)),
                                   decisions=True)
     assert set(names) == {"no_strict_inversion", "ties_kept", "top1_kept",
                           "decisions_unchanged", "created_ties_within_bound"}
@@ -128,7 +129,7 @@ def test_one_ulp_near_ties_merged_by_t_pass_and_are_counted(world, monkeypatch):
     best): the real TemperatureScaler merges some of them, and the audit passes and counts
     them, where the old exact same-weak-order check failed."""
     data, model = world
-    orig = audit_mod._all_tail_logits
+    orig = audit_mod.all_tail_logits
     seen = {}
 
     def planted(*args, **kwargs):
@@ -139,7 +140,7 @@ def test_one_ulp_near_ties_merged_by_t_pass_and_are_counted(world, monkeypatch):
         seen["x"] = x.scatter(1, order[:, 1:2], near)
         return seen["x"]
 
-    monkeypatch.setattr(audit_mod, "_all_tail_logits", planted)
+    monkeypatch.setattr(audit_mod, "all_tail_logits", planted)
     a = tail_audit(model, data, seed=1)
     s = a.summary
     assert a.invariants_ok, a.invariants

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from recipes.complex_link_prediction.data import (
+from recipes.complex_link_prediction.datasets import (
     FAMILY_RELATIONS,
     apply_family_rules,
     family_kg,

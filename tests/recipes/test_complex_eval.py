@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recipes.complex_link_prediction.audit import auc, stratified_halves, triple_items
-from recipes.complex_link_prediction.data import KGData, load_dataset, with_reciprocals
+from recipes.complex_link_prediction.audit import auc
+from recipes.complex_link_prediction.datasets import KGData, load_dataset, with_reciprocals
 from recipes.complex_link_prediction.evaluation import (
     TripleFilter,
     evaluate,
@@ -15,6 +15,7 @@ from recipes.complex_link_prediction.evaluation import (
     mask_known,
     ranking_metrics,
 )
+from recipes.complex_link_prediction.items import stratified_halves, triple_items
 from recipes.complex_link_prediction.model import ComplEx, ComplExModule, sample_corruptions
 
 
@@ -157,7 +158,7 @@ def test_kgdata_summary():
     assert d.known().shape == (3, 3) and "2 entities" in d.summary()
 
 
-@pytest.mark.parametrize("name", ["data", "evaluation", "model", "audit"])
+@pytest.mark.parametrize("name", ["datasets", "evaluation", "model", "items", "audit"])
 def test_recipe_docstring_examples(name):
     import doctest
     import importlib

@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from recipes.complex_link_prediction.cli import _config_from_namespace, build_parser, main
-from recipes.complex_link_prediction.data import KGDataModule, load_dataset, with_reciprocals
-from recipes.complex_link_prediction.model import ComplExModule, _Pow15
+from recipes.complex_link_prediction.cli import build_parser, main
+from recipes.complex_link_prediction.data import KGDataModule
+from recipes.complex_link_prediction.datasets import load_dataset, with_reciprocals
+from recipes.complex_link_prediction.model import ComplExModule, Pow15
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +81,10 @@ def test_grouped_loss_and_gradients_equal_the_per_triple_ones(data, loss):
 
 def test_n3_power_matches_pow_and_gradcheck():
     x = torch.rand(5, 4, dtype=torch.float64) + 0.1
-    torch.testing.assert_close(_Pow15.apply(x), x.pow(1.5), rtol=1e-14, atol=0)
-    assert torch.autograd.gradcheck(_Pow15.apply, (x.requires_grad_(),))
+    torch.testing.assert_close(Pow15.apply(x), x.pow(1.5), rtol=1e-14, atol=0)
+    assert torch.autograd.gradcheck(Pow15.apply, (x.requires_grad_(),))
     zero = torch.zeros(3, dtype=torch.float64, requires_grad=True)
-    (g,) = torch.autograd.grad(_Pow15.apply(zero).sum(), zero)
+    (g,) = torch.autograd.grad(Pow15.apply(zero).sum(), zero)
     assert torch.equal(g, torch.zeros(3, dtype=torch.float64))  # finite (0) at 0
 
 
@@ -105,6 +106,6 @@ def test_grouped_recipe_end_to_end_and_the_kinships_config(tmp_path, capsys):
     assert main(tiny + ["--mode", "negatives", "--output_dir", str(tmp_path / "n")]) == 2
     assert "data.group_queries: only mode 'one_to_n'" in capsys.readouterr().err
     root = pathlib.Path(__file__).resolve().parents[2]
-    cfg = _config_from_namespace(build_parser().parse_args(
-        ["--config", str(root / "configs" / "complex" / "kinships.yaml")]))
+    cfg = build_parser().parse_args(
+        ["--config", str(root / "configs" / "complex" / "kinships.yaml")])
     assert cfg.data.group_queries is True and cfg.mode == "one_to_n"

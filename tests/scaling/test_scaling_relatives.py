@@ -221,15 +221,19 @@ def test_affine_scalers_reach_scipy_optimum(kind):
     assert set(scaler.state_dict()) == {"weight", "bias", "fitted"}
 
 
-@pytest.mark.parametrize("kind", ["vector", "matrix"])
-def test_closed_form_nll_hessian_matches_autograd(kind):
-    z, y = _multiclass(200, 4, seed=9)
+def _perturbed_affine(kind):
+    """A 4-class scaler and parameters near its identity: (scaler, w, b, w.numel(), flat x)."""
     sc = VectorScaler(4) if kind == "vector" else MatrixScaler(4)
     g = torch.Generator().manual_seed(10)
     w = sc.weight.detach() + 0.3 * torch.randn(sc.weight.shape, generator=g, dtype=torch.float64)
     b = 0.3 * torch.randn(4, generator=g, dtype=torch.float64)
-    nw = w.numel()
-    x = torch.cat([w.flatten(), b])
+    return sc, w, b, w.numel(), torch.cat([w.flatten(), b])
+
+
+@pytest.mark.parametrize("kind", ["vector", "matrix"])
+def test_closed_form_nll_hessian_matches_autograd(kind):
+    z, y = _multiclass(200, 4, seed=9)
+    sc, w, b, nw, x = _perturbed_affine(kind)
     ref = torch.autograd.functional.hessian(
         lambda v: sc.objective(z, y, v[:nw].reshape(w.shape), v[nw:])[1], x)
     assert torch.allclose(sc._nll_hessian(z, w, b), ref, rtol=1e-10, atol=1e-13)
@@ -307,12 +311,7 @@ def test_closed_form_masked_hessian_matches_autograd(kind):
     mask = torch.rand(z.shape, generator=torch.Generator().manual_seed(3)) < 0.25
     mask[torch.arange(200), y] = False
     zf = z.masked_fill(mask, 0.0)
-    sc = VectorScaler(4) if kind == "vector" else MatrixScaler(4)
-    g = torch.Generator().manual_seed(10)
-    w = sc.weight.detach() + 0.3 * torch.randn(sc.weight.shape, generator=g, dtype=torch.float64)
-    b = 0.3 * torch.randn(4, generator=g, dtype=torch.float64)
-    nw = w.numel()
-    x = torch.cat([w.flatten(), b])
+    sc, w, b, nw, x = _perturbed_affine(kind)
     ref = torch.autograd.functional.hessian(
         lambda v: sc.objective(zf, y, v[:nw].reshape(w.shape), v[nw:], mask)[1], x)
     assert torch.allclose(sc._nll_hessian(zf, w, b, mask), ref, rtol=1e-10, atol=1e-13)
@@ -454,7 +453,7 @@ def test_isotonic_confidence_reading_equals_sklearn_and_round_trips():
 
 
 def test_isotonic_pav_adversarial_order_and_bad_input():
-    from torchcal.scaling.isotonic import pool_adjacent_violators
+    from torchcal.functional.recalibration import pool_adjacent_violators
     v = torch.cat([torch.arange(300, dtype=torch.float64), torch.tensor([-1e5])])
     fitted, _ = pool_adjacent_violators(v, torch.ones_like(v))
     isotonic = pytest.importorskip("sklearn.isotonic")

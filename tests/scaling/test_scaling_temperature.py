@@ -277,6 +277,7 @@ def test_deterministic_across_thread_counts():
 @pytest.mark.parametrize("kind", ["multiclass", "binary", "groups"])
 def test_pass_sums_do_not_depend_on_the_worker_count(kind):
     """The per-chunk sums are added in chunk order whatever the number of threads."""
+    from torchcal.functional.recalibration import temperature_terms
     from torchcal.scaling import _objective as obj
 
     if kind == "binary":
@@ -285,7 +286,7 @@ def test_pass_sums_do_not_depend_on_the_worker_count(kind):
         z, y = sample_multiclass(6000, 37, 2.0, seed=20)
     groups = torch.arange(y.shape[0]) * 7 % 3 if kind == "groups" else None
     chunks = obj.tensor_chunks(z, y, groups, rows=17)
-    assert len(chunks) > obj._BLOCK > 2 * obj._WINDOW  # several windows and blocks
+    assert len(chunks) > obj.BLOCK > 2 * obj.WINDOW  # several windows and blocks
     u = torch.tensor([0.3, -0.2, 0.1][:3 if groups is not None else 1], dtype=torch.float64)
     kw = dict(binary=kind == "binary", num_classes=None if kind == "binary" else 37,
               num_groups=3 if groups is not None else 1, identity=True)
@@ -293,7 +294,7 @@ def test_pass_sums_do_not_depend_on_the_worker_count(kind):
     for workers in (2, 3, 5):
         assert torch.equal(obj.temperature_pass(chunks, u, workers=workers, **kw), ref)
     # and the sums are right (float64, one pass, against a plain sum over the rows)
-    terms = obj.row_terms(z, y, torch.exp(u)[groups] if groups is not None
+    terms = temperature_terms(z, y, torch.exp(u)[groups] if groups is not None
                           else float(torch.exp(u[0])), binary=kind == "binary", identity=True)
     g = torch.zeros(y.shape[0], dtype=torch.long) if groups is None else groups
     for k, col in enumerate(terms):
@@ -498,7 +499,7 @@ def test_no_warning_on_a_regular_fit():
 @pytest.mark.parametrize("binary", [False, True])
 def test_row_terms_derivatives_match_autograd(binary):
     """Per-sample dNLL/dbeta and d2NLL/dbeta2 of the one objective against autograd."""
-    from torchcal.scaling._objective import row_terms
+    from torchcal.functional.recalibration import temperature_terms as row_terms
 
     g = torch.Generator().manual_seed(19)
     if binary:

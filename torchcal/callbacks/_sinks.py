@@ -1,5 +1,6 @@
 """Small duck-typed writers that send a reliability table (and its figure) to the loggers
-attached to a Lightning ``Trainer``, plus the long-format CSV file.
+attached to a Lightning ``Trainer``, plus the long-format CSV file. The figures themselves
+are drawn in :mod:`torchcal.plotting`.
 
 Loggers are recognised by class name, so neither ``wandb`` nor ``mlflow`` has to be installed
 (and test doubles with the same class name and methods work):
@@ -13,26 +14,30 @@ Loggers are recognised by class name, so neither ``wandb`` nor ``mlflow`` has to
 * ``CSVLogger``: nothing besides the CSV file, which is written into its ``log_dir``.
 
 Any other logger gets one warning per class and is otherwise left alone; a logger that raises
-while writing gets one warning and the training goes on.
+while writing gets one warning (per message, through Lightning's ``WarningCache``) and the
+training goes on.
 """
 
 from __future__ import annotations
 
 import csv
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lightning.pytorch.utilities.rank_zero import WarningCache
+
+from torchcal.plotting import figure_rgb
 from torchcal.report import CSV_COLUMNS, ReliabilityTable
 
-__all__ = ["TableRecord", "figure_rgb", "history_figure", "log_dir_of", "send_figure",
-           "send_tables", "write_csv"]
+__all__ = ["IMAGE_LOGGERS", "TableRecord", "log_dir_of", "send_figure", "send_tables",
+           "write_csv"]
 
 #: Columns of ``reliability.csv`` (long format, one line per non-empty bin and epoch).
 EPOCH_CSV_COLUMNS = ("epoch", "step") + CSV_COLUMNS
-_KNOWN = ("TensorBoardLogger", "WandbLogger", "MLFlowLogger", "CSVLogger")
+#: Loggers that take images (the reliability diagram is drawn only when one is attached).
+IMAGE_LOGGERS = ("TensorBoardLogger", "WandbLogger", "MLFlowLogger")
 
 
 @dataclass(frozen=True)
@@ -43,18 +48,6 @@ class TableRecord:
     tag: str
     table: ReliabilityTable
     group: int | None = None
-
-
-class WarnOnce:
-    """Warn once per key (a logger class, a missing optional package, ...)."""
-
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
-
-    def __call__(self, key: str, message: str) -> None:
-        if key not in self._seen:
-            self._seen.add(key)
-            warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def log_dir_of(trainer: Any) -> str:
@@ -78,10 +71,6 @@ def log_dir_of(trainer: Any) -> str:
     return str(trainer.default_root_dir)
 
 
-def _fmt(v: Any) -> str:
-    return repr(v) if isinstance(v, float) else str(v)
-
-
 def write_csv(path: str, records: Sequence[TableRecord], *, epoch: int, step: int) -> None:
     """Append the non-empty bins of every record to ``path`` (header when the file is new).
 
@@ -96,108 +85,58 @@ def write_csv(path: str, records: Sequence[TableRecord], *, epoch: int, step: in
         if new:
             w.writerow(cols)
         for rec in records:
-            lead = [epoch, step] + ([rec.group] if grouped else [])
-            for row in rec.table.rows():
-                w.writerow([_fmt(v) for v in lead + [row[c] for c in CSV_COLUMNS]])
+            lead = [str(epoch), str(step)] + ([str(rec.group)] if grouped else [])
+            for cells in rec.table.csv_rows():
+                w.writerow(lead + cells)
 
 
-def figure_rgb(fig: Any) -> Any:
-    """Render a matplotlib ``Figure`` to an ``(H, W, 3)`` uint8 numpy array (Agg canvas,
-    no pyplot state touched)."""
-    import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
-
-
-def table_figure(table: ReliabilityTable) -> Any:
-    """The reliability diagram of ``table`` on a fresh pyplot-free ``Figure``."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(4.5, 4.0), dpi=80)
-    table.plot(ax=fig.add_subplot(1, 1, 1))
-    # fixed margins (room for the count axis on the right): tight_layout() would double the
-    # cost of the figure, drawn every validation epoch
-    fig.subplots_adjust(left=0.15, right=0.83, bottom=0.13, top=0.9)
-    return fig
-
-
-def history_figure(history: Sequence[dict[str, Any]], title: str, *,
-                   brier_key: str = "brier_confidence") -> Any:
-    """"Calibration over epochs": ECE / debiased ECE / MCE, the Brier score and the NLL (one
-    panel each: their scales differ) against the epoch, one point per validation run in
-    ``history``. When an epoch holds several runs (``val_check_interval < 1``, a
-    ``validate()`` before ``fit``), the x axis is the global step instead."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    epochs = [h["epoch"] for h in history]
-    by_step = len(set(epochs)) < len(epochs)
-    x, xlabel = ([h["step"] for h in history], "global step") if by_step else (epochs, "epoch")
-    fig = Figure(figsize=(10.5, 3.4), dpi=90)
-    panels = ((("ece", "ece_debiased", "mce"), "calibration error"),
-              ((brier_key,), brier_key.replace("_", " ")), (("nll",), "NLL (nats)"))
-    for i, (keys, ylabel) in enumerate(panels):
-        ax = fig.add_subplot(1, 3, i + 1)
-        for k in keys:
-            ax.plot(x, [h[k] for h in history], marker="o", label=k)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        if len(keys) > 1:
-            ax.legend(fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def _safe(warn: WarnOnce, logger: Any, what: str, fn: Callable[[], Any]) -> None:
-    """Run ``fn()``; a failing logger gets one warning and never stops the training."""
+def _safe(cache: WarningCache, logger: Any, what: str, fn: Callable[[], Any]) -> None:
+    """Run ``fn()``; a failing logger gets a warning and never stops the training."""
     try:
         fn()
     except Exception as e:
-        name = type(logger).__name__
-        warn(f"{name}:{what}", f"CalibrationMonitor: {name} failed to log the {what} "
-                               f"({type(e).__name__}: {e}); continuing without it")
+        cache.warn(f"CalibrationMonitor: {type(logger).__name__} failed to log the {what} "
+                   f"({type(e).__name__}: {e}); continuing without it")
 
 
 def _artifact(tag: str, epoch: int, step: int, ext: str) -> str:
     return f"calibration/{tag.replace('/', '_')}_epoch={epoch}_step={step}.{ext}"
 
 
+def _send_table(cache: WarningCache, lg: Any, r: TableRecord, *, epoch: int, step: int
+                ) -> None:
+    """One table to one logger, in the form its API takes."""
+    name = type(lg).__name__
+    if name == "TensorBoardLogger":
+        _safe(cache, lg, "table", lambda: lg.experiment.add_text(
+            r.tag, r.table.to_markdown(), step))
+    elif name == "WandbLogger":
+        data = [[row[c] for c in CSV_COLUMNS] for row in r.table.rows()]
+        _safe(cache, lg, "table", lambda: lg.log_table(
+            key=r.tag, columns=list(CSV_COLUMNS), data=data, step=step))
+    elif name == "MLFlowLogger":
+        rows = r.table.rows()
+        cols = {c: [row[c] for row in rows] for c in CSV_COLUMNS}
+        _safe(cache, lg, "table", lambda: lg.experiment.log_table(
+            lg.run_id, data=cols, artifact_file=_artifact(r.tag, epoch, step, "json")))
+
+
 def send_tables(loggers: Sequence[Any], records: Sequence[TableRecord], *, epoch: int,
-                step: int, fig_tag: str | None, fig: Any, warn: WarnOnce) -> None:
+                step: int, fig_tag: str | None, fig: Any, cache: WarningCache) -> None:
     """Write each record (and the pooled figure ``fig`` under ``fig_tag``) to every logger."""
     for lg in loggers:
         name = type(lg).__name__
-        if name == "TensorBoardLogger":
-            for r in records:
-                _safe(warn, lg, "table", lambda lg=lg, r=r: lg.experiment.add_text(
-                    r.tag, r.table.to_markdown(), step))
-        elif name == "WandbLogger":
-            for r in records:
-                data = [[row[c] for c in CSV_COLUMNS] for row in r.table.rows()]
-                _safe(warn, lg, "table", lambda lg=lg, r=r, data=data: lg.log_table(
-                    key=r.tag, columns=list(CSV_COLUMNS), data=data, step=step))
-        elif name == "MLFlowLogger":
-            for r in records:
-                rows = r.table.rows()
-                data = {c: [row[c] for row in rows] for c in CSV_COLUMNS}
-                _safe(warn, lg, "table", lambda lg=lg, r=r, data=data: lg.experiment.log_table(
-                    lg.run_id, data=data, artifact_file=_artifact(r.tag, epoch, step, "json")))
-        elif name != "CSVLogger":
-            warn(f"logger:{name}", f"CalibrationMonitor: no adapter for logger {name}; the "
-                                   f"scalars still reach it through pl_module.log and the "
-                                   f"tables go to the CSV file only")
+        if name not in IMAGE_LOGGERS and name != "CSVLogger":
+            cache.warn(f"CalibrationMonitor: no adapter for logger {name}; the scalars still "
+                       f"reach it through pl_module.log and the tables go to the CSV file only")
+        for r in records:
+            _send_table(cache, lg, r, epoch=epoch, step=step)
     if fig is not None and fig_tag is not None:
-        send_figure(loggers, fig_tag, fig, step=step, warn=warn,
+        send_figure(loggers, fig_tag, fig, step=step, cache=cache,
                     artifact_file=_artifact(fig_tag, epoch, step, "png"))
 
 
-def send_figure(loggers: Sequence[Any], tag: str, fig: Any, *, step: int, warn: WarnOnce,
+def send_figure(loggers: Sequence[Any], tag: str, fig: Any, *, step: int, cache: WarningCache,
                 artifact_file: str | None = None) -> None:
     """Send one figure to every logger that takes images (TensorBoard, W&B, MLflow); it is
     rendered to an RGB array once, for the loggers that take arrays."""
@@ -212,11 +151,11 @@ def send_figure(loggers: Sequence[Any], tag: str, fig: Any, *, step: int, warn: 
     for lg in loggers:
         name = type(lg).__name__
         if name == "TensorBoardLogger":
-            _safe(warn, lg, "figure", lambda lg=lg: lg.experiment.add_image(
+            _safe(cache, lg, "figure", lambda lg=lg: lg.experiment.add_image(
                 tag, image(), step, dataformats="HWC"))
         elif name == "WandbLogger":
-            _safe(warn, lg, "figure", lambda lg=lg: lg.log_image(key=tag, images=[image()],
-                                                                 step=step))
+            _safe(cache, lg, "figure", lambda lg=lg: lg.log_image(key=tag, images=[image()],
+                                                                  step=step))
         elif name == "MLFlowLogger":
-            _safe(warn, lg, "figure", lambda lg=lg: lg.experiment.log_figure(
+            _safe(cache, lg, "figure", lambda lg=lg: lg.experiment.log_figure(
                 lg.run_id, fig, artifact_file=artifact))

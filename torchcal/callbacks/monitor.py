@@ -1,47 +1,58 @@
 """``CalibrationMonitor``: calibration metrics and reliability tables, epoch by epoch, in the
-loggers a Lightning user already has."""
+loggers a Lightning user already has.
+
+Three short steps per (stage, dataloader) at the end of an epoch: compose (the metrics' synced
+statistics -> scalars and tables, :mod:`torchcal.callbacks._compose`), log
+(``pl_module.log``), write (CSV files, loggers and the text table on rank 0,
+:mod:`torchcal.callbacks._sinks`)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import fields
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import WarningCache, rank_zero_info
 from torch import Tensor
 from typing_extensions import override
 
 from torchcal.callbacks import _sinks
+from torchcal.callbacks._compose import EpochReport, brier_name, compose, metric_names
+from torchcal.callbacks._history import HistoryCallback
 from torchcal.callbacks._outputs import check_extract_fn, check_key, read_outputs
 from torchcal.functional import calibration as C
 from torchcal.functional._validation import check_int, check_open_unit, check_option
 from torchcal.metrics import NegativeLogLikelihood, ReliabilityDiagram
-from torchcal.report import ReliabilityTable
+from torchcal.plotting import history_figure, table_figure
 
-__all__ = ["CalibrationMonitor"]
+__all__ = ["SINKS", "CalibrationMonitor"]
 
 #: Scalars logged per stage (and dataloader), in this order, for the default reading
-#: (``confidence``); see :func:`metric_names` for the others.
-METRICS = ("ece", "ece_debiased", "mce", "brier_confidence", "nll")
+#: (``confidence``); see :func:`~torchcal.callbacks._compose.metric_names` for the others.
+METRICS = metric_names("confidence")
+#: Where the monitor's results can go (``sinks=``): ``"loggers"`` (tables, and with
+#: ``"figures"`` the diagrams, to the attached loggers), ``"figures"`` (draw the reliability
+#: diagram each epoch for the image loggers, and the calibration-over-epochs figure at fit
+#: end), ``"csv"`` (append the tables to the CSV files), ``"prog_bar"`` (``ece`` in the
+#: progress bar).
+SINKS = ("loggers", "figures", "csv", "prog_bar")
+Sink = Literal["loggers", "figures", "csv", "prog_bar"]
 
 
-def brier_name(reading: str) -> str:
-    """The key of the reading's Brier score: ``"brier"`` where it is the usual Brier score of
-    the full prediction (``binary``: ``(p - y)^2``; ``classwise``: the multiclass
-    ``sum_k (p_k - y_k)^2``), ``"brier_confidence"`` where it is the Brier score of the
-    top-label confidence against correct-or-not (``confidence``, ``top_label``)."""
-    return "brier" if reading in ("binary", "classwise") else "brier_confidence"
+def check_sinks(sinks: Any) -> frozenset[str]:
+    """``sinks``: one of :data:`SINKS` or a collection of them."""
+    items = (sinks,) if isinstance(sinks, str) else sinks
+    if not isinstance(items, Collection):
+        raise ValueError(f"sinks: expected a collection of {SINKS!r}, got "
+                         f"{type(sinks).__name__}")
+    for s in items:
+        check_option("sinks", s, SINKS)
+    return frozenset(items)
 
 
-def metric_names(reading: str) -> tuple[str, ...]:
-    """The scalars logged per stage (and dataloader) for ``reading``, in order."""
-    return ("ece", "ece_debiased", "mce", brier_name(reading), "nll")
-
-
-class CalibrationMonitor(Callback):
+class CalibrationMonitor(HistoryCallback):
     """Track calibration epoch by epoch from the outputs of ``validation_step``/``test_step``.
 
     The monitor never runs a forward pass of its own: it reads the predictions the step
@@ -112,12 +123,14 @@ class CalibrationMonitor(Callback):
         level: level of the per-bin intervals.
         name: optional sub-namespace, e.g. ``name="top"`` logs ``val/top/ece`` (to run
             several monitors side by side).
-        log_tables: send tables (and figures) to the loggers.
-        log_figures: draw the reliability diagram each epoch and the history figure at fit
-            end (needs matplotlib; skipped with one warning without it).
-        write_csv: append the tables to the CSV files.
-        verbose: print the table each epoch (rank 0).
-        prog_bar: also show ``ece`` in the progress bar.
+        sinks: where the tables and figures go besides ``pl_module.log``, any of
+            ``"loggers"`` (tables, and the diagrams with ``"figures"``, to the attached
+            loggers), ``"figures"`` (draw the reliability diagram each epoch and the history
+            figure at fit end; needs matplotlib, skipped with one warning without it),
+            ``"csv"`` (append the tables to the CSV files) and ``"prog_bar"`` (also show
+            ``ece`` in the progress bar). Default: loggers, figures and CSV.
+        verbose: log the scalars and the table each epoch (``rank_zero_info``: the
+            ``lightning.pytorch`` logger, rank 0).
         validate_args: run the value checks (NaN/Inf, label range) on each batch.
         dataloader_idx: with several validation (or test) dataloaders, the one whose metrics
             get the plain names (``val/nll``); the others get ``/dataloader_idx_{i}``.
@@ -133,7 +146,7 @@ class CalibrationMonitor(Callback):
         ...         x, y = batch
         ...         return {"logits": self.net(x), "target": y}
         >>> data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
-        >>> trainer = L.Trainer(callbacks=[CalibrationMonitor(n_bins=10, write_csv=False)],
+        >>> trainer = L.Trainer(callbacks=[CalibrationMonitor(n_bins=10, sinks=())],
         ...                     logger=False, enable_progress_bar=False,
         ...                     enable_model_summary=False, enable_checkpointing=False)
         >>> out = trainer.validate(Model(), torch.utils.data.DataLoader(data, batch_size=16),
@@ -158,11 +171,8 @@ class CalibrationMonitor(Callback):
         interval: Literal["wilson", "clopper_pearson"] = "wilson",
         level: float = 0.95,
         name: str = "",
-        log_tables: bool = True,
-        log_figures: bool = True,
-        write_csv: bool = True,
+        sinks: Sequence[Sink] = ("loggers", "figures", "csv"),
         verbose: bool = False,
-        prog_bar: bool = False,
         validate_args: bool = True,
         dataloader_idx: int = 0,
     ) -> None:
@@ -193,11 +203,9 @@ class CalibrationMonitor(Callback):
         self.interval = interval
         self.level = float(level)
         self.name = name
-        self.log_tables = bool(log_tables)
-        self.log_figures = bool(log_figures)
-        self.write_csv = bool(write_csv)
+        #: Where the results go besides ``pl_module.log`` (see :data:`SINKS`).
+        self.sinks = check_sinks(sinks)
         self.verbose = bool(verbose)
-        self.prog_bar = bool(prog_bar)
         self.validate_args = bool(validate_args)
         self.dataloader_idx = check_int("dataloader_idx", dataloader_idx, minimum=0)
         #: The scalars logged per stage and dataloader (the keys of :attr:`history`).
@@ -206,7 +214,7 @@ class CalibrationMonitor(Callback):
         #: n`` and the scalars of :attr:`metrics` (``group_ece``: per-group ECEs or None).
         self.history: list[dict[str, Any]] = []
         self._accs: dict[tuple[str, int], tuple[ReliabilityDiagram, NegativeLogLikelihood]] = {}
-        self._warn = _sinks.WarnOnce()
+        self._warnings = WarningCache()
 
     # ------------------------------------------------------------------ identity / state
     @property
@@ -217,30 +225,20 @@ class CalibrationMonitor(Callback):
             preds_key=self.preds_key, target_key=self.target_key, name=self.name,
             num_groups=self.num_groups)
 
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"history": [dict(h) for h in self.history]}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = [dict(h) for h in state_dict.get("history", [])]
-
     # ------------------------------------------------------------------ accumulation
-    def _new_acc(self, device: torch.device) -> tuple[ReliabilityDiagram, NegativeLogLikelihood]:
-        rd = ReliabilityDiagram(self.n_bins, reading=self.reading, input=self.input,
-                                num_classes=self.num_classes, num_groups=self.num_groups,
-                                interval=self.interval, level=self.level,
-                                validate_args=self.validate_args)
-        # NLL gets the tensors the diagram has just validated; its own check would reject
-        # the -inf masks that F.cross_entropy handles exactly
-        nll = NegativeLogLikelihood(input=self.input, validate_args=False)
-        return rd.to(device), nll.to(device)
-
     def _acc(self, stage: str, idx: int, device: torch.device
              ) -> tuple[ReliabilityDiagram, NegativeLogLikelihood]:
+        """The (stage, dataloader) accumulators, created on first use."""
         key = (stage, idx)
         if key not in self._accs:
-            self._accs[key] = self._new_acc(device)
+            rd = ReliabilityDiagram(self.n_bins, reading=self.reading, input=self.input,
+                                    num_classes=self.num_classes, num_groups=self.num_groups,
+                                    interval=self.interval, level=self.level,
+                                    validate_args=self.validate_args)
+            # NLL gets the tensors the diagram has just validated; its own check would reject
+            # the -inf masks that F.cross_entropy handles exactly
+            nll = NegativeLogLikelihood(input=self.input, validate_args=False)
+            self._accs[key] = (rd.to(device), nll.to(device))
         return self._accs[key]
 
     def _extract(self, stage: str, pl_module: LightningModule, batch: Any, outputs: Any
@@ -250,13 +248,13 @@ class CalibrationMonitor(Callback):
                            extract_fn=self.extract_fn)
         if (not self.num_groups and self.extract_fn is None and isinstance(outputs, Mapping)
                 and self.group_key in outputs):
-            self._warn("groups-ignored", f"CalibrationMonitor: the step output carries "
-                                         f"{self.group_key!r} but num_groups is not set; pass "
-                                         f"num_groups=G for per-group tables")
+            self._warnings.warn(f"CalibrationMonitor: the step output carries "
+                                f"{self.group_key!r} but num_groups is not set; pass "
+                                f"num_groups=G for per-group tables")
         return got[0], got[1], got[2] if self.num_groups else None
 
-    def _update(self, stage: str, trainer: Trainer, pl_module: LightningModule, outputs: Any,
-                batch: Any, dataloader_idx: int) -> None:
+    def _update(self, stage: str, pl_module: LightningModule, outputs: Any, batch: Any,
+                dataloader_idx: int) -> None:
         # the sanity check's batches too: a wrong output fails before any training (its sums
         # are dropped at the next epoch start and never emitted)
         preds, target, groups = self._extract(stage, pl_module, batch, outputs)
@@ -264,35 +262,32 @@ class CalibrationMonitor(Callback):
         rd.update(preds, target, groups)  # validates (NaN/+inf, all -inf rows, labels)
         nll.update(preds, target)  # the same tensors, already validated: no second check
 
-    @override
-    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._reset("val")
-        self._check_loaders("val", len(trainer.num_val_batches))
-
-    def _check_loaders(self, stage: str, n_loaders: int) -> None:
+    def _start(self, stage: str, n_loaders: int) -> None:
+        """Drop the stage's sums (the sanity check's too) and check ``dataloader_idx``."""
+        for key in [k for k in self._accs if k[0] == stage]:
+            del self._accs[key]
         if n_loaders > 1 and self.dataloader_idx >= n_loaders:
             raise ValueError(f"dataloader_idx: expected one of the {n_loaders} {stage} "
                              f"dataloaders (0 to {n_loaders - 1}), got {self.dataloader_idx}")
 
     @override
-    def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._reset("test")
-        self._check_loaders("test", len(trainer.num_test_batches))
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._start("val", len(trainer.num_val_batches))
 
-    def _reset(self, stage: str) -> None:
-        for key in [k for k in self._accs if k[0] == stage]:
-            del self._accs[key]
+    @override
+    def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._start("test", len(trainer.num_test_batches))
 
     @override
     def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule,
                                 outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
-        self._update("val", trainer, pl_module, outputs, batch, dataloader_idx)
+        self._update("val", pl_module, outputs, batch, dataloader_idx)
 
     @override
     def on_test_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
                           batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._update("test", trainer, pl_module, outputs, batch, dataloader_idx)
+        self._update("test", pl_module, outputs, batch, dataloader_idx)
 
     # ------------------------------------------------------------------ epoch end
     @override
@@ -303,31 +298,6 @@ class CalibrationMonitor(Callback):
     @override
     def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._emit("test", trainer, pl_module, len(trainer.num_test_batches))
-
-    def _synced(self, idx_acc: tuple[ReliabilityDiagram, NegativeLogLikelihood]
-                ) -> tuple[C.BinnedStats, Tensor, Tensor | None]:
-        """The all-reduced statistics (a collective under DDP: every rank calls it)."""
-        rd, nll = idx_acc
-        with rd.sync_context():  # the states are back to the local shard on exit: clone
-            local = rd._stats()
-            stats = C.BinnedStats(*(getattr(local, f.name).clone() for f in fields(local)))
-            group_count = rd.group_count.clone()
-        n = int(group_count.sum())
-        # the metric's own mean (a collective too); only once any rank has seen a sample
-        return stats, group_count, (nll.compute() if n else None)
-
-    def _scalars(self, stats: C.BinnedStats) -> dict[str, Tensor]:
-        r = self.reading
-        return {
-            "ece": C.calibration_error_from_stats(stats, norm="l1", reading=r),
-            "ece_debiased": C.debiased_calibration_error_from_stats(stats, reading=r),
-            "mce": C.calibration_error_from_stats(stats, norm="max", reading=r),
-            brier_name(r): C.brier_decomposition_from_stats(stats, reading=r)["brier"],
-        }
-
-    def _table(self, stats: C.BinnedStats) -> ReliabilityTable:
-        return C.reliability_table_from_stats(stats, interval=self.interval, level=self.level,
-                                              reading=self.reading)
 
     def _names(self, stage: str, idx: int, several: bool) -> tuple[str, str]:
         """(namespace, suffix) for metric names: ``val[/name]``, ``[/dataloader_idx_i]``
@@ -340,64 +310,61 @@ class CalibrationMonitor(Callback):
 
     def _emit(self, stage: str, trainer: Trainer, pl_module: LightningModule,
               n_loaders: int) -> None:
+        """Compose, log and write each dataloader's epoch. Every rank takes part in the
+        collectives (a rank without batches of a loader adds zeros); files and loggers are
+        written on rank 0."""
         several = n_loaders > 1
         for idx in range(max(n_loaders, 1)):
-            # every rank takes part (a rank without batches of this loader adds zeros)
-            stats, group_count, nll = self._synced(self._acc(stage, idx, pl_module.device))
-            if nll is None:  # no sample on any rank
+            rd, nll = self._acc(stage, idx, pl_module.device)
+            synced = rd.statistics()  # all-reduced (a collective)
+            if int(synced.group_counts.sum()) == 0:  # no sample on any rank
                 continue
-            n = int(group_count.sum())
-            pooled = stats.pooled()
-            values = self._scalars(pooled)
-            values["nll"] = nll
             ns, sfx = self._names(stage, idx, several)
-            dev = pl_module.device
-            dtype = torch.float32 if dev.type == "mps" else torch.float64  # no float64 on mps
-            for key in self.metrics:
-                pl_module.log(f"{ns}/{key}{sfx}", values[key].to(dev, dtype), on_step=False,
-                              on_epoch=True, sync_dist=True, add_dataloader_idx=False,
-                              prog_bar=self.prog_bar and key == "ece")
-            group_ece = None
-            records = [_sinks.TableRecord(f"{ns}/reliability{sfx}", self._table(pooled))]
-            if self.num_groups:
-                group_ece = []
-                for g in range(self.num_groups):
-                    if int(group_count[g]) == 0:
-                        group_ece.append(None)
-                        continue
-                    gs = stats.group(g)
-                    ge = C.calibration_error_from_stats(gs, norm="l1", reading=self.reading)
-                    group_ece.append(float(ge))
-                    pl_module.log(f"{ns}/group_{g}/ece{sfx}", ge.to(dev, dtype),
-                                  on_step=False, on_epoch=True, sync_dist=True,
-                                  add_dataloader_idx=False)
-                    records.append(_sinks.TableRecord(f"{ns}/reliability/group_{g}{sfx}",
-                                                      self._table(gs), group=g))
+            report = compose(synced, nll.compute(), reading=self.reading,
+                             interval=self.interval, level=self.level,
+                             tag=f"{ns}/reliability{sfx}", num_groups=self.num_groups)
+            self._log(pl_module, report, ns, sfx)
             entry = {"stage": stage, "dataloader_idx": idx, "epoch": int(trainer.current_epoch),
-                     "step": int(trainer.global_step), "n": n,
-                     **{k: float(values[k]) for k in self.metrics}, "group_ece": group_ece}
+                     "step": int(trainer.global_step), "n": report.n,
+                     **{k: float(report.values[k]) for k in self.metrics},
+                     "group_ece": report.group_ece}
             self.history.append(entry)
             if trainer.is_global_zero:
-                self._write(stage, trainer, idx, several, records, entry)
+                self._write(stage, trainer, idx, several, report, entry)
+
+    def _log(self, pl_module: LightningModule, report: EpochReport, ns: str, sfx: str) -> None:
+        """``pl_module.log`` the scalars (then the per-group ECEs) on every rank; the values
+        are already all-reduced, so the ``sync_dist`` mean averages equal numbers."""
+        dev = pl_module.device
+        dtype = torch.float32 if dev.type == "mps" else torch.float64  # no float64 on mps
+        prog_bar = "prog_bar" in self.sinks
+        for key in self.metrics:
+            pl_module.log(f"{ns}/{key}{sfx}", report.values[key].to(dev, dtype), on_step=False,
+                          on_epoch=True, sync_dist=True, add_dataloader_idx=False,
+                          prog_bar=prog_bar and key == "ece")
+        for g, ge in report.group_values.items():
+            pl_module.log(f"{ns}/group_{g}/ece{sfx}", ge.to(dev, dtype), on_step=False,
+                          on_epoch=True, sync_dist=True, add_dataloader_idx=False)
 
     def _write(self, stage: str, trainer: Trainer, idx: int, several: bool,
-               records: list[_sinks.TableRecord], entry: dict[str, Any]) -> None:
-        epoch, step = entry["epoch"], entry["step"]
+               report: EpochReport, entry: dict[str, Any]) -> None:
+        """Rank 0: the text table (``verbose``), the CSV files and the loggers."""
+        epoch, step, records = entry["epoch"], entry["step"], report.records
         if self.verbose:
             where = f" dataloader {idx}" if several else ""
-            print(f"[CalibrationMonitor] {stage}{where} epoch {epoch} step {step}: "
-                  + ", ".join(f"{k}={entry[k]:.4f}" for k in self.metrics))
-            print(records[0].table.to_text())
-        if self.write_csv:
+            rank_zero_info(f"[CalibrationMonitor] {stage}{where} epoch {epoch} step {step}: "
+                           + ", ".join(f"{k}={entry[k]:.4f}" for k in self.metrics))
+            rank_zero_info(records[0].table.to_text())
+        if "csv" in self.sinks:
             base = os.path.join(_sinks.log_dir_of(trainer), self._file(stage, idx, several))
             _sinks.write_csv(base + ".csv", records[:1], epoch=epoch, step=step)
             if len(records) > 1:
                 _sinks.write_csv(base + "_groups.csv", records[1:], epoch=epoch, step=step)
-        if self.log_tables and trainer.loggers:
-            fig = self._figure(records[0].table, trainer) if self.log_figures else None
+        if "loggers" in self.sinks and trainer.loggers:
+            fig = self._figure(records[0].table, trainer) if "figures" in self.sinks else None
             tag = records[0].tag.replace("/reliability", "/reliability_diagram", 1)
             _sinks.send_tables(trainer.loggers, records, epoch=epoch, step=step, fig_tag=tag,
-                               fig=fig, warn=self._warn)
+                               fig=fig, cache=self._warnings)
 
     def _file(self, stage: str, idx: int, several: bool) -> str:
         parts = ([] if stage == "val" else [stage]) + ([self.name.replace("/", "_")]
@@ -407,39 +374,43 @@ class CalibrationMonitor(Callback):
             parts.append(f"dataloader_idx_{idx}")
         return "_".join(parts)
 
-    def _figure(self, table: ReliabilityTable, trainer: Trainer) -> Any:
-        if not any(type(lg).__name__ in ("TensorBoardLogger", "WandbLogger", "MLFlowLogger")
-                   for lg in trainer.loggers):
+    def _figure(self, table: Any, trainer: Trainer) -> Any:
+        if not any(type(lg).__name__ in _sinks.IMAGE_LOGGERS for lg in trainer.loggers):
             return None
         try:
-            return _sinks.table_figure(table)
+            return table_figure(table)
         except ImportError:
-            self._warn("matplotlib", "CalibrationMonitor: matplotlib is not installed; "
-                                     "reliability diagrams are skipped (tables still logged)")
+            self._warnings.warn("CalibrationMonitor: matplotlib is not installed; reliability "
+                                "diagrams are skipped (tables still logged)")
             return None
 
     # ------------------------------------------------------------------ fit end
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not (self.log_figures and trainer.is_global_zero):
+        if not ("figures" in self.sinks and trainer.is_global_zero):
             return
         loaders = sorted({h["dataloader_idx"] for h in self.history if h["stage"] == "val"})
         for idx in loaders:
-            hist = [h for h in self.history if h["stage"] == "val" and h["dataloader_idx"] == idx]
-            several = len(loaders) > 1
-            ns, sfx = self._names("val", idx, several)
-            try:
-                fig = _sinks.history_figure(hist, f"calibration over epochs ({ns}{sfx})",
-                                            brier_key=brier_name(self.reading))
-            except ImportError:
-                self._warn("matplotlib", "CalibrationMonitor: matplotlib is not installed; "
-                                         "the calibration-over-epochs figure is skipped")
+            if not self._history_figure(trainer, idx, several=len(loaders) > 1):
                 return
-            stem = self._file("val", idx, several).replace("reliability",
-                                                           "calibration_over_epochs")
-            out = os.path.join(_sinks.log_dir_of(trainer), stem + ".png")
-            os.makedirs(os.path.dirname(out), exist_ok=True)
-            fig.savefig(out)
-            if self.log_tables:
-                _sinks.send_figure(trainer.loggers, f"{ns}/calibration_over_epochs{sfx}", fig,
-                                   step=int(trainer.global_step), warn=self._warn)
+
+    def _history_figure(self, trainer: Trainer, idx: int, several: bool) -> bool:
+        """Draw, save and send dataloader ``idx``'s calibration-over-epochs figure; ``False``
+        without matplotlib (warned once)."""
+        hist = [h for h in self.history if h["stage"] == "val" and h["dataloader_idx"] == idx]
+        ns, sfx = self._names("val", idx, several)
+        try:
+            fig = history_figure(hist, f"calibration over epochs ({ns}{sfx})",
+                                 brier_key=brier_name(self.reading))
+        except ImportError:
+            self._warnings.warn("CalibrationMonitor: matplotlib is not installed; the "
+                                "calibration-over-epochs figure is skipped")
+            return False
+        stem = self._file("val", idx, several).replace("reliability", "calibration_over_epochs")
+        out = os.path.join(_sinks.log_dir_of(trainer), stem + ".png")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        fig.savefig(out)
+        if "loggers" in self.sinks:
+            _sinks.send_figure(trainer.loggers, f"{ns}/calibration_over_epochs{sfx}", fig,
+                               step=int(trainer.global_step), cache=self._warnings)
+        return True

@@ -9,12 +9,12 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from typing_extensions import override
 
+from torchcal.callbacks._history import HistoryCallback
 from torchcal.callbacks._outputs import (
     check_extract_fn,
     check_key,
@@ -48,7 +48,7 @@ def _fix_message(model: str, attr_name: str) -> str:
             f"{model}.load_from_checkpoint(path) restores it")
 
 
-class TemperatureScaling(Callback):
+class TemperatureScaling(HistoryCallback):
     """Fit the temperature of the LightningModule's own
     :class:`~torchcal.scaling.TemperatureScaler` (Guo et al. 2017) on the validation logits,
     at the end of every validation epoch of ``fit``.
@@ -112,7 +112,8 @@ class TemperatureScaling(Callback):
             :class:`~torchcal.scaling.TemperatureScaler`.
         n_bins: bins of the logged ECE.
         fit_on_validate: also fit in ``trainer.validate()`` (default ``False``).
-        verbose: print T and NLL/ECE before and after each fit (rank 0).
+        verbose: log T and NLL/ECE before and after each fit (``rank_zero_info``: the
+            ``lightning.pytorch`` logger, rank 0).
 
     Example:
         >>> import torch, lightning as L
@@ -184,14 +185,6 @@ class TemperatureScaling(Callback):
         return self._generate_state_key(attr_name=self.attr_name, when=self.when,
                                         logits_key=self.logits_key,
                                         dataloader_idx=self.dataloader_idx)
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return {"history": [dict(h) for h in self.history]}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.history = [dict(h) for h in state_dict.get("history", [])]
 
     # ------------------------------------------------------------------ the scaler
     def _scaler(self, pl_module: nn.Module) -> TemperatureScaler:
@@ -399,9 +392,9 @@ class TemperatureScaling(Callback):
         self.history.append({"stage": stage, "epoch": self._chunks_at[0],
                              "step": self._chunks_at[1], "n_local": n_local, "n": n,
                              "converged": bool(result.converged), **values})
-        if self.verbose and trainer.is_global_zero:
-            print(f"[TemperatureScaling] epoch {self._chunks_at[0]}: T = "
-                  f"{values['temperature']:.4f}; NLL {result.nll_before:.4f} -> "
-                  f"{result.nll_after:.4f}; ECE ({self.n_bins} bins) {ece_before:.4f} -> "
-                  f"{ece_after:.4f}")
+        if self.verbose:
+            rank_zero_info(f"[TemperatureScaling] epoch {self._chunks_at[0]}: T = "
+                           f"{values['temperature']:.4f}; NLL {result.nll_before:.4f} -> "
+                           f"{result.nll_after:.4f}; ECE ({self.n_bins} bins) "
+                           f"{ece_before:.4f} -> {ece_after:.4f}")
         return values

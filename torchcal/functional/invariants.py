@@ -29,7 +29,12 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import check_floating, first_bad_position
+from torchcal.functional._validation import (
+    check_floating,
+    check_nonempty,
+    check_same_shape,
+    first_bad_position,
+)
 
 __all__ = ["MonotoneMapCheck", "check_monotone_map", "ulp_distance"]
 
@@ -84,6 +89,30 @@ def _ordered_keys(x: Tensor) -> Tensor:
     return torch.where(bits < 0, -magnitude, magnitude)
 
 
+def _check_ulp_dtype(name: str, x: Tensor) -> None:
+    if x.dtype not in _INT_VIEW:
+        raise ValueError(f"{name}: expected float16, bfloat16, float32 or float64, got {x.dtype}")
+
+
+def _check_map_inputs(scores: Tensor, mapped: Tensor, max_tie_gap_ulps: int) -> None:
+    """The arguments of :func:`check_monotone_map`; NaN is always checked (it compares
+    false, so an inversion next to it would pass silently)."""
+    check_floating("scores", scores)
+    check_floating("mapped", mapped)
+    check_same_shape("scores", scores, "mapped", mapped)
+    if scores.dim() == 0:
+        raise ValueError("scores: expected a 1-D vector or (..., K) rows, got a 0-d tensor")
+    check_nonempty("scores", scores)
+    _check_ulp_dtype("scores", scores)
+    if max_tie_gap_ulps < 0:
+        raise ValueError(f"max_tie_gap_ulps: expected an int >= 0, got {max_tie_gap_ulps}")
+    for name, x in (("scores", scores), ("mapped", mapped)):
+        nan = torch.isnan(x)
+        if bool(nan.any()):
+            raise ValueError(f"{name}: expected no NaN, found NaN at position "
+                             f"{first_bad_position(nan)}")
+
+
 def ulp_distance(a: Tensor, b: Tensor) -> Tensor:
     """The number of representable steps from ``a`` to ``b`` in their (common) floating
     dtype, as int64 (``b > a`` gives a positive count; ``-0.0`` and ``0.0`` are 0 apart).
@@ -100,8 +129,7 @@ def ulp_distance(a: Tensor, b: Tensor) -> Tensor:
     check_floating("b", b)
     if a.dtype != b.dtype:
         raise ValueError(f"b: expected the dtype of a ({a.dtype}), got {b.dtype}")
-    if a.dtype not in _INT_VIEW:
-        raise ValueError(f"a: expected float16, bfloat16, float32 or float64, got {a.dtype}")
+    _check_ulp_dtype("a", a)
     ka, kb = _ordered_keys(a), _ordered_keys(b)
     exact = kb - ka  # wraps only for float64 gaps beyond 2**63
     approx = kb.double() - ka.double()
@@ -141,25 +169,7 @@ def check_monotone_map(scores: Tensor, mapped: Tensor, *, decisions: bool = True
         >>> check_monotone_map(x, x.flip(0)).ok  # a map that reorders fails
         False
     """
-    check_floating("scores", scores)
-    check_floating("mapped", mapped)
-    if mapped.shape != scores.shape:
-        raise ValueError(f"mapped: expected the shape of scores {tuple(scores.shape)}, got "
-                         f"{tuple(mapped.shape)}")
-    if scores.dim() == 0:
-        raise ValueError("scores: expected a 1-D vector or (..., K) rows, got a 0-d tensor")
-    if scores.numel() == 0:
-        raise ValueError(f"scores: expected a non-empty tensor, got shape {tuple(scores.shape)}")
-    if scores.dtype not in _INT_VIEW:
-        raise ValueError(f"scores: expected float16, bfloat16, float32 or float64, got "
-                         f"{scores.dtype}")
-    if max_tie_gap_ulps < 0:
-        raise ValueError(f"max_tie_gap_ulps: expected an int >= 0, got {max_tie_gap_ulps}")
-    for name, x in (("scores", scores), ("mapped", mapped)):
-        nan = torch.isnan(x)
-        if bool(nan.any()):  # always checked: NaN compares false and would pass silently
-            raise ValueError(f"{name}: expected no NaN, found NaN at position "
-                             f"{first_bad_position(nan)}")
+    _check_map_inputs(scores, mapped, max_tie_gap_ulps)
     k = scores.shape[-1]
     a = scores.detach().reshape(-1, k)
     s = mapped.detach().reshape(-1, k).to(a.device)

@@ -33,49 +33,36 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torchcal.functional._layouts import (
+    Prepared,
+    autocast_off,
+    check_multiclass_rows,
+    check_rows,
+    prepare,
+)
 from torchcal.functional._validation import (
+    check_bool,
     check_floating,
+    check_gamma,
     check_int,
+    check_kernel_width,
     check_nonempty,
+    check_norm_power,
+    check_number,
     check_reduction,
     check_tensor,
+    compute_dtype,
     reduce,
+    validation_enabled,
 )
-from torchcal.functional.scoring import (
-    _HALF,
-    _autocast_off,
-    _check_ignore_index,
-    _check_rows,
-    _prepare,
-    _Prepared,
-)
+from torchcal.functional.calibration import confidence_reading
 
 __all__ = ["focal_loss", "mmce", "soft_binned_ece", "confidence_penalty", "dca", "mdca"]
 
 _LOG_0_2 = math.log(0.2)
 
 
-def _check_gamma(gamma: float | str) -> float | str:
-    if isinstance(gamma, str):
-        if gamma != "adaptive":
-            raise ValueError(f"gamma: expected a number >= 0 or 'adaptive', got {gamma!r}")
-        return gamma
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)):
-        raise TypeError(f"gamma: expected a number or 'adaptive', got {type(gamma).__name__}")
-    if not (math.isfinite(gamma) and gamma >= 0):
-        raise ValueError(f"gamma: expected a finite number >= 0, got {gamma!r}")
-    return float(gamma)
-
-
-def _check_positive_float(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _no_soft(prep: _Prepared, name: str) -> None:
+def _no_soft(prep: Prepared, name: str) -> None:
     """The confidence-reading regularisers need a class label per item."""
     if prep.soft is not None:
         raise ValueError(f"target: {name} needs class indices (N, *) (or 0/1 labels with "
@@ -94,36 +81,23 @@ def _safe_root(value: Tensor, power: float) -> Tensor:
     return torch.where(positive, root, torch.zeros_like(value))
 
 
-def _check_beta(beta: float) -> float:
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)):
-        raise TypeError(f"beta: expected a number, got {type(beta).__name__}")
-    if not (math.isfinite(beta) and beta >= 0):
-        raise ValueError(f"beta: expected a finite number >= 0, got {beta!r}")
-    return float(beta)
-
-
-def _check_mmce_options(width: float, squared: bool) -> tuple[float, bool]:
-    width = _check_positive_float("width", width)
-    if width < 1e-3:
-        raise ValueError(f"width: expected a kernel width >= 1e-3, got {width!r}")
-    if not isinstance(squared, bool):
-        raise TypeError(f"squared: expected a bool, got {type(squared).__name__}")
-    return width, squared
-
-
-def _check_bool(name: str, value: bool) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
-    return value
-
-
-def _check_soft_bin_options(bins: int, temperature: float, p: float) -> tuple[int, float, float]:
-    bins = check_int("bins", bins, minimum=1)
-    temperature = _check_positive_float("temperature", temperature)
-    p = _check_positive_float("p", p)
-    if p < 1:
-        raise ValueError(f"p: expected a number >= 1, got {p!r}")
-    return bins, temperature, p
+def _log_p_and_complement(prep: Prepared) -> tuple[Tensor, Tensor]:
+    """Multiclass ``(log p_y, log(1 - p_y))``, the latter as ``logsumexp`` over the other
+    classes minus ``logsumexp`` over all (no cancellation as ``p_y -> 1``)."""
+    z = prep.logits
+    index = prep.target.unsqueeze(1)
+    lse = torch.logsumexp(z, dim=1)
+    z_y = z.gather(1, index).squeeze(1)
+    check_rows(prep, lse.detach(), z_y.detach())
+    others = z.scatter(1, index, float("-inf"))
+    lse_other = torch.logsumexp(others, dim=1)
+    all_masked = lse_other.detach() == float("-inf")
+    if bool(all_masked.any()):
+        # logsumexp over an all -inf row has a NaN gradient: route those rows
+        # through a finite dummy and put the exact -inf back with `where`.
+        safe = torch.where(all_masked.unsqueeze(1), torch.zeros_like(others), others)
+        lse_other = torch.where(all_masked, float("-inf"), torch.logsumexp(safe, dim=1))
+    return z_y - lse, lse_other - lse
 
 
 def focal_loss(logits: Tensor, target: Tensor, *, gamma: float | str = 2.0,
@@ -154,31 +128,17 @@ def focal_loss(logits: Tensor, target: Tensor, *, gamma: float | str = 2.0,
         >>> round(focal_loss(logits, torch.tensor([0, 2]), gamma="adaptive").item(), 4)
         0.1631
     """
-    gamma = _check_gamma(gamma)
-    prep = _prepare(logits, target, weight, ignore_index, reduction, multilabel)
+    gamma = check_gamma(gamma)
+    prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
     _no_soft(prep, "focal_loss")
     z = prep.logits
-    with _autocast_off(z):
+    with autocast_off(z):
         if prep.binary:
             signed = (2.0 * prep.target - 1.0) * z
             log_p = F.logsigmoid(signed)
             log_1mp = F.logsigmoid(-signed)
         else:
-            index = prep.target.unsqueeze(1)
-            lse = torch.logsumexp(z, dim=1)
-            z_y = z.gather(1, index).squeeze(1)
-            _check_rows(prep, lse.detach(), z_y.detach())
-            others = z.scatter(1, index, float("-inf"))
-            lse_other = torch.logsumexp(others, dim=1)
-            all_masked = lse_other.detach() == float("-inf")
-            if bool(all_masked.any()):
-                # logsumexp over an all -inf row has a NaN gradient: route those rows
-                # through a finite dummy and put the exact -inf back with `where`.
-                safe = torch.where(all_masked.unsqueeze(1), torch.zeros_like(others), others)
-                lse_other = torch.where(all_masked, float("-inf"),
-                                        torch.logsumexp(safe, dim=1))
-            log_p = z_y - lse
-            log_1mp = lse_other - lse
+            log_p, log_1mp = _log_p_and_complement(prep)
         if gamma == "adaptive":
             g = torch.where(log_p.detach() < _LOG_0_2, 5.0, 3.0).to(log_p.dtype)
             modulator = torch.exp(g * log_1mp)
@@ -190,18 +150,19 @@ def focal_loss(logits: Tensor, target: Tensor, *, gamma: float | str = 2.0,
         return reduce(score, reduction, prep.weight)
 
 
-def _confidence_reading(prep: _Prepared) -> tuple[Tensor, Tensor]:
-    """Flattened (confidence, correct) of the used items, in the compute dtype."""
+def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor]:
+    """Flattened (confidence, correct) of the used items, in the compute dtype; the
+    multiclass reading is :func:`~torchcal.functional.calibration.confidence_reading` of
+    the softmax (differentiable: gradients flow through the row maximum)."""
     z = prep.logits
     if prep.binary:
         conf = torch.sigmoid(z.abs())
         correct = (z >= 0) == (prep.target == 1)
     else:
-        index = prep.target.unsqueeze(1)
-        _check_rows(prep, torch.logsumexp(z.detach(), dim=1),
-                    z.detach().gather(1, index).squeeze(1))
-        conf, pred = torch.softmax(z, dim=1).max(dim=1)
-        correct = pred == prep.target
+        check_multiclass_rows(prep)
+        p = torch.softmax(z, dim=1).movedim(1, -1).reshape(-1, z.shape[1])
+        with validation_enabled(False):  # a softmax: valid rows by construction
+            conf, correct = confidence_reading(p, prep.target.reshape(-1), input="probs")
     used = prep.used.reshape(-1)
     return conf.reshape(-1)[used], correct.reshape(-1)[used].to(conf.dtype)
 
@@ -232,10 +193,11 @@ def mmce(logits: Tensor, target: Tensor, *, width: float = 0.4, squared: bool = 
         >>> round(mmce(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
         0.1647
     """
-    width, squared = _check_mmce_options(width, squared)
-    prep = _prepare(logits, target, None, ignore_index, "mean", multilabel)
+    width = check_kernel_width(width)
+    squared = check_bool("squared", squared)
+    prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "mmce")
-    with _autocast_off(prep.logits):
+    with autocast_off(prep.logits):
         conf, correct = _confidence_reading(prep)
         m = conf.numel()
         r = conf.double()
@@ -282,11 +244,13 @@ def soft_binned_ece(logits: Tensor, target: Tensor, *, bins: int = 15,
         >>> round(soft_binned_ece(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
         0.3192
     """
-    bins, temperature, p = _check_soft_bin_options(bins, temperature, p)
-    root = _check_bool("root", root)
-    prep = _prepare(logits, target, None, ignore_index, "mean", multilabel)
+    bins = check_int("bins", bins, minimum=1)
+    temperature = check_number("temperature", temperature, strict=True)
+    p = check_norm_power("p", p)
+    root = check_bool("root", root)
+    prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "soft_binned_ece")
-    with _autocast_off(prep.logits):
+    with autocast_off(prep.logits):
         conf, correct = _confidence_reading(prep)
         m = conf.numel()
         r = conf.double()
@@ -306,7 +270,7 @@ def soft_binned_ece(logits: Tensor, target: Tensor, *, bins: int = 15,
 # ------------------------------------------------------------------- confidence penalty
 
 
-def _prepare_logits_only(logits: Tensor, reduction: str) -> _Prepared:
+def _prepare_logits_only(logits: Tensor, reduction: str) -> Prepared:
     """Multiclass ``(N, C, *)`` logits without a target: every item is used."""
     check_tensor("logits", logits)
     check_reduction(reduction)
@@ -316,12 +280,12 @@ def _prepare_logits_only(logits: Tensor, reduction: str) -> _Prepared:
         raise ValueError(f"logits: expected multiclass logits (N, C, *) with C >= 2 when no "
                          f"target is given, got shape {tuple(logits.shape)}; for binary "
                          f"logits pass the 0/1 target")
-    dtype = torch.float32 if logits.dtype in _HALF else logits.dtype
+    dtype = compute_dtype(logits.dtype)
     shape = logits.shape[:1] + logits.shape[2:]
     index = torch.zeros(shape, dtype=torch.long, device=logits.device)
-    # used=False only steers _diagnose past its true-class check; the weight marks every
+    # used=False only steers diagnose() past its true-class check; the weight marks every
     # item as used.
-    return _Prepared(False, logits.to(dtype), index, torch.zeros_like(index, dtype=torch.bool),
+    return Prepared(False, logits.to(dtype), index, torch.zeros_like(index, dtype=torch.bool),
                      torch.ones(shape, dtype=dtype, device=logits.device))
 
 
@@ -359,24 +323,24 @@ def confidence_penalty(logits: Tensor, target: Tensor | None = None, *, beta: fl
         >>> round(confidence_penalty(logits, beta=0.5).item(), 4)
         -0.4057
     """
-    beta = _check_beta(beta)
-    _check_ignore_index(ignore_index)
+    beta = check_number("beta", beta)
+    check_int("ignore_index", ignore_index)
     if target is None:
         prep = _prepare_logits_only(logits, reduction)
     else:
-        prep = _prepare(logits, target, None, ignore_index, reduction, multilabel)
+        prep = prepare(logits, target, None, ignore_index, reduction, multilabel)
         if prep.soft is not None:  # class probabilities: every item is used
             prep = prep._replace(weight=torch.ones_like(prep.target, dtype=prep.logits.dtype),
                                  used=torch.zeros_like(prep.used))
     z = prep.logits
-    with _autocast_off(z):
+    with autocast_off(z):
         if prep.binary:
             # H = p softplus(-z) + (1 - p) softplus(z): non-negative terms, no cancellation
             entropy = (torch.sigmoid(z) * F.softplus(-z) + torch.sigmoid(-z) * F.softplus(z))
         else:
             log_p = torch.log_softmax(z, dim=1)
             lse = torch.logsumexp(z.detach(), dim=1)
-            _check_rows(prep, lse, None)
+            check_rows(prep, lse, None)
             masked = z.detach() == float("-inf")
             safe_log_p = torch.where(masked, torch.zeros_like(log_p), log_p)
             entropy = -(log_p.exp() * safe_log_p).sum(dim=1)
@@ -406,9 +370,9 @@ def dca(logits: Tensor, target: Tensor, *, ignore_index: int = -100,
         >>> round(dca(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
         0.0467
     """
-    prep = _prepare(logits, target, None, ignore_index, "mean", multilabel)
+    prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "dca")
-    with _autocast_off(prep.logits):
+    with autocast_off(prep.logits):
         conf, correct = _confidence_reading(prep)
         m = conf.numel()
         gap = (conf.double() - correct.double()).sum()
@@ -440,9 +404,9 @@ def mdca(logits: Tensor, target: Tensor, *, ignore_index: int = -100,
         >>> round(mdca(logits, torch.tensor([0, 2])).item(), 4)
         0.2082
     """
-    prep = _prepare(logits, target, None, ignore_index, "mean", multilabel)
+    prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     z = prep.logits
-    with _autocast_off(z):
+    with autocast_off(z):
         if prep.soft is not None:  # class frequencies are the mean target probabilities
             num_classes = z.shape[1]
             p_mean = torch.softmax(z, dim=1).movedim(1, -1).reshape(-1, num_classes)
@@ -454,9 +418,7 @@ def mdca(logits: Tensor, target: Tensor, *, ignore_index: int = -100,
         if prep.binary:
             gap = ((torch.sigmoid(z).double() - prep.target.double()) * used).sum()
             return (gap / m).abs().to(z.dtype)
-        index = prep.target.unsqueeze(1)
-        _check_rows(prep, torch.logsumexp(z.detach(), dim=1),
-                    z.detach().gather(1, index).squeeze(1))
+        check_multiclass_rows(prep)
         num_classes = z.shape[1]
         used = used.reshape(-1)
         p_sum = (torch.softmax(z, dim=1).movedim(1, -1).reshape(-1, num_classes).double()

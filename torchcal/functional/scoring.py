@@ -8,7 +8,8 @@ Every rule is negatively oriented (lower is better), strictly proper, and has an
 Layouts (decided by shapes, dtypes and the explicit ``multilabel`` flag, never by values):
 
 * **binary**: ``logits`` is ``(N, *)`` without a class dimension and ``target`` has its
-  shape, floating with values in {0, 1}; ``p = sigmoid(logits)`` is the probability of
+  shape with values in {0, 1} (floating, integer or bool labels: the shapes decide the layout,
+  as in the metrics' negative log-likelihood); ``p = sigmoid(logits)`` is the probability of
   the label 1. A binary head of shape ``(N, 1, *)`` (``C = 1``) is binary too, with a
   target of shape ``(N, 1, *)`` or ``(N, *)``: the same numbers as ``logits.squeeze(1)``
   (``'none'`` returns the target's shape).
@@ -24,7 +25,7 @@ Layouts (decided by shapes, dtypes and the explicit ``multilabel`` flag, never b
   class ``c``'s term, ``'mean'`` divides by the number of items (not by the weights),
   ``ignore_index`` does not apply; every logit must be finite (no ``-inf`` masks).
 * **multi-label** (independent sigmoids over the classes) only with ``multilabel=True``:
-  ``target`` of the logits' shape with 0/1 floats, scored like the binary layout per
+  ``target`` of the logits' shape with 0/1 labels, scored like the binary layout per
   element. It is never guessed from a float target.
 
 ``weight``, ``ignore_index`` and ``reduction`` follow ``torch.nn.functional.cross_entropy``
@@ -53,276 +54,52 @@ are computed in their own precision.
 
 from __future__ import annotations
 
-import contextlib
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torchcal.functional._layouts import (
+    Prepared,
+    autocast_off,
+    binary_brier,
+    check_rows,
+    fused_multiclass,
+    log_score_items,
+    prepare,
+    soft_expected,
+)
 from torchcal.functional._validation import (
-    check_binary_target,
-    check_class_target,
     check_finite,
-    check_floating,
-    check_nonempty,
-    check_probabilities,
-    check_reduction,
-    check_tensor,
-    first_bad_position,
+    check_label_smoothing,
     reduce,
     values_checked,
 )
 
 __all__ = [
+    "binary_nll",
     "log_score",
     "brier_score",
     "spherical_score",
     "ranked_probability_score",
 ]
 
-_HALF = (torch.float16, torch.bfloat16)
-_NEG_INF = float("-inf")
+def binary_nll(t: Tensor, y: Tensor) -> Tensor:
+    """Exact per-element binary log score of logits ``t``: ``softplus(t) - y t``.
 
+    Written ``relu(t) + log1p(exp(-|t|)) - y t`` (an exact softplus: no switch to the
+    identity at ``t = 20`` as ``F.softplus``), in the dtype of ``t`` (pass float64 for the
+    solvers), without validation: a kernel for fitting code that has checked its inputs.
 
-class _Prepared(NamedTuple):
-    binary: bool
-    logits: Tensor  # in the compute dtype (a (N, 1, *) binary head squeezed to the target)
-    target: Tensor  # binary: 0/1 floats; multiclass: long indices (ignored items -> 0)
-    used: Tensor  # bool, shape of target: False where target == ignore_index
-    weight: Tensor | None  # per-item weight w_i (0 where ignored), compute dtype; None: soft
-    soft: Tensor | None = None  # class-probability target (N, C, *), compute dtype
-    class_weight: Tensor | None = None  # soft targets only: (C,) weights or None
-
-
-def _check_multilabel(multilabel: bool) -> bool:
-    if not isinstance(multilabel, bool):
-        raise TypeError(f"multilabel: expected a bool, got {type(multilabel).__name__}")
-    return multilabel
-
-
-def _prepare(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
-             reduction: str, multilabel: bool = False) -> _Prepared:
-    """Validate the common arguments and bring them into one canonical form."""
-    check_tensor("logits", logits)
-    check_tensor("target", target)
-    check_reduction(reduction)
-    _check_ignore_index(ignore_index)
-    _check_multilabel(multilabel)
-    check_floating("logits", logits)
-    check_nonempty("logits", logits)
-    dtype = torch.float32 if logits.dtype in _HALF else logits.dtype
-    if weight is not None:
-        check_floating("weight", weight)
-    class_shape = logits.shape[:1] + logits.shape[2:]
-    has_classes = logits.dim() >= 2
-    if has_classes and logits.shape[1] == 1 and not multilabel:
-        # a binary head (N, 1, *): binary with a target of shape (N, 1, *) or (N, *)
-        if target.shape in (logits.shape, class_shape):
-            return _prepare_binary(logits.reshape(target.shape), target, weight,
-                                   ignore_index, dtype)
-    elif target.shape == logits.shape:
-        if multilabel or not has_classes:
-            return _prepare_binary(logits, target, weight, ignore_index, dtype)
-        return _prepare_soft(logits, target, weight, dtype)
-    elif has_classes and target.shape == class_shape:
-        if multilabel:
-            raise ValueError(f"target: multilabel=True expects 0/1 float labels of the logits' "
-                             f"shape {tuple(logits.shape)}, got {tuple(target.shape)}")
-        return _prepare_multiclass(logits, target, weight, ignore_index, dtype)
-    if not has_classes:
-        expected = f"{tuple(logits.shape)} (binary labels)"
-    elif logits.shape[1] == 1:
-        expected = (f"{tuple(logits.shape)} or {tuple(class_shape)} (binary labels for a "
-                    f"binary head (N, 1, *))")
-    elif multilabel:
-        expected = f"{tuple(logits.shape)} (multi-label 0/1 floats)"
-    else:
-        expected = (f"{tuple(class_shape)} (class indices) or {tuple(logits.shape)} "
-                    f"(class probabilities) for logits (N, C, *)")
-    raise ValueError(f"target: expected shape {expected}, got {tuple(target.shape)}")
-
-
-def _prepare_soft(logits: Tensor, target: Tensor, weight: Tensor | None,
-                  dtype: torch.dtype) -> _Prepared:
-    """Class-probability targets of the logits' shape, as ``F.cross_entropy`` reads them."""
-    num_classes = logits.shape[1]
-    if not target.is_floating_point():
-        raise ValueError(f"target: expected class indices of shape "
-                         f"{tuple(logits.shape[:1] + logits.shape[2:])} or floating class "
-                         f"probabilities of the logits' shape, got dtype {target.dtype} of the "
-                         f"logits' shape {tuple(target.shape)}; for independent sigmoids "
-                         f"pass multilabel=True and 0/1 floats")
-    check_class_probabilities("target", target)
-    check_finite("logits", logits)
-    if weight is not None:
-        if weight.shape != (num_classes,):
-            raise ValueError(f"weight: expected a 1-d tensor of {num_classes} class weights, "
-                             f"got shape {tuple(weight.shape)}")
-        _check_weight_values(weight)
-        weight = weight.to(device=logits.device, dtype=dtype)
-    shape = logits.shape[:1] + logits.shape[2:]
-    index = torch.zeros(shape, dtype=torch.long, device=logits.device)
-    used = torch.ones(shape, dtype=torch.bool, device=logits.device)
-    return _Prepared(False, logits.to(dtype), index, used, None,
-                     target.to(device=logits.device, dtype=dtype), weight)
-
-
-def check_class_probabilities(name: str, target: Tensor) -> None:
-    """``target`` ``(N, C, *)``: values in [0, 1], sums over dim 1 equal to 1 within
-    ``max(1e-4, C * eps(target.dtype))`` (computed in float64)."""
-    check_probabilities(name, target)
-    if not values_checked():
-        return
-    num_classes = target.shape[1]
-    tol = max(1e-4, num_classes * torch.finfo(target.dtype).eps)
-    total = target.sum(dim=1, dtype=torch.float64)
-    bad = (total - 1.0).abs() > tol
-    if bool(bad.any()):
-        pos = first_bad_position(bad)
-        val = float(total.reshape(-1)[int(torch.nonzero(bad.reshape(-1))[0, 0])])
-        raise ValueError(f"{name}: expected class probabilities whose sum over dim 1 is 1 "
-                         f"(tolerance {tol:.3g}), got {val!r} at item {pos}; for independent "
-                         f"sigmoids (multi-label) pass multilabel=True")
-
-
-def _soft_expected(prep: _Prepared, per_class: Tensor, reduction: str) -> Tensor:
-    """``sum_c w_c q_c S(p, c)`` from the ``(N, C, *)`` per-class scores, then reduced as
-    ``F.cross_entropy`` does for probability targets (``'mean'`` divides by the items)."""
-    wq = prep.soft
-    if prep.class_weight is not None:
-        shape = [1, -1] + [1] * (wq.dim() - 2)
-        wq = wq * prep.class_weight.reshape(shape)
-    return reduce((wq * per_class).sum(dim=1), reduction)
-
-
-def _prepare_binary(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
-                    dtype: torch.dtype) -> _Prepared:
-    if not target.is_floating_point():
-        raise ValueError(f"target: expected floating-point labels in {{0, 1}} for binary logits "
-                         f"of the same shape, got dtype {target.dtype}; for multiclass pass "
-                         f"logits (N, C, *) and class indices (N, *)")
-    check_binary_target("target", target, ignore_index=ignore_index)
-    check_finite("logits", logits)
-    used = target != ignore_index
-    y = torch.where(used, target, 0).to(dtype)
-    w = used.to(dtype)
-    if weight is not None:
-        try:
-            shape = torch.broadcast_shapes(weight.shape, target.shape)
-        except RuntimeError:
-            shape = None
-        if shape != target.shape:
-            raise ValueError(f"weight: expected a tensor broadcastable to the target's shape "
-                             f"{tuple(target.shape)}, got {tuple(weight.shape)}")
-        _check_weight_values(weight)
-        w = w * weight.to(device=logits.device, dtype=dtype)
-    return _Prepared(True, logits.to(dtype), y, used, w)
-
-
-def _prepare_multiclass(logits: Tensor, target: Tensor, weight: Tensor | None,
-                        ignore_index: int, dtype: torch.dtype) -> _Prepared:
-    num_classes = logits.shape[1]
-    if num_classes < 2:
-        raise ValueError(f"logits: expected at least 2 classes along dim 1, got shape "
-                         f"{tuple(logits.shape)}; for a binary model pass logits of the "
-                         f"target's shape (e.g. logits.squeeze(1)) and 0/1 float targets")
-    check_class_target("target", target, num_classes, ignore_index=ignore_index)
-    used = target != ignore_index
-    t = torch.where(used, target, 0).long()
-    if weight is None:
-        w = used.to(dtype)
-    else:
-        if weight.shape != (num_classes,):
-            raise ValueError(f"weight: expected a 1-d tensor of {num_classes} class weights, "
-                             f"got shape {tuple(weight.shape)}")
-        _check_weight_values(weight)
-        w = weight.to(device=logits.device, dtype=dtype)[t] * used
-    return _Prepared(False, logits.to(dtype), t, used, w)
-
-
-def _check_ignore_index(ignore_index: int) -> int:
-    """``ignore_index`` must be a Python int (as in ``F.cross_entropy``)."""
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index: expected an int, got {type(ignore_index).__name__}")
-    return ignore_index
-
-
-def _check_weight_values(weight: Tensor) -> None:
-    check_finite("weight", weight)
-    if values_checked() and bool((weight < 0).any()):
-        raise ValueError(f"weight: expected non-negative values, got a negative value at "
-                         f"position {first_bad_position(weight < 0)}")
-
-
-def _autocast_off(x: Tensor) -> contextlib.AbstractContextManager:
-    device = x.device.type
-    if torch.is_autocast_enabled(device):
-        return torch.autocast(device_type=device, enabled=False)
-    return contextlib.nullcontext()
-
-
-def _check_rows(prep: _Prepared, row_ok: Tensor, true_logit: Tensor | None) -> None:
-    """O(N) value check of the multiclass logits.
-
-    ``row_ok`` (shape of target) must be finite for every item whose logits are free of
-    NaN/+inf and hold a finite entry (whatever the target); ``true_logit`` is the logit
-    of the (safe) target class, which must not be ``-inf`` on used items.
+    Example:
+        >>> import torch
+        >>> [round(v, 4) for v in binary_nll(torch.tensor([0.0, 2.0]),
+        ...                                  torch.tensor([1.0, 0.0])).tolist()]
+        [0.6931, 2.1269]
     """
-    if not values_checked():
-        return
-    bad = ~torch.isfinite(row_ok)
-    if true_logit is not None:
-        bad = bad | ((true_logit == _NEG_INF) & prep.used)
-    if bool(bad.any()):
-        _diagnose(prep, bad)
-
-
-def _diagnose(prep: _Prepared, flagged: Tensor) -> None:
-    """Slow path, only after a failed O(N) check: name the offending logit, then raise."""
-    logits = prep.logits
-    check_finite("logits", logits, allow_neg_inf=True)
-    no_finite = ~torch.isfinite(logits).any(dim=1)
-    if bool(no_finite.any()):
-        raise ValueError(f"logits: expected at least one finite logit per item (-inf may only "
-                         f"mask classes), item {first_bad_position(no_finite)} is all -inf")
-    true_logit = logits.gather(1, prep.target.unsqueeze(1)).squeeze(1)
-    masked_true = (true_logit == _NEG_INF) & prep.used
-    if bool(masked_true.any()):
-        raise ValueError(f"logits: the true class has logit -inf at item "
-                         f"{first_bad_position(masked_true)}; -inf may only mask classes "
-                         f"other than the target")
-    raise ValueError(f"logits: the score is not finite at item {first_bad_position(flagged)}: "
-                     f"logits too large in magnitude for {logits.dtype}")
-
-
-def _fused_multiclass(fn: type[torch.autograd.Function], prep: _Prepared,
-                      reduction: str) -> Tensor:
-    """Per-item scores of a fused softmax rule ``fn(logits, index)``, checked and reduced."""
-    z = prep.logits
-    index = prep.target.unsqueeze(1)
-    score = fn.apply(z, index)
-    if values_checked():
-        _check_rows(prep, score.detach(), z.detach().gather(1, index).squeeze(1))
-    return reduce(score, reduction, prep.weight)
-
-
-def _binary_brier(prep: _Prepared) -> Tensor:
-    """``(sigmoid(z) - y)^2`` as ``sigmoid((1 - 2y) z)^2``: no cancellation when p is near y."""
-    return torch.sigmoid((1.0 - 2.0 * prep.target) * prep.logits).square()
+    return torch.relu(t) + torch.log1p(torch.exp(-t.abs())) - y * t
 
 
 # --------------------------------------------------------------------------- log score
-
-
-def _check_label_smoothing(label_smoothing: float) -> float:
-    """``label_smoothing`` must be a number in [0, 1)."""
-    if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
-        raise TypeError(f"label_smoothing: expected a number, got "
-                        f"{type(label_smoothing).__name__}")
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing: expected a number in [0, 1), got {label_smoothing!r}")
-    return float(label_smoothing)
 
 
 def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
@@ -337,7 +114,13 @@ def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
     ``-[y log sigmoid(z) + (1 - y) log sigmoid(-z)]`` via
     ``F.binary_cross_entropy_with_logits``; equals ``scoringrules.log_score``. Never
     computed as ``log(softmax)``. See the module docstring for layouts, weights,
-    ignored items and validation.
+    ignored items and validation. The per-item kernel is
+    :func:`torchcal.functional._layouts.log_score_items`, shared with the metrics'
+    :func:`~torchcal.functional.calibration.negative_log_likelihood` (which checks
+    ``preds``/``input`` and allows ``-inf`` masks with class-probability targets); a
+    class-probability target here goes through ``F.cross_entropy`` itself, whose
+    ``weight``/``'mean'`` semantics (and numbers) this function promises, so every logit
+    must then be finite.
 
     ``label_smoothing = eps`` in [0, 1) (multiclass only) is passed through to
     ``F.cross_entropy``: the target becomes ``(1 - eps) e_y + eps / C`` (Szegedy et al.
@@ -359,22 +142,20 @@ def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
         ...                 reduction="sum").item(), 4)
         0.7417
     """
-    label_smoothing = _check_label_smoothing(label_smoothing)
-    prep = _prepare(logits, target, weight, ignore_index, reduction, multilabel)
-    if prep.soft is not None:
-        with _autocast_off(prep.logits):
+    label_smoothing = check_label_smoothing(label_smoothing)
+    prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
+    if prep.soft is not None:  # F.cross_entropy itself: its weight/'mean' semantics, bit for bit
+        with autocast_off(prep.logits):
             return F.cross_entropy(prep.logits, prep.soft, weight=prep.class_weight,
                                    reduction=reduction, label_smoothing=label_smoothing)
     if label_smoothing > 0:
         return _smoothed_log_score(prep, weight, reduction, label_smoothing)
-    with _autocast_off(prep.logits):
-        if prep.binary:
-            score = F.binary_cross_entropy_with_logits(prep.logits, prep.target,
-                                                       reduction="none")
+    with autocast_off(prep.logits):
+        if prep.binary:  # the weights zero the ignored items
+            score = log_score_items(prep.logits, prep.target, "binary")
             return reduce(score, reduction, prep.weight)
         # Unweighted per-item scores, 0 (and zero gradient) on ignored items.
-        score = F.cross_entropy(prep.logits, torch.where(prep.used, prep.target, -100),
-                                ignore_index=-100, reduction="none")
+        score = log_score_items(prep.logits, prep.target, "indices", used=prep.used)
         if values_checked():
             # A NaN/+inf logit or an all -inf row makes the item's score non-finite; the
             # ignored items (score 0 here) get their log-normaliser checked separately.
@@ -385,11 +166,11 @@ def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
                 lse = torch.zeros_like(row_ok)
                 lse[ignored] = torch.logsumexp(rows, dim=-1)
                 row_ok = row_ok + lse
-            _check_rows(prep, row_ok, None)
+            check_rows(prep, row_ok, None)
         return reduce(score, reduction, prep.weight)
 
 
-def _smoothed_log_score(prep: _Prepared, weight: Tensor | None, reduction: str,
+def _smoothed_log_score(prep: Prepared, weight: Tensor | None, reduction: str,
                         label_smoothing: float) -> Tensor:
     """Label-smoothed multiclass log score: ``F.cross_entropy`` on the validated inputs."""
     if prep.binary:
@@ -399,7 +180,7 @@ def _smoothed_log_score(prep: _Prepared, weight: Tensor | None, reduction: str,
     check_finite("logits", prep.logits)
     if weight is not None:
         weight = weight.to(device=prep.logits.device, dtype=prep.logits.dtype)
-    with _autocast_off(prep.logits):
+    with autocast_off(prep.logits):
         return F.cross_entropy(prep.logits, torch.where(prep.used, prep.target, -100),
                                weight=weight, ignore_index=-100, reduction=reduction,
                                label_smoothing=label_smoothing)
@@ -470,17 +251,17 @@ def brier_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
         >>> brier_score(torch.tensor([0.0]), torch.tensor([1.0])).item()
         0.25
     """
-    prep = _prepare(logits, target, weight, ignore_index, reduction, multilabel)
-    with _autocast_off(prep.logits):
+    prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
+    with autocast_off(prep.logits):
         if prep.binary:
-            return reduce(_binary_brier(prep), reduction, prep.weight)
+            return reduce(binary_brier(prep), reduction, prep.weight)
         if prep.soft is not None:
             # ||p - e_c||^2 = (1 - p_c)^2 + (||p||^2 - p_c^2): two non-negative terms
             p = torch.softmax(prep.logits, dim=1)
             sq = p.square()
             per_class = (1.0 - p).square() + (sq.sum(dim=1, keepdim=True) - sq)
-            return _soft_expected(prep, per_class, reduction)
-        return _fused_multiclass(_SoftmaxBrier, prep, reduction)
+            return soft_expected(prep, per_class, reduction)
+        return fused_multiclass(_SoftmaxBrier, prep, reduction)
 
 
 # --------------------------------------------------------------------------- spherical
@@ -538,18 +319,18 @@ def spherical_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = N
         >>> round(spherical_score(torch.tensor([0.0]), torch.tensor([1.0])).item(), 4)
         0.2929
     """
-    prep = _prepare(logits, target, weight, ignore_index, reduction, multilabel)
+    prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
     z = prep.logits
-    with _autocast_off(z):
+    with autocast_off(z):
         if prep.soft is not None:
             p = torch.softmax(z, dim=1)
             per_class = 1.0 - p / torch.linalg.vector_norm(p, dim=1, keepdim=True)
-            return _soft_expected(prep, per_class, reduction)
+            return soft_expected(prep, per_class, reduction)
         if prep.binary:
             half_norm = 0.5 * torch.logaddexp(torch.zeros_like(z), 2.0 * z)
             score = -torch.expm1(prep.target * z - half_norm)
             return reduce(score, reduction, prep.weight)
-        return _fused_multiclass(_SoftmaxSpherical, prep, reduction)
+        return fused_multiclass(_SoftmaxSpherical, prep, reduction)
 
 
 # --------------------------------------------------------------------------- RPS
@@ -603,7 +384,7 @@ def _suffix_after(x: Tensor) -> Tensor:
     return inclusive.narrow(1, 1, x.shape[1] - 1)
 
 
-def _soft_rps(prep: _Prepared) -> Tensor:
+def _soft_rps(prep: Prepared) -> Tensor:
     """Expected RPS ``sum_c w_c q_c RPS(p, c)`` per item.
 
     With ``P_k`` / ``Pbar_k`` the forecast mass at or below / above ``k`` and ``B_k`` /
@@ -644,10 +425,11 @@ def ranked_probability_score(logits: Tensor, target: Tensor, *, weight: Tensor |
         >>> round(ranked_probability_score(logits, torch.tensor([2])).item(), 4)
         0.26
     """
-    prep = _prepare(logits, target, weight, ignore_index, reduction, multilabel)
-    with _autocast_off(prep.logits):
+    prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
+    with autocast_off(prep.logits):
         if prep.binary:
-            return reduce(_binary_brier(prep), reduction, prep.weight)
+            return reduce(binary_brier(prep), reduction, prep.weight)
         if prep.soft is not None:
             return reduce(_soft_rps(prep), reduction)
-        return _fused_multiclass(_SoftmaxRPS, prep, reduction)
+        return fused_multiclass(_SoftmaxRPS, prep, reduction)
+

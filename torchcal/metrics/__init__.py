@@ -4,6 +4,7 @@ from torchcal.metrics.calibration import (
     BrierDecomposition,
     CalibrationError,
     ClasswiseCalibrationError,
+    MetricStatistics,
     NegativeLogLikelihood,
     ReliabilityDiagram,
 )
@@ -12,6 +13,7 @@ __all__ = [
     "BrierDecomposition",
     "CalibrationError",
     "ClasswiseCalibrationError",
+    "MetricStatistics",
     "NegativeLogLikelihood",
     "ReliabilityDiagram",
 ]

@@ -29,199 +29,31 @@ configuration before the states (one small collective per sync). A state ``dict`
 
 from __future__ import annotations
 
-import warnings
-import zlib
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
-from torchmetrics.utilities.distributed import gather_all_tensors
 
 from torchcal.functional import calibration as C
-from torchcal.functional._validation import check_int, check_option, validation_enabled
+from torchcal.functional._validation import (
+    check_int,
+    check_option,
+)
+from torchcal.metrics._base import BinnedMetric, MetricStatistics
+from torchcal.metrics.nll import NegativeLogLikelihood
 from torchcal.report import GroupedResult, ReliabilityTable
 
 __all__ = [
     "BrierDecomposition",
     "CalibrationError",
     "ClasswiseCalibrationError",
+    "MetricStatistics",
     "NegativeLogLikelihood",
     "ReliabilityDiagram",
 ]
 
-_STAT_NAMES = ("count", "sum_conf", "sum_acc", "sum_conf2", "sum_conf_acc")
 
-
-class _PooledPlot(Metric):
-    """``plot()`` of torchmetrics for scalar (or dict) results; the pooled value for groups.
-
-    Also the shared guards: configuration checks in ``merge_state`` and the DDP sync,
-    float64 states kept under dtype conversions, the one-time probabilities warning.
-    """
-
-    #: attributes whose values change what the states or the result mean
-    _CONFIG: tuple[str, ...] = ()
-
-    def _config(self) -> dict[str, Any]:
-        return {"class": type(self).__name__,
-                **{k: getattr(self, k, None) for k in self._CONFIG}}
-
-    def _fingerprint(self) -> int:
-        return zlib.crc32(repr(sorted(self._config().items())).encode())
-
-    def merge_state(self, incoming_state: dict[str, Any] | Metric) -> None:
-        """Add another metric's states (or a state dict) to this one's; ``ValueError``
-        naming ``other`` when the configurations (or a dict's shapes/dtypes) differ."""
-        if isinstance(incoming_state, Metric):
-            if not isinstance(incoming_state, _PooledPlot):
-                raise ValueError(f"other: expected a {type(self).__name__}, got "
-                                 f"{type(incoming_state).__name__}")
-            mine, theirs = self._config(), incoming_state._config()
-            diff = [f"{k}={mine[k]!r} here, {theirs.get(k)!r} there" for k in mine
-                    if mine[k] != theirs.get(k)]
-            if diff:
-                raise ValueError(f"other: cannot merge metrics of different configurations: "
-                                 f"{'; '.join(diff)}")
-        elif isinstance(incoming_state, dict):
-            for name in self._defaults:
-                mine, theirs = getattr(self, name), incoming_state.get(name)
-                if isinstance(mine, Tensor) and isinstance(theirs, Tensor) and (
-                        theirs.shape != mine.shape or theirs.dtype != mine.dtype):
-                    raise ValueError(f"other: state {name!r} has shape {tuple(theirs.shape)} "
-                                     f"and dtype {theirs.dtype}, expected "
-                                     f"{tuple(mine.shape)} and {mine.dtype}")
-        super().merge_state(incoming_state)
-
-    def _sync_dist(self, dist_sync_fn: Callable | None = None,
-                   process_group: Any | None = None) -> None:
-        fn = dist_sync_fn or gather_all_tensors
-        group = process_group or self.process_group
-        mine = torch.tensor([self._fingerprint()], dtype=torch.int64, device=self.device)
-        ranks = [r for r, fp in enumerate(fn(mine, group=group)) if int(fp) != int(mine)]
-        if ranks:
-            raise ValueError(f"other: rank(s) {ranks} built {type(self).__name__} with a "
-                             f"different configuration than this rank ({self._config()}); "
-                             f"every rank must use the same settings")
-        # a rank that never updated holds [] for a 'cat' state; torchmetrics would send an
-        # empty tensor of the metric's default dtype, which does not match the others'
-        for name, dtype in self._cat_dtypes().items():
-            if isinstance(getattr(self, name), list) and len(getattr(self, name)) == 0:
-                setattr(self, name, [torch.zeros(0, dtype=dtype, device=self.device)])
-        super()._sync_dist(fn, process_group=process_group)
-
-    def _cat_dtypes(self) -> dict[str, torch.dtype]:
-        return {}
-
-    def _apply(self, fn: Callable, exclude_state: Any = "") -> torch.nn.Module:
-        def keep_dtype(t: Tensor) -> Tensor:
-            out = fn(t)  # a dtype change is undone from the original: no rounding trip
-            return out if out.dtype == t.dtype else t.to(device=out.device)
-
-        return super()._apply(keep_dtype, exclude_state)
-
-    def _warn_probs_once(self, looks_like_probs: bool, stacklevel: int = 5) -> None:
-        if looks_like_probs and not getattr(self, "_warned_probs", False):
-            self._warned_probs = True
-            warnings.warn(C.PROBS_AS_LOGITS, UserWarning, stacklevel=stacklevel)
-
-    def plot(self, val: Any = None, ax: Any = None) -> Any:
-        """Plot the value(s) with torchmetrics' plot (the pooled value(s) for groups);
-        returns ``(figure, axis)``."""
-        val = self.compute() if val is None else val
-        if isinstance(val, GroupedResult):
-            val = val.pooled
-        return self._plot(val, ax)
-
-
-class _BinnedMetric(_PooledPlot):
-    """Shared state handling: ``(G, K, B)`` binned statistics (+ optional fine histogram,
-    kept samples, bootstrap replicates)."""
-
-    full_state_update = False
-    is_differentiable = False
-    higher_is_better = False
-    plot_lower_bound = 0.0
-
-    _CONFIG = ("n_bins", "reading", "input", "num_classes", "num_groups")
-
-    def __init__(self, n_bins: int = 15, *, reading: str = "confidence",
-                 input: str = "logits", num_classes: int | None = None,
-                 num_groups: int | None = None, validate_args: bool = True,
-                 ignore_index: int | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        C._check_ignore_index(ignore_index)
-        self.ignore_index = ignore_index
-        self.n_bins = check_int("n_bins", n_bins, minimum=1)
-        check_option("reading", reading, C.READINGS)
-        check_option("input", input, C.INPUTS)
-        self.reading = reading
-        self.input = input
-        if reading in ("top_label", "classwise"):
-            if num_classes is None:
-                raise ValueError(f"num_classes: expected the number of classes for "
-                                 f"reading={reading!r} (the state is classes x bins), got None")
-            check_int("num_classes", num_classes, minimum=2)
-        elif num_classes is not None:
-            check_int("num_classes", num_classes, minimum=1)
-        self.num_classes = num_classes
-        self.num_groups = None if num_groups is None else check_int("num_groups", num_groups,
-                                                                    minimum=1)
-        self.validate_args = bool(validate_args)
-        self._G = num_groups or 1
-        self._K = num_classes if reading in ("top_label", "classwise") else 1
-        self._add_stats("", self.n_bins)
-        self.add_state("group_count", torch.zeros(self._G, dtype=torch.int64),
-                       dist_reduce_fx="sum")
-
-    def _add_stats(self, prefix: str, bins: int) -> None:
-        shape = (self._G, self._K, bins)
-        for name in _STAT_NAMES:
-            dtype = torch.int64 if name == "count" else torch.float64
-            self.add_state(prefix + name, torch.zeros(shape, dtype=dtype), dist_reduce_fx="sum")
-
-    def _stats(self, prefix: str = "") -> C.BinnedStats:
-        return C.BinnedStats(*(getattr(self, prefix + n) for n in _STAT_NAMES))
-
-    def _add_to(self, prefix: str, s: C.BinnedStats) -> None:
-        for name, t in zip(_STAT_NAMES, (s.count, s.conf, s.acc, s.conf2, s.conf_acc)):
-            getattr(self, prefix + name).add_(t)
-
-    def _prepare(self, preds: Tensor, target: Tensor, groups: Tensor | None) -> C.PreparedInputs:
-        if self.num_groups is not None and groups is None:
-            raise ValueError(f"groups: expected a group id per sample (the metric was built "
-                             f"with num_groups={self.num_groups}), got None")
-        if self.num_groups is None and groups is not None:
-            raise ValueError("groups: pass num_groups= to the metric's constructor to get "
-                             "per-group results (the state size must be fixed up front)")
-        with validation_enabled(self.validate_args):
-            prep = C.prepare_inputs(preds, target, reading=self.reading, input=self.input,
-                                    num_classes=self.num_classes, groups=groups,
-                                    num_groups=self.num_groups, ignore_index=self.ignore_index)
-        self._warn_probs_once(prep.looks_like_probs)
-        return prep
-
-    def _update_binned(self, prep: C.PreparedInputs) -> None:
-        self._add_to("", C.accumulate(prep, self.n_bins))
-        self.group_count.add_(prep.group_counts.to(self.group_count.device))
-
-    def _check_seen(self) -> None:
-        if int(self.group_count.sum()) == 0:
-            raise RuntimeError(f"{type(self).__name__}.compute(): no samples seen; call "
-                               f"update() with at least one sample first")
-
-    def _grouped(self, fn: Any, fine: C.BinnedStats | None = None,
-                 samples: C.CalibrationSamples | None = None) -> Any:
-        """``fn(stats (K, B), fine, samples)`` pooled, or a GroupedResult."""
-        self._check_seen()
-        stats = self._stats()
-        if self.num_groups is None:
-            return fn(stats.pooled(), None if fine is None else fine.pooled(), samples)
-        return C._per_group(fn, stats, fine, samples, self.group_count)
-
-
-class CalibrationError(_BinnedMetric):
+class CalibrationError(BinnedMetric):
     """Streaming calibration error (ECE / RMSCE / MCE and friends) in O(bins) state.
 
     Args:
@@ -274,7 +106,7 @@ class CalibrationError(_BinnedMetric):
         super().__init__(n_bins, reading=reading, input=input, num_classes=num_classes,
                          num_groups=num_groups, validate_args=validate_args,
                          ignore_index=ignore_index, **kwargs)
-        C._check_estimator(estimator, norm, reading)
+        C.check_estimator(estimator, norm, reading)
         self.norm = norm
         self.estimator = estimator
         self.sigma = sigma
@@ -289,7 +121,7 @@ class CalibrationError(_BinnedMetric):
             self.add_state("sample_outcome", [], dist_reduce_fx="cat")
             self.add_state("sample_group", [], dist_reduce_fx="cat")
         self.bootstrap = check_int("bootstrap", bootstrap, minimum=0)
-        C._z(level)
+        C.z_of_level(level)
         self.level = float(level)
         self.seed = int(seed)
         self._generator: torch.Generator | None = None
@@ -299,7 +131,7 @@ class CalibrationError(_BinnedMetric):
                 self.add_state(name, torch.zeros(self.bootstrap, cells, dtype=torch.float64),
                                dist_reduce_fx="sum")
 
-    _CONFIG = _BinnedMetric._CONFIG + ("norm", "estimator", "exact", "fine_bins", "sigma",
+    _CONFIG = BinnedMetric._CONFIG + ("norm", "estimator", "exact", "fine_bins", "sigma",
                                        "bootstrap", "level")
 
     def _cat_dtypes(self) -> dict[str, torch.dtype]:
@@ -315,7 +147,7 @@ class CalibrationError(_BinnedMetric):
         if self._fine:
             self._add_to("fine_", C.accumulate(prep, self.fine_bins))
         if self._keep:
-            s = C._samples_from(prep)
+            s = C.samples_from(prep)
             self.sample_conf.append(s.conf)
             self.sample_outcome.append(s.outcome)
             self.sample_group.append(s.group)
@@ -348,12 +180,12 @@ class CalibrationError(_BinnedMetric):
         fine = self._stats("fine_") if self._fine else None
 
         def fn(s: C.BinnedStats, f: Any, smp: Any) -> Tensor:
-            return C._estimate(self.estimator, stats=s, fine=f, samples=smp,
+            return C.estimate(self.estimator, stats=s, fine=f, samples=smp,
                                n_bins=self.n_bins, norm=self.norm, reading=self.reading,
                                sigma=self.sigma)
 
         res = self._grouped(fn, fine, self._samples())
-        return res if self.num_groups is None else C._stack_scalars(res)
+        return res if self.num_groups is None else C.stack_scalars(res)
 
     def compute_interval(self) -> tuple[Tensor, Tensor]:
         """Percentile bootstrap interval ``(low, high)`` of the pooled L1 equal-width ECE at
@@ -372,7 +204,7 @@ class CalibrationError(_BinnedMetric):
                                               level=self.level)
 
 
-class ClasswiseCalibrationError(_BinnedMetric):
+class ClasswiseCalibrationError(BinnedMetric):
     """Classwise (one-vs-rest) calibration error (Kull et al. 2019), state ``G x C x B``.
 
     The per-class errors ``e_k`` are aggregated by the power mean of the norm, as the
@@ -404,11 +236,11 @@ class ClasswiseCalibrationError(_BinnedMetric):
         super().__init__(n_bins, reading="classwise", input=input, num_classes=num_classes,
                          num_groups=num_groups, validate_args=validate_args,
                          ignore_index=ignore_index, **kwargs)
-        C._check_estimator(estimator, norm, "classwise", allowed=("binned", "debiased"))
+        C.check_estimator(estimator, norm, "classwise", allowed=("binned", "debiased"))
         self.norm = norm
         self.estimator = estimator
 
-    _CONFIG = _BinnedMetric._CONFIG + ("norm", "estimator")
+    _CONFIG = BinnedMetric._CONFIG + ("norm", "estimator")
 
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
         """Accumulate a batch: ``preds`` ``(N, C, *)``, ``target`` ``(N, *)``."""
@@ -416,7 +248,7 @@ class ClasswiseCalibrationError(_BinnedMetric):
 
     def _per_class(self, s: C.BinnedStats) -> Tensor:
         # each class as its own 'confidence' table: (K, B) -> (K, 1, B)
-        s1 = s._map(lambda t: t.unsqueeze(-2))
+        s1 = s.map(lambda t: t.unsqueeze(-2))
         if self.estimator == "debiased":
             return C.debiased_calibration_error_from_stats(s1, reading="binary")
         return C.calibration_error_from_stats(s1, norm=self.norm, reading="binary")
@@ -424,8 +256,8 @@ class ClasswiseCalibrationError(_BinnedMetric):
     def compute(self) -> Tensor | GroupedResult:
         """Power mean over classes of the one-vs-rest errors, or a GroupedResult."""
         norm = "l2" if self.estimator == "debiased" else self.norm
-        res = self._grouped(lambda s, f, smp: C._class_mean(self._per_class(s), norm))
-        return res if self.num_groups is None else C._stack_scalars(res)
+        res = self._grouped(lambda s, f, smp: C.class_mean(self._per_class(s), norm))
+        return res if self.num_groups is None else C.stack_scalars(res)
 
     def compute_per_class(self) -> Tensor:
         """Pooled one-vs-rest error of each class, ``(C,)`` (synchronises like ``compute``)."""
@@ -434,7 +266,7 @@ class ClasswiseCalibrationError(_BinnedMetric):
             return self._per_class(self._stats().pooled())
 
 
-class ReliabilityDiagram(_BinnedMetric):
+class ReliabilityDiagram(BinnedMetric):
     """Streaming reliability table: ``compute()`` returns a
     :class:`~torchcal.report.ReliabilityTable` (or a GroupedResult of tables).
 
@@ -465,11 +297,11 @@ class ReliabilityDiagram(_BinnedMetric):
                          num_groups=num_groups, validate_args=validate_args,
                          ignore_index=ignore_index, **kwargs)
         check_option("interval", interval, C.INTERVALS)
-        C._z(level)
+        C.z_of_level(level)
         self.interval = interval
         self.level = float(level)
 
-    _CONFIG = _BinnedMetric._CONFIG + ("interval", "level")
+    _CONFIG = BinnedMetric._CONFIG + ("interval", "level")
 
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
         """Accumulate a batch (shapes as :func:`~torchcal.functional.reliability_table`)."""
@@ -490,7 +322,7 @@ class ReliabilityDiagram(_BinnedMetric):
         return axis.figure, axis
 
 
-class BrierDecomposition(_BinnedMetric):
+class BrierDecomposition(BinnedMetric):
     """Streaming Brier score with its exact binned Murphy decomposition.
 
     ``compute()`` returns a dict of float64 scalars ``brier``, ``reliability``,
@@ -527,91 +359,3 @@ class BrierDecomposition(_BinnedMetric):
             return pooled
         per = C.brier_decomposition_from_stats(stats, reading=self.reading)
         return GroupedResult(pooled, per, self.group_count.cpu())
-
-
-class NegativeLogLikelihood(_PooledPlot):
-    """Streaming mean negative log-likelihood (log score) with float64 sum states.
-
-    Layouts as :func:`~torchcal.functional.calibration.nll_items`: binary when ``target``
-    has the shape of 1-d ``preds`` (or a ``(N, 1)`` head), class indices ``(N, *)`` for
-    ``(N, C, *)`` scores, float class probabilities of the shape of ``preds`` (as
-    ``F.cross_entropy``), independent sigmoids only with ``multilabel=True``. The link runs
-    in float64, so streaming equals one call to float64 rounding.
-
-    Args:
-        input: ``"logits"`` or ``"probs"``.
-        num_groups: per-group means (``update`` then needs ``groups`` of ``target``'s shape).
-        validate_args: run the value checks in ``update``.
-        ignore_index: a target value whose items are not counted.
-        multilabel: score a target of the shape of ``(N, C)`` logits as independent 0/1
-            labels.
-
-    Example:
-        >>> import torch
-        >>> from torchcal.metrics import NegativeLogLikelihood
-        >>> m = NegativeLogLikelihood()
-        >>> m.update(torch.zeros(3, 4), torch.tensor([0, 1, 3]))
-        >>> round(float(m.compute()), 4)
-        1.3863
-    """
-
-    full_state_update = False
-    is_differentiable = False
-    higher_is_better = False
-    plot_lower_bound = 0.0
-    _CONFIG = ("input", "num_groups", "multilabel")
-
-    def __init__(self, *, input: str = "logits", num_groups: int | None = None,
-                 validate_args: bool = True, ignore_index: int | None = None,
-                 multilabel: bool = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        check_option("input", input, C.INPUTS)
-        C._check_ignore_index(ignore_index)
-        if not isinstance(multilabel, bool):
-            raise TypeError(f"multilabel: expected a bool, got {type(multilabel).__name__}")
-        self.input = input
-        self.ignore_index = ignore_index
-        self.multilabel = multilabel
-        self.num_groups = None if num_groups is None else check_int("num_groups", num_groups,
-                                                                    minimum=1)
-        self.validate_args = bool(validate_args)
-        G = num_groups or 1
-        self.add_state("nll_sum", torch.zeros(G, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", torch.zeros(G, dtype=torch.int64), dist_reduce_fx="sum")
-
-    def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
-        """Accumulate a batch."""
-        if self.num_groups is None and groups is not None:
-            raise ValueError("groups: pass num_groups= to the metric's constructor to get "
-                             "per-group results")
-        if self.num_groups is not None and groups is None:
-            raise ValueError(f"groups: expected a group id per sample (the metric was "
-                             f"built with num_groups={self.num_groups}), got None")
-        with validation_enabled(self.validate_args):
-            if self.num_groups is not None:
-                G = C._check_groups(groups, target.shape, self.num_groups)
-            items, keep = C._nll(C._as_float64(preds), target, self.input, self.ignore_index,
-                                 self.multilabel)
-            if self.input == "logits" and not self.multilabel:
-                self._warn_probs_once(C.logits_look_like_probs(preds), stacklevel=4)
-        if self.num_groups is None:
-            self.nll_sum[0] += items.sum(dtype=torch.float64).to(self.nll_sum.device)
-            self.count[0] += items.numel() if keep is None else int(keep.sum())
-            return
-        g = groups.reshape(-1).to(torch.int64)
-        w = None if keep is None else keep.reshape(-1).to(torch.int64)
-        self.nll_sum.add_(torch.bincount(g, weights=items.reshape(-1), minlength=G))
-        self.count.add_(torch.bincount(g, minlength=G) if w is None
-                        else torch.bincount(g, weights=w, minlength=G).to(torch.int64))
-
-    def compute(self) -> Tensor | GroupedResult:
-        """Mean NLL (float64), or a GroupedResult (``NaN`` for empty groups)."""
-        total = int(self.count.sum())
-        if total == 0:
-            raise RuntimeError("NegativeLogLikelihood.compute(): no samples seen; call "
-                               "update() with at least one sample first")
-        pooled = self.nll_sum.sum() / total
-        if self.num_groups is None:
-            return pooled
-        per = self.nll_sum / self.count.to(torch.float64)
-        return GroupedResult(pooled, per, self.count.cpu())

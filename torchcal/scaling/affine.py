@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torchcal.functional import recalibration as R
 from torchcal.functional._validation import (
     check_class_target,
     check_finite,
+    check_finite_value,
     check_int,
-    first_bad_position,
 )
 from torchcal.scaling._base import (
     FitResult,
@@ -23,21 +25,70 @@ from torchcal.scaling._base import (
     warn_all,
     warn_if_probabilities,
 )
+from torchcal.scaling._objective import Chunk, validate_masked_target
+from torchcal.scaling._solvers import damped_newton, lbfgs, solve_direction
 
 __all__ = ["VectorScaler", "MatrixScaler"]
-
-
-def _check_reg(name: str, value: float) -> float:
-    v = float(value)
-    if not (v >= 0 and v < float("inf")):
-        raise ValueError(f"{name}: expected a finite value >= 0, got {value!r}")
-    return v
 
 
 # Up to this many parameters the fit is Newton's method with the exact Hessian (P backward
 # passes per step, quadratic convergence); beyond it, LBFGS with strong-Wolfe line search.
 _NEWTON_MAX_PARAMS = 256
 _MAX_ABS_LOGIT = 1e100
+
+
+@dataclass
+class _Objective:
+    """The penalised NLL of an affine map over float64 inputs, at a flat parameter vector
+    ``cat(weight.flatten(), bias)``; counts its passes over the data."""
+
+    scaler: _AffineScaler
+    z: Tensor
+    y: Tensor
+    mask: Tensor | None
+    weight_shape: torch.Size
+    passes: int = 0
+
+    def split(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        nw = self.weight_shape.numel()
+        return x[:nw].reshape(self.weight_shape), x[nw:]
+
+    def total(self, x: Tensor) -> Tensor:
+        self.passes += 1
+        return self.scaler.objective(self.z, self.y, *self.split(x), self.mask)[0]
+
+    def gradient(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        xg = x.detach().clone().requires_grad_(True)
+        f = self.total(xg)
+        (g,) = torch.autograd.grad(f, [xg])
+        return f.detach(), g
+
+    def hessian(self, x: Tensor) -> Tensor:
+        pen = torch.autograd.functional.hessian(
+            lambda v: self.scaler._penalty(*self.split(v)), x)  # tiny: no data involved
+        return self.scaler._nll_hessian(self.z, *self.split(x), self.mask) + pen
+
+
+class _Probe:
+    """The objective at ``x``, each piece computed when asked (see ``_solvers.Probe``)."""
+
+    def __init__(self, objective: _Objective, x: Tensor) -> None:
+        self.objective, self.x = objective, x
+        self._f: float | None = None
+
+    @property
+    def f(self) -> float:
+        if self._f is None:
+            self._f = float(self.objective.total(self.x))
+        return self._f
+
+    def gradient(self) -> tuple[float, Tensor]:
+        f, g = self.objective.gradient(self.x)
+        self._f = float(f)
+        return self._f, g
+
+    def hessian(self) -> Tensor:
+        return self.objective.hessian(self.x.detach())
 
 
 class _AffineScaler(FittedMixin):
@@ -53,8 +104,9 @@ class _AffineScaler(FittedMixin):
         self.max_iter = check_int("max_iter", max_iter, minimum=1)
         self._init_fitted()
 
-    def _affine(self, z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        raise NotImplementedError
+    # the map and its NLL Hessian from (z, p): functions of torchcal.functional.recalibration
+    _affine: Callable[[Tensor, Tensor, Tensor], Tensor]
+    _hessian: Callable[[Tensor, Tensor], Tensor]
 
     def _penalty(self, weight: Tensor, bias: Tensor) -> Tensor:
         raise NotImplementedError
@@ -68,8 +120,7 @@ class _AffineScaler(FittedMixin):
     def _masked_affine(self, z: Tensor, weight: Tensor, bias: Tensor,
                        mask: Tensor | None) -> Tensor:
         """The affine map of ``z`` (masked entries already 0), masked outputs ``-inf``."""
-        out = self._affine(z, weight, bias)
-        return out if mask is None else out.masked_fill(mask, float("-inf"))
+        return R.masked_affine(self._affine(z, weight, bias), mask)
 
     def forward(self, logits: Tensor) -> Tensor:
         """Calibrated logits ``(N, C)`` in the dtype of ``logits``; a ``-inf`` (masked) logit
@@ -104,48 +155,16 @@ class _AffineScaler(FittedMixin):
         check_class_target("target", target, self.num_classes)
         warn_if_probabilities(logits)
         with torch.inference_mode(False), torch.no_grad():
-            z = logits.detach().to(torch.float64).clone()
-            y = target.detach().to(device=z.device, dtype=torch.long).clone()
-            big = float(z.masked_fill(torch.isneginf(z), 0.0).abs().max())
-            if big > _MAX_ABS_LOGIT:
-                raise ValueError(f"logits: expected |logits| <= {_MAX_ABS_LOGIT:g} (their squares "
-                                 f"enter the float64 Hessian), got {big:g}")
-            neg = torch.isneginf(z)
-            mask: Tensor | None = None
-            if bool(neg.any()):
-                bad = neg.gather(1, y.unsqueeze(1)).squeeze(1)
-                if bool(bad.any()):
-                    raise ValueError(f"logits: the target class is masked (-inf) at row "
-                                     f"{first_bad_position(bad)}; its likelihood is 0")
-                mask = neg
-                z = z.masked_fill(mask, 0.0)
+            z, y, mask = self._float64_inputs(logits, target)
             w0, b0 = self._identity()
             w0, b0 = w0.to(z.device), b0.to(z.device)
-            nw = w0.numel()
-
-            def split(x: Tensor) -> tuple[Tensor, Tensor]:
-                return x[:nw].reshape(w0.shape), x[nw:]
-
-            def total(x: Tensor) -> Tensor:
-                return self.objective(z, y, *split(x), mask)[0]
-
+            obj = _Objective(self, z, y, mask, w0.shape)
             x = torch.cat([w0.flatten(), b0])
             nll_before = float(self.objective(z, y, w0, b0, mask)[1])
             with torch.enable_grad():
-                if x.numel() <= _NEWTON_MAX_PARAMS:
-                    def hessian(x: Tensor) -> Tensor:
-                        w, b = split(x)
-                        pen = torch.autograd.functional.hessian(
-                            lambda v: self._penalty(*split(v)), x)  # tiny: no data involved
-                        return self._nll_hessian(z, w, b, mask) + pen
-
-                    x, iterations, passes, method = self._newton(total, hessian, x)
-                else:
-                    x, iterations, passes, method = self._lbfgs(total, x)
-                xg = x.detach().clone().requires_grad_(True)
-                loss = total(xg)
-                (grad,) = torch.autograd.grad(loss, [xg])
-            w, b = split(x.detach())
+                x, iterations, passes, method = self._minimise(obj, x)
+                grad = obj.gradient(x)[1]
+            w, b = obj.split(x.detach())
             nll = self.objective(z, y, w, b, mask)[1]
             grad_norm = float(torch.linalg.vector_norm(grad))
         msgs = []
@@ -172,66 +191,35 @@ class _AffineScaler(FittedMixin):
                      mask: Tensor | None = None) -> Tensor:
         """Exact Hessian of the mean NLL w.r.t. ``cat(weight.flatten(), bias)`` (``z`` holds 0
         at masked entries: their output is constant, ``p = 0`` there)."""
-        raise NotImplementedError
+        p = torch.softmax(self._masked_affine(z, weight, bias, mask), dim=1)
+        return self._hessian(z, p)
 
-    def _newton(self, total: Callable[[Tensor], Tensor], hessian: Callable[[Tensor], Tensor],
-                x: Tensor) -> tuple[Tensor, int, int, str]:
-        """Damped Newton with the exact Hessian (small problems) and Armijo backtracking."""
-        passes = 0
-        iterations = 0
-        eye = torch.eye(x.numel(), dtype=x.dtype, device=x.device)
-        while True:
-            xg = x.detach().clone().requires_grad_(True)
-            f = total(xg)
-            (g,) = torch.autograd.grad(f, [xg])
-            passes += 1
-            if float(g.abs().max()) <= self.grad_tol or iterations >= self.max_iter:
-                return x.detach(), iterations, passes, "newton"
-            h = hessian(x.detach())
-            ridge = 1e-12 * float(h.diagonal().abs().mean()) + 1e-300
-            try:
-                d = -torch.linalg.solve(h + ridge * eye, g)
-            except RuntimeError:
-                d = -g
-            slope = float(g @ d)
-            if slope >= 0:
-                d, slope = -g, -float(g @ g)
-            step, f0 = 1.0, float(f.detach())
-            if -slope <= 1e-13 * max(1.0, abs(f0)):
-                # the predicted decrease is below float64 resolution of the loss: Armijo cannot
-                # be checked, and the full Newton step is the quadratically convergent one
-                x = x.detach() + d
-                iterations += 1
-                continue
-            while True:
-                x_new = x.detach() + step * d
-                f_new = float(total(x_new))
-                passes += 1
-                if f_new <= f0 + 1e-4 * step * slope or step < 1e-12:
-                    break
-                step *= 0.5
-            if f_new > f0:  # no descent left at float64 resolution
-                return x.detach(), iterations, passes, "newton"
-            x = x_new
-            iterations += 1
+    def _float64_inputs(self, logits: Tensor, target: Tensor
+                        ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Float64 copies of the inputs, masked entries 0, and the mask (``None``: none)."""
+        z = logits.detach().to(torch.float64).clone()
+        y = target.detach().to(device=z.device, dtype=torch.long).clone()
+        big = float(z.masked_fill(torch.isneginf(z), 0.0).abs().max())
+        if big > _MAX_ABS_LOGIT:
+            raise ValueError(f"logits: expected |logits| <= {_MAX_ABS_LOGIT:g} (their squares "
+                             f"enter the float64 Hessian), got {big:g}")
+        neg = torch.isneginf(z)
+        if not bool(neg.any()):
+            return z, y, None
+        validate_masked_target(Chunk(z, y))
+        return z.masked_fill(neg, 0.0), y, neg
 
-    def _lbfgs(self, total: Callable[[Tensor], Tensor], x: Tensor
-               ) -> tuple[Tensor, int, int, str]:
-        """Full-batch LBFGS with strong-Wolfe line search (many parameters)."""
-        xp = x.detach().clone().requires_grad_(True)
-        opt = torch.optim.LBFGS([xp], lr=1.0, max_iter=self.max_iter, max_eval=2 * self.max_iter,
-                                tolerance_grad=self.grad_tol, tolerance_change=0.0,
-                                history_size=50, line_search_fn="strong_wolfe")
-
-        def closure() -> Tensor:
-            opt.zero_grad()
-            loss = total(xp)
-            loss.backward()
-            return loss
-
-        opt.step(closure)
-        state = opt.state[xp]
-        return xp.detach(), int(state["n_iter"]), int(state["func_evals"]), "lbfgs"
+    def _minimise(self, obj: _Objective, x: Tensor) -> tuple[Tensor, int, int, str]:
+        """Damped Newton with the exact Hessian up to ``_NEWTON_MAX_PARAMS`` parameters
+        (max-abs gradient test, Armijo halving down to ``1e-12``), else full-batch LBFGS."""
+        if x.numel() <= _NEWTON_MAX_PARAMS:
+            res = damped_newton(lambda v: _Probe(obj, v), x, direction=solve_direction,
+                                grad_tol=self.grad_tol, max_iter=self.max_iter, norm="max",
+                                min_step=1e-12)
+            return res.x.detach(), res.iterations, obj.passes, "newton"
+        run = lbfgs(obj.gradient, x, max_iter=self.max_iter, max_eval=2 * self.max_iter,
+                    grad_tol=self.grad_tol, history_size=50)
+        return run.x, run.iterations, run.evaluations, "lbfgs"
 
 
 class VectorScaler(_AffineScaler):
@@ -263,36 +251,23 @@ class VectorScaler(_AffineScaler):
         (True, True, True)
     """
 
+    _affine = staticmethod(R.vector_affine)
+    _hessian = staticmethod(R.vector_nll_hessian)
+
     def __init__(self, num_classes: int, *, bias_reg: float = 0.0, grad_tol: float = 1e-10,
                  max_iter: int = 500) -> None:
         super().__init__(num_classes, grad_tol, max_iter)
-        self.bias_reg = _check_reg("bias_reg", bias_reg)
+        self.bias_reg = check_finite_value("bias_reg", bias_reg)
         self.weight = nn.Parameter(torch.ones(num_classes, dtype=torch.float64))
         self.bias = nn.Parameter(torch.zeros(num_classes, dtype=torch.float64))
 
-    def _affine(self, z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        return z * weight + bias
 
     def _penalty(self, weight: Tensor, bias: Tensor) -> Tensor:
-        return self.bias_reg / self.num_classes * (bias * bias).sum()
+        return R.vector_penalty(bias, self.bias_reg, self.num_classes)
 
     def _identity(self) -> tuple[Tensor, Tensor]:
         C = self.num_classes
         return torch.ones(C, dtype=torch.float64), torch.zeros(C, dtype=torch.float64)
-
-    def _nll_hessian(self, z: Tensor, weight: Tensor, bias: Tensor,
-                     mask: Tensor | None = None) -> Tensor:
-        # a_ic = w_c z_ic + b_c; with u_ic = (z_ic, 1) and S_i = diag(p_i) - p_i p_i^T:
-        # H[(k, c), (l, d)] = mean_i S_i[c, d] u_ic[k] u_id[l]  (params ordered w then b)
-        p = torch.softmax(self._masked_affine(z, weight, bias, mask), dim=1)
-        u = torch.stack([z, torch.ones_like(z)], dim=1)                   # (N, 2, C)
-        pu = p.unsqueeze(1) * u                                           # (N, 2, C)
-        C = self.num_classes
-        diag = torch.einsum("ikc,ilc->klc", pu, u) / z.shape[0]           # diag(p) part
-        h = -torch.einsum("ikc,ild->kcld", pu, pu) / z.shape[0]
-        idx = torch.arange(C)
-        h[:, idx, :, idx] += diag.permute(2, 0, 1)
-        return h.reshape(2 * C, 2 * C)
 
 
 class MatrixScaler(_AffineScaler):
@@ -325,45 +300,21 @@ class MatrixScaler(_AffineScaler):
         (True, True)
     """
 
+    _affine = staticmethod(R.matrix_affine)
+    _hessian = staticmethod(R.matrix_nll_hessian)
+
     def __init__(self, num_classes: int, *, off_diagonal_reg: float = 1e-2,
                  bias_reg: float = 1e-2, grad_tol: float = 1e-10, max_iter: int = 500) -> None:
         super().__init__(num_classes, grad_tol, max_iter)
-        self.off_diagonal_reg = _check_reg("off_diagonal_reg", off_diagonal_reg)
-        self.bias_reg = _check_reg("bias_reg", bias_reg)
+        self.off_diagonal_reg = check_finite_value("off_diagonal_reg", off_diagonal_reg)
+        self.bias_reg = check_finite_value("bias_reg", bias_reg)
         self.weight = nn.Parameter(torch.eye(num_classes, dtype=torch.float64))
         self.bias = nn.Parameter(torch.zeros(num_classes, dtype=torch.float64))
 
-    def _affine(self, z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-        return z @ weight.T + bias
 
     def _penalty(self, weight: Tensor, bias: Tensor) -> Tensor:
-        C = self.num_classes
-        off = weight - torch.diag(torch.diagonal(weight))
-        return (self.off_diagonal_reg / (C * (C - 1)) * (off * off).sum()
-                + self.bias_reg / C * (bias * bias).sum())
+        return R.matrix_penalty(weight, bias, self.off_diagonal_reg, self.bias_reg)
 
     def _identity(self) -> tuple[Tensor, Tensor]:
         C = self.num_classes
         return torch.eye(C, dtype=torch.float64), torch.zeros(C, dtype=torch.float64)
-
-    def _nll_hessian(self, z: Tensor, weight: Tensor, bias: Tensor,
-                     mask: Tensor | None = None) -> Tensor:
-        # a_i = A u_i with A = [W | b], u_i = (z_i, 1); S_i = diag(p_i) - p_i p_i^T:
-        # H[(c, k), (d, l)] = mean_i S_i[c, d] u_i[k] u_i[l]
-        n, C = z.shape
-        p = torch.softmax(self._masked_affine(z, weight, bias, mask), dim=1)
-        u = torch.cat([z, torch.ones(n, 1, dtype=z.dtype, device=z.device)], dim=1)  # (N, K)
-        uu = torch.einsum("ik,il->ikl", u, u)                             # (N, K, K)
-        h = -torch.einsum("ic,id,ikl->ckdl", p, p, uu)
-        h[torch.arange(C), :, torch.arange(C), :] += torch.einsum("ic,ikl->ckl", p, uu)
-        h = h / n
-        K = C + 1
-        # reorder A's entries (c, k) into the parameter vector cat(W.flatten(), b)
-        order = torch.empty(C * K, dtype=torch.long)
-        ck = torch.arange(C * K)
-        c, k = ck // K, ck % K
-        order[ck] = torch.where(k < C, c * C + k, C * C + c)
-        h = h.reshape(C * K, C * K)
-        out = torch.empty_like(h)
-        out[order.unsqueeze(1), order.unsqueeze(0)] = h
-        return out

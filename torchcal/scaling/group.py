@@ -8,7 +8,13 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from torchcal.functional._validation import check_finite, check_int, check_tensor
+from torchcal.functional._validation import (
+    check_finite,
+    check_finite_value,
+    check_group_index,
+    check_int,
+    check_temperature_bounds,
+)
 from torchcal.scaling import _objective as obj
 from torchcal.scaling._base import (
     FitResult,
@@ -18,7 +24,7 @@ from torchcal.scaling._base import (
     check_state_finite,
     warn_all,
 )
-from torchcal.scaling.temperature import TemperatureScaler, check_bounds, degenerate_messages
+from torchcal.scaling.temperature import TemperatureScaler, degenerate_messages
 
 __all__ = ["GroupTemperatureScaler"]
 
@@ -74,11 +80,8 @@ class GroupTemperatureScaler(FittedMixin):
                  step_tol: float = 1e-8, max_iter: int = 100) -> None:
         super().__init__()
         self.num_groups = check_int("num_groups", num_groups, minimum=1)
-        shrinkage = float(shrinkage)
-        if not (math.isfinite(shrinkage) and shrinkage >= 0):
-            raise ValueError(f"shrinkage: expected a finite value >= 0, got {shrinkage!r}")
-        self.shrinkage = shrinkage
-        self.bounds = check_bounds(bounds)
+        self.shrinkage = check_finite_value("shrinkage", float(shrinkage))
+        self.bounds = check_temperature_bounds("bounds", bounds)
         self.grad_tol, self.step_tol, self.max_iter = float(grad_tol), float(step_tol), max_iter
         self.log_temperature = nn.Parameter(torch.zeros(num_groups, dtype=torch.float64))
         self.register_buffer("log_temperature_global", torch.zeros((), dtype=torch.float64))
@@ -98,19 +101,7 @@ class GroupTemperatureScaler(FittedMixin):
         return self.log_temperature.detach().exp()
 
     def _check_groups(self, groups: object, n: int, device: torch.device) -> Tensor:
-        groups = check_tensor("groups", groups)
-        if groups.shape != (n,):
-            raise ValueError(f"groups: expected shape ({n},) (one group id per row), got "
-                             f"{tuple(groups.shape)}")
-        if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
-            raise ValueError(f"groups: expected integer group ids, got dtype {groups.dtype}")
-        groups = groups.detach().to(device=device, dtype=torch.long)
-        bad = (groups < 0) | (groups >= self.num_groups)
-        if bool(bad.any()):
-            pos = int(torch.nonzero(bad)[0, 0])
-            raise ValueError(f"groups: expected group ids in [0, {self.num_groups - 1}], got "
-                             f"{int(groups[pos])} at position {pos}")
-        return groups
+        return check_group_index("groups", groups, n, self.num_groups, device)
 
     def forward(self, logits: Tensor, groups: Tensor) -> Tensor:
         """``logits / T[groups]`` (binary ``(N,)`` or multiclass ``(N, C)``)."""
@@ -155,7 +146,7 @@ class GroupTemperatureScaler(FittedMixin):
                                      max_iter=self.max_iter, center=center,
                                      strength=self.shrinkage, identity_first=True)
         msgs = list(res_g.warnings)
-        empty = torch.nonzero(res.stats[:, obj._N] == 0).flatten().tolist()
+        empty = torch.nonzero(res.stats[:, obj.COUNT] == 0).flatten().tolist()
         if empty:
             msgs.append(f"groups: no samples in group(s) {empty}; they use the global T")
         msgs += degenerate_messages(res, self.bounds, what="T_g")
@@ -163,11 +154,11 @@ class GroupTemperatureScaler(FittedMixin):
         self._store("log_temperature", -res.u)
         self._store("log_temperature_global", math.log(glob.temperature))
         self._mark_fitted()
-        n = float(res.stats[:, obj._N].sum())
+        n = float(res.stats[:, obj.COUNT].sum())
         assert res.identity_stats is not None
         return FitResult(temperature=glob.temperature,
                          nll_before=float(res.identity_stats.sum()) / n,
-                         nll_after=float(res.stats[:, obj._L].sum()) / n,
+                         nll_after=float(res.stats[:, obj.LOSS].sum()) / n,
                          grad_norm=float(torch.linalg.vector_norm(res.grad)),
                          iterations=res.iterations,
                          converged=bool(res.converged.all()) and res_g.converged,

@@ -14,8 +14,9 @@ from torchcal.functional._validation import (
     check_finite,
     check_option,
 )
+from torchcal.functional.recalibration import confidence_log_odds, pool_adjacent_violators
+from torchcal.functional.scoring import binary_nll
 from torchcal.scaling._base import FitResult, FittedMixin, as_binary_vector, check_logits_target
-from torchcal.scaling._objective import binary_nll
 
 __all__ = ["IsotonicCalibrator"]
 
@@ -23,59 +24,9 @@ _READINGS = ("binary", "confidence")
 # stand-in for an infinite log-odds (a -inf mask, or all other classes masked): the largest
 # float64, so that no finite score is clamped (1e300 used to merge scores beyond it into ties)
 _BIG = torch.finfo(torch.float64).max
-_MAX_ROUNDS = 64
 # forward returns logit(p) with p clamped to [_P_EPS, 1 - _P_EPS]: +-27.63, finite in every
 # float dtype (predict_proba returns the unclamped p, 0 and 1 included)
 _P_EPS = 1e-12
-
-
-def _sequential_pav(s: Tensor, c: Tensor, n: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Stack PAV over blocks (sum, weight, length); the fallback for adversarial orders."""
-    ss, cc, nn_ = s.tolist(), c.tolist(), n.tolist()
-    out_s: list[float] = []
-    out_c: list[float] = []
-    out_n: list[int] = []
-    for si, ci, ni in zip(ss, cc, nn_):
-        out_s.append(si)
-        out_c.append(ci)
-        out_n.append(ni)
-        while len(out_s) > 1 and out_s[-2] / out_c[-2] >= out_s[-1] / out_c[-1]:
-            s_last, c_last, n_last = out_s.pop(), out_c.pop(), out_n.pop()
-            out_s[-1] += s_last
-            out_c[-1] += c_last
-            out_n[-1] += n_last
-    return (torch.tensor(out_s, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64),
-            torch.tensor(out_n, dtype=torch.long))
-
-
-def pool_adjacent_violators(y_sum: Tensor, weight: Tensor) -> tuple[Tensor, int]:
-    """Non-decreasing least-squares fit of the means ``y_sum / weight`` (weighted), float64.
-
-    Vectorised PAV: each round pools every maximal run of adjacent blocks whose means decrease
-    (such blocks share one value in the solution); a few rounds suffice on calibration data,
-    and after ``_MAX_ROUNDS`` the remaining blocks finish with the sequential stack algorithm.
-    Returns the fitted value per input point and the number of rounds.
-    """
-    s, c = y_sum.to(torch.float64), weight.to(torch.float64)
-    n = torch.ones_like(s, dtype=torch.long)
-    rounds = 0
-    while s.numel() > 1:
-        m = s / c
-        viol = m[:-1] >= m[1:]
-        if not bool(viol.any()):
-            break
-        if rounds >= _MAX_ROUNDS:
-            s, c, n = _sequential_pav(s, c, n)
-            break
-        start = torch.ones_like(m, dtype=torch.bool)
-        start[1:] = ~viol
-        gid = torch.cumsum(start, 0) - 1
-        k = int(gid[-1]) + 1
-        s = torch.zeros(k, dtype=torch.float64).index_add_(0, gid, s)
-        c = torch.zeros(k, dtype=torch.float64).index_add_(0, gid, c)
-        n = torch.zeros(k, dtype=torch.long).index_add_(0, gid, n)
-        rounds += 1
-    return torch.repeat_interleave(s / c, n), rounds
 
 
 class IsotonicCalibrator(FittedMixin):
@@ -176,14 +127,8 @@ class IsotonicCalibrator(FittedMixin):
             if logits.dim() != 2 or logits.shape[1] < 2:
                 raise ValueError(f"logits: expected (N, C) multiclass logits for "
                                  f"reading='confidence', got shape {tuple(logits.shape)}")
-            z = logits.to(torch.float64)
-            top = z.argmax(1)
-            zmax = z.gather(1, top.unsqueeze(1))
-            if bool(torch.isneginf(zmax).any()):
-                raise ValueError("logits: a row is entirely masked (-inf)")
-            rest = (z - zmax).scatter(1, top.unsqueeze(1), float("-inf"))
-            x = -torch.logsumexp(rest, dim=1)
-            out = None if target is None else (top == target.to(z.device)).to(torch.float64)
+            x, top = confidence_log_odds(logits)
+            out = None if target is None else (top == target.to(x.device)).to(torch.float64)
         return x.clamp(-_BIG, _BIG), out
 
     def fit(self, logits: Tensor, target: Tensor) -> FitResult:

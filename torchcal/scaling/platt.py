@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from torchcal.functional._validation import check_binary_target, check_finite
+from torchcal.functional._validation import (
+    check_binary_target,
+    check_finite,
+    check_temperature_bounds,
+)
+from torchcal.functional.recalibration import platt_terms
+from torchcal.functional.scoring import binary_nll
 from torchcal.scaling._base import (
     FitResult,
     FittedMixin,
@@ -18,10 +25,30 @@ from torchcal.scaling._base import (
     warn_all,
     warn_if_probabilities,
 )
-from torchcal.scaling._objective import binary_nll
-from torchcal.scaling.temperature import check_bounds
+from torchcal.scaling._solvers import (
+    NewtonResult,
+    active_bounds,
+    cholesky_direction,
+    damped_newton,
+    projected_grad_norm,
+)
 
 __all__ = ["PlattScaler"]
+
+
+@dataclass
+class _Point:
+    """Platt's objective, gradient and Hessian at one ``(a, b)`` (one pass, all at once)."""
+
+    f: float
+    g: Tensor
+    h: Tensor
+
+    def gradient(self) -> tuple[float, Tensor]:
+        return self.f, self.g
+
+    def hessian(self) -> Tensor:
+        return self.h
 
 
 class PlattScaler(FittedMixin):
@@ -83,7 +110,7 @@ class PlattScaler(FittedMixin):
     def __init__(self, *, bounds: tuple[float, float] = (1e-3, 1e3), grad_tol: float = 1e-12,
                  max_iter: int = 100, smooth_targets: bool = True) -> None:
         super().__init__()
-        self.bounds = check_bounds(bounds)
+        self.bounds = check_temperature_bounds("bounds", bounds)
         self.grad_tol = float(grad_tol)
         self.max_iter = int(max_iter)
         if not isinstance(smooth_targets, bool):
@@ -131,42 +158,32 @@ class PlattScaler(FittedMixin):
             else:
                 t = y
             a_lo, a_hi = 1.0 / self.bounds[1], 1.0 / self.bounds[0]
-
             passes = 0  # objective evaluations, each one pass over the data
 
-            def fgh(a: float, b: float) -> tuple[float, Tensor, Tensor]:
+            def evaluate(x: Tensor) -> _Point:
                 nonlocal passes
                 passes += 1
-                z = s * a + b
-                p = torch.sigmoid(z)
-                r = p - t
-                w = p * torch.sigmoid(-z)
-                g = torch.stack([(r * s).mean(), r.mean()])
-                ws = w * s
-                h = torch.stack([torch.stack([(ws * s).mean(), ws.mean()]),
-                                 torch.stack([ws.mean(), w.mean()])])
-                return float(binary_nll(z, t).mean()), g, h
+                return _Point(*platt_terms(s, t, float(x[0]), float(x[1])))
 
             nll_before = float(binary_nll(s, y).mean())
             max_neg = float(s[y < 0.5].max())
             min_pos = float(s[y > 0.5].min())
             separated = not self.smooth_targets and max_neg <= min_pos
-            if separated:
-                a, b, iterations, at_bound = self._separated(fgh, a_hi, max_neg, min_pos)
-                f, g, h = fgh(a, b)
-            else:
-                a, b, f, g, h, iterations, at_bound = self._newton(
-                    fgh, a_lo, a_hi, math.log((n_pos + 1.0) / (n_neg + 1.0)))
+            res = self._solve(evaluate, a_lo, a_hi, separated, max_neg, min_pos,
+                              math.log((n_pos + 1.0) / (n_neg + 1.0)))
+            a, b = float(res.x[0]), float(res.x[1])
             nll_after = float(binary_nll(s * a + b, y).mean())
-        fixed_a = (a <= a_lo and g[0] > 0) or (a >= a_hi and g[0] < 0)
-        pg = abs(float(g[1])) if fixed_a else float(torch.linalg.vector_norm(g))
+            g = res.probe.gradient()[1]
+            fixed = active_bounds(res.x, g, *self._box(a_lo, a_hi))
+        pg = projected_grad_norm(g, fixed)
+        at_bound, iterations = res.at_bound, res.iterations
         msgs = []
         if separated:
             msgs.append(f"a: a perfectly separated set (every negative score <= every positive "
                         f"one, max {max_neg:g} <= min {min_pos:g}): with 0/1 targets the NLL "
                         f"keeps decreasing as a grows; a is bounded at 1/t_min = {a_hi:g} "
                         f"(smooth_targets=True keeps the optimum finite)")
-        elif fixed_a or at_bound:
+        elif at_bound:
             side = "t_min (a perfectly separated set, or nearly)" if a >= a_hi else \
                 "t_max (scores no better than, or anti-correlated with, the target)"
             msgs.append(f"a: the NLL keeps decreasing beyond the slope bound; a is bounded at "
@@ -180,77 +197,32 @@ class PlattScaler(FittedMixin):
                          grad_norm=pg, iterations=iterations, converged=not msgs,
                          warnings=warn_all(msgs, stacklevel=3), passes=passes, method="newton")
 
-    def _separated(self, fgh: Callable[[float, float], tuple[float, Tensor, Tensor]],
-                   a_hi: float, max_neg: float, min_pos: float
-                   ) -> tuple[float, float, int, bool]:
-        """0/1 targets on a separated set: ``a`` on its bound, the threshold in the middle of
-        the gap, then (where any score is not saturated) 1-D Newton steps on ``b``."""
-        a, b = a_hi, -a_hi * (0.5 * max_neg + 0.5 * min_pos)
-        f, g, h = fgh(a, b)
-        iterations = 0
-        while iterations < self.max_iter and abs(float(g[1])) > self.grad_tol:
-            if not float(h[1, 1]) > 0:
-                break
-            b_new = b - float(g[1]) / float(h[1, 1])
-            f_new, g_new, h_new = fgh(a, b_new)
-            if not f_new < f:
-                break
-            b, f, g, h = b_new, f_new, g_new, h_new
-            iterations += 1
-        return a, b, iterations, True
+    @staticmethod
+    def _box(a_lo: float, a_hi: float) -> tuple[Tensor, Tensor]:
+        """Bounds on ``(a, b)``: the slope in ``[a_lo, a_hi]``, the offset free."""
+        return (torch.tensor([a_lo, -math.inf], dtype=torch.float64),
+                torch.tensor([a_hi, math.inf], dtype=torch.float64))
 
-    def _newton(self, fgh: Callable[[float, float], tuple[float, Tensor, Tensor]],
-                a_lo: float, a_hi: float, b_prior: float
-                ) -> tuple[float, float, float, Tensor, Tensor, int, bool]:
-        """Projected Newton with Armijo backtracking from the better of ``(1, 0)`` (no change)
-        and ``(a_lo, b_prior)`` (the base rate: no score saturates there)."""
-        a, b = 1.0, 0.0
-        f, g, h = fgh(a, b)
-        f2, g2, h2 = fgh(a_lo, b_prior)
-        if f2 < f or not math.isfinite(f):
-            a, b, f, g, h = a_lo, b_prior, f2, g2, h2
-        iterations = 0
-        at_bound = False
-        eye = torch.eye(2, dtype=torch.float64)
-        while True:
-            fixed_a = (a <= a_lo and g[0] > 0) or (a >= a_hi and g[0] < 0)
-            pg = abs(float(g[1])) if fixed_a else float(torch.linalg.vector_norm(g))
-            if pg <= self.grad_tol or iterations >= self.max_iter:
-                at_bound = fixed_a
-                break
-            d = None
-            if fixed_a:
-                if float(h[1, 1]) > 0:
-                    d = torch.stack([torch.zeros((), dtype=torch.float64), -g[1] / h[1, 1]])
-            else:
-                ridge = 1e-14 * float(h.diagonal().sum())
-                chol, info = torch.linalg.cholesky_ex(h + ridge * eye)
-                if int(info) == 0:
-                    d = -torch.cholesky_solve(g.unsqueeze(1), chol).squeeze(1)
-            newton = d is not None and bool(torch.isfinite(d).all()) and float(g @ d) < 0
-            if not newton:
-                # singular Hessian (every score saturated): a steepest-descent step
-                d = -g if not fixed_a else torch.stack([torch.zeros_like(g[1]), -g[1]])
-            slope = float(g @ d)
-            if newton and -slope <= 1e-13 * max(1.0, abs(f)):
-                # the predicted decrease is below the float64 resolution of the loss: Armijo
-                # cannot be checked; the full Newton step is the quadratically convergent one
-                a = min(max(a + float(d[0]), a_lo), a_hi)
-                b = b + float(d[1])
-                f, g, h = fgh(a, b)
-                iterations += 1
-                continue
-            step = 1.0
-            while True:
-                a_new = min(max(a + step * float(d[0]), a_lo), a_hi)
-                b_new = b + step * float(d[1])
-                f_new, g_new, h_new = fgh(a_new, b_new)
-                if f_new <= f + 1e-4 * step * slope or step < 1e-10:
-                    break
-                step *= 0.5
-            if not f_new <= f:  # no descent possible at float64 resolution
-                at_bound = fixed_a
-                break
-            a, b, f, g, h = a_new, b_new, f_new, g_new, h_new
-            iterations += 1
-        return a, b, f, g, h, iterations, at_bound
+    def _solve(self, evaluate: Callable[[Tensor], _Point], a_lo: float, a_hi: float,
+               separated: bool, max_neg: float, min_pos: float, b_prior: float) -> NewtonResult:
+        """Projected damped Newton on ``(a, b)`` with ``a`` in ``[a_lo, a_hi]``.
+
+        Separated (0/1 targets): ``a`` pinned on its upper bound, the threshold starting in
+        the middle of the gap, Newton steps on ``b`` only. Else from the better of ``(1, 0)``
+        (no change) and ``(a_lo, b_prior)`` (the base rate: no score saturates there).
+        """
+        lower, upper = self._box(a_lo, a_hi)
+        if separated:
+            lower = torch.tensor([a_hi, -math.inf], dtype=torch.float64)  # a pinned
+            x = torch.tensor([a_hi, -a_hi * (0.5 * max_neg + 0.5 * min_pos)],
+                             dtype=torch.float64)
+            first = None
+        else:
+            x = torch.tensor([1.0, 0.0], dtype=torch.float64)
+            first = evaluate(x)
+            x2 = torch.tensor([a_lo, b_prior], dtype=torch.float64)
+            second = evaluate(x2)
+            if second.f < first.f or not math.isfinite(first.f):
+                x, first = x2, second
+        return damped_newton(evaluate, x, direction=cholesky_direction, grad_tol=self.grad_tol,
+                             max_iter=self.max_iter, lower=lower, upper=upper, first=first)

@@ -9,7 +9,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from torchcal.functional._validation import check_finite
+from torchcal.functional._validation import (
+    check_finite,
+    check_finite_value,
+    check_temperature_bounds,
+)
 from torchcal.scaling import _objective as obj
 from torchcal.scaling._base import (
     FitResult,
@@ -21,6 +25,7 @@ from torchcal.scaling._base import (
     warn_all,
     warn_if_probabilities,
 )
+from torchcal.scaling._solvers import lbfgs
 
 __all__ = ["TemperatureScaler"]
 
@@ -29,22 +34,7 @@ __all__ = ["TemperatureScaler"]
 _SUBSAMPLE_ELEMENTS = 1 << 24
 
 
-class _OnBound(Exception):
-    """Raised inside the LBFGS closure: the optimum lies beyond a bound (at ``u``)."""
-
-    def __init__(self, u: float) -> None:
-        super().__init__(u)
-        self.u = u
-
-
-def check_bounds(bounds: tuple[float, float]) -> tuple[float, float]:
-    lo, hi = (float(b) for b in bounds)
-    if not (0.0 < lo < hi < math.inf):
-        raise ValueError(f"bounds: expected 0 < t_min < t_max < inf, got {bounds!r}")
-    return lo, hi
-
-
-def degenerate_messages(res: obj.NewtonResult, bounds: tuple[float, float],
+def degenerate_messages(res: obj.LogBetaResult, bounds: tuple[float, float],
                         what: str = "T") -> list[str]:
     """Warnings for a solve that stopped on a bound or at the iteration cap."""
     msgs = []
@@ -59,6 +49,32 @@ def degenerate_messages(res: obj.NewtonResult, bounds: tuple[float, float],
         msgs.append(f"{what}: stopped (max_iter, or no progress left at float64 resolution) "
                     f"before the tolerance was met (|grad| = {float(res.grad.abs().max()):.3g})")
     return msgs
+
+
+def _stream_chunks(batches: Iterable, kind: dict[str, Any]) -> Iterator[obj.Chunk]:
+    """Cache-sized :class:`Chunk` views of ``(logits, target)`` pairs with global offsets;
+    ``kind`` (kept across passes) holds the first pair's kind, which every pair must share."""
+    offset = 0
+    for item in batches:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise ValueError("batches: expected (logits, target) pairs")
+        lg, tg, _ = as_binary_vector(*item)
+        binary = check_logits_target(lg, tg)
+        c = None if binary else lg.shape[1]
+        if "binary" not in kind:
+            kind["binary"], kind["classes"] = binary, c
+        elif kind["binary"] != binary or kind["classes"] != c:
+            raise ValueError(f"batches: every chunk must have the same kind and number "
+                             f"of classes; got shape {tuple(lg.shape)} after "
+                             f"{'binary' if kind['binary'] else kind['classes']}")
+        lg = lg.detach()
+        tg = tg.detach().to(lg.device)
+        if not binary:
+            tg = tg.long()
+        for piece in obj.tensor_chunks(lg, tg):  # cache-sized slices, no copies
+            piece.offset += offset
+            yield piece
+        offset += tg.shape[0]
 
 
 class TemperatureScaler(FittedMixin):
@@ -143,7 +159,7 @@ class TemperatureScaler(FittedMixin):
         super().__init__()
         if method not in (None, "newton", "lbfgs"):
             raise ValueError(f"method: expected None, 'newton' or 'lbfgs', got {method!r}")
-        self.bounds = check_bounds(bounds)
+        self.bounds = check_temperature_bounds("bounds", bounds)
         self.method = method
         self.grad_tol = float(grad_tol)
         self.step_tol = float(step_tol)
@@ -168,9 +184,7 @@ class TemperatureScaler(FittedMixin):
 
     @temperature.setter
     def temperature(self, value: float) -> None:
-        v = float(value)
-        if not (math.isfinite(v) and v > 0):
-            raise ValueError(f"temperature: expected a finite value > 0, got {value!r}")
+        v = check_finite_value("temperature", value, strict=True)
         self._store("log_temperature", math.log(v))
         self._mark_fitted()
 
@@ -274,27 +288,7 @@ class TemperatureScaler(FittedMixin):
         kind: dict[str, Any] = {}
 
         def chunks() -> Iterator[obj.Chunk]:
-            offset = 0
-            for item in factory():
-                if not isinstance(item, (tuple, list)) or len(item) != 2:
-                    raise ValueError("batches: expected (logits, target) pairs")
-                lg, tg, _ = as_binary_vector(*item)
-                binary = check_logits_target(lg, tg)
-                c = None if binary else lg.shape[1]
-                if "binary" not in kind:
-                    kind["binary"], kind["classes"] = binary, c
-                elif kind["binary"] != binary or kind["classes"] != c:
-                    raise ValueError(f"batches: every chunk must have the same kind and number "
-                                     f"of classes; got shape {tuple(lg.shape)} after "
-                                     f"{'binary' if kind['binary'] else kind['classes']}")
-                lg = lg.detach()
-                tg = tg.detach().to(lg.device)
-                if not binary:
-                    tg = tg.long()
-                for piece in obj.tensor_chunks(lg, tg):  # cache-sized slices, no copies
-                    piece.offset += offset
-                    yield piece
-                offset += tg.shape[0]
+            return _stream_chunks(factory(), kind)
 
         with torch.inference_mode(False), torch.no_grad():
             # The first pass validates and learns the kind; peek it from the first chunk.
@@ -354,21 +348,21 @@ class TemperatureScaler(FittedMixin):
         res = obj.solve_log_beta(evaluate, u0, lower=lo, upper=hi, grad_tol=self.grad_tol,
                                  step_tol=self.step_tol, max_iter=self.max_iter,
                                  identity_first=True)
-        n = float(res.stats[0, obj._N])
+        n = float(res.stats[0, obj.COUNT])
         if n == 0:
             raise ValueError("batches: every rank's shard is empty")
         assert res.identity_stats is not None
         return self._result(res, float(res.identity_stats[0]) / n, method="newton",
                             pre_passes=pre_passes)
 
-    def _result(self, res: obj.NewtonResult, nll_before: float, *, method: str,
+    def _result(self, res: obj.LogBetaResult, nll_before: float, *, method: str,
                 pre_passes: int, stacklevel: int = 5) -> FitResult:
         """Store T, warn about bounds / stops, and report (both solvers)."""
         msgs = degenerate_messages(res, self.bounds)
         converged = bool(res.converged[0])
         # zero curvature inside the bounds: Var_p[z] = 0 in every row, i.e. every row's logits
         # are equal (no better than uniform at any T): the NLL does not depend on T
-        flat = not msgs and float(res.stats[0, obj._D2]) == 0.0
+        flat = not msgs and float(res.stats[0, obj.D2LOSS]) == 0.0
         if flat:
             converged = False
             msgs.append(f"T: the NLL does not depend on T (every row's logits are equal: no "
@@ -377,21 +371,23 @@ class TemperatureScaler(FittedMixin):
         self._store("log_temperature", -float(res.u[0]))
         self._mark_fitted()
         return FitResult(temperature=self.temperature, nll_before=nll_before,
-                         nll_after=float(res.stats[0, obj._L]) / float(res.stats[0, obj._N]),
+                         nll_after=float(res.stats[0, obj.LOSS]) / float(res.stats[0, obj.COUNT]),
                          grad_norm=abs(float(res.grad[0])), iterations=res.iterations,
                          converged=converged, warnings=msgs_t,
                          passes=res.passes + pre_passes, method=method)
 
     def _solve_lbfgs(self, evaluate: Callable[[Tensor, bool], Tensor], lo: float,
                      hi: float, u0: Tensor, pre_passes: int) -> FitResult:
-        """``torch.optim.LBFGS`` (strong-Wolfe line search) on ``log T = -u`` over the same
-        float64 sums as Newton, judged by the same tests at the returned point, from ``u0``.
+        """:func:`~torchcal.scaling._solvers.lbfgs` on ``log T = -u`` within the bounds, over
+        the same float64 sums as Newton, judged by the same tests at the returned point.
 
-        ``tolerance_change=0``: near the optimum the NLL is flat to float64 resolution, so a
-        loss-change test would stop LBFGS early; only ``|grad| <= grad_tol``, ``max_iter`` or
-        its evaluation cap stop it. An evaluation on a bound whose gradient points outwards
-        ends the fit there (the NLL is unimodal in ``log T``: the optimum lies beyond it). A
-        perfectly separated set goes to ``t_min`` at once (see :func:`solve_log_beta`).
+        A perfectly separated set goes to ``t_min`` at once (see
+        :func:`~torchcal.scaling._objective.solve_log_beta`). LBFGS's last point is not always
+        its best: near the optimum the NLL is flat to a few ulps, its line search rejects
+        steps on rounding noise and the final point can sit further out than one already
+        evaluated. Among the evaluated points whose NLL is within rounding of the lowest, the
+        one with the smallest gradient is returned (the gradient sums stay accurate where the
+        NLL is flat).
         """
         cache: dict[float, Tensor] = {}  # u -> sums: LBFGS re-evaluates points; passes = len
 
@@ -400,72 +396,56 @@ class TemperatureScaler(FittedMixin):
                 cache[u] = evaluate(torch.tensor([u], dtype=torch.float64), identity)
             return cache[u]
 
+        def derivatives(u: float) -> tuple[float, float, float]:
+            """Mean NLL, d/du and d2/du2 at ``u``."""
+            f, g, h = obj.u_derivatives(stats_at(u), torch.tensor([u], dtype=torch.float64))
+            return float(f[0]) / n, float(g[0]) / n, float(h[0]) / n
+
         start = min(max(float(u0[0]), lo), hi)
         first = stats_at(start, True)
-        n = float(first[0, obj._N])
+        n = float(first[0, obj.COUNT])
         if n == 0:
             raise ValueError("batches: every rank's shard is empty")
-        nll_before = float(first[0, obj._L1]) / n
+        nll_before = float(first[0, obj.LOSS_IDENTITY]) / n
 
-        def grad_u(u: float) -> float:
-            g = obj._u_derivatives(stats_at(u), torch.tensor([u], dtype=torch.float64),
-                                   None, 0.0)[1]
-            return float(g[0]) / n
+        def on_log_t(log_t: Tensor) -> tuple[Tensor, Tensor]:
+            f, g, _ = derivatives(-float(log_t))
+            return torch.tensor(f, dtype=torch.float64), torch.tensor(-g, dtype=torch.float64)
 
-        log_t = torch.full((), -start, dtype=torch.float64, requires_grad=True)
-        opt = torch.optim.LBFGS([log_t], lr=1.0, max_iter=self.max_iter,
-                                tolerance_grad=self.grad_tol, tolerance_change=0.0,
-                                history_size=10, line_search_fn="strong_wolfe")
+        separated = float(first[0, obj.MISRANKED]) == 0 and \
+            float(stats_at(hi)[0, obj.LOSS]) < float(first[0, obj.LOSS])
+        iterations = 0
+        if separated:
+            u = hi
+        else:
+            run = lbfgs(on_log_t, torch.full((), -start, dtype=torch.float64),
+                        max_iter=self.max_iter, grad_tol=self.grad_tol, history_size=10,
+                        lower=torch.tensor(-hi, dtype=torch.float64),
+                        upper=torch.tensor(-lo, dtype=torch.float64),
+                        curvature=lambda x: torch.tensor(derivatives(-float(x))[2],
+                                                         dtype=torch.float64))
+            iterations = run.iterations
+            if run.on_bound:
+                u = -float(run.x)
+            else:
+                loss = {v: float(st[0, obj.LOSS]) / n for v, st in cache.items()}
+                f_min = min(loss.values())
+                near = [v for v in cache if loss[v] <= f_min + 8e-16 * max(1.0, abs(f_min))]
+                u = min(near, key=lambda v: abs(derivatives(v)[1]))
+        res = self._judge(u, stats_at(u), n, lo, hi, separated, iterations, len(cache))
+        return self._result(res, nll_before, method="lbfgs", pre_passes=pre_passes,
+                            stacklevel=6)
 
-        def closure() -> Tensor:
-            raw = -float(log_t.detach())
-            u = min(max(raw, lo), hi)
-            g = grad_u(u)
-            if (u <= lo and g > 0) or (u >= hi and g < 0):
-                raise _OnBound(u)
-            f = float(stats_at(u)[0, obj._L]) / n
-            if raw != u:
-                # The line search may step past a bound. Clamping there would show it a flat
-                # function with a non-zero gradient (inconsistent: it stalls on the bound, far
-                # from the optimum). Continue the NLL past the bound as its C1 quadratic
-                # extension instead; the gradient at the bound points inwards (else we stopped
-                # above), so the extension's minimum lies inside and the search comes back.
-                d = raw - u
-                c = max(float(obj._u_derivatives(stats_at(u), torch.tensor([u], dtype=torch.float64),
-                                                 None, 0.0)[2][0]) / n, abs(g), 1.0)
-                f, g = f + g * d + 0.5 * c * d * d, g + c * d
-            log_t.grad = torch.tensor(-g, dtype=torch.float64)
-            return torch.tensor(f, dtype=torch.float64)
-
-        separated = float(first[0, obj._W]) == 0 and \
-            float(stats_at(hi)[0, obj._L]) < float(first[0, obj._L])
-        try:
-            if separated:
-                raise _OnBound(hi)
-            with torch.enable_grad():
-                opt.step(closure)
-            # LBFGS's last point is not always its best: near the optimum the NLL is flat to a
-            # few ulps, its line search rejects steps on rounding noise and the final point
-            # can sit further out than one already evaluated. Return, among the evaluated
-            # points whose NLL is within rounding of the lowest, the one with the smallest
-            # gradient (the gradient sums stay accurate where the NLL is flat).
-            loss = {v: float(st[0, obj._L]) / n for v, st in cache.items()}
-            f_min = min(loss.values())
-            near = [v for v in cache if loss[v] <= f_min + 8e-16 * max(1.0, abs(f_min))]
-            u = min(near, key=lambda v: abs(grad_u(v)))
-        except _OnBound as stop:
-            u = stop.u
-        iterations = int(opt.state[log_t].get("n_iter", 0)) if log_t in opt.state else 0
+    def _judge(self, u: float, stats: Tensor, n: float, lo: float, hi: float, separated: bool,
+               iterations: int, passes: int) -> obj.LogBetaResult:
+        """The LBFGS point judged by Newton's tests (bounds, gradient, Newton step)."""
         ut = torch.tensor([u], dtype=torch.float64)
-        stats = stats_at(u)
-        _, g, h = obj._u_derivatives(stats, ut, None, 0.0)
+        _, g, h = obj.u_derivatives(stats, ut)
         g, h = g / n, h / n
         at_lower = (ut <= lo) & (g > 0)
         at_upper = ((ut >= hi) & (g < 0)) | torch.tensor([separated])
         converged = ~(at_lower | at_upper) & (
             (g.abs() <= self.grad_tol) | ((h > 0) & ((g / h).abs() <= self.step_tol)))
-        res = obj.NewtonResult(u=ut, stats=stats, grad=g, curv=h, converged=converged,
-                               at_lower=at_lower, at_upper=at_upper, iterations=iterations,
-                               passes=len(cache))
-        return self._result(res, nll_before, method="lbfgs", pre_passes=pre_passes,
-                            stacklevel=6)
+        return obj.LogBetaResult(u=ut, stats=stats, grad=g, curv=h, converged=converged,
+                                 at_lower=at_lower, at_upper=at_upper, iterations=iterations,
+                                 passes=passes)

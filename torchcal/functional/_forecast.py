@@ -1,0 +1,99 @@
+"""Inputs of real-valued forecasts: the shape rule, the compute dtype, location-scale checks.
+
+The contract of :mod:`torchcal.functional.continuous` and :mod:`torchcal.functional.crps`
+(see ``docs/design.md``): the forecast's parameters come first and may broadcast *up to*
+the target's shape; the target itself is never broadcast. float16/bfloat16 are computed in
+float32 (:func:`~torchcal.functional._validation.compute_dtype`). The single-argument
+checks (estimator, alpha, levels) live in :mod:`torchcal.functional._validation`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from torchcal.functional._validation import (
+    check_finite,
+    check_floating,
+    check_nonempty,
+    check_positive,
+    check_tensor,
+    compute_dtype,
+)
+
+__all__ = ["broadcast_or_none", "check_target_shape", "cast_forecast", "check_location_scale"]
+
+
+def broadcast_or_none(shapes: Sequence[torch.Size]) -> torch.Size | None:
+    """``torch.broadcast_shapes(*shapes)``, or ``None`` where they do not broadcast."""
+    try:
+        return torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        return None
+
+
+def check_target_shape(target_shape: torch.Size, forecast: Sequence[tuple[str, torch.Size]],
+                       what: str = "") -> None:
+    """The forecast shapes must broadcast to ``target_shape``; the target is never broadcast.
+
+    ``forecast`` holds (name, shape) pairs already compared with the target's shape
+    (e.g. without the ensemble dimension); ``what`` says which part of the target's
+    shape is meant in the message.
+    """
+    shape = torch.Size([])
+    for i, (name, s) in enumerate(forecast):
+        try:
+            shape = torch.broadcast_shapes(shape, s)
+        except RuntimeError:
+            others = ", ".join(f"{n} {tuple(t)}" for n, t in forecast[:i])
+            raise ValueError(f"{name}: expected a shape broadcastable with {others}, got "
+                             f"{tuple(s)}") from None
+    if broadcast_or_none([shape, target_shape]) != target_shape:
+        names = ", ".join(f"{n} {tuple(s)}" for n, s in forecast)
+        raise ValueError(f"target: expected {what}shape {tuple(target_shape)} to match the "
+                         f"forecast ({names}); the forecast may broadcast to the target's "
+                         f"shape, the target is never broadcast (an (N, 1) target against "
+                         f"(N,) predictions would score all N x N pairs)")
+
+
+def cast_forecast(named: Sequence[tuple[str, Tensor]],
+                  options: Sequence[tuple[str, Tensor]] = ()) -> list[Tensor]:
+    """Validate floating, non-empty, finite, mutually broadcastable tensors; cast them.
+
+    The compute dtype is torch's promotion of the ``named`` tensors, at least float32;
+    ``options`` (e.g. levels) are validated alike and cast to it without promoting it.
+    Returns the cast tensors (not broadcast), ``named`` first.
+    """
+    everything = list(named) + list(options)
+    for name, x in everything:
+        check_floating(name, x)
+        check_nonempty(name, x)
+    shape = everything[0][1].shape
+    for name, x in everything[1:]:
+        try:
+            shape = torch.broadcast_shapes(shape, x.shape)
+        except RuntimeError:
+            others = ", ".join(n for n, _ in everything if n != name)
+            raise ValueError(f"{name}: expected a shape broadcastable with {others} "
+                             f"{tuple(shape)}, got {tuple(x.shape)}") from None
+    for name, x in everything:
+        check_finite(name, x)
+    dtype = named[0][1].dtype
+    for _, x in named[1:]:
+        dtype = torch.promote_types(dtype, x.dtype)
+    dtype = compute_dtype(dtype)
+    return [x.to(dtype) for _, x in everything]
+
+
+def check_location_scale(loc: Tensor, scale: Tensor, target: Tensor,
+                         scale_name: str = "scale") -> list[Tensor]:
+    """Validate and cast ``(loc, scale, target)`` of a location-scale forecast, target last;
+    ``scale`` must be > 0."""
+    for name, x in (("loc", loc), (scale_name, scale), ("target", target)):
+        check_tensor(name, x)
+    out = cast_forecast([("loc", loc), (scale_name, scale), ("target", target)])
+    check_target_shape(target.shape, [("loc", loc.shape), (scale_name, scale.shape)])
+    check_positive(scale_name, out[1])
+    return out

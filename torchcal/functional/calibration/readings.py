@@ -1,0 +1,420 @@
+"""Readings and input checks: what is binned against what.
+
+:func:`prepare_inputs` validates ``preds``/``target`` and turns them into per-element
+(confidence, outcome, cell) under a reading (``binary``, ``confidence``, ``top_label``,
+``classwise``; docs/design.md section 3); :func:`confidence_reading` is the one "max
+probability, arg-max == target" reading every module uses.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from torchcal.functional._validation import (
+    check_binary_target,
+    check_class_target_fast,
+    check_finite,
+    check_floating,
+    check_group_ids,
+    check_int,
+    check_nonempty,
+    check_option,
+    check_optional_int,
+    check_probabilities,
+    check_probabilities_fast,
+    check_tensor,
+    first_bad_position,
+    probability_sum_tolerance,
+    values_checked,
+)
+
+__all__ = ["INPUTS", "PROBS_AS_LOGITS", "READINGS", "CalibrationSamples", "PreparedInputs",
+           "confidence_reading", "prepare_checked", "prepare_inputs", "rows_look_like_probs",
+           "samples_from", "warn_probs_as_logits"]
+
+READINGS = ("binary", "confidence", "top_label", "classwise")
+INPUTS = ("logits", "probs")
+
+@dataclass(frozen=True)
+class PreparedInputs:
+    """Per-element confidences, outcomes and cell ids after applying a reading.
+
+    Attributes:
+        conf: confidences, flat: float64 for binary and classwise logits (linked in
+            float64), float32 or float64 for the other multiclass readings of logits, the
+            input dtype for probabilities.
+        outcome: outcomes (0/1), flat, bool or floating.
+        lead: flat index ``g * K + k`` of each element's (group, slot), or ``None`` if
+            ``G == K == 1``.
+        num_groups: ``G``.
+        num_slots: ``K``.
+        group_counts: samples per group, int64 ``(G,)`` (samples, not sample x class).
+        per_sample: elements per sample (``C`` for ``classwise``: one per class, laid out
+            sample-major; else 1).
+        looks_like_probs: ``input="logits"`` but every row lies in [0, 1] and sums to 1
+            (probabilities passed as logits; the callers warn).
+
+    Example:
+        >>> import torch
+        >>> p = prepare_inputs(torch.zeros(3, 4), torch.tensor([0, 1, 2]), reading="top_label")
+        >>> p.num_slots, p.lead.tolist(), p.outcome.tolist()
+        (4, [0, 0, 0], [True, False, False])
+    """
+
+    conf: Tensor
+    outcome: Tensor
+    lead: Tensor | None
+    num_groups: int
+    num_slots: int
+    group_counts: Tensor
+    per_sample: int = 1
+    looks_like_probs: bool = False
+
+
+@dataclass(frozen=True)
+class CalibrationSamples:
+    """Kept samples for the exact (sort-based) estimators: ``conf`` float64, ``outcome``
+    float64 and ``group`` int64 (all flat, same length).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional.calibration import equal_mass_calibration_error_from_samples
+        >>> s = CalibrationSamples(torch.tensor([0.2, 0.9], dtype=torch.float64),
+        ...                        torch.tensor([0.0, 1.0], dtype=torch.float64),
+        ...                        torch.zeros(2, dtype=torch.long))
+        >>> round(float(equal_mass_calibration_error_from_samples(s, 2)), 4)
+        0.15
+    """
+
+    conf: Tensor
+    outcome: Tensor
+    group: Tensor
+
+
+def _check_logits_via(name: str, x: Tensor, derived: Tensor) -> None:
+    """Logit rows of ``x`` (``(M, C)``) must be finite except for ``-inf`` masks.
+
+    Checked in O(M) on a per-row result ``derived`` that is NaN exactly when the row holds a
+    NaN or ``+inf`` or is entirely ``-inf`` (max-softmax confidence, or the softmax's first
+    column); the O(M C) scan runs only to name the position of a bad value.
+    """
+    if not values_checked():
+        return
+    bad = torch.isnan(derived)
+    if bool(bad.any()):
+        check_finite(name, x, allow_neg_inf=True)
+        row = first_bad_position(bad)
+        raise ValueError(f"{name}: expected at least one finite score per row, row {row} is "
+                         f"entirely -inf")
+
+
+def _raise_bad_prob_rows(x: Tensor, total: Tensor, tol: float) -> None:
+    """Name the culprit of a failed fused probability check (slow path, on failure only)."""
+    check_probabilities("preds", x)  # NaN/Inf/outside [0, 1]
+    bad = (total.to(torch.float64) - 1).abs() > tol
+    row = first_bad_position(bad)
+    val = float(total.reshape(-1)[int(torch.nonzero(bad.reshape(-1))[0, 0])])
+    raise ValueError(f"preds: expected probabilities whose sum over the classes (dim 1) is 1 "
+                     f"(tolerance {tol:.3g}), got {val!r} in row {row}; pass input='logits' "
+                     f"for unnormalised scores")
+
+
+def rows_look_like_probs(x: Tensor) -> bool:
+    """Whether every entry of ``x`` ``(N, C, *)`` lies in [0, 1] and every row (dim 1) sums
+    to 1 within ``max(1e-4, C * eps)`` (sums in float64): probabilities passed as logits.
+    One ``aminmax`` pass and a host sync; the row sums only when the range fits. The one
+    implementation of the test (:func:`_logit_rows`, :mod:`.nll`)."""
+    lo, hi = torch.aminmax(x)
+    if not bool((lo >= 0) & (hi <= 1)):  # NaN fails
+        return False
+    tol = probability_sum_tolerance(x.dtype, x.shape[1])
+    return bool(((x.sum(dim=1, dtype=torch.float64) - 1).abs() <= tol).all())
+
+
+def _logit_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor, bool]:
+    """The fused confidence pass over logits ``(M, C)``, ``M >= 1``.
+
+    Returns ``top`` (row maxima ``(M, 1)``), ``e = exp(x - top)`` and ``s = sum_j e_j``
+    (float32 for float16/bfloat16/float32 logits, float64 for float64), and whether every
+    row lies in [0, 1] and sums to 1 (probabilities passed as logits). Every step is exact
+    (max, subtraction's correct rounding) or row-wise (``exp`` of a value, the row's sum),
+    so a row's confidence ``1 / s`` does not depend on where the row sits in a batch:
+    streaming equals one call bit for bit (tested; unlike float32 ``sigmoid``, which rounds
+    by position and is therefore run in float64 for binary logits). Validation costs O(M)
+    and one host sync: ``s`` is NaN exactly for a row with a NaN or ``+inf`` or only
+    ``-inf`` entries, and probabilities force ``max <= 1`` and ``s >= C / e``; the O(M C)
+    scans run only to name a culprit or to confirm the probability pattern.
+    """
+    work = x if x.dtype in (torch.float32, torch.float64) else x.float()
+    top = work.amax(dim=1, keepdim=True)
+    e = (work - top).exp_()
+    s = e.sum(dim=1)
+    looks = False
+    if values_checked():  # one host sync: min propagates NaN
+        s_min, t_max = torch.stack([s.min(), top.max()]).tolist()
+        if math.isnan(s_min):
+            _check_logits_via("preds", x, s)
+        looks = t_max <= 1 and s_min >= 0.36 * x.shape[1] and rows_look_like_probs(x)
+    return top, e, s, looks
+
+
+def _first_max_hit(x: Tensor, t: Tensor, top: Tensor, maybe_tie: Tensor) -> Tensor:
+    """Whether ``argmax(x_i) == t_i`` (first maximum wins, as ``torch.max``) from the row
+    maxima, without the slow indexed reduction on most rows: ``t`` is right iff it attains
+    the maximum and no earlier class does; ``torch.max`` re-checks only the rows that hit
+    the maximum and where ``maybe_tie`` (a superset of the rows with two maxima) is set."""
+    hit = (x.gather(1, t.unsqueeze(1)) == top).squeeze(1)
+    rows = (hit & maybe_tie).nonzero().squeeze(1)  # the one host sync
+    if rows.numel():
+        hit[rows] = x[rows].max(dim=1).indices == t[rows]
+    return hit
+
+
+def _prob_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The fused confidence pass over probabilities ``(M, C)``: row maxima ``(M, 1)`` and
+    the superset of rows that may hold two maxima; validated (values in [0, 1], rows sum to 1
+    within :func:`~torchcal.functional._validation.probability_sum_tolerance`) from one
+    ``amin``, the row maxima and the row sums."""
+    top = x.amax(dim=1, keepdim=True)
+    if not values_checked():
+        return top, torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    tol = probability_sum_tolerance(x.dtype, x.shape[1])
+    total = x.sum(dim=1)
+    s_lo, s_hi = torch.aminmax(total)
+    lo, hi, s_lo, s_hi = torch.stack([x.amin(), top.max(), s_lo, s_hi]).tolist()
+    if not (lo >= 0 and hi <= 1 and s_lo >= 1 - tol and s_hi <= 1 + tol):  # NaN fails all
+        _raise_bad_prob_rows(x, total, tol)
+    # two maxima force 2 * max <= sum <= 1 + tol
+    return top, top.squeeze(1) <= (1 + 2 * tol) / 2
+
+
+def confidence_reading(preds: Tensor, target: Tensor | None = None, *, input: str = "logits"
+                       ) -> tuple[Tensor, Tensor | None]:
+    """The confidence reading of rows ``(M, C)``: ``(conf, correct)``.
+
+    ``conf`` is the largest class probability (max softmax for ``input="logits"``, computed
+    by the fused row pass as ``1 / sum_j exp(z_j - max z)``, float32 for half/float32
+    logits; the row maximum for ``input="probs"``), ``correct`` whether the arg-max (first
+    maximum, as ``torch.max``) equals ``target`` (``None`` without a target). Differentiable
+    in ``preds``; for probabilities that require grad the maximum is ``torch.max``'s, so
+    ``confidence_reading(softmax(z), t, input="probs")`` equals ``softmax(z).max(1)`` bit
+    for bit, gradients included. Value checks as :func:`prepare_inputs` (one host sync).
+
+    Example:
+        >>> import torch
+        >>> conf, ok = confidence_reading(torch.tensor([[2.0, 0.0], [0.0, 1.0]]),
+        ...                               torch.tensor([0, 0]))
+        >>> [round(c, 4) for c in conf.tolist()], ok.tolist()
+        ([0.8808, 0.7311], [True, False])
+    """
+    check_option("input", input, INPUTS)
+    conf, correct, _ = _confidence_rows(preds, target, input)
+    return conf, correct
+
+
+def _confidence_rows(x: Tensor, t: Tensor | None, input: str
+                     ) -> tuple[Tensor, Tensor | None, bool]:
+    """:func:`confidence_reading` of rows ``x`` ``(M, C)``, ``M >= 1``, and whether logits
+    look like probabilities (the one implementation of the reading)."""
+    looks = False
+    if input == "logits":
+        top, _, s, looks = _logit_rows(x)
+        conf, maybe_tie = s.reciprocal(), s >= 2  # two maxima contribute exactly 1 each
+    else:
+        top, maybe_tie = _prob_rows(x)
+        if x.requires_grad:  # torch.max's gradient (to the first maximum), same values
+            top = x.max(dim=1, keepdim=True).values
+        conf = top.squeeze(1)
+    if t is None:
+        return conf, None, looks
+    return conf, _first_max_hit(x.detach(), t, top.detach(), maybe_tie), looks
+
+
+def prepare_inputs(preds: Tensor, target: Tensor, *, reading: str = "confidence",
+                   input: str = "logits", num_classes: int | None = None,
+                   groups: Tensor | None = None, num_groups: int | None = None,
+                   ignore_index: int | None = None) -> PreparedInputs:
+    """Validate ``preds``/``target`` and turn them into per-element (confidence, outcome, cell).
+
+    Shapes: ``reading="binary"``: ``preds`` and ``target`` of the same shape, ``target`` in
+    {0, 1} (a binary head ``(B, 1)`` is also accepted with a ``(B,)`` target); other
+    readings: ``preds`` ``(N, C, *)`` with ``C >= 2`` and integer ``target`` ``(N, *)`` with
+    classes in ``[0, C)``. ``groups`` has the shape of ``target``. Elements whose target
+    equals ``ignore_index`` are dropped (as ``F.cross_entropy`` does; the result may then be
+    empty). Ties in the arg-max go to the lowest class index (``torch.max``). Multiclass
+    logits may hold ``-inf`` (a masked class, probability 0; e.g. known answers in filtered
+    link prediction) but no NaN/``+inf`` and not a row of only ``-inf``; binary logits must
+    be finite. ``input="probs"`` rows must lie in [0, 1] and sum to 1 within
+    ``max(1e-4, C * eps(dtype))``. Binary logits are linked in float64 (float32 ``sigmoid``
+    rounds by position in the tensor); multiclass confidences come from the row-wise pass of
+    :func:`_logit_rows`. Either way an element's confidence does not depend on its position
+    in the batch, so streaming equals one call.
+
+    ``looks_like_probs`` is set when ``input="logits"`` and every row of a multiclass
+    ``preds`` lies in [0, 1] and sums to 1 (the callers warn).
+
+    Example:
+        >>> import torch
+        >>> p = prepare_inputs(torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]))
+        >>> [round(c, 4) for c in p.conf.tolist()], p.outcome.tolist()
+        ([0.8808, 0.7311], [True, False])
+    """
+    check_option("reading", reading, READINGS)
+    check_option("input", input, INPUTS)
+    check_optional_int("ignore_index", ignore_index)
+    check_floating("preds", preds)
+    check_tensor("target", target)
+    check_nonempty("preds", preds)
+    G = 1
+    if groups is not None:
+        G = check_group_ids(groups, target.shape, num_groups)
+    elif num_groups is not None:
+        G = check_int("num_groups", num_groups, minimum=1)
+    g = None if groups is None else groups.reshape(-1).to(torch.int64)
+    if reading == "binary":
+        conf, outcome, t, g = _binary_elements(preds, target, input, ignore_index, g)
+        slot, K, looks = None, 1, False
+    else:
+        C = _check_class_shapes(preds, target, reading, num_classes)
+        check_class_target_fast(target, C, ignore_index)
+        x = preds.movedim(1, -1).reshape(-1, C) if preds.dim() > 2 else preds
+        x, t, g = _drop_ignored(x, target.reshape(-1), g, ignore_index)
+        conf, outcome, slot, looks = _class_elements(x, t, reading, input)
+        K = C if reading in ("top_label", "classwise") else 1
+    lead, group_counts = _cells(g, G, K, slot, t.numel(), reading, t.device)
+    return PreparedInputs(conf, outcome, lead, G, K, group_counts,
+                          K if reading == "classwise" else 1, looks)
+
+
+def _drop_ignored(x: Tensor, t: Tensor, g: Tensor | None, ignore_index: int | None
+                  ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Drop the elements whose target equals ``ignore_index`` (rows of ``x``, ``t``, ``g``)."""
+    if ignore_index is not None:
+        keep = t != ignore_index
+        if not bool(keep.all()):
+            x, t = x[keep], t[keep]
+            g = None if g is None else g[keep]
+    return x, t, g
+
+
+def _binary_elements(preds: Tensor, target: Tensor, input: str, ignore_index: int | None,
+                     g: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``reading="binary"``: (P(y=1), outcome, kept targets, kept group ids), flat."""
+    if (preds.shape != target.shape and preds.dim() == 2 and preds.shape[1] == 1
+            and target.shape == preds.shape[:1]):
+        preds = preds.reshape(target.shape)  # a binary head (B, 1) with (B,) targets
+    if preds.shape != target.shape:
+        raise ValueError(f"target: expected the shape of preds {tuple(preds.shape)} for "
+                         f"reading='binary' (or (B,) for a (B, 1) binary head), got "
+                         f"{tuple(target.shape)}")
+    check_binary_target("target", target, ignore_index=ignore_index)
+    p, t, g = _drop_ignored(preds.reshape(-1), target.reshape(-1), g, ignore_index)
+    if input == "logits":
+        check_finite("preds", p)
+        return torch.sigmoid(p.to(torch.float64)), t, t, g
+    check_probabilities_fast(p)
+    return p, t, t, g
+
+
+def _check_class_shapes(preds: Tensor, target: Tensor, reading: str,
+                        num_classes: int | None) -> int:
+    """Multiclass readings: ``preds`` ``(N, C, *)``, ``C >= 2``, ``target`` ``(N, *)``;
+    returns ``C``."""
+    if preds.dim() < 2:
+        raise ValueError(f"preds: expected scores of shape (N, C, *) for reading={reading!r}, "
+                         f"got shape {tuple(preds.shape)}; use reading='binary' for one "
+                         f"probability per sample")
+    C = preds.shape[1]
+    if C < 2:
+        raise ValueError(f"preds: expected C >= 2 classes in dim 1 for reading={reading!r}, "
+                         f"got shape {tuple(preds.shape)}; a single score per sample is "
+                         f"binary: use reading='binary'")
+    if num_classes is not None and num_classes != C:
+        raise ValueError(f"preds: expected {num_classes} classes (num_classes) in dim 1, "
+                         f"got {C}")
+    expected = (preds.shape[0],) + tuple(preds.shape[2:])
+    if tuple(target.shape) != expected:
+        raise ValueError(f"target: expected shape {expected} for preds of shape "
+                         f"{tuple(preds.shape)}, got {tuple(target.shape)}")
+    return C
+
+
+def _class_elements(x: Tensor, t: Tensor, reading: str, input: str
+                    ) -> tuple[Tensor, Tensor, Tensor | None, bool]:
+    """Rows ``x`` ``(M, C)`` under a multiclass reading: (confidences, outcomes, slots,
+    looks-like-probabilities), flat (``classwise``: one element per (sample, class))."""
+    C = x.shape[1]
+    if t.numel() == 0:  # everything ignored
+        return (torch.zeros(0, dtype=torch.float64, device=x.device),
+                torch.zeros(0, dtype=torch.bool, device=x.device),
+                torch.zeros(0, dtype=torch.int64, device=x.device), False)
+    if reading == "classwise":
+        looks = False
+        if input == "logits":  # every class's probability is binned: float64 link
+            _, e, s, looks = _logit_rows(x.to(torch.float64))
+            probs = e.div_(s.unsqueeze(1))
+        else:
+            _prob_rows(x)
+            probs = x
+        outcome = (t.unsqueeze(1) == torch.arange(C, device=t.device)).reshape(-1)
+        return probs.reshape(-1), outcome, torch.arange(C, device=t.device).repeat(
+            t.shape[0]), looks
+    if reading == "top_label":
+        conf, _, looks = _confidence_rows(x, None, input)
+        slot = x.max(dim=1).indices
+        return conf, slot == t, slot, looks
+    conf, outcome, looks = _confidence_rows(x, t, input)
+    return conf, outcome, None, looks
+
+
+def _cells(g: Tensor | None, G: int, K: int, slot: Tensor | None, n_samples: int,
+           reading: str, device: torch.device) -> tuple[Tensor | None, Tensor]:
+    """Flat (group, slot) cell of each element and the samples per group."""
+    if g is not None:
+        group_counts = torch.bincount(g.clamp(0, G - 1), minlength=G)
+        if reading == "classwise":
+            g = g.repeat_interleave(K)
+        return (g * K if slot is None else g * K + slot), group_counts
+    group_counts = torch.full((G,), n_samples, dtype=torch.int64, device=device)
+    if G > 1:
+        group_counts[1:] = 0
+    return slot, group_counts
+
+
+PROBS_AS_LOGITS = ("preds: every row lies in [0, 1] and sums to 1: these look like probabilities "
+                   "passed with input='logits' (the default), which softmaxes them again and "
+                   "gives a wrong calibration error; pass input='probs' if they are "
+                   "probabilities")
+
+
+def warn_probs_as_logits(prep: PreparedInputs, stacklevel: int = 3) -> None:
+    """Warn (``UserWarning``) when :func:`prepare_inputs` flagged probabilities passed as
+    logits."""
+    if prep.looks_like_probs:
+        warnings.warn(PROBS_AS_LOGITS, UserWarning, stacklevel=stacklevel)
+
+
+def prepare_checked(preds: Tensor, target: Tensor, **kw: Any) -> PreparedInputs:
+    """:func:`prepare_inputs` for the one-shot functionals: warns on probabilities passed as
+    logits, and raises when ``ignore_index`` removed every element."""
+    prep = prepare_inputs(preds, target, **kw)
+    warn_probs_as_logits(prep, stacklevel=4)
+    if prep.conf.numel() == 0:
+        raise ValueError(f"target: every target equals ignore_index={kw.get('ignore_index')}, "
+                         f"nothing to measure")
+    return prep
+
+
+def samples_from(prep: PreparedInputs) -> CalibrationSamples:
+    if prep.num_slots != 1:
+        raise ValueError("exact: kept samples are supported for reading='binary' or "
+                         "'confidence'")
+    g = (prep.lead if prep.lead is not None
+         else torch.zeros(prep.conf.numel(), dtype=torch.int64, device=prep.conf.device))
+    return CalibrationSamples(prep.conf.to(torch.float64), prep.outcome.to(torch.float64), g)

@@ -1,0 +1,298 @@
+"""The recalibration objectives: temperature, Platt, affine (vector, matrix) and PAV.
+
+Each post-hoc calibrator of :mod:`torchcal.scaling` fits one of the objectives below; the
+formulas, their gradients and Hessians live here (``docs/design.md`` section 1: a formula lives
+in one function in ``functional/``), the solvers in ``torchcal/scaling/_solvers.py``. Every
+function is a float64 kernel without validation (the calibrators validate their inputs).
+
+**Temperature** (Guo et al., 2017, "On Calibration of Modern Neural Networks"). With
+``beta = 1 / T`` the multiclass NLL of logits ``z`` is
+
+    l(beta) = mean_i [ logsumexp_j(beta z_ij) - beta z_iy ]
+    l'(beta) = mean_i [ E_p[z_i] - z_iy ],        l''(beta) = mean_i Var_p[z_i],
+
+with ``p = softmax(beta z_i)``. For binary logits ``s`` and ``p = sigmoid(beta s)``:
+
+    l(beta) = mean_i [ softplus(beta s_i) - y_i beta s_i ]
+    l'(beta) = mean_i (p_i - y_i) s_i,            l''(beta) = mean_i p_i (1 - p_i) s_i^2.
+
+``l`` is convex in ``beta``; the solvers work on ``u = log beta = -log T`` where
+``dl/du = beta l'(beta)`` and ``d2l/du2 = beta l'(beta) + beta^2 l''(beta)``
+(:func:`log_beta_derivatives`).
+
+**Platt** (Platt, 1999): the mean binary cross-entropy of ``sigmoid(a s + b)`` against
+(possibly smoothed) targets, convex in ``(a, b)``, with its exact 2x2 Hessian
+(:func:`platt_terms`).
+
+**Affine maps** (vector / matrix scaling; Guo et al., 2017; Kull et al., 2019): the multiclass
+NLL of ``z * w + b`` or ``z @ W.T + b`` and its exact Hessian ``mean_i S_i (x) u_i u_i^T`` with
+``S_i = diag(p_i) - p_i p_i^T`` (:func:`vector_nll_hessian`, :func:`matrix_nll_hessian`), plus
+the L2 / ODIR penalties.
+
+**Isotonic**: pool-adjacent-violators (:func:`pool_adjacent_violators`) on the log-odds score
+(:func:`confidence_log_odds` for the confidence reading).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from torchcal.functional.scoring import binary_nll
+
+__all__ = [
+    "temperature_terms",
+    "log_beta_derivatives",
+    "platt_terms",
+    "vector_affine",
+    "matrix_affine",
+    "masked_affine",
+    "vector_penalty",
+    "matrix_penalty",
+    "vector_nll_hessian",
+    "matrix_nll_hessian",
+    "pool_adjacent_violators",
+    "confidence_log_odds",
+]
+
+_LOG2E = 1.0 / math.log(2.0)
+_MASK_FLOOR = -1e300  # finite stand-in for -inf masks: exp(beta * floor) == 0 exactly
+# PAV: vectorised rounds before the sequential stack algorithm takes over
+_MAX_ROUNDS = 64
+
+
+# ----------------------------------------------------------------------------- temperature
+def _binary_temperature_terms(logits: Tensor, target: Tensor, beta: Tensor | float,
+                              identity: bool) -> tuple[Tensor, ...]:
+    y = target.to(torch.float64)
+    # -inf (masked) with target 0 -> a finite floor: every term below is then exactly 0;
+    # with target 1 it stays -inf, the loss is +inf and the pass reports the position
+    z = logits.to(torch.float64)
+    z = torch.where(y == 0, z.clamp(min=_MASK_FLOOR), z)
+    t = z * beta
+    # exact softplus: torch's F.softplus switches to the identity beyond t = 20
+    loss = binary_nll(t, y)
+    p = torch.sigmoid(t)
+    d1 = (p - y) * z
+    d2 = ((p * torch.sigmoid(-t)) * z) * z  # left to right: 0 * floor, never floor**2
+    out: tuple[Tensor, ...] = (loss, d1, d2)
+    if identity:
+        wrong = ((y == 1) & (z < 0)) | ((y == 0) & (z > 0))
+        out = out + (binary_nll(z, y), wrong.to(torch.float64))
+    return out
+
+
+def temperature_terms(logits: Tensor, target: Tensor, beta: Tensor | float, *, binary: bool,
+                      identity: bool = False, state: dict | None = None) -> tuple[Tensor, ...]:
+    """Per-sample NLL, d/dbeta and d2/dbeta2 in float64 at inverse temperature ``beta``.
+
+    ``beta`` is a float, a float64 scalar or a per-row ``(n,)`` tensor. ``-inf`` logits are
+    masks: probability 0 (multiclass) or, in the binary case with target 0, no contribution.
+    With ``identity=True`` two more tensors follow: the per-sample NLL at ``beta = 1`` and a
+    0/1 flag for rows whose target is not a row maximum (binary: score on the wrong side).
+    ``state`` (a dict kept across the chunks of a pass) remembers that masks were seen.
+    """
+    if binary:
+        return _binary_temperature_terms(logits, target, beta, identity)
+    b = beta.unsqueeze(-1) if isinstance(beta, Tensor) and beta.dim() == 1 else beta
+    m = logits.amax(dim=1).to(torch.float64)
+    zy = logits.gather(1, target.unsqueeze(1)).squeeze(1).to(torch.float64)
+    if logits.dtype == torch.float64:
+        d = logits - m.unsqueeze(1)
+    else:
+        d = logits.to(torch.float64)  # a float64 copy of the chunk
+        d.sub_(m.unsqueeze(1))
+    scale = b * _LOG2E
+    masked = state is not None and state.get("masked", False)
+    for attempt in range(2):
+        if masked:
+            d.clamp_(min=_MASK_FLOOR)  # -inf masks -> a finite floor whose exp is exactly 0
+        e = d * scale
+        e.exp2_()  # exp via exp2: a serial kernel (exp_ would go to VML's threaded path)
+        s0 = e.sum(1)
+        e.mul_(d)
+        s1 = e.sum(1)
+        # a -inf mask gives 0 * -inf = NaN here: redo the chunk with the floor, and keep
+        # flooring the following chunks of this pass (clean data never pays for the clamp)
+        if masked or attempt == 1 or not bool(torch.isnan(s1).any()):
+            break
+        masked = True
+        if state is not None:
+            state["masked"] = True
+    e.mul_(d)
+    s2 = e.sum(1)
+    gap = m - zy
+    mean_d = s1 / s0
+    loss = torch.log(s0) + beta * gap
+    d1 = mean_d + gap
+    d2 = (s2 / s0 - mean_d * mean_d).clamp_(min=0.0)
+    if identity:
+        e1 = (d * _LOG2E).exp2_()
+        return loss, d1, d2, torch.log(e1.sum(1)) + gap, (gap > 0).to(torch.float64)
+    return loss, d1, d2
+
+
+def log_beta_derivatives(loss: Tensor, dloss: Tensor, d2loss: Tensor, u: Tensor,
+                         center: Tensor | None = None,
+                         strength: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+    """Objective, d/du and d2/du2 at ``u = log beta`` from the NLL and its beta-derivatives
+    (sums or means), plus the prior ``strength / 2 * (u - center)**2`` where given."""
+    beta = torch.exp(u)
+    f = loss.clone()
+    g = beta * dloss
+    h = g + beta * beta * d2loss
+    if center is not None and strength > 0:
+        diff = u - center
+        f = f + 0.5 * strength * diff * diff
+        g = g + strength * diff
+        h = h + strength
+    return f, g, h
+
+
+# ----------------------------------------------------------------------------- Platt
+def platt_terms(s: Tensor, t: Tensor, a: float, b: float) -> tuple[float, Tensor, Tensor]:
+    """Mean cross-entropy of ``sigmoid(a s + b)`` against targets ``t`` in ``[0, 1]``, its
+    gradient ``(2,)`` and Hessian ``(2, 2)`` w.r.t. ``(a, b)`` (float64 ``s``, ``t``)."""
+    z = s * a + b
+    p = torch.sigmoid(z)
+    r = p - t
+    w = p * torch.sigmoid(-z)
+    g = torch.stack([(r * s).mean(), r.mean()])
+    ws = w * s
+    h = torch.stack([torch.stack([(ws * s).mean(), ws.mean()]),
+                     torch.stack([ws.mean(), w.mean()])])
+    return float(binary_nll(z, t).mean()), g, h
+
+
+# ----------------------------------------------------------------------------- affine maps
+def vector_affine(z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Vector scaling ``z * weight + bias`` (one scale and bias per class)."""
+    return z * weight + bias
+
+
+def matrix_affine(z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Matrix scaling ``z @ weight.T + bias``."""
+    return z @ weight.T + bias
+
+
+def masked_affine(out: Tensor, mask: Tensor | None) -> Tensor:
+    """An affine map's output with the masked entries (``-inf`` logits) set to ``-inf``."""
+    return out if mask is None else out.masked_fill(mask, float("-inf"))
+
+
+def vector_penalty(bias: Tensor, bias_reg: float, num_classes: int) -> Tensor:
+    """``bias_reg / C * ||bias||^2``."""
+    return bias_reg / num_classes * (bias * bias).sum()
+
+
+def matrix_penalty(weight: Tensor, bias: Tensor, off_diagonal_reg: float,
+                   bias_reg: float) -> Tensor:
+    """ODIR (Kull et al., 2019): ``off_diagonal_reg / (C (C - 1)) * sum_{i != j} W_ij^2 +
+    bias_reg / C * ||bias||^2``."""
+    C = weight.shape[0]
+    off = weight - torch.diag(torch.diagonal(weight))
+    return (off_diagonal_reg / (C * (C - 1)) * (off * off).sum()
+            + bias_reg / C * (bias * bias).sum())
+
+
+def vector_nll_hessian(z: Tensor, p: Tensor) -> Tensor:
+    """Exact Hessian of the mean NLL of vector scaling w.r.t. ``cat(weight, bias)``, from the
+    logits ``z`` (0 at masked entries) and the fitted probabilities ``p`` (0 there)."""
+    # a_ic = w_c z_ic + b_c; with u_ic = (z_ic, 1) and S_i = diag(p_i) - p_i p_i^T:
+    # H[(k, c), (l, d)] = mean_i S_i[c, d] u_ic[k] u_id[l]  (params ordered w then b)
+    u = torch.stack([z, torch.ones_like(z)], dim=1)                   # (N, 2, C)
+    pu = p.unsqueeze(1) * u                                           # (N, 2, C)
+    C = z.shape[1]
+    diag = torch.einsum("ikc,ilc->klc", pu, u) / z.shape[0]           # diag(p) part
+    h = -torch.einsum("ikc,ild->kcld", pu, pu) / z.shape[0]
+    idx = torch.arange(C)
+    h[:, idx, :, idx] += diag.permute(2, 0, 1)
+    return h.reshape(2 * C, 2 * C)
+
+
+def matrix_nll_hessian(z: Tensor, p: Tensor) -> Tensor:
+    """Exact Hessian of the mean NLL of matrix scaling w.r.t. ``cat(weight.flatten(), bias)``
+    (``z`` and ``p`` as in :func:`vector_nll_hessian`)."""
+    # a_i = A u_i with A = [W | b], u_i = (z_i, 1); S_i = diag(p_i) - p_i p_i^T:
+    # H[(c, k), (d, l)] = mean_i S_i[c, d] u_i[k] u_i[l]
+    n, C = z.shape
+    u = torch.cat([z, torch.ones(n, 1, dtype=z.dtype, device=z.device)], dim=1)  # (N, K)
+    uu = torch.einsum("ik,il->ikl", u, u)                             # (N, K, K)
+    h = -torch.einsum("ic,id,ikl->ckdl", p, p, uu)
+    h[torch.arange(C), :, torch.arange(C), :] += torch.einsum("ic,ikl->ckl", p, uu)
+    h = h / n
+    K = C + 1
+    # reorder A's entries (c, k) into the parameter vector cat(W.flatten(), b)
+    order = torch.empty(C * K, dtype=torch.long)
+    ck = torch.arange(C * K)
+    c, k = ck // K, ck % K
+    order[ck] = torch.where(k < C, c * C + k, C * C + c)
+    h = h.reshape(C * K, C * K)
+    out = torch.empty_like(h)
+    out[order.unsqueeze(1), order.unsqueeze(0)] = h
+    return out
+
+
+# ----------------------------------------------------------------------------- isotonic
+def _sequential_pav(s: Tensor, c: Tensor, n: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Stack PAV over blocks (sum, weight, length); the fallback for adversarial orders."""
+    ss, cc, nn_ = s.tolist(), c.tolist(), n.tolist()
+    out_s: list[float] = []
+    out_c: list[float] = []
+    out_n: list[int] = []
+    for si, ci, ni in zip(ss, cc, nn_):
+        out_s.append(si)
+        out_c.append(ci)
+        out_n.append(ni)
+        while len(out_s) > 1 and out_s[-2] / out_c[-2] >= out_s[-1] / out_c[-1]:
+            s_last, c_last, n_last = out_s.pop(), out_c.pop(), out_n.pop()
+            out_s[-1] += s_last
+            out_c[-1] += c_last
+            out_n[-1] += n_last
+    return (torch.tensor(out_s, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64),
+            torch.tensor(out_n, dtype=torch.long))
+
+
+def pool_adjacent_violators(y_sum: Tensor, weight: Tensor) -> tuple[Tensor, int]:
+    """Non-decreasing least-squares fit of the means ``y_sum / weight`` (weighted), float64.
+
+    Vectorised PAV: each round pools every maximal run of adjacent blocks whose means decrease
+    (such blocks share one value in the solution); a few rounds suffice on calibration data,
+    and after 64 rounds the remaining blocks finish with the sequential stack algorithm.
+    Returns the fitted value per input point and the number of rounds.
+    """
+    s, c = y_sum.to(torch.float64), weight.to(torch.float64)
+    n = torch.ones_like(s, dtype=torch.long)
+    rounds = 0
+    while s.numel() > 1:
+        m = s / c
+        viol = m[:-1] >= m[1:]
+        if not bool(viol.any()):
+            break
+        if rounds >= _MAX_ROUNDS:
+            s, c, n = _sequential_pav(s, c, n)
+            break
+        start = torch.ones_like(m, dtype=torch.bool)
+        start[1:] = ~viol
+        gid = torch.cumsum(start, 0) - 1
+        k = int(gid[-1]) + 1
+        s = torch.zeros(k, dtype=torch.float64).index_add_(0, gid, s)
+        c = torch.zeros(k, dtype=torch.float64).index_add_(0, gid, c)
+        n = torch.zeros(k, dtype=torch.long).index_add_(0, gid, n)
+        rounds += 1
+    return torch.repeat_interleave(s / c, n), rounds
+
+
+def confidence_log_odds(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """``(x, top)``: the log-odds ``x = -logsumexp_{j != top}(z_j - z_top)`` of the max-softmax
+    confidence in float64 (no saturation where the probability rounds to 1) and the argmax.
+    ``-inf`` (masked) logits are allowed; an entirely masked row raises ``ValueError``."""
+    z = logits.to(torch.float64)
+    top = z.argmax(1)
+    zmax = z.gather(1, top.unsqueeze(1))
+    if bool(torch.isneginf(zmax).any()):
+        raise ValueError("logits: a row is entirely masked (-inf)")
+    rest = (z - zmax).scatter(1, top.unsqueeze(1), float("-inf"))
+    return -torch.logsumexp(rest, dim=1), top

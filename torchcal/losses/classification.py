@@ -1,0 +1,334 @@
+"""Losses over class forecasts (logits): the proper scoring rules and the calibration
+regularisers, thin shells over :mod:`torchcal.functional.scoring` and
+:mod:`torchcal.functional.regularizers` (options checked in ``__init__``)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+import torchcal.functional as TF
+from torchcal.functional._validation import (
+    check_bool,
+    check_floating,
+    check_gamma,
+    check_int,
+    check_kernel_width,
+    check_label_smoothing,
+    check_norm_power,
+    check_number,
+    check_reduction,
+)
+from torchcal.losses._buffers import KeepBufferDtype
+
+__all__ = [
+    "LogScoreLoss",
+    "BrierLoss",
+    "SphericalLoss",
+    "RPSLoss",
+    "FocalLoss",
+    "MMCELoss",
+    "SoftBinnedECELoss",
+    "ConfidencePenaltyLoss",
+    "DCALoss",
+    "MDCALoss",
+]
+
+
+class _ClassScoreLoss(KeepBufferDtype):
+    """Shared shell: stores ``weight`` (buffer), ``ignore_index``, ``reduction``,
+    ``multilabel`` (independent sigmoids over ``(N, C, *)`` 0/1 float targets); a subclass
+    sets ``_score`` and passes its own options through ``_options``."""
+
+    weight: Tensor | None
+    _score: staticmethod  # the functional rule, set by each subclass
+
+    def __init__(self, weight: Tensor | None = None, ignore_index: int = -100,
+                 reduction: str = "mean", multilabel: bool = False) -> None:
+        super().__init__()
+        self.reduction = check_reduction(reduction)
+        self.ignore_index = check_int("ignore_index", ignore_index)
+        if weight is not None:
+            check_floating("weight", weight)
+        self.register_buffer("weight", weight)
+        self.multilabel = check_bool("multilabel", multilabel)
+
+    def _options(self) -> dict[str, object]:
+        """Keyword options of ``_score`` beyond the shared ones."""
+        return {}
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        return self._score(logits, target, weight=self.weight, ignore_index=self.ignore_index,
+                           reduction=self.reduction, multilabel=self.multilabel,
+                           **self._options())
+
+    def extra_repr(self) -> str:
+        extra = f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+        return extra + (", multilabel=True" if self.multilabel else "")
+
+
+class LogScoreLoss(_ClassScoreLoss):
+    r"""Logarithmic score (cross-entropy) as a loss (:func:`torchcal.functional.log_score`).
+
+    Binary (``target`` of the logits' shape, floats in {0, 1}; also a ``(N, 1)`` head),
+    multiclass (``logits`` ``(N, C, *)``, class indices ``(N, *)`` or float class
+    probabilities of the logits' shape, as ``nn.CrossEntropyLoss``) or, only with
+    ``multilabel=True``, independent sigmoids over ``(N, C, *)``; ``weight``, ``ignore_index``,
+    ``reduction`` and ``label_smoothing`` as in ``nn.CrossEntropyLoss`` (``weight`` is a
+    buffer). ``label_smoothing > 0`` (multiclass only) is not a proper score.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import LogScoreLoss
+        >>> loss = LogScoreLoss(weight=torch.tensor([1.0, 2.0, 1.0]))
+        >>> round(loss(torch.zeros(2, 3), torch.tensor([0, 1])).item(), 4)
+        1.0986
+        >>> smoothed = LogScoreLoss(label_smoothing=0.1)
+        >>> round(smoothed(torch.tensor([[2.0, 0.0]]), torch.tensor([0])).item(), 4)
+        0.2269
+    """
+
+    _score = staticmethod(TF.log_score)
+
+    def __init__(self, weight: Tensor | None = None, ignore_index: int = -100,
+                 reduction: str = "mean", label_smoothing: float = 0.0,
+                 multilabel: bool = False) -> None:
+        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction,
+                         multilabel=multilabel)
+        self.label_smoothing = check_label_smoothing(label_smoothing)
+
+    def _options(self) -> dict[str, object]:
+        return {"label_smoothing": self.label_smoothing}
+
+    def extra_repr(self) -> str:
+        extra = super().extra_repr()
+        if self.label_smoothing:
+            extra += f", label_smoothing={self.label_smoothing}"
+        return extra
+
+
+class BrierLoss(_ClassScoreLoss):
+    r"""Brier score as a loss (:func:`torchcal.functional.brier_score`).
+
+    Multiclass ``sum_c (p_c - y_c)^2``; binary ``(p - y)^2`` (half the 2-class value).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import BrierLoss
+        >>> round(BrierLoss()(torch.zeros(2, 4), torch.tensor([0, 3])).item(), 4)
+        0.75
+    """
+
+    _score = staticmethod(TF.brier_score)
+
+
+class SphericalLoss(_ClassScoreLoss):
+    r"""Spherical score ``1 - p_y / ||p||_2`` as a loss (:func:`torchcal.functional.spherical_score`).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import SphericalLoss
+        >>> round(SphericalLoss()(torch.zeros(1, 4), torch.tensor([2])).item(), 4)
+        0.5
+    """
+
+    _score = staticmethod(TF.spherical_score)
+
+
+class RPSLoss(_ClassScoreLoss):
+    r"""Ranked probability score for ordered classes as a loss.
+
+    See :func:`torchcal.functional.ranked_probability_score` (not normalised by
+    ``C - 1``; the class order along ``dim=1`` is the ordinal order).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import RPSLoss
+        >>> round(RPSLoss()(torch.zeros(1, 3), torch.tensor([0])).item(), 4)
+        0.5556
+    """
+
+    _score = staticmethod(TF.ranked_probability_score)
+
+
+class FocalLoss(_ClassScoreLoss):
+    r"""Focal loss, or FLSD-53 with ``gamma='adaptive'`` (:func:`torchcal.functional.focal_loss`).
+
+    Not a proper scoring rule: a training objective that tends to reduce over-confidence.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import FocalLoss
+        >>> loss = FocalLoss(gamma="adaptive")
+        >>> round(loss(torch.zeros(2, 4), torch.tensor([0, 3])).item(), 4)
+        0.5848
+    """
+
+    _score = staticmethod(TF.focal_loss)
+
+    def __init__(self, gamma: float | str = 2.0, weight: Tensor | None = None,
+                 ignore_index: int = -100, reduction: str = "mean",
+                 multilabel: bool = False) -> None:
+        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction,
+                         multilabel=multilabel)
+        self.gamma = check_gamma(gamma)
+
+    def _options(self) -> dict[str, object]:
+        return {"gamma": self.gamma}
+
+    def extra_repr(self) -> str:
+        return f"gamma={self.gamma!r}, " + super().extra_repr()
+
+
+class MMCELoss(KeepBufferDtype):
+    r"""MMCE calibration penalty of a batch (:func:`torchcal.functional.mmce`).
+
+    Usually added to a proper score: ``loss = log_score + lam * mmce``. Defaults to the
+    smooth form ``squared=True`` (``MMCE^2``, as Kumar et al. train with): the root has an
+    infinite slope at 0, where ``squared=False`` takes the subgradient 0.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import MMCELoss
+        >>> logits = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 0.5]])
+        >>> round(MMCELoss()(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
+        0.0271
+        >>> round(MMCELoss(squared=False)(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
+        0.1647
+    """
+
+    def __init__(self, width: float = 0.4, squared: bool = True,
+                 ignore_index: int = -100, multilabel: bool = False) -> None:
+        super().__init__()
+        self.width = check_kernel_width(width)
+        self.squared = check_bool("squared", squared)
+        self.ignore_index = check_int("ignore_index", ignore_index)
+        self.multilabel = check_bool("multilabel", multilabel)
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        return TF.mmce(logits, target, width=self.width, squared=self.squared,
+                       ignore_index=self.ignore_index, multilabel=self.multilabel)
+
+    def extra_repr(self) -> str:
+        return f"width={self.width}, squared={self.squared}, ignore_index={self.ignore_index}"
+
+
+class SoftBinnedECELoss(KeepBufferDtype):
+    r"""Soft-binned ECE of a batch (:func:`torchcal.functional.soft_binned_ece`).
+
+    Defaults to the smooth form ``root=False``: ``SB-ECE_p^p``, whose gradient is finite
+    and continuous at 0; ``root=True`` returns ``SB-ECE_p`` (subgradient 0 at 0).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import SoftBinnedECELoss
+        >>> logits = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 0.5]])
+        >>> round(SoftBinnedECELoss()(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
+        0.1019
+        >>> round(SoftBinnedECELoss(root=True)(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
+        0.3192
+    """
+
+    def __init__(self, bins: int = 15, temperature: float = 0.01, p: float = 2.0,
+                 ignore_index: int = -100, root: bool = False,
+                 multilabel: bool = False) -> None:
+        super().__init__()
+        self.bins = check_int("bins", bins, minimum=1)
+        self.temperature = check_number("temperature", temperature, strict=True)
+        self.p = check_norm_power("p", p)
+        self.ignore_index = check_int("ignore_index", ignore_index)
+        self.root = check_bool("root", root)
+        self.multilabel = check_bool("multilabel", multilabel)
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        return TF.soft_binned_ece(logits, target, bins=self.bins, temperature=self.temperature,
+                                  p=self.p, ignore_index=self.ignore_index, root=self.root,
+                                  multilabel=self.multilabel)
+
+    def extra_repr(self) -> str:
+        return (f"bins={self.bins}, temperature={self.temperature}, p={self.p}, "
+                f"ignore_index={self.ignore_index}, root={self.root}")
+
+
+class ConfidencePenaltyLoss(KeepBufferDtype):
+    r"""Confidence penalty ``-beta * H(p)`` (:func:`torchcal.functional.confidence_penalty`).
+
+    Pereyra et al. 2017: add it to a proper score, ``loss = log_score + penalty``; it is
+    ``<= 0`` and rewards entropy. ``forward(logits, target=None)``: without a target the
+    logits are multiclass ``(N, C, *)``; a target selects the layout and ``ignore_index``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import ConfidencePenaltyLoss
+        >>> round(ConfidencePenaltyLoss(beta=0.5)(torch.zeros(2, 4)).item(), 4)  # -0.5 log 4
+        -0.6931
+    """
+
+    def __init__(self, beta: float = 1.0, ignore_index: int = -100,
+                 reduction: str = "mean", multilabel: bool = False) -> None:
+        super().__init__()
+        self.beta = check_number("beta", beta)
+        self.ignore_index = check_int("ignore_index", ignore_index)
+        self.reduction = check_reduction(reduction)
+        self.multilabel = check_bool("multilabel", multilabel)
+
+    def forward(self, logits: Tensor, target: Tensor | None = None) -> Tensor:
+        return TF.confidence_penalty(logits, target, beta=self.beta,
+                                     ignore_index=self.ignore_index, reduction=self.reduction,
+                                     multilabel=self.multilabel)
+
+    def extra_repr(self) -> str:
+        return (f"beta={self.beta}, ignore_index={self.ignore_index}, "
+                f"reduction={self.reduction!r}")
+
+
+class _BatchPenaltyLoss(KeepBufferDtype):
+    """Shared shell of the batch-level penalties: ``beta * fn(logits, target)``."""
+
+    _penalty: staticmethod
+
+    def __init__(self, beta: float = 1.0, ignore_index: int = -100,
+                 multilabel: bool = False) -> None:
+        super().__init__()
+        self.beta = check_number("beta", beta)
+        self.ignore_index = check_int("ignore_index", ignore_index)
+        self.multilabel = check_bool("multilabel", multilabel)
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        return self.beta * self._penalty(logits, target, ignore_index=self.ignore_index,
+                                         multilabel=self.multilabel)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, ignore_index={self.ignore_index}"
+
+
+class DCALoss(_BatchPenaltyLoss):
+    r"""``beta * DCA`` of a batch (:func:`torchcal.functional.dca`, Liang et al. 2020).
+
+    ``beta`` multiplies the output (the paper's ``log_score + beta * DCA``); add the
+    result to a proper score.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import DCALoss
+        >>> logits = torch.tensor([[3.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 0.5]])
+        >>> round(DCALoss(beta=10.0)(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
+        0.4672
+    """
+
+    _penalty = staticmethod(TF.dca)
+
+
+class MDCALoss(_BatchPenaltyLoss):
+    r"""``beta * MDCA`` of a batch (:func:`torchcal.functional.mdca`, Hebbalaguppe et al. 2022).
+
+    ``beta`` multiplies the output (the paper's ``log_score + beta * MDCA``).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import MDCALoss
+        >>> logits = torch.tensor([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+        >>> round(MDCALoss(beta=2.0)(logits, torch.tensor([0, 2])).item(), 4)
+        0.4164
+    """
+
+    _penalty = staticmethod(TF.mdca)

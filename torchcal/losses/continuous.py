@@ -1,0 +1,232 @@
+"""Losses over real-valued forecasts, thin shells over :mod:`torchcal.functional.continuous`
+and :mod:`torchcal.functional.crps` (forecast first, observations last)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import torchcal.functional as TF
+from torchcal.functional._validation import (
+    check_alpha,
+    check_bool,
+    check_estimator,
+    check_int,
+    check_levels,
+    check_option,
+    check_reduction,
+)
+from torchcal.losses._buffers import KeepBufferDtype
+
+__all__ = [
+    "CRPSLoss",
+    "EnergyScoreLoss",
+    "IntervalScoreLoss",
+    "QuantileLoss",
+    "GaussianNLLLoss",
+    "DawidSebastianiLoss",
+]
+
+_CRPS_DISTRIBUTIONS = ("normal", "laplace", "logistic", "ensemble")
+
+
+class CRPSLoss(KeepBufferDtype):
+    r"""Continuous ranked probability score as a loss (see :func:`torchcal.functional.crps_normal`).
+
+    One module for the closed forms and for ensembles; ``distribution`` fixes the
+    ``forward`` signature:
+
+    * ``'normal'`` | ``'laplace'`` | ``'logistic'``: ``forward(loc, scale, target)``
+      (:func:`~torchcal.functional.crps_normal` etc., exact closed-form gradients);
+    * ``'ensemble'``: ``forward(samples, target)`` with members along ``ensemble_dim``
+      (:func:`~torchcal.functional.crps_ensemble`, ``estimator='fair'`` by default: the
+      ``'nrg'`` estimator under-disperses trained ensembles).
+
+    ``estimator`` and ``ensemble_dim`` are used only with ``'ensemble'``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import CRPSLoss
+        >>> loss = CRPSLoss("normal")
+        >>> round(loss(torch.zeros(3), torch.ones(3), torch.zeros(3)).item(), 5)
+        0.23369
+        >>> ens = CRPSLoss("ensemble")
+        >>> round(ens(torch.tensor([[0.0, 1.0, 2.0, 3.0]]), torch.tensor([1.5])).item(), 4)
+        0.1667
+    """
+
+    def __init__(self, distribution: str = "normal", *, estimator: str = "fair",
+                 ensemble_dim: int = -1, reduction: str = "mean") -> None:
+        super().__init__()
+        self.distribution = check_option("distribution", distribution, _CRPS_DISTRIBUTIONS)
+        self.ensemble_dim = check_int("ensemble_dim", ensemble_dim)
+        self.estimator = check_estimator(estimator)
+        self.reduction = check_reduction(reduction)
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        if self.distribution == "ensemble":
+            if len(inputs) != 2:
+                raise TypeError(f"CRPSLoss('ensemble').forward expects (samples, target), got "
+                                f"{len(inputs)} tensors")
+            samples, target = inputs
+            return TF.crps_ensemble(samples, target, estimator=self.estimator,
+                                    ensemble_dim=self.ensemble_dim, reduction=self.reduction)
+        if len(inputs) != 3:
+            raise TypeError(f"CRPSLoss({self.distribution!r}).forward expects (loc, scale, "
+                            f"target), got {len(inputs)} tensors")
+        fn = {"normal": TF.crps_normal, "laplace": TF.crps_laplace,
+              "logistic": TF.crps_logistic}[self.distribution]
+        return fn(*inputs, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        if self.distribution == "ensemble":
+            return (f"distribution='ensemble', estimator={self.estimator!r}, "
+                    f"ensemble_dim={self.ensemble_dim}, reduction={self.reduction!r}")
+        return f"distribution={self.distribution!r}, reduction={self.reduction!r}"
+
+
+class EnergyScoreLoss(KeepBufferDtype):
+    r"""Energy score of a multivariate ensemble as a loss (:func:`torchcal.functional.energy_score`).
+
+    ``forward(samples, target)`` with ``samples`` ``(..., M, D)`` and ``target`` ``(..., D)``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import EnergyScoreLoss
+        >>> x = torch.tensor([[[0.0, 0.0], [3.0, 4.0]]])
+        >>> EnergyScoreLoss(estimator="nrg")(x, torch.tensor([[0.0, 0.0]])).item()
+        1.25
+    """
+
+    def __init__(self, *, estimator: str = "fair", reduction: str = "mean") -> None:
+        super().__init__()
+        self.estimator = check_estimator(estimator)
+        self.reduction = check_reduction(reduction)
+
+    def forward(self, samples: Tensor, target: Tensor) -> Tensor:
+        return TF.energy_score(samples, target, estimator=self.estimator,
+                               reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"estimator={self.estimator!r}, reduction={self.reduction!r}"
+
+
+class IntervalScoreLoss(KeepBufferDtype):
+    r"""Interval score of central ``(1 - alpha)`` intervals (:func:`torchcal.functional.interval_score`).
+
+    ``alpha`` is a float in (0, 1) or a tensor of levels (kept as a buffer, so it moves
+    with ``.to(device)``). ``forward(lower, upper, target)``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import IntervalScoreLoss
+        >>> loss = IntervalScoreLoss(alpha=0.5, reduction="sum")
+        >>> loss(torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0]), torch.tensor([0.5, 2.0])).item()
+        6.0
+    """
+
+    alpha: Tensor | float
+
+    def __init__(self, alpha: float | Tensor, *, reduction: str = "mean") -> None:
+        super().__init__()
+        alpha = check_alpha(alpha)
+        if isinstance(alpha, Tensor):
+            self.register_buffer("alpha", alpha.detach().clone())
+        else:
+            self.alpha = alpha
+        self.reduction = check_reduction(reduction)
+
+    def forward(self, lower: Tensor, upper: Tensor, target: Tensor) -> Tensor:
+        return TF.interval_score(lower, upper, target, alpha=self.alpha,
+                                 reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        alpha = self.alpha if isinstance(self.alpha, float) else "tensor"
+        return f"alpha={alpha}, reduction={self.reduction!r}"
+
+
+class QuantileLoss(KeepBufferDtype):
+    r"""Pinball loss over several quantile levels (:func:`torchcal.functional.quantile_score`).
+
+    ``quantiles`` (``Q`` levels in (0, 1)) are stored as a float64 buffer;
+    ``forward(pred, target)`` with ``pred`` ``(..., Q)`` and ``target`` ``(...)``.
+    1x convention (level 0.5 gives half the absolute error), as scoringrules.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import QuantileLoss
+        >>> loss = QuantileLoss([0.1, 0.5, 0.9])
+        >>> round(loss(torch.tensor([[0.0, 1.0, 2.0]]), torch.tensor([1.5])).item(), 4)
+        0.15
+    """
+
+    quantiles: Tensor
+
+    def __init__(self, quantiles: Tensor | list[float] | tuple[float, ...], *,
+                 reduction: str = "mean") -> None:
+        super().__init__()
+        levels = check_levels(quantiles)
+        self.register_buffer("quantiles", levels.detach().to(torch.float64, copy=True))
+        self.reduction = check_reduction(reduction)
+
+    def forward(self, pred: Tensor, target: Tensor) -> Tensor:
+        return TF.quantile_score(pred, target, self.quantiles, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"quantiles={self.quantiles.tolist()}, reduction={self.reduction!r}"
+
+
+class GaussianNLLLoss(KeepBufferDtype):
+    r"""Gaussian negative log-likelihood (:func:`torchcal.functional.gaussian_nll`).
+
+    ``forward(loc, spread, target)``: forecast first, observations last, like every
+    distributional loss here (``CRPSLoss``, ``DawidSebastianiLoss``). **Not** the order
+    of ``torch.nn.GaussianNLLLoss`` (``input, target, var``): porting code from it means
+    swapping the last two arguments (a swapped positive target would run silently).
+    ``spread`` is the variance by default (as in torch), the standard deviation with
+    ``spread='scale'``. ``full=True`` by default (the true log score) and no ``eps`` clamp
+    of the variance (non-positive spreads raise).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import GaussianNLLLoss
+        >>> round(GaussianNLLLoss()(torch.zeros(2), torch.ones(2), torch.zeros(2)).item(), 5)
+        0.91894
+    """
+
+    def __init__(self, *, full: bool = True, spread: str = "var",
+                 reduction: str = "mean") -> None:
+        super().__init__()
+        self.full = check_bool("full", full)
+        self.spread = check_option("spread", spread, ("var", "scale"))
+        self.reduction = check_reduction(reduction)
+
+    def forward(self, loc: Tensor, spread: Tensor, target: Tensor) -> Tensor:
+        return TF.gaussian_nll(loc, spread, target, var=self.spread == "var", full=self.full,
+                               reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"full={self.full}, spread={self.spread!r}, reduction={self.reduction!r}"
+
+
+class DawidSebastianiLoss(KeepBufferDtype):
+    r"""Dawid-Sebastiani score as a loss (:func:`torchcal.functional.dawid_sebastiani_score`).
+
+    ``forward(loc, scale, target)`` with ``scale`` the predictive standard deviation.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.losses import DawidSebastianiLoss
+        >>> DawidSebastianiLoss()(torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)).item()
+        4.0
+    """
+
+    def __init__(self, *, reduction: str = "mean") -> None:
+        super().__init__()
+        self.reduction = check_reduction(reduction)
+
+    def forward(self, loc: Tensor, scale: Tensor, target: Tensor) -> Tensor:
+        return TF.dawid_sebastiani_score(loc, scale, target, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}"

@@ -1,0 +1,146 @@
+"""Every figure torchcal draws, in one place: the reliability diagram of a
+:class:`~torchcal.report.ReliabilityTable`, its pyplot-free twin for the loggers, the
+"calibration over epochs" figure of :class:`~torchcal.callbacks.CalibrationMonitor`, and the
+RGB rendering the image loggers take.
+
+``matplotlib`` is optional (``pip install 'torchcal[plot]'``) and imported inside each
+function, never at module import; a missing matplotlib raises ``ImportError`` when a figure is
+asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torchcal.report import ReliabilityTable
+
+__all__ = ["figure_rgb", "history_figure", "reliability_diagram", "table_figure"]
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as e:  # pragma: no cover - optional extra
+        raise ImportError("ReliabilityTable.plot needs matplotlib "
+                          "(pip install 'torchcal[plot]')") from e
+    return plt
+
+
+def _diagram_axes(ax: Any) -> tuple[Any, Any]:
+    """``(diagram axis, count axis)``: a twin axis behind ``ax``, or two stacked axes of a new
+    pyplot figure when ``ax`` is ``None``."""
+    if ax is None:
+        _, (ax, ax_h) = _pyplot().subplots(2, 1, sharex=True, figsize=(4.5, 5.5),
+                                           gridspec_kw={"height_ratios": [3, 1]})
+        return ax, ax_h
+    ax_h = ax.twinx()
+    ax.set_zorder(ax_h.get_zorder() + 1)  # the diagram in front of the counts
+    ax.patch.set_visible(False)
+    return ax, ax_h
+
+
+def reliability_diagram(table: ReliabilityTable, ax: Any = None) -> Any:
+    """Reliability diagram of ``table`` (what :meth:`ReliabilityTable.plot` draws).
+
+    Accuracy bars per non-empty bin against the diagonal, the per-bin interval as whiskers
+    (so seven right out of seven reads as "at least ~0.65", not 1.0), each bin's (mean
+    confidence, accuracy) as a point (on the diagonal when calibrated), ``k/n`` (right /
+    samples) written in each bin when there are at most 20 bins, and a count histogram: below
+    the diagram when ``ax`` is ``None`` (a new pyplot figure), else behind it on a twin axis
+    of ``ax`` (scaled into its bottom quarter). Returns the diagram's axis.
+    """
+    twin = ax is not None
+    ax, ax_h = _diagram_axes(ax)
+    from matplotlib.ticker import MaxNLocator
+
+    idx = table.nonempty.numpy()
+    lo, hi = table.lo.numpy(), table.hi.numpy()
+    width, count, acc = hi - lo, table.count.numpy(), table.acc.numpy()[idx]
+    ax.plot([0, 1], [0, 1], "--", color="gray", lw=1, label="perfect calibration")
+    ax.bar(lo[idx], acc, width=width[idx], align="edge", color="tab:blue", alpha=0.6,
+           edgecolor="black", lw=0.6, label="accuracy")
+    centers = (lo + hi)[idx] / 2
+    yerr = [(acc - table.ci_low.numpy()[idx]).clip(min=0),
+            (table.ci_high.numpy()[idx] - acc).clip(min=0)]
+    ax.errorbar(centers, acc, yerr=yerr, fmt="none", ecolor="black", elinewidth=1.2,
+                capsize=3, label=f"{table.interval_label} interval")
+    ax.plot(table.conf.numpy()[idx], acc, "o", ms=3.5, color="tab:red",
+            label="(mean confidence, accuracy)")
+    if table.n_bins <= 20:
+        hits = (acc * count[idx]).round().astype(int)
+        for x, k, n in zip(centers, hits, count[idx]):
+            ax.text(x, 0.015, f"{k}/{n}", rotation=90, ha="center", va="bottom",
+                    fontsize=7, bbox={"boxstyle": "square,pad=0.15", "fc": "white",
+                                      "ec": "none", "alpha": 0.7})
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{table.reading}: ECE {table.ece:.4f}, n={table.n}")
+    ax.legend(loc="best", fontsize="x-small" if twin else "small", framealpha=0.9)
+    ax_h.bar(lo, count, width=width, align="edge", color="tab:gray",
+             alpha=0.25 if twin else 0.6)
+    ax_h.yaxis.set_major_locator(MaxNLocator(nbins=3, integer=True))
+    ax_h.set_ylabel("count")
+    if twin:
+        ax_h.set_ylim(0, 4 * max(int(count.max()), 1))
+        ax.set_xlabel("confidence")
+    else:
+        ax_h.set_xlabel("confidence")
+    return ax
+
+
+def table_figure(table: ReliabilityTable) -> Any:
+    """The reliability diagram of ``table`` on a fresh pyplot-free ``Figure`` (for the
+    loggers: no pyplot state is touched)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4.5, 4.0), dpi=80)
+    reliability_diagram(table, ax=fig.add_subplot(1, 1, 1))
+    # fixed margins (room for the count axis on the right): tight_layout() would double the
+    # cost of the figure, drawn every validation epoch
+    fig.subplots_adjust(left=0.15, right=0.83, bottom=0.13, top=0.9)
+    return fig
+
+
+def history_figure(history: Sequence[dict[str, Any]], title: str, *,
+                   brier_key: str = "brier_confidence") -> Any:
+    """"Calibration over epochs": ECE / debiased ECE / MCE, the Brier score and the NLL (one
+    panel each: their scales differ) against the epoch, one point per validation run in
+    ``history`` (dicts with ``epoch``, ``step`` and those keys). When an epoch holds several
+    runs (``val_check_interval < 1``, a ``validate()`` before ``fit``), the x axis is the
+    global step instead."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    epochs = [h["epoch"] for h in history]
+    by_step = len(set(epochs)) < len(epochs)
+    x, xlabel = ([h["step"] for h in history], "global step") if by_step else (epochs, "epoch")
+    fig = Figure(figsize=(10.5, 3.4), dpi=90)
+    panels = ((("ece", "ece_debiased", "mce"), "calibration error"),
+              ((brier_key,), brier_key.replace("_", " ")), (("nll",), "NLL (nats)"))
+    for i, (keys, ylabel) in enumerate(panels):
+        ax = fig.add_subplot(1, 3, i + 1)
+        for k in keys:
+            ax.plot(x, [h[k] for h in history], marker="o", label=k)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if len(keys) > 1:
+            ax.legend(fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def figure_rgb(fig: Any) -> Any:
+    """Render a matplotlib ``Figure`` to an ``(H, W, 3)`` uint8 numpy array (Agg canvas, no
+    pyplot state touched)."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
