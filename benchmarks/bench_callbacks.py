@@ -33,9 +33,14 @@ class MLP(L.LightningModule):
     def __init__(self, d_in: int, width: int, classes: int) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(d_in, width), torch.nn.GELU(), torch.nn.Linear(width, width),
-            torch.nn.GELU(), torch.nn.Linear(width, width), torch.nn.GELU(),
-            torch.nn.Linear(width, classes))
+            torch.nn.Linear(d_in, width),
+            torch.nn.GELU(),
+            torch.nn.Linear(width, width),
+            torch.nn.GELU(),
+            torch.nn.Linear(width, width),
+            torch.nn.GELU(),
+            torch.nn.Linear(width, classes),
+        )
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
         x, y = batch
@@ -104,8 +109,15 @@ class TorchmetricsECE(L.Callback):
         self.metric = self.metric.to(pl_module.device)
         self.metric.reset()
 
-    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any,
-                                batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: Any,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         self.metric.update(outputs["logits"], outputs["target"])
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
@@ -119,10 +131,14 @@ def main() -> None:
     ap.add_argument("--classes", type=int, default=100)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads (default 1: on an oversubscribed machine, "
-                         "multi-threaded small ops stall on OpenMP barriers for milliseconds, "
-                         "which measures the machine, not the code)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: on an oversubscribed machine, "
+        "multi-threaded small ops stall on OpenMP barriers for milliseconds, "
+        "which measures the machine, not the code)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
@@ -141,12 +157,20 @@ def main() -> None:
             cbs.append(TimedMonitor(n_bins=15))
         if name == "monitor+tensorboard":
             from lightning.pytorch.loggers import TensorBoardLogger
+
             logger = TensorBoardLogger(tmp, name="tb")
         if name == "torchmetrics":
             cbs.append(TorchmetricsECE(args.classes, 15))
-        tr = L.Trainer(accelerator="cpu", devices=1, logger=logger, callbacks=cbs,
-                       default_root_dir=tmp, enable_progress_bar=False,
-                       enable_model_summary=False, enable_checkpointing=False)
+        tr = L.Trainer(
+            accelerator="cpu",
+            devices=1,
+            logger=logger,
+            callbacks=cbs,
+            default_root_dir=tmp,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+        )
         return tr, timer
 
     cases = ["bare", "monitor", "torchmetrics", "monitor+tensorboard"]
@@ -159,25 +183,33 @@ def main() -> None:
         for c in cases:
             runs[c][0].validate(model, dl, verbose=False)
     med = {c: statistics.median(runs[c][1].times) for c in cases}
-    print(f"validation epoch: N={args.n}, MLP 512-{args.width}x3-{args.classes}, batch "
-          f"{args.batch}, median of {args.repeats} epochs (torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads)")
+    print(
+        f"validation epoch: N={args.n}, MLP 512-{args.width}x3-{args.classes}, batch "
+        f"{args.batch}, median of {args.repeats} epochs (torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads)"
+    )
     print(f"{'case':<22}{'epoch s':>10}{'ratio to bare':>16}{'overhead':>11}")
     for c in cases:
-        print(f"{c:<22}{med[c]:>10.3f}{med[c] / med['bare']:>16.3f}"
-              f"{100 * (med[c] / med['bare'] - 1):>10.1f}%")
+        print(
+            f"{c:<22}{med[c]:>10.3f}{med[c] / med['bare']:>16.3f}"
+            f"{100 * (med[c] / med['bare'] - 1):>10.1f}%"
+        )
     for c in ("monitor", "monitor+tensorboard"):
         t = runs[c][1]
         frac = statistics.median(t.hook_fractions)
         end = statistics.median(t.end_seconds)
-        print(f"{c}: time inside the monitor's hooks = {100 * frac:.2f}% of the epoch "
-              f"(median; the robust number on a noisy machine): per-batch updates "
-              f"{100 * statistics.median(t.batch_fractions):.2f}% (scales with the epoch), "
-              f"epoch-end work {end * 1e3:.1f} ms (fixed per epoch: under 5% once an epoch "
-              f"takes over {end / 0.05:.2f} s)")
-    print(f"monitor vs torchmetrics MulticlassCalibrationError callback (peer): "
-          f"{(med['monitor'] - med['bare']) * 1e3:.1f} ms vs "
-          f"{(med['torchmetrics'] - med['bare']) * 1e3:.1f} ms of extra time per epoch")
+        print(
+            f"{c}: time inside the monitor's hooks = {100 * frac:.2f}% of the epoch "
+            f"(median; the robust number on a noisy machine): per-batch updates "
+            f"{100 * statistics.median(t.batch_fractions):.2f}% (scales with the epoch), "
+            f"epoch-end work {end * 1e3:.1f} ms (fixed per epoch: under 5% once an epoch "
+            f"takes over {end / 0.05:.2f} s)"
+        )
+    print(
+        f"monitor vs torchmetrics MulticlassCalibrationError callback (peer): "
+        f"{(med['monitor'] - med['bare']) * 1e3:.1f} ms vs "
+        f"{(med['torchmetrics'] - med['bare']) * 1e3:.1f} ms of extra time per epoch"
+    )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,7 @@ def best_of(fn: Callable[[], object], repeat: int) -> float:
     return min(times)
 
 
-def paired(fa: Callable[[], object], fb: Callable[[], object], repeat: int
-           ) -> tuple[float, float]:
+def paired(fa: Callable[[], object], fb: Callable[[], object], repeat: int) -> tuple[float, float]:
     """Best times of ``fa`` and ``fb`` measured alternately (a load spike hits both)."""
     fa()
     fb()
@@ -59,8 +58,9 @@ def state_bytes(metric: torch.nn.Module) -> int:
     return total
 
 
-def make_batches(n: int, batches: int, classes: int, seed: int = 0
-                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def make_batches(
+    n: int, batches: int, classes: int, seed: int = 0
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(n, classes, generator=g) * 2
     target = torch.randint(0, classes, (n,), generator=g)
@@ -89,10 +89,10 @@ def run(quick: bool) -> None:
 
     # 2. throughput ------------------------------------------------------------------------
     print("== update + compute, N=100k in 100 batches (float32; validation on in both) ==")
-    print(f"{'C':>5} {'input':>7} {'torchcal ms':>12} {'torchmetrics ms':>16} {'speed-up':>9}"
-          f"  target")
-    for classes, target, inp in ((10, 1.0, "logits"), (100, 1.5, "logits"),
-                                 (100, 1.5, "probs")):
+    print(
+        f"{'C':>5} {'input':>7} {'torchcal ms':>12} {'torchmetrics ms':>16} {'speed-up':>9}  target"
+    )
+    for classes, target, inp in ((10, 1.0, "logits"), (100, 1.5, "logits"), (100, 1.5, "probs")):
         data = make_batches(100_000, 100, classes)
         if inp == "probs":  # torchmetrics takes values in [0, 1] as probabilities as they are
             data = [(x.softmax(1), y) for x, y in data]
@@ -110,8 +110,9 @@ def run(quick: bool) -> None:
             m.compute()
 
         a, b = paired(ours_run, peer_run, repeat)
-        print(f"{classes:>5} {inp:>7} {a * 1e3:>12.2f} {b * 1e3:>16.2f} {b / a:>8.2f}x"
-              f"  >= {target}x")
+        print(
+            f"{classes:>5} {inp:>7} {a * 1e3:>12.2f} {b * 1e3:>16.2f} {b / a:>8.2f}x  >= {target}x"
+        )
     print()
 
     # 3. compute() time --------------------------------------------------------------------
@@ -134,8 +135,10 @@ def run(quick: bool) -> None:
         m._computed = None
         m.compute()
 
-    print(f"  ClasswiseCalibrationError C=100 N=100k: {best_of(comp_cw, 10) * 1e3:7.3f} ms "
-          f"(target < 50 ms)")
+    print(
+        f"  ClasswiseCalibrationError C=100 N=100k: {best_of(comp_cw, 10) * 1e3:7.3f} ms "
+        f"(target < 50 ms)"
+    )
     print()
 
     # 4. update vs the memory-traffic floor ------------------------------------------------
@@ -146,19 +149,25 @@ def run(quick: bool) -> None:
         x = torch.randn(n, classes, generator=g)
         y = torch.randint(0, classes, (n,), generator=g)
         m = CalibrationError(n_bins=15, validate_args=False)
-        upd, floor = paired(lambda m=m, x=x, y=y: m.update(x, y),
-                            lambda x=x: torch.softmax(x, 1).max(1), repeat * 3)
-        print(f"{n:>7}x{classes:<4} {upd * 1e3:>10.3f} {floor * 1e3:>9.3f} {upd / floor:>6.2f}x"
-              f"  (target <= 1.5x)")
+        upd, floor = paired(
+            lambda m=m, x=x, y=y: m.update(x, y), lambda x=x: torch.softmax(x, 1).max(1), repeat * 3
+        )
+        print(
+            f"{n:>7}x{classes:<4} {upd * 1e3:>10.3f} {floor * 1e3:>9.3f} {upd / floor:>6.2f}x"
+            f"  (target <= 1.5x)"
+        )
     for n, classes in ((10_000, 100),):
         g = torch.Generator().manual_seed(1)
         x = torch.randn(n, classes, generator=g)
         y = torch.randint(0, classes, (n,), generator=g)
         m = CalibrationError(n_bins=15)
-        upd, floor = paired(lambda m=m, x=x, y=y: m.update(x, y),
-                            lambda x=x: torch.softmax(x, 1).max(1), repeat * 3)
-        print(f"{n:>7}x{classes:<4} {upd * 1e3:>10.3f} {floor * 1e3:>9.3f} {upd / floor:>6.2f}x"
-              f"  (validate_args=True: NaN + label-range checks)")
+        upd, floor = paired(
+            lambda m=m, x=x, y=y: m.update(x, y), lambda x=x: torch.softmax(x, 1).max(1), repeat * 3
+        )
+        print(
+            f"{n:>7}x{classes:<4} {upd * 1e3:>10.3f} {floor * 1e3:>9.3f} {upd / floor:>6.2f}x"
+            f"  (validate_args=True: NaN + label-range checks)"
+        )
 
 
 if __name__ == "__main__":

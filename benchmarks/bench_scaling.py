@@ -45,7 +45,7 @@ def make_data(n: int, c: int, true_t: float, seed: int = 0) -> tuple[torch.Tenso
     y = torch.empty(n, dtype=torch.long)
     for s in range(0, n, 4096):
         u = torch.rand(min(4096, n - s), c, generator=g).clamp_(min=1e-12)
-        y[s:s + 4096] = (z[s:s + 4096] / true_t - torch.log(-torch.log(u))).argmax(1)
+        y[s : s + 4096] = (z[s : s + 4096] / true_t - torch.log(-torch.log(u))).argmax(1)
     return z, y
 
 
@@ -54,7 +54,7 @@ def grad_log_t(zn: np.ndarray, yn: np.ndarray, zy: np.ndarray, lt: float) -> flo
     beta = math.exp(-lt)
     total = 0.0
     for s in range(0, zn.shape[0], 2048):
-        zc = zn[s:s + 2048].astype(np.float64)
+        zc = zn[s : s + 2048].astype(np.float64)
         p = beta * zc
         p -= p.max(1, keepdims=True)
         np.exp(p, out=p)
@@ -67,9 +67,10 @@ def nll(z: torch.Tensor, y: torch.Tensor, t: float) -> float:
     """Mean NLL at temperature t, float64, chunked."""
     total = 0.0
     for s in range(0, z.shape[0], 2048):
-        zc = z[s:s + 2048].double() / t
-        total += float((torch.logsumexp(zc, 1) - zc.gather(1, y[s:s + 2048, None]).squeeze(1))
-                       .sum())
+        zc = z[s : s + 2048].double() / t
+        total += float(
+            (torch.logsumexp(zc, 1) - zc.gather(1, y[s : s + 2048, None]).squeeze(1)).sum()
+        )
     return total / z.shape[0]
 
 
@@ -149,6 +150,7 @@ def sklearn_temperature():
     except ImportError:
         return None
     import inspect
+
     if "temperature" not in inspect.getsource(CalibratedClassifierCV):
         return None
 
@@ -196,20 +198,32 @@ def run_case(name: str, n: int, c: int, true_t: float, quick: bool) -> list[dict
     print(f"\n== {name}: {n} x {c} float32 logits, true T = {true_t} ==")
     t_ours, w_ours, c_ours = timed(lambda: fit_torchcal(z, y))
     t_opt, f_opt = optimum(z, y, t_ours)
-    peers = [("torchcal TemperatureScaler", fit_torchcal),
-             ("torchcal TemperatureScaler(method='newton')", fit_torchcal_newton),
-             ("reference way LBFGS(lr=0.01, max_iter=50) on T", fit_reference_way),
-             ("scipy Brent on log T (float64)", fit_scipy_brent)]
+    peers = [
+        ("torchcal TemperatureScaler", fit_torchcal),
+        ("torchcal TemperatureScaler(method='newton')", fit_torchcal_newton),
+        ("reference way LBFGS(lr=0.01, max_iter=50) on T", fit_reference_way),
+        ("scipy Brent on log T (float64)", fit_scipy_brent),
+    ]
     sk = sklearn_temperature()
     peers.append(("scikit-learn method='temperature'", sk))
-    peers.append(("netcal TemperatureScaling (float64 probs)",
-                  None if quick else netcal_temperature(torch.float64)))
-    peers.append(("netcal TemperatureScaling (float32 probs)",
-                  None if quick else netcal_temperature(torch.float32)))
+    peers.append(
+        (
+            "netcal TemperatureScaling (float64 probs)",
+            None if quick else netcal_temperature(torch.float64),
+        )
+    )
+    peers.append(
+        (
+            "netcal TemperatureScaling (float32 probs)",
+            None if quick else netcal_temperature(torch.float32),
+        )
+    )
     peers.append(("torch-uncertainty TemperatureScaler", torch_uncertainty_temperature()))
     rows = []
-    print(f"{'method':48s} {'wall s':>8s} {'cpu s':>8s} {'ratio':>7s} {'cpu rt':>7s} "
-          f"{'T':>10s} {'T/T*-1':>10s} {'NLL gap':>10s}")
+    print(
+        f"{'method':48s} {'wall s':>8s} {'cpu s':>8s} {'ratio':>7s} {'cpu rt':>7s} "
+        f"{'T':>10s} {'T/T*-1':>10s} {'NLL gap':>10s}"
+    )
     for label, fn in peers:
         if fn is None:
             print(f"{label:48s}  (not available)")
@@ -219,18 +233,33 @@ def run_case(name: str, n: int, c: int, true_t: float, quick: bool) -> list[dict
         else:
             t, wall, cpu = timed(lambda fn=fn: fn(z, y))
         gap = nll(z, y, t) - f_opt
-        rows.append({"case": name, "method": label, "wall": wall, "cpu": cpu,
-                     "ratio_ours_to_this": w_ours / wall, "T": t, "rel": t / t_opt - 1,
-                     "gap": gap})
-        print(f"{label:48s} {wall:8.2f} {cpu:8.2f} {w_ours / wall:7.3f} {c_ours / cpu:7.3f} "
-              f"{t:10.5f} {t / t_opt - 1:10.2e} {gap:10.2e}")
-    print("ratio = torchcal wall time / this method's wall time, cpu rt = the same for process "
-          "CPU time (steadier on a shared machine); lower is better for torchcal. T* = float64 "
-          "optimum (Brent root of dNLL/dlogT); NLL gap = NLL(T) - NLL(T*) in nats")
+        rows.append(
+            {
+                "case": name,
+                "method": label,
+                "wall": wall,
+                "cpu": cpu,
+                "ratio_ours_to_this": w_ours / wall,
+                "T": t,
+                "rel": t / t_opt - 1,
+                "gap": gap,
+            }
+        )
+        print(
+            f"{label:48s} {wall:8.2f} {cpu:8.2f} {w_ours / wall:7.3f} {c_ours / cpu:7.3f} "
+            f"{t:10.5f} {t / t_opt - 1:10.2e} {gap:10.2e}"
+        )
+    print(
+        "ratio = torchcal wall time / this method's wall time, cpu rt = the same for process "
+        "CPU time (steadier on a shared machine); lower is better for torchcal. T* = float64 "
+        "optimum (Brent root of dNLL/dlogT); NLL gap = NLL(T) - NLL(T*) in nats"
+    )
     wall = {r["method"]: r["wall"] for r in rows}
     for solver in ("torchcal TemperatureScaler", "torchcal TemperatureScaler(method='newton')"):
-        for peer, label in (("scikit-learn method='temperature'", "scikit-learn"),
-                            ("reference way LBFGS(lr=0.01, max_iter=50) on T", "reference")):
+        for peer, label in (
+            ("scikit-learn method='temperature'", "scikit-learn"),
+            ("reference way LBFGS(lr=0.01, max_iter=50) on T", "reference"),
+        ):
             if solver in wall and peer in wall:
                 print(f"  {solver}: {wall[solver] / wall[peer]:.3f} x {label}")
     return rows
@@ -265,13 +294,18 @@ print(json.dumps({"wall": wall, "cpu": cpu, "extra_mb": (peak - before) / 1024,
 
 def run_big(n: int, c: int) -> dict:
     print(f"\n== large: {n} x {c} float32 logits ({n * c * 4 / 2**20:.0f} MiB), subprocess ==")
-    out = subprocess.run([sys.executable, "-c", _BIG, str(n), str(c)], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _BIG, str(n), str(c)], capture_output=True, text=True, check=True
+    )
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"fit wall {r['wall']:.2f} s (cpu {r['cpu']:.2f} s), passes {r['passes']}, "
-          f"converged {r['converged']}, T {r['T']:.6f}")
-    print(f"extra peak RSS {r['extra_mb']:.1f} MiB = {r['extra_mb'] / r['logits_mb']:.4f} x the "
-          f"logits ({r['logits_mb']:.0f} MiB); peak counter reset: {r['reset']}")
+    print(
+        f"fit wall {r['wall']:.2f} s (cpu {r['cpu']:.2f} s), passes {r['passes']}, "
+        f"converged {r['converged']}, T {r['T']:.6f}"
+    )
+    print(
+        f"extra peak RSS {r['extra_mb']:.1f} MiB = {r['extra_mb'] / r['logits_mb']:.4f} x the "
+        f"logits ({r['logits_mb']:.0f} MiB); peak counter reset: {r['reset']}"
+    )
     return r
 
 

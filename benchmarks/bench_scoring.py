@@ -34,8 +34,9 @@ import torchcal.functional as TF
 SLOW_S = 2.0  # a peer call slower than this is timed once (warm-up included)
 
 
-def compare(ours: Callable[[], object], peer: Callable[[], object],
-            reps: int) -> tuple[float, float]:
+def compare(
+    ours: Callable[[], object], peer: Callable[[], object], reps: int
+) -> tuple[float, float]:
     """Median times of ``ours`` and ``peer``, interleaved call by call after a warm-up.
 
     Interleaving keeps both sides under the same background load (the machine is shared).
@@ -69,23 +70,33 @@ def fwd_bwd(loss_fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> Call
     return run
 
 
-def row(case: str, ours: Callable[[], object], peer_name: str, peer: Callable[[], object],
-        reps: int, peer_scale: float = 1.0) -> None:
+def row(
+    case: str,
+    ours: Callable[[], object],
+    peer_name: str,
+    peer: Callable[[], object],
+    reps: int,
+    peer_scale: float = 1.0,
+) -> None:
     """Print one line; ``peer_scale`` scales a peer timed on a fraction of the rows."""
     t_ours, t_peer = compare(ours, peer, reps)
     t_peer *= peer_scale
-    print(f"{case:<40} {t_ours * 1e3:10.2f} {peer_name:<28} {t_peer * 1e3:10.2f} "
-          f"{t_ours / t_peer:8.3f}", flush=True)
+    print(
+        f"{case:<40} {t_ours * 1e3:10.2f} {peer_name:<28} {t_peer * 1e3:10.2f} "
+        f"{t_ours / t_peer:8.3f}",
+        flush=True,
+    )
 
 
-def pairwise_crps_fair(samples: torch.Tensor, target: torch.Tensor,
-                       max_elems: int = 2**25) -> torch.Tensor:
+def pairwise_crps_fair(
+    samples: torch.Tensor, target: torch.Tensor, max_elems: int = 2**25
+) -> torch.Tensor:
     """Reference fair CRPS with the O(M^2) pair sum, in row chunks of <= max_elems pairs."""
     b, m = samples.shape
     chunk = max(1, max_elems // (m * m))
     total = samples.new_zeros(())
     for s in range(0, b, chunk):
-        x, y = samples[s:s + chunk], target[s:s + chunk]
+        x, y = samples[s : s + chunk], target[s : s + chunk]
         e1 = (x - y[:, None]).abs().mean(-1)
         e2 = (x[:, :, None] - x[:, None, :]).abs().sum((-1, -2)) / (2 * m * (m - 1))
         total = total + (e1 - e2).sum()
@@ -120,11 +131,15 @@ def bench_crps_ensemble(quick: bool, reps: int) -> None:
         row(tag, ours, name, pairwise, reps, peer_scale=b / k)
         if sr is not None:
             if b * m * m <= 10**8:  # scoringrules' fair is unchunked M x M per row
-                srf = fwd_bwd(lambda s, t: sr.crps_ensemble(
-                    t, s, estimator="fair", backend="torch").mean(), x, y)
+                srf = fwd_bwd(
+                    lambda s, t: sr.crps_ensemble(t, s, estimator="fair", backend="torch").mean(),
+                    x,
+                    y,
+                )
                 row(tag, ours, "scoringrules torch fair", srf, reps)
-            srp = fwd_bwd(lambda s, t: sr.crps_ensemble(
-                t, s, estimator="pwm", backend="torch").mean(), x, y)
+            srp = fwd_bwd(
+                lambda s, t: sr.crps_ensemble(t, s, estimator="pwm", backend="torch").mean(), x, y
+            )
             row(tag, ours, "scoringrules torch pwm", srp, reps)
             row(tag + " (checks off)", ours_unchecked, "scoringrules torch pwm", srp, reps)
         if ps is not None:
@@ -132,10 +147,13 @@ def bench_crps_ensemble(quick: bool, reps: int) -> None:
             k = min(b, max(10, 10**9 // m**3))
             xs, ys = x[:k].contiguous(), y[:k].contiguous()
             xn, yn = xs.double().numpy(), ys.double().numpy()
-            row(f"crps_ensemble B={k} M={m} nrg fwd",
+            row(
+                f"crps_ensemble B={k} M={m} nrg fwd",
                 lambda a=xs, t=ys: TF.crps_ensemble(a, t, estimator="nrg"),
                 "properscoring (fwd, f64)",
-                lambda a=xn, t=yn: np.mean(ps.crps_ensemble(t, a)), reps)
+                lambda a=xn, t=yn: np.mean(ps.crps_ensemble(t, a)),
+                reps,
+            )
 
 
 def bench_classification(quick: bool, reps: int) -> None:
@@ -151,11 +169,21 @@ def bench_classification(quick: bool, reps: int) -> None:
 
     ce = fwd_bwd(lambda z, t: F.cross_entropy(z, t), logits, target)
     brier = fwd_bwd(lambda z, t: TF.brier_score(z, t), logits, target)
-    row(f"log_score {tag}", fwd_bwd(lambda z, t: TF.log_score(z, t), logits, target),
-        "F.cross_entropy", ce, reps)
+    row(
+        f"log_score {tag}",
+        fwd_bwd(lambda z, t: TF.log_score(z, t), logits, target),
+        "F.cross_entropy",
+        ce,
+        reps,
+    )
     row(f"brier_score {tag}", brier, "F.cross_entropy", ce, reps)
-    row(f"brier_score {tag}", brier, "plain autograd Brier", fwd_bwd(plain_brier, logits, target),
-        reps)
+    row(
+        f"brier_score {tag}",
+        brier,
+        "plain autograd Brier",
+        fwd_bwd(plain_brier, logits, target),
+        reps,
+    )
 
 
 def main() -> None:
@@ -166,8 +194,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     reps = args.reps or (3 if args.quick else 5)
-    print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, reps={reps} "
-          f"(median), float32; times in ms; ratio = torchcal / peer")
+    print(
+        f"torch {torch.__version__}, threads={torch.get_num_threads()}, reps={reps} "
+        f"(median), float32; times in ms; ratio = torchcal / peer"
+    )
     print(f"{'case':<40} {'torchcal':>10} {'peer':<28} {'peer':>10} {'ratio':>8}")
     bench_crps_ensemble(args.quick, reps)
     bench_classification(args.quick, reps)

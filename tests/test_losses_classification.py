@@ -20,8 +20,12 @@ from torchcal.losses import (
     SphericalLoss,
 )
 
-PAIRS = [(LogScoreLoss, TF.log_score), (BrierLoss, TF.brier_score),
-         (SphericalLoss, TF.spherical_score), (RPSLoss, TF.ranked_probability_score)]
+PAIRS = [
+    (LogScoreLoss, TF.log_score),
+    (BrierLoss, TF.brier_score),
+    (SphericalLoss, TF.spherical_score),
+    (RPSLoss, TF.ranked_probability_score),
+]
 IDS = [m.__name__ for m, _ in PAIRS]
 
 
@@ -91,21 +95,56 @@ def test_bad_constructor_arguments(module, fn, case):
 
 
 BAD_FORWARD = [
-    ("nan", torch.tensor([[0.0, float("nan")]]), torch.tensor([0]), {},
-     r"logits: expected finite values"),
-    ("class out of range", torch.zeros(3, 2), torch.tensor([0, 2, 1]), {},
-     r"target: expected class indices in \[0, 1\], got 2 at position 1"),
-    ("float multiclass target", torch.zeros(3, 2), torch.tensor([0.0, 1.0, 1.0]), {},
-     r"target: expected integer class indices"),
-    ("binary label", torch.zeros(3), torch.tensor([0.0, 0.5, 1.0]), {},
-     r"target: expected binary labels in \{0, 1\}, got 0.5 at position 1"),
+    (
+        "nan",
+        torch.tensor([[0.0, float("nan")]]),
+        torch.tensor([0]),
+        {},
+        r"logits: expected finite values",
+    ),
+    (
+        "class out of range",
+        torch.zeros(3, 2),
+        torch.tensor([0, 2, 1]),
+        {},
+        r"target: expected class indices in \[0, 1\], got 2 at position 1",
+    ),
+    (
+        "float multiclass target",
+        torch.zeros(3, 2),
+        torch.tensor([0.0, 1.0, 1.0]),
+        {},
+        r"target: expected integer class indices",
+    ),
+    (
+        "binary label",
+        torch.zeros(3),
+        torch.tensor([0.0, 0.5, 1.0]),
+        {},
+        r"target: expected binary labels in \{0, 1\}, got 0.5 at position 1",
+    ),
     ("shape", torch.zeros(3, 2), torch.zeros(2, dtype=torch.long), {}, r"target: expected shape"),
-    ("empty", torch.zeros(0, 2), torch.zeros(0, dtype=torch.long), {},
-     r"logits: expected a non-empty tensor"),
-    ("weight size", torch.zeros(3, 2), torch.tensor([0, 1, 1]), {"weight": torch.ones(3)},
-     r"weight: expected a 1-d tensor of 2 class weights"),
-    ("true class masked", torch.tensor([[float("-inf"), 0.0]]), torch.tensor([0]), {},
-     r"logits: the true class has logit -inf"),
+    (
+        "empty",
+        torch.zeros(0, 2),
+        torch.zeros(0, dtype=torch.long),
+        {},
+        r"logits: expected a non-empty tensor",
+    ),
+    (
+        "weight size",
+        torch.zeros(3, 2),
+        torch.tensor([0, 1, 1]),
+        {"weight": torch.ones(3)},
+        r"weight: expected a 1-d tensor of 2 class weights",
+    ),
+    (
+        "true class masked",
+        torch.tensor([[float("-inf"), 0.0]]),
+        torch.tensor([0]),
+        {},
+        r"logits: the true class has logit -inf",
+    ),
 ]
 
 
@@ -141,7 +180,8 @@ def test_module_trains_a_linear_model(module, fn):
 def test_label_smoothing_equals_cross_entropy_for_every_option_combination(eps):
     g = torch.Generator().manual_seed(30)
     for shape, weighted, ignore, reduction in itertools.product(
-            [(7, 5), (4, 3, 2, 3)], [False, True], [None, -100, 2], ["mean", "sum", "none"]):
+        [(7, 5), (4, 3, 2, 3)], [False, True], [None, -100, 2], ["mean", "sum", "none"]
+    ):
         z = torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
         t = torch.randint(0, shape[1], shape[:1] + shape[2:], generator=g)
         kwargs = {"reduction": reduction, "label_smoothing": eps}
@@ -167,15 +207,17 @@ def test_label_smoothing_gradcheck_float32_and_module_state():
     t = torch.tensor([0, 3, -100, 1, 2])
     w = torch.rand(4, generator=g, dtype=torch.float64) + 0.1
     assert torch.autograd.gradcheck(
-        lambda x: TF.log_score(x, t, weight=w, label_smoothing=0.2), (z,))
+        lambda x: TF.log_score(x, t, weight=w, label_smoothing=0.2), (z,)
+    )
     # float32 logits with a float32 weight; fp16 logits are computed in float32
     z32 = z.detach().float()
-    torch.testing.assert_close(TF.log_score(z32, t, weight=w.float(), label_smoothing=0.2),
-                               F.cross_entropy(z32, t, weight=w.float(), label_smoothing=0.2))
+    torch.testing.assert_close(
+        TF.log_score(z32, t, weight=w.float(), label_smoothing=0.2),
+        F.cross_entropy(z32, t, weight=w.float(), label_smoothing=0.2),
+    )
     out16 = TF.log_score(z32.half(), t, label_smoothing=0.2)
     assert out16.dtype == torch.float32
-    torch.testing.assert_close(out16, F.cross_entropy(z32.half().float(), t,
-                                                      label_smoothing=0.2))
+    torch.testing.assert_close(out16, F.cross_entropy(z32.half().float(), t, label_smoothing=0.2))
     loss = LogScoreLoss(label_smoothing=0.25)
     assert loss.label_smoothing == 0.25 and "label_smoothing=0.25" in repr(loss)
     assert "label_smoothing" not in repr(LogScoreLoss())
@@ -184,22 +226,43 @@ def test_label_smoothing_gradcheck_float32_and_module_state():
 
 
 BAD_SMOOTHING = [
-    (lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 1]), label_smoothing=1.0),
-     ValueError, r"label_smoothing: expected a number in \[0, 1\), got 1.0"),
-    (lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 1]), label_smoothing=-0.1),
-     ValueError, r"label_smoothing: expected a number in \[0, 1\)"),
-    (lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 1]),
-                          label_smoothing=float("nan")),
-     ValueError, r"label_smoothing: expected a number in \[0, 1\)"),
-    (lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 1]), label_smoothing="0.1"),
-     TypeError, r"label_smoothing: expected a number"),
-    (lambda: TF.log_score(torch.zeros(3), torch.tensor([0.0, 1.0, 1.0]), label_smoothing=0.1),
-     ValueError, r"label_smoothing: supported for multiclass logits"),
-    (lambda: TF.log_score(torch.tensor([[0.0, float("-inf"), 1.0]]), torch.tensor([0]),
-                          label_smoothing=0.1),
-     ValueError, r"logits: expected finite values, found NaN or Inf at position \(0, 1\)"),
-    (lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 3]), label_smoothing=0.1),
-     ValueError, r"target: expected class indices in \[0, 2\], got 3"),
+    (
+        lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 1]), label_smoothing=1.0),
+        ValueError,
+        r"label_smoothing: expected a number in \[0, 1\), got 1.0",
+    ),
+    (
+        lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 1]), label_smoothing=-0.1),
+        ValueError,
+        r"label_smoothing: expected a number in \[0, 1\)",
+    ),
+    (
+        lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 1]), label_smoothing=float("nan")),
+        ValueError,
+        r"label_smoothing: expected a number in \[0, 1\)",
+    ),
+    (
+        lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 1]), label_smoothing="0.1"),
+        TypeError,
+        r"label_smoothing: expected a number",
+    ),
+    (
+        lambda: TF.log_score(torch.zeros(3), torch.tensor([0.0, 1.0, 1.0]), label_smoothing=0.1),
+        ValueError,
+        r"label_smoothing: supported for multiclass logits",
+    ),
+    (
+        lambda: TF.log_score(
+            torch.tensor([[0.0, float("-inf"), 1.0]]), torch.tensor([0]), label_smoothing=0.1
+        ),
+        ValueError,
+        r"logits: expected finite values, found NaN or Inf at position \(0, 1\)",
+    ),
+    (
+        lambda: TF.log_score(torch.zeros(2, 3), torch.tensor([0, 3]), label_smoothing=0.1),
+        ValueError,
+        r"target: expected class indices in \[0, 2\], got 3",
+    ),
     (lambda: LogScoreLoss(label_smoothing=1.5), ValueError, r"label_smoothing: expected"),
 ]
 
@@ -222,7 +285,8 @@ def test_regulariser_modules_equal_functional_and_validate_in_init():
     for reduction in ["mean", "sum", "none"]:
         assert torch.equal(
             ConfidencePenaltyLoss(beta=0.3, ignore_index=-1, reduction=reduction)(z, t),
-            TF.confidence_penalty(z, t, beta=0.3, ignore_index=-1, reduction=reduction))
+            TF.confidence_penalty(z, t, beta=0.3, ignore_index=-1, reduction=reduction),
+        )
     assert torch.equal(DCALoss(ignore_index=-1)(z, t), TF.dca(z, t, ignore_index=-1))
     assert torch.equal(MDCALoss(ignore_index=-1)(z, t), TF.mdca(z, t, ignore_index=-1))
     for module in (ConfidencePenaltyLoss, DCALoss, MDCALoss):

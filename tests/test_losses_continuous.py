@@ -34,34 +34,61 @@ def test_modules_equal_functional(data, reduction):
     r = {"reduction": reduction}
     for dist in ("normal", "laplace", "logistic"):
         fn = getattr(TF, f"crps_{dist}")
-        torch.testing.assert_close(CRPSLoss(dist, **r)(loc, scale, y), fn(loc, scale, y, **r),
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            CRPSLoss(dist, **r)(loc, scale, y), fn(loc, scale, y, **r), rtol=0, atol=0
+        )
     for est in ("fair", "nrg"):
         torch.testing.assert_close(
             CRPSLoss("ensemble", estimator=est, **r)(samples, y),
-            TF.crps_ensemble(samples, y, estimator=est, **r), rtol=0, atol=0)
+            TF.crps_ensemble(samples, y, estimator=est, **r),
+            rtol=0,
+            atol=0,
+        )
         torch.testing.assert_close(
             CRPSLoss("ensemble", ensemble_dim=0, estimator=est, **r)(samples.movedim(-1, 0), y),
-            TF.crps_ensemble(samples, y, estimator=est, **r))
+            TF.crps_ensemble(samples, y, estimator=est, **r),
+        )
         torch.testing.assert_close(
             EnergyScoreLoss(estimator=est, **r)(samples.transpose(-1, -2), y),
-            TF.energy_score(samples.transpose(-1, -2), y, estimator=est, **r), rtol=0, atol=0)
+            TF.energy_score(samples.transpose(-1, -2), y, estimator=est, **r),
+            rtol=0,
+            atol=0,
+        )
     lo, hi = loc - scale, loc + scale
-    torch.testing.assert_close(IntervalScoreLoss(0.2, **r)(lo, hi, y),
-                               TF.interval_score(lo, hi, y, alpha=0.2, **r), rtol=0, atol=0)
+    torch.testing.assert_close(
+        IntervalScoreLoss(0.2, **r)(lo, hi, y),
+        TF.interval_score(lo, hi, y, alpha=0.2, **r),
+        rtol=0,
+        atol=0,
+    )
     alphas = torch.tensor([0.1, 0.2, 0.5], dtype=D64)
-    torch.testing.assert_close(IntervalScoreLoss(alphas, **r)(lo, hi, y),
-                               TF.interval_score(lo, hi, y, alpha=alphas, **r), rtol=0, atol=0)
+    torch.testing.assert_close(
+        IntervalScoreLoss(alphas, **r)(lo, hi, y),
+        TF.interval_score(lo, hi, y, alpha=alphas, **r),
+        rtol=0,
+        atol=0,
+    )
     qs = [0.1, 0.5, 0.9]
     pred = torch.sort(loc, dim=-1).values
-    torch.testing.assert_close(QuantileLoss(qs, **r)(pred, y[:, 0]),
-                               TF.quantile_score(pred, y[:, 0], qs, **r), rtol=0, atol=0)
-    torch.testing.assert_close(GaussianNLLLoss(**r)(loc, scale**2, y),
-                               TF.gaussian_nll(loc, scale**2, y, var=True, **r))
-    torch.testing.assert_close(GaussianNLLLoss(spread="scale", full=False, **r)(loc, scale, y),
-                               TF.gaussian_nll(loc, scale, y, full=False, **r))
-    torch.testing.assert_close(DawidSebastianiLoss(**r)(loc, scale, y),
-                               TF.dawid_sebastiani_score(loc, scale, y, **r), rtol=0, atol=0)
+    torch.testing.assert_close(
+        QuantileLoss(qs, **r)(pred, y[:, 0]),
+        TF.quantile_score(pred, y[:, 0], qs, **r),
+        rtol=0,
+        atol=0,
+    )
+    torch.testing.assert_close(
+        GaussianNLLLoss(**r)(loc, scale**2, y), TF.gaussian_nll(loc, scale**2, y, var=True, **r)
+    )
+    torch.testing.assert_close(
+        GaussianNLLLoss(spread="scale", full=False, **r)(loc, scale, y),
+        TF.gaussian_nll(loc, scale, y, full=False, **r),
+    )
+    torch.testing.assert_close(
+        DawidSebastianiLoss(**r)(loc, scale, y),
+        TF.dawid_sebastiani_score(loc, scale, y, **r),
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_gaussian_nll_matches_torch_without_clamp(data):
@@ -169,12 +196,18 @@ def _buffered_losses():
     from torchcal.losses import BrierLoss, FocalLoss, LogScoreLoss
 
     w = torch.tensor([0.3, 1.7, 0.9], dtype=D64)
-    return [QuantileLoss([0.1, 0.5, 0.9]), IntervalScoreLoss(torch.tensor([0.1, 0.9], dtype=D64)),
-            LogScoreLoss(weight=w), BrierLoss(weight=w), FocalLoss(weight=w)]
+    return [
+        QuantileLoss([0.1, 0.5, 0.9]),
+        IntervalScoreLoss(torch.tensor([0.1, 0.9], dtype=D64)),
+        LogScoreLoss(weight=w),
+        BrierLoss(weight=w),
+        FocalLoss(weight=w),
+    ]
 
 
-@pytest.mark.parametrize("cast", ["bfloat16", "half", "float", "to_bf16", "lightning_bf16_true",
-                                  "lightning_16_true"])
+@pytest.mark.parametrize(
+    "cast", ["bfloat16", "half", "float", "to_bf16", "lightning_bf16_true", "lightning_16_true"]
+)
 def test_float64_buffers_survive_dtype_casts(cast):
     for loss in _buffered_losses():
         before = {k: v.clone() for k, v in loss.state_dict().items()}

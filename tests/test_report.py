@@ -83,8 +83,9 @@ def test_markdown(table):
 
 
 def test_single_bin_table():
-    t = reliability_table(torch.tensor([0.2, 0.9]), torch.tensor([0, 1]), n_bins=1,
-                          reading="binary", input="probs")
+    t = reliability_table(
+        torch.tensor([0.2, 0.9]), torch.tensor([0, 1]), n_bins=1, reading="binary", input="probs"
+    )
     assert t.rows()[0]["count"] == 2 and "omitted (empty): none" in t.to_text()
 
 
@@ -132,8 +133,9 @@ def test_per_class_text_says_what_is_pooled():
 
 
 def test_grouped_result_worst_group():
-    r = GroupedResult(torch.tensor(0.1), torch.tensor([0.2, 0.5, float("nan")]),
-                      torch.tensor([10, 5, 0]))
+    r = GroupedResult(
+        torch.tensor(0.1), torch.tensor([0.2, 0.5, float("nan")]), torch.tensor([10, 5, 0])
+    )
     assert r.worst_group() == 1
     with pytest.raises(TypeError):
         GroupedResult(None, [None], torch.tensor([1])).worst_group()

@@ -23,8 +23,9 @@ def _pyplot() -> Any:
     try:
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - optional extra
-        raise ImportError("ReliabilityTable.plot needs matplotlib "
-                          "(pip install 'torchcal[plot]')") from e
+        raise ImportError(
+            "ReliabilityTable.plot needs matplotlib (pip install 'torchcal[plot]')"
+        ) from e
     return plt
 
 
@@ -32,8 +33,9 @@ def _diagram_axes(ax: Any) -> tuple[Any, Any]:
     """``(diagram axis, count axis)``: a twin axis behind ``ax``, or two stacked axes of a new
     pyplot figure when ``ax`` is ``None``."""
     if ax is None:
-        _, (ax, ax_h) = _pyplot().subplots(2, 1, sharex=True, figsize=(4.5, 5.5),
-                                           gridspec_kw={"height_ratios": [3, 1]})
+        _, (ax, ax_h) = _pyplot().subplots(
+            2, 1, sharex=True, figsize=(4.5, 5.5), gridspec_kw={"height_ratios": [3, 1]}
+        )
         return ax, ax_h
     ax_h = ax.twinx()
     ax.set_zorder(ax_h.get_zorder() + 1)  # the diagram in front of the counts
@@ -59,28 +61,59 @@ def reliability_diagram(table: ReliabilityTable, ax: Any = None) -> Any:
     lo, hi = table.lo.numpy(), table.hi.numpy()
     width, count, acc = hi - lo, table.count.numpy(), table.acc.numpy()[idx]
     ax.plot([0, 1], [0, 1], "--", color="gray", lw=1, label="perfect calibration")
-    ax.bar(lo[idx], acc, width=width[idx], align="edge", color="tab:blue", alpha=0.6,
-           edgecolor="black", lw=0.6, label="accuracy")
+    ax.bar(
+        lo[idx],
+        acc,
+        width=width[idx],
+        align="edge",
+        color="tab:blue",
+        alpha=0.6,
+        edgecolor="black",
+        lw=0.6,
+        label="accuracy",
+    )
     centers = (lo + hi)[idx] / 2
-    yerr = [(acc - table.ci_low.numpy()[idx]).clip(min=0),
-            (table.ci_high.numpy()[idx] - acc).clip(min=0)]
-    ax.errorbar(centers, acc, yerr=yerr, fmt="none", ecolor="black", elinewidth=1.2,
-                capsize=3, label=f"{table.interval_label} interval")
-    ax.plot(table.conf.numpy()[idx], acc, "o", ms=3.5, color="tab:red",
-            label="(mean confidence, accuracy)")
+    yerr = [
+        (acc - table.ci_low.numpy()[idx]).clip(min=0),
+        (table.ci_high.numpy()[idx] - acc).clip(min=0),
+    ]
+    ax.errorbar(
+        centers,
+        acc,
+        yerr=yerr,
+        fmt="none",
+        ecolor="black",
+        elinewidth=1.2,
+        capsize=3,
+        label=f"{table.interval_label} interval",
+    )
+    ax.plot(
+        table.conf.numpy()[idx],
+        acc,
+        "o",
+        ms=3.5,
+        color="tab:red",
+        label="(mean confidence, accuracy)",
+    )
     if table.n_bins <= 20:
         hits = (acc * count[idx]).round().astype(int)
         for x, k, n in zip(centers, hits, count[idx]):
-            ax.text(x, 0.015, f"{k}/{n}", rotation=90, ha="center", va="bottom",
-                    fontsize=7, bbox={"boxstyle": "square,pad=0.15", "fc": "white",
-                                      "ec": "none", "alpha": 0.7})
+            ax.text(
+                x,
+                0.015,
+                f"{k}/{n}",
+                rotation=90,
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                bbox={"boxstyle": "square,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7},
+            )
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_ylabel("accuracy")
     ax.set_title(f"{table.reading}: ECE {table.ece:.4f}, n={table.n}")
     ax.legend(loc="best", fontsize="x-small" if twin else "small", framealpha=0.9)
-    ax_h.bar(lo, count, width=width, align="edge", color="tab:gray",
-             alpha=0.25 if twin else 0.6)
+    ax_h.bar(lo, count, width=width, align="edge", color="tab:gray", alpha=0.25 if twin else 0.6)
     ax_h.yaxis.set_major_locator(MaxNLocator(nbins=3, integer=True))
     ax_h.set_ylabel("count")
     if twin:
@@ -104,9 +137,10 @@ def table_figure(table: ReliabilityTable) -> Any:
     return fig
 
 
-def history_figure(history: Sequence[dict[str, Any]], title: str, *,
-                   brier_key: str = "brier_confidence") -> Any:
-    """"Calibration over epochs": ECE / debiased ECE / MCE, the Brier score and the NLL (one
+def history_figure(
+    history: Sequence[dict[str, Any]], title: str, *, brier_key: str = "brier_confidence"
+) -> Any:
+    """ "Calibration over epochs": ECE / debiased ECE / MCE, the Brier score and the NLL (one
     panel each: their scales differ) against the epoch, one point per validation run in
     ``history`` (dicts with ``epoch``, ``step`` and those keys). When an epoch holds several
     runs (``val_check_interval < 1``, a ``validate()`` before ``fit``), the x axis is the
@@ -118,8 +152,11 @@ def history_figure(history: Sequence[dict[str, Any]], title: str, *,
     by_step = len(set(epochs)) < len(epochs)
     x, xlabel = ([h["step"] for h in history], "global step") if by_step else (epochs, "epoch")
     fig = Figure(figsize=(10.5, 3.4), dpi=90)
-    panels = ((("ece", "ece_debiased", "mce"), "calibration error"),
-              ((brier_key,), brier_key.replace("_", " ")), (("nll",), "NLL (nats)"))
+    panels = (
+        (("ece", "ece_debiased", "mce"), "calibration error"),
+        ((brier_key,), brier_key.replace("_", " ")),
+        (("nll",), "NLL (nats)"),
+    )
     for i, (keys, ylabel) in enumerate(panels):
         ax = fig.add_subplot(1, 3, i + 1)
         for k in keys:

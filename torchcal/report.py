@@ -59,8 +59,11 @@ class GroupedResult(Generic[T]):
         """Id of the group with the largest scalar value (ignores empty groups)."""
         if not isinstance(self.per_group, Tensor):
             raise TypeError("per_group: worst_group() needs a tensor of per-group scalars")
-        vals = torch.where(self.counts > 0, self.per_group.double(),
-                           torch.full_like(self.per_group, -math.inf, dtype=torch.float64))
+        vals = torch.where(
+            self.counts > 0,
+            self.per_group.double(),
+            torch.full_like(self.per_group, -math.inf, dtype=torch.float64),
+        )
         return int(torch.argmax(vals))
 
 
@@ -153,8 +156,11 @@ class ReliabilityTable:
         al. 2019). ``NaN`` for an empty table."""
         from torchcal.functional.calibration import BinnedStats, calibration_error_from_stats
 
-        tables = (self.per_class if self.per_class is not None
-                  and self.reading in ("top_label", "classwise") else (self,))
+        tables = (
+            self.per_class
+            if self.per_class is not None and self.reading in ("top_label", "classwise")
+            else (self,)
+        )
         count = torch.stack([t.count for t in tables])
         seen = count > 0
         conf = torch.where(seen, torch.stack([t.conf for t in tables]) * count, 0.0)
@@ -181,15 +187,33 @@ class ReliabilityTable:
             [(0, 1), (1, 1)]
         """
         out = []
-        cols = [self.lo, self.hi, self.count, self.conf, self.acc, self.gap,
-                self.ci_low, self.ci_high]
+        cols = [
+            self.lo,
+            self.hi,
+            self.count,
+            self.conf,
+            self.acc,
+            self.gap,
+            self.ci_low,
+            self.ci_high,
+        ]
         lists = [c.reshape(-1).tolist() for c in cols]
         for b in range(self.n_bins):
             if lists[2][b] == 0:
                 continue
-            out.append({"bin": b, "lo": lists[0][b], "hi": lists[1][b], "count": int(lists[2][b]),
-                        "conf": lists[3][b], "acc": lists[4][b], "gap": lists[5][b],
-                        "ci_low": lists[6][b], "ci_high": lists[7][b]})
+            out.append(
+                {
+                    "bin": b,
+                    "lo": lists[0][b],
+                    "hi": lists[1][b],
+                    "count": int(lists[2][b]),
+                    "conf": lists[3][b],
+                    "acc": lists[4][b],
+                    "gap": lists[5][b],
+                    "ci_low": lists[6][b],
+                    "ci_high": lists[7][b],
+                }
+            )
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -204,8 +228,12 @@ class ReliabilityTable:
             (2, [1, 2], ['acc', 'bin', 'ci_high'])
         """
         return {
-            "reading": self.reading, "n_bins": self.n_bins, "n": self.n,
-            "interval": self.interval, "level": self.level, "ece": self.ece,
+            "reading": self.reading,
+            "n_bins": self.n_bins,
+            "n": self.n,
+            "interval": self.interval,
+            "level": self.level,
+            "ece": self.ece,
             "rows": self.rows(),
             "omitted": self.omitted_bins(),
         }
@@ -231,8 +259,10 @@ class ReliabilityTable:
     def csv_rows(self) -> list[list[str]]:
         """The CSV cells of the non-empty bins (columns :data:`CSV_COLUMNS`; floats as
         ``repr``, so they read back exactly)."""
-        return [[repr(r[c]) if isinstance(r[c], float) else str(r[c]) for c in CSV_COLUMNS]
-                for r in self.rows()]
+        return [
+            [repr(r[c]) if isinstance(r[c], float) else str(r[c]) for c in CSV_COLUMNS]
+            for r in self.rows()
+        ]
 
     def omitted_bins(self) -> list[int]:
         """The empty bins (left out of :meth:`rows` and the exports)."""
@@ -243,16 +273,23 @@ class ReliabilityTable:
 
     def _header(self) -> str:
         pairs = " (sample x class pairs)" if self.reading == "classwise" else ""
-        pooled = ("; rows pool the classes bin by bin (per-class tables in .per_class)"
-                  if self.per_class is not None else "")
-        return (f"reliability table: reading={self.reading}, n={self.n}{pairs}, "
-                f"{self.n_bins} bins, {self._level()} {self.interval} intervals{pooled}")
+        pooled = (
+            "; rows pool the classes bin by bin (per-class tables in .per_class)"
+            if self.per_class is not None
+            else ""
+        )
+        return (
+            f"reliability table: reading={self.reading}, n={self.n}{pairs}, "
+            f"{self.n_bins} bins, {self._level()} {self.interval} intervals{pooled}"
+        )
 
     def _ece_line(self) -> str:
         how = ""
         if self.per_class is not None:
-            how = {"top_label": "; top-label: over (class, bin) cells",
-                   "classwise": "; classwise: mean over classes"}.get(self.reading, "")
+            how = {
+                "top_label": "; top-label: over (class, bin) cells",
+                "classwise": "; classwise: mean over classes",
+            }.get(self.reading, "")
         return f"ECE (l1, equal-width{how}) = {_fmt(self.ece)}"
 
     def _legend(self) -> str:
@@ -261,9 +298,18 @@ class ReliabilityTable:
     def _cells(self) -> list[list[str]]:
         cells = []
         for r in self.rows():
-            cells.append([str(r["bin"]), _fmt(r["lo"], 3), _fmt(r["hi"], 3), str(r["count"]),
-                          _fmt(r["conf"]), _fmt(r["acc"]), _fmt(r["gap"]),
-                          f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]"])
+            cells.append(
+                [
+                    str(r["bin"]),
+                    _fmt(r["lo"], 3),
+                    _fmt(r["hi"], 3),
+                    str(r["count"]),
+                    _fmt(r["conf"]),
+                    _fmt(r["acc"]),
+                    _fmt(r["gap"]),
+                    f"[{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]",
+                ]
+            )
         return cells
 
     def _omitted(self) -> str:
@@ -280,8 +326,9 @@ class ReliabilityTable:
         fmt_row = [h.rjust(w) if i < 7 else h for i, (h, w) in enumerate(zip(head, widths))]
         lines.append("  ".join(fmt_row))
         for c in cells:
-            lines.append("  ".join(v.rjust(w) if i < 7 else v
-                                   for i, (v, w) in enumerate(zip(c, widths))))
+            lines.append(
+                "  ".join(v.rjust(w) if i < 7 else v for i, (v, w) in enumerate(zip(c, widths)))
+            )
         lines += [self._omitted(), self._ece_line(), self._legend()]
         return "\n".join(lines)
 
@@ -297,13 +344,14 @@ class ReliabilityTable:
             | bin | lo | hi | count | conf | acc | gap | ci |
         """
         head = ["bin", "lo", "hi", "count", "conf", "acc", "gap", "ci"]
-        lines = ["| " + " | ".join(head) + " |",
-                 "|" + "|".join("---:" if h != "ci" else ":---" for h in head) + "|"]
+        lines = [
+            "| " + " | ".join(head) + " |",
+            "|" + "|".join("---:" if h != "ci" else ":---" for h in head) + "|",
+        ]
         for c in self._cells():
             lines.append("| " + " | ".join(c) + " |")
         lines.append("")
-        lines.append(f"{self._header()}; {self._ece_line()}; {self._legend()}; "
-                     f"{self._omitted()}")
+        lines.append(f"{self._header()}; {self._ece_line()}; {self._legend()}; {self._omitted()}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -49,8 +49,16 @@ from torchcal.functional import MonotoneMapCheck, check_monotone_map
 from torchcal.report import ReliabilityTable
 from torchcal.scaling import PlattScaler, TemperatureScaler
 
-__all__ = ["MAX_TIE_GAP_ULPS", "AuditResult", "all_tail_logits", "auc", "named_invariants",
-           "run_audits", "tail_audit", "triple_audit"]
+__all__ = [
+    "MAX_TIE_GAP_ULPS",
+    "AuditResult",
+    "all_tail_logits",
+    "auc",
+    "named_invariants",
+    "run_audits",
+    "tail_audit",
+    "triple_audit",
+]
 
 MIN_RELATION_ITEMS = 50
 #: The widest original gap (float64 ulps) between two scores that ``x / T`` may merge into a
@@ -99,8 +107,7 @@ def auc(scores: Tensor, labels: Tensor) -> float:
     if n_pos == 0 or n_neg == 0:
         return float("nan")
     sorted_s, idx = torch.sort(s)
-    _, inverse, counts = torch.unique_consecutive(sorted_s, return_inverse=True,
-                                                  return_counts=True)
+    _, inverse, counts = torch.unique_consecutive(sorted_s, return_inverse=True, return_counts=True)
     ends = torch.cumsum(counts, 0).double()
     mid = ends - (counts.double() - 1) / 2  # 1-based mid-rank of each tie group
     ranks = torch.empty_like(s)
@@ -109,16 +116,18 @@ def auc(scores: Tensor, labels: Tensor) -> float:
     return float(u / (n_pos * n_neg))
 
 
-def _calibration_metrics(logits: Tensor, target: Tensor, reading: str,
-                         n_bins: int) -> dict[str, float]:
+def _calibration_metrics(
+    logits: Tensor, target: Tensor, reading: str, n_bins: int
+) -> dict[str, float]:
     """ECE (L1, binned), debiased ECE (L2) and the Brier decomposition, all from torchcal on
     the logits themselves: ``reading="confidence"`` for ``(N, E)`` tail logits (max softmax
     against argmax == target; ``-inf`` masks allowed), ``"binary"`` for triple logits."""
     kw = {"n_bins": n_bins, "reading": reading, "input": "logits"}
     out = {
         "ece": float(TF.calibration_error(logits, target, **kw)),
-        "ece_debiased": float(TF.calibration_error(logits, target, estimator="debiased",
-                                                   norm="l2", **kw)),
+        "ece_debiased": float(
+            TF.calibration_error(logits, target, estimator="debiased", norm="l2", **kw)
+        ),
     }
     dec = TF.brier_decomposition(logits, target, **kw)
     for key in ("brier", "reliability", "resolution", "uncertainty"):
@@ -136,38 +145,64 @@ def _binary_metrics(logits: Tensor, labels: Tensor, n_bins: int) -> dict[str, fl
     return out
 
 
-def _per_relation(logits_before: Tensor, logits_after: Tensor, target: Tensor, rel: Tensor,
-                  relations: list[str], reading: str, n_bins: int) -> list[dict[str, object]]:
+def _per_relation(
+    logits_before: Tensor,
+    logits_after: Tensor,
+    target: Tensor,
+    rel: Tensor,
+    relations: list[str],
+    reading: str,
+    n_bins: int,
+) -> list[dict[str, object]]:
     """ECE before/after per relation (torchcal's ``groups``), for relations with at least
     :data:`MIN_RELATION_ITEMS` items."""
-    kw = {"n_bins": n_bins, "reading": reading, "input": "logits", "groups": rel,
-          "num_groups": len(relations)}
+    kw = {
+        "n_bins": n_bins,
+        "reading": reading,
+        "input": "logits",
+        "groups": rel,
+        "num_groups": len(relations),
+    }
     before = TF.calibration_error(logits_before, target, **kw)
     after = TF.calibration_error(logits_after, target, **kw)
-    return [{"relation": relations[r], "n": int(before.counts[r]),
-             "ece_before": float(before.per_group[r]), "ece_after": float(after.per_group[r])}
-            for r in torch.nonzero(before.counts >= MIN_RELATION_ITEMS).flatten().tolist()]
+    return [
+        {
+            "relation": relations[r],
+            "n": int(before.counts[r]),
+            "ece_before": float(before.per_group[r]),
+            "ece_after": float(after.per_group[r]),
+        }
+        for r in torch.nonzero(before.counts >= MIN_RELATION_ITEMS).flatten().tolist()
+    ]
 
 
-def _true_label_ece(logits_before: Tensor, logits_after: Tensor, true_target: Tensor,
-                    reading: str, n_bins: int) -> dict[str, float]:
+def _true_label_ece(
+    logits_before: Tensor, logits_after: Tensor, true_target: Tensor, reading: str, n_bins: int
+) -> dict[str, float]:
     """ECE before/after against the true labels (hidden true triples count as true)."""
     kw = {"n_bins": n_bins, "reading": reading, "input": "logits"}
-    return {"ece_true_before": float(TF.calibration_error(logits_before, true_target, **kw)),
-            "ece_true_after": float(TF.calibration_error(logits_after, true_target, **kw))}
+    return {
+        "ece_true_before": float(TF.calibration_error(logits_before, true_target, **kw)),
+        "ece_true_after": float(TF.calibration_error(logits_after, true_target, **kw)),
+    }
 
 
-def _tables(logits: dict[str, Tensor], target: Tensor, reading: str,
-            n_bins: int) -> dict[str, ReliabilityTable]:
-    return {key: TF.reliability_table(x, target, n_bins=n_bins, reading=reading, input="logits")
-            for key, x in logits.items()}
+def _tables(
+    logits: dict[str, Tensor], target: Tensor, reading: str, n_bins: int
+) -> dict[str, ReliabilityTable]:
+    return {
+        key: TF.reliability_table(x, target, n_bins=n_bins, reading=reading, input="logits")
+        for key, x in logits.items()
+    }
 
 
 def named_invariants(check: MonotoneMapCheck, decisions: bool) -> dict[str, bool]:
     """The audit's named invariants from one :func:`check_monotone_map` result."""
-    out = {"no_strict_inversion": check.strict_inversions == 0,
-           "ties_kept": check.ties_broken == 0,
-           "top1_kept": check.top1_kept}
+    out = {
+        "no_strict_inversion": check.strict_inversions == 0,
+        "ties_kept": check.ties_broken == 0,
+        "top1_kept": check.top1_kept,
+    }
     if decisions:
         out["decisions_unchanged"] = bool(check.decisions_kept)
     out["created_ties_within_bound"] = check.max_tie_gap_ulps <= MAX_TIE_GAP_ULPS
@@ -176,14 +211,19 @@ def named_invariants(check: MonotoneMapCheck, decisions: bool) -> dict[str, bool
 
 def _invariant_counts(check: MonotoneMapCheck) -> dict[str, object]:
     """The counts behind the invariants, for the report."""
-    return {"strict_inversions": check.strict_inversions, "ties_broken": check.ties_broken,
-            "ties_created": check.ties_created, "max_tie_gap_ulps": check.max_tie_gap_ulps,
-            "max_tie_gap_bound_ulps": MAX_TIE_GAP_ULPS}
+    return {
+        "strict_inversions": check.strict_inversions,
+        "ties_broken": check.ties_broken,
+        "ties_created": check.ties_created,
+        "max_tie_gap_ulps": check.max_tie_gap_ulps,
+        "max_tie_gap_bound_ulps": MAX_TIE_GAP_ULPS,
+    }
 
 
 @torch.no_grad()
-def all_tail_logits(model: ComplEx, queries: Tensor, filt: TripleFilter,
-                    batch_size: int = 1024) -> Tensor:
+def all_tail_logits(
+    model: ComplEx, queries: Tensor, filt: TripleFilter, batch_size: int = 1024
+) -> Tensor:
     """float64 scores of every tail of ``queries``, the other known answers masked ``-inf``."""
     parts = []
     for q in queries.split(batch_size):
@@ -192,8 +232,15 @@ def all_tail_logits(model: ComplEx, queries: Tensor, filt: TripleFilter,
     return torch.cat(parts)
 
 
-def _tail_hidden_truth(data: KGData, queries: Tensor, pred: Tensor, ev: Tensor, lg_ev: Tensor,
-                       sc_ev: Tensor, n_bins: int) -> dict[str, float]:
+def _tail_hidden_truth(
+    data: KGData,
+    queries: Tensor,
+    pred: Tensor,
+    ev: Tensor,
+    lg_ev: Tensor,
+    sc_ev: Tensor,
+    n_bins: int,
+) -> dict[str, float]:
     """The tail audit against true labels: a top-1 answer that is hidden truth is right, so
     it becomes the target."""
     R = data.num_relations
@@ -227,8 +274,7 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
     fit = scaler.fit(logits[cal], target[cal])
     scaled = scaler(logits)
 
-    check = check_monotone_map(logits, scaled, decisions=False,
-                               max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
+    check = check_monotone_map(logits, scaled, decisions=False, max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
     invariants = named_invariants(check, decisions=False)
     pred = logits.argmax(1)
     ranks = filtered_ranks(logits[ev], target[ev])
@@ -259,40 +305,55 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
     summary["nll_improved"] = summary["nll_after"] < summary["nll_before"]
     summary.update({f"{k}_before": v for k, v in before.items()})
     summary.update({f"{k}_after": v for k, v in after.items()})
-    notes = [f"{n} test triples -> {len(queries)} queries (tail and reciprocal head "
-             "prediction); confidence = max softmax over all entities, other known answers "
-             "masked; outcome = the top-1 entity is the test triple's answer."]
+    notes = [
+        f"{n} test triples -> {len(queries)} queries (tail and reciprocal head "
+        "prediction); confidence = max softmax over all entities, other known answers "
+        "masked; outcome = the top-1 entity is the test triple's answer."
+    ]
     if len(data.hidden):
         summary.update(_tail_hidden_truth(data, queries, pred, ev, lg_ev, sc_ev, n_bins))
-        notes.append("hidden truth: a top-1 answer that is a hidden true triple counts as "
-                     "wrong against observed labels and right against true labels.")
+        notes.append(
+            "hidden truth: a top-1 answer that is a hidden true triple counts as "
+            "wrong against observed labels and right against true labels."
+        )
     per_rel = _per_relation(lg_ev, sc_ev, t_ev, rel[ev], data.relations, "confidence", n_bins)
     tables = _tables({"before": lg_ev, "after": sc_ev}, t_ev, "confidence", n_bins)
     return AuditResult("tail", summary, invariants, tables, per_rel, notes)
 
 
 def _dropped(n: int, k: int) -> str:
-    return (f"; {n} queries with fewer than k = {k} possible corruptions are left out"
-            if n else "")
+    return f"; {n} queries with fewer than k = {k} possible corruptions are left out" if n else ""
 
 
-def _triple_notes(n_test: int, n_pos: int, k: int, trained_mode: str, trained_k: int | None,
-                  summary: dict[str, object]) -> list[str]:
+def _triple_notes(
+    n_test: int,
+    n_pos: int,
+    k: int,
+    trained_mode: str,
+    trained_k: int | None,
+    summary: dict[str, object],
+) -> list[str]:
     """The triple audit's notes: its items, and whether one temperature can calibrate this
     model (trained in mode negatives at the audit's k) or why not."""
-    notes = [f"{n_test} test triples -> {n_pos} positives (tail and reciprocal "
-             f"head queries{_dropped(2 * n_test - n_pos, k)}), each with k = {k} "
-             "distinct uniform filtered corruptions of its tail: base rate 1/(1+k) = "
-             f"{1 / (1 + k):.4f}."]
+    notes = [
+        f"{n_test} test triples -> {n_pos} positives (tail and reciprocal "
+        f"head queries{_dropped(2 * n_test - n_pos, k)}), each with k = {k} "
+        "distinct uniform filtered corruptions of its tail: base rate 1/(1+k) = "
+        f"{1 / (1 + k):.4f}."
+    ]
     if trained_mode == "negatives" and trained_k == k:
-        notes.append("This model was trained with the binary log score against k = "
-                     f"{k} corruptions per positive, the audit's base rate: sigmoid(score) is "
-                     "its own probability, so one temperature is a legitimate repair.")
+        notes.append(
+            "This model was trained with the binary log score against k = "
+            f"{k} corruptions per positive, the audit's base rate: sigmoid(score) is "
+            "its own probability, so one temperature is a legitimate repair."
+        )
     elif trained_mode == "negatives":
-        notes.append(f"This model was trained against {trained_k} corruptions per positive "
-                     f"(base rate {1 / (1 + (trained_k or 0)):.4f}) but is audited at k = {k}: "
-                     "the base rates differ, which a temperature cannot fix (it cannot move an "
-                     "offset); compare the Platt row.")
+        notes.append(
+            f"This model was trained against {trained_k} corruptions per positive "
+            f"(base rate {1 / (1 + (trained_k or 0)):.4f}) but is audited at k = {k}: "
+            "the base rates differ, which a temperature cannot fix (it cannot move an "
+            "offset); compare the Platt row."
+        )
     else:
         notes.append(
             "Why one temperature cannot calibrate these triples: this model was trained 1-N "
@@ -305,43 +366,63 @@ def _triple_notes(n_test: int, n_pos: int, k: int, trained_mode: str, trained_k:
             f"{1 / (1 + k):.4f}); fixing it needs an offset, as the Platt row (scale and "
             "offset, shown for information) does. A model trained with mode 'negatives' "
             "at the audit's k learns the level at this base rate, and one temperature can "
-            "calibrate it.")
+            "calibrate it."
+        )
     return notes
 
 
-def _triple_hidden_truth(data: KGData, items: TripleItems, columns: dict[str, Tensor],
-                         n_bins: int) -> dict[str, object]:
+def _triple_hidden_truth(
+    data: KGData, items: TripleItems, columns: dict[str, Tensor], n_bins: int
+) -> dict[str, object]:
     """The triple audit against true labels: a corruption that is hidden truth is true."""
     R = data.num_relations
     hidden = TripleFilter(with_reciprocals(data.hidden, R), data.num_entities, 2 * R)
     labels = items.labels
-    true_labels = labels.bool() | hidden.contains(items.head[:, None], items.relation[:, None],
-                                                  items.tails)
-    out: dict[str, object] = dict(_true_label_ece(
-        columns["before"], columns["after"], true_labels[~items.cal].reshape(-1).double(),
-        "binary", n_bins))
+    true_labels = labels.bool() | hidden.contains(
+        items.head[:, None], items.relation[:, None], items.tails
+    )
+    out: dict[str, object] = dict(
+        _true_label_ece(
+            columns["before"],
+            columns["after"],
+            true_labels[~items.cal].reshape(-1).double(),
+            "binary",
+            n_bins,
+        )
+    )
     out["hidden_true_corruptions"] = int((true_labels & ~labels.bool()).sum())
     return out
 
 
-def _triple_checks(logits: Tensor,
-                   scaled: Tensor) -> tuple[MonotoneMapCheck, MonotoneMapCheck, dict[str, bool]]:
+def _triple_checks(
+    logits: Tensor, scaled: Tensor
+) -> tuple[MonotoneMapCheck, MonotoneMapCheck, dict[str, bool]]:
     """The triple audit's checks: the complete order (AUC, decisions) and, per query, the
     top-1 (the per-query order is part of the complete one); ``(check, per_query,
     invariants)``."""
-    check = check_monotone_map(logits.reshape(-1), scaled.reshape(-1),
-                               max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
+    check = check_monotone_map(
+        logits.reshape(-1), scaled.reshape(-1), max_tie_gap_ulps=MAX_TIE_GAP_ULPS
+    )
     per_query = check_monotone_map(logits, scaled, max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
     invariants = named_invariants(check, decisions=True)
     invariants["top1_kept"] = per_query.top1_kept
     invariants["created_ties_within_bound"] = (
-        max(check.max_tie_gap_ulps, per_query.max_tie_gap_ulps) <= MAX_TIE_GAP_ULPS)
+        max(check.max_tie_gap_ulps, per_query.max_tie_gap_ulps) <= MAX_TIE_GAP_ULPS
+    )
     return check, per_query, invariants
 
 
 @torch.no_grad()
-def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_bins: int = 15,
-                 trained_mode: str = "one_to_n", trained_k: int | None = None) -> AuditResult:
+def triple_audit(
+    model: ComplEx,
+    data: KGData,
+    *,
+    k: int = 10,
+    seed: int = 0,
+    n_bins: int = 15,
+    trained_mode: str = "one_to_n",
+    trained_k: int | None = None,
+) -> AuditResult:
     """Binary audit of ``sigmoid(score)`` on held-out positives plus ``k`` filtered corruptions.
 
     Checked exactly on both halves (:func:`check_monotone_map`): along the stable order of
@@ -367,8 +448,12 @@ def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_
     # Platt (information) and the base rate (a constant 1/(1+k), the no-skill reference)
     y_ev = labels[ev].reshape(-1)
     lg_ev = logits[ev].reshape(-1)
-    columns = {"before": lg_ev, "after": scaled[ev].reshape(-1), "platt": platt(lg_ev),
-               "base_rate": torch.full_like(lg_ev, -math.log(k))}
+    columns = {
+        "before": lg_ev,
+        "after": scaled[ev].reshape(-1),
+        "platt": platt(lg_ev),
+        "base_rate": torch.full_like(lg_ev, -math.log(k)),
+    }
     summary: dict[str, object] = {
         "k": k,
         "base_rate": 1.0 / (1 + k),
@@ -397,19 +482,28 @@ def triple_audit(model: ComplEx, data: KGData, *, k: int = 10, seed: int = 0, n_
     notes = _triple_notes(len(data.test), len(h), k, trained_mode, trained_k, summary)
     if len(data.hidden):
         summary.update(_triple_hidden_truth(data, items, columns, n_bins))
-        notes.append("hidden truth: a corruption that is a hidden true triple is labelled 0 "
-                     "against observed labels and 1 against true labels.")
+        notes.append(
+            "hidden truth: a corruption that is a hidden true triple is labelled 0 "
+            "against observed labels and 1 against true labels."
+        )
     rel = (r[:, None] % R).expand_as(logits)[ev].reshape(-1)
-    per_rel = _per_relation(columns["before"], columns["after"], y_ev, rel, data.relations,
-                            "binary", n_bins)
-    tables = _tables({k: columns[k] for k in ("before", "after", "platt")}, y_ev, "binary",
-                     n_bins)
+    per_rel = _per_relation(
+        columns["before"], columns["after"], y_ev, rel, data.relations, "binary", n_bins
+    )
+    tables = _tables({k: columns[k] for k in ("before", "after", "platt")}, y_ev, "binary", n_bins)
     return AuditResult("triple", summary, invariants, tables, per_rel, notes)
 
 
-def run_audits(model: ComplEx, data: KGData, *, seed: int = 0, trained_mode: str = "one_to_n",
-               trained_k: int | None = None, k: int | None = None,
-               n_bins: int = 15) -> list[AuditResult]:
+def run_audits(
+    model: ComplEx,
+    data: KGData,
+    *,
+    seed: int = 0,
+    trained_mode: str = "one_to_n",
+    trained_k: int | None = None,
+    k: int | None = None,
+    n_bins: int = 15,
+) -> list[AuditResult]:
     """Both audits, ``tail`` then ``triple``. The command line's ``--audit.k`` and
     ``--audit.n_bins`` are this signature's (jsonargparse reads it).
 
@@ -423,6 +517,15 @@ def run_audits(model: ComplEx, data: KGData, *, seed: int = 0, trained_mode: str
         n_bins: equal-width bins of the reliability tables and ECE.
     """
     k = trained_k if k is None else k
-    return [tail_audit(model, data, seed=seed, n_bins=n_bins),
-            triple_audit(model, data, k=k, seed=seed, n_bins=n_bins, trained_mode=trained_mode,
-                         trained_k=trained_k)]
+    return [
+        tail_audit(model, data, seed=seed, n_bins=n_bins),
+        triple_audit(
+            model,
+            data,
+            k=k,
+            seed=seed,
+            n_bins=n_bins,
+            trained_mode=trained_mode,
+            trained_k=trained_k,
+        ),
+    ]

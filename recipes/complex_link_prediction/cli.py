@@ -33,9 +33,15 @@ import torch
 __all__ = ["audit_line", "build_parser", "build_trainer", "main", "run"]
 
 
-def build_trainer(output_dir: str, callbacks: list, max_epochs: int = 50,
-                  check_val_every_n_epoch: int = 1, enable_progress_bar: bool = True,
-                  logger: bool = True, accelerator: str = "cpu") -> Any:
+def build_trainer(
+    output_dir: str,
+    callbacks: list,
+    max_epochs: int = 50,
+    check_val_every_n_epoch: int = 1,
+    enable_progress_bar: bool = True,
+    logger: bool = True,
+    accelerator: str = "cpu",
+) -> Any:
     """The recipe's Lightning Trainer (one device, no checkpoints, deterministic with
     warnings, no sanity validation). The command line's ``--trainer.*`` options are this
     signature's.
@@ -57,11 +63,19 @@ def build_trainer(output_dir: str, callbacks: list, max_epochs: int = 50,
         from lightning.pytorch.loggers import CSVLogger
 
         csv_logger = CSVLogger(output_dir, name="logs")
-    return L.Trainer(max_epochs=max_epochs, accelerator=accelerator, devices=1,
-                     logger=csv_logger, enable_checkpointing=False,
-                     enable_progress_bar=enable_progress_bar, enable_model_summary=False,
-                     check_val_every_n_epoch=check_val_every_n_epoch,
-                     num_sanity_val_steps=0, callbacks=callbacks, deterministic="warn")
+    return L.Trainer(
+        max_epochs=max_epochs,
+        accelerator=accelerator,
+        devices=1,
+        logger=csv_logger,
+        enable_checkpointing=False,
+        enable_progress_bar=enable_progress_bar,
+        enable_model_summary=False,
+        check_val_every_n_epoch=check_val_every_n_epoch,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+        deterministic="warn",
+    )
 
 
 def build_parser() -> Any:
@@ -75,28 +89,54 @@ def build_parser() -> Any:
     from recipes.complex_link_prediction.model import ComplExModule
     from recipes.complex_link_prediction.report import write_reports
 
-    parser = ArgumentParser(prog="python -m recipes.complex_link_prediction",
-                            description=__doc__.split("\n\n")[0], default_env=False)
+    parser = ArgumentParser(
+        prog="python -m recipes.complex_link_prediction",
+        description=__doc__.split("\n\n")[0],
+        default_env=False,
+    )
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config file")
     parser.add_argument("--seed", type=int, default=0, help="seed of everything random")
-    parser.add_argument("--mode", type=Literal["one_to_n", "negatives"], default="one_to_n",
-                        help="training objective")
-    parser.add_argument("--output_dir", type=Optional[str], default=None,
-                        help="where the reports go (default runs/complex/<dataset>)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (1 is fastest for these small matmuls "
-                             "on a shared CPU)")
-    parser.add_argument("--monitor", type=bool, default=True,
-                        help="attach torchcal's CalibrationMonitor to validation")
+    parser.add_argument(
+        "--mode",
+        type=Literal["one_to_n", "negatives"],
+        default="one_to_n",
+        help="training objective",
+    )
+    parser.add_argument(
+        "--output_dir",
+        type=Optional[str],
+        default=None,
+        help="where the reports go (default runs/complex/<dataset>)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (1 is fastest for these small matmuls on a shared CPU)",
+    )
+    parser.add_argument(
+        "--monitor",
+        type=bool,
+        default=True,
+        help="attach torchcal's CalibrationMonitor to validation",
+    )
     parser.add_function_arguments(load_dataset, "data", skip={"seed"})
     parser.add_class_arguments(KGDataModule, "data", skip={"data", "seed"}, as_group=False)
-    parser.add_class_arguments(ComplExModule, "model", skip={
-        "num_entities", "num_relations", "train_triples", "known_triples", "mode", "seed"})
+    parser.add_class_arguments(
+        ComplExModule,
+        "model",
+        skip={"num_entities", "num_relations", "train_triples", "known_triples", "mode", "seed"},
+    )
     parser.add_function_arguments(build_trainer, "trainer", skip={"output_dir", "callbacks"})
-    parser.add_function_arguments(run_audits, "audit", skip={
-        "model", "data", "seed", "trained_mode", "trained_k"})
-    parser.add_function_arguments(write_reports, "audit", as_group=False, skip={
-        "output_dir", "result", "audits", "data_summary"})
+    parser.add_function_arguments(
+        run_audits, "audit", skip={"model", "data", "seed", "trained_mode", "trained_k"}
+    )
+    parser.add_function_arguments(
+        write_reports,
+        "audit",
+        as_group=False,
+        skip={"output_dir", "result", "audits", "data_summary"},
+    )
     return parser
 
 
@@ -115,8 +155,10 @@ def _recipe_environment(threads: int) -> Iterator[None]:
     names = ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda")
     levels = [logging.getLogger(n).level for n in names]
     old_threads = torch.get_num_threads()
-    old_det = (torch.are_deterministic_algorithms_enabled(),
-               torch.is_deterministic_algorithms_warn_only_enabled())
+    old_det = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     with warnings.catch_warnings():
         # torch 2.13 + lightning 2.6 emit this FutureWarning on every fit (docs/design.md
         # section 5).
@@ -165,18 +207,33 @@ def _prepare(cfg: Any) -> tuple[Any, int, dict[str, Any], Any, Any]:
     data = load_dataset(**_options(load_dataset, cfg.data), seed=cfg.seed)
     k = cfg.audit.k if cfg.audit.k is not None else cfg.model.num_negatives
     counts = check_audit_data(data, k, cfg.seed)
-    in_train = int(TripleFilter(data.train, data.num_entities, data.num_relations).contains(
-        data.test[:, 0], data.test[:, 1], data.test[:, 2]).sum())
+    in_train = int(
+        TripleFilter(data.train, data.num_entities, data.num_relations)
+        .contains(data.test[:, 0], data.test[:, 1], data.test[:, 2])
+        .sum()
+    )
     if in_train:
-        warnings.warn(f"data.test: {in_train} of {len(data.test)} test triples also occur in "
-                      "the training triples; their ranks and audit items measure memory, not "
-                      "generalisation (the report counts them as num_test_in_train)",
-                      UserWarning, stacklevel=3)
+        warnings.warn(
+            f"data.test: {in_train} of {len(data.test)} test triples also occur in "
+            "the training triples; their ranks and audit items measure memory, not "
+            "generalisation (the report counts them as num_test_in_train)",
+            UserWarning,
+            stacklevel=3,
+        )
     if cfg.data.group_queries and cfg.mode != "one_to_n":
-        raise ValueError(f"data.group_queries: only mode 'one_to_n' trains on grouped queries, "
-                         f"got mode {cfg.mode!r}")
-    module = ComplExModule(data.num_entities, data.num_relations, data.train, data.known(),
-                           mode=cfg.mode, seed=cfg.seed, **_options(ComplExModule, cfg.model))
+        raise ValueError(
+            f"data.group_queries: only mode 'one_to_n' trains on grouped queries, "
+            f"got mode {cfg.mode!r}"
+        )
+    module = ComplExModule(
+        data.num_entities,
+        data.num_relations,
+        data.train,
+        data.known(),
+        mode=cfg.mode,
+        seed=cfg.seed,
+        **_options(ComplExModule, cfg.model),
+    )
     datamodule = KGDataModule(data, seed=cfg.seed, **_options(KGDataModule, cfg.data))
     return data, k, {**counts, "num_test_in_train": in_train}, module, datamodule
 
@@ -211,8 +268,10 @@ def _run(cfg: Any) -> tuple[dict, list]:
 
     t_start = time.perf_counter()
     if cfg.trainer.max_epochs < 1:
-        raise ValueError(f"trainer.max_epochs: expected an int >= 1, got "
-                         f"{cfg.trainer.max_epochs} (the audits need a trained model)")
+        raise ValueError(
+            f"trainer.max_epochs: expected an int >= 1, got "
+            f"{cfg.trainer.max_epochs} (the audits need a trained model)"
+        )
     L.seed_everything(cfg.seed, verbose=False)
     data, k, counts, module, datamodule = _prepare(cfg)
     output_dir = cfg.output_dir or os.path.join("runs", "complex", data.name)
@@ -228,20 +287,39 @@ def _run(cfg: Any) -> tuple[dict, list]:
     module.eval().cpu()
     ranking = _ranking(module.model, data, cfg.data.eval_batch_size)
     t_audit = time.perf_counter()
-    audits = run_audits(module.model, data, seed=cfg.seed, trained_mode=cfg.mode,
-                        trained_k=cfg.model.num_negatives, k=k, n_bins=cfg.audit.n_bins)
+    audits = run_audits(
+        module.model,
+        data,
+        seed=cfg.seed,
+        trained_mode=cfg.mode,
+        trained_k=cfg.model.num_negatives,
+        k=k,
+        n_bins=cfg.audit.n_bins,
+    )
     audit_seconds = time.perf_counter() - t_audit
     report: dict[str, Any] = {
-        "dataset": data.name, "seed": cfg.seed, "mode": cfg.mode,
-        "num_entities": data.num_entities, "num_relations": data.num_relations,
-        "num_train": len(data.train), "num_valid": len(data.valid), "num_test": len(data.test),
-        "num_hidden": len(data.hidden), **counts, "epochs": trainer.current_epoch,
-        "config": {key: v for key, v in cfg.as_dict().items()
-                   if key not in ("output_dir", "config")},
-        "train_seconds": train_seconds, "epoch_seconds": timer.mean_seconds(),
-        "audit_seconds": audit_seconds, **ranking,
-        "audits": {a.name: {**a.summary, "invariants": a.invariants,
-                            "per_relation": a.per_relation} for a in audits},
+        "dataset": data.name,
+        "seed": cfg.seed,
+        "mode": cfg.mode,
+        "num_entities": data.num_entities,
+        "num_relations": data.num_relations,
+        "num_train": len(data.train),
+        "num_valid": len(data.valid),
+        "num_test": len(data.test),
+        "num_hidden": len(data.hidden),
+        **counts,
+        "epochs": trainer.current_epoch,
+        "config": {
+            key: v for key, v in cfg.as_dict().items() if key not in ("output_dir", "config")
+        },
+        "train_seconds": train_seconds,
+        "epoch_seconds": timer.mean_seconds(),
+        "audit_seconds": audit_seconds,
+        **ranking,
+        "audits": {
+            a.name: {**a.summary, "invariants": a.invariants, "per_relation": a.per_relation}
+            for a in audits
+        },
         "invariants_ok": all(a.invariants_ok for a in audits),
     }
     report["total_seconds"] = time.perf_counter() - t_start
@@ -256,15 +334,19 @@ def audit_line(a: Any, mode: str) -> str:
     s = a.summary
     ties = s["ties_created"]
     gap = s["max_tie_gap_ulps"]
-    line = (f"audit {a.name}: T = {s['temperature']:.4f}, ECE {s['ece_before']:.4f} -> "
-            f"{s['ece_after']:.4f}, NLL {s['nll_before']:.4f} -> {s['nll_after']:.4f}, "
-            f"invariants {'ok' if a.invariants_ok else 'FAILED'} ({ties} tie"
-            f"{'' if ties == 1 else 's'} created by / T"
-            + (f", largest original gap {gap} ulp{'' if gap == 1 else 's'})" if ties else ")"))
+    line = (
+        f"audit {a.name}: T = {s['temperature']:.4f}, ECE {s['ece_before']:.4f} -> "
+        f"{s['ece_after']:.4f}, NLL {s['nll_before']:.4f} -> {s['nll_after']:.4f}, "
+        f"invariants {'ok' if a.invariants_ok else 'FAILED'} ({ties} tie"
+        f"{'' if ties == 1 else 's'} created by / T"
+        + (f", largest original gap {gap} ulp{'' if gap == 1 else 's'})" if ties else ")")
+    )
     if a.name == "triple" and mode == "one_to_n":
-        line += ("; T cannot fix a 1-N model here: its softmax loss leaves each query's "
-                 "score level arbitrary and a temperature cannot move an offset (see the Platt "
-                 f"row and base rate {s['base_rate']:.4f} in the report)")
+        line += (
+            "; T cannot fix a 1-N model here: its softmax loss leaves each query's "
+            "score level arbitrary and a temperature cannot move an offset (see the Platt "
+            f"row and base rate {s['base_rate']:.4f} in the report)"
+        )
     return line
 
 
@@ -277,9 +359,11 @@ def main(argv: list[str] | None = None) -> int:
         # bad data or options: the message names the file and line / the option
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"\n{report['dataset']}: filtered MRR {report['mrr']:.4f} (realistic), "
-          f"Hits@1/3/10 {report['hits@1']:.4f}/{report['hits@3']:.4f}/{report['hits@10']:.4f}; "
-          f"{report['epoch_seconds']:.3f} s/epoch, {report['train_seconds']:.1f} s training")
+    print(
+        f"\n{report['dataset']}: filtered MRR {report['mrr']:.4f} (realistic), "
+        f"Hits@1/3/10 {report['hits@1']:.4f}/{report['hits@3']:.4f}/{report['hits@10']:.4f}; "
+        f"{report['epoch_seconds']:.3f} s/epoch, {report['train_seconds']:.1f} s training"
+    )
     for a in audits:
         print(audit_line(a, report["mode"]))
     print(f"reports written to {report['output_dir']}")

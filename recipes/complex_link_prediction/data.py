@@ -30,8 +30,9 @@ class _Queries(Dataset):
     queries as ``(queries[query_index[n]], tails[n])``, gathered from a CSR of the tails."""
 
     def __init__(self, triples: Tensor) -> None:
-        hr, inverse, counts = torch.unique(triples[:, :2], dim=0, return_inverse=True,
-                                           return_counts=True)
+        hr, inverse, counts = torch.unique(
+            triples[:, :2], dim=0, return_inverse=True, return_counts=True
+        )
         self.queries = hr
         self.counts = counts
         self.starts = counts.cumsum(0) - counts
@@ -49,16 +50,16 @@ class _Queries(Dataset):
         return self.queries[idx], query_index, self.tails[pos]
 
 
-def _batch_loader(x: Tensor | Dataset, batch_size: int, shuffle: bool,
-                  seed: int) -> DataLoader:
+def _batch_loader(x: Tensor | Dataset, batch_size: int, shuffle: bool, seed: int) -> DataLoader:
     # One fancy-index per batch (BatchSampler + batch_size=None): no per-item collation.
     ds = x if isinstance(x, Dataset) else _Rows(x)
     if shuffle:
         sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(seed))
     else:
         sampler = SequentialSampler(ds)
-    return DataLoader(ds, sampler=BatchSampler(sampler, batch_size, drop_last=False),
-                      batch_size=None)
+    return DataLoader(
+        ds, sampler=BatchSampler(sampler, batch_size, drop_last=False), batch_size=None
+    )
 
 
 class KGDataModule(L.LightningDataModule):
@@ -81,8 +82,14 @@ class KGDataModule(L.LightningDataModule):
             once per triple; the loss is the same per-triple mean (log score + N3).
     """
 
-    def __init__(self, data: KGData, batch_size: int = 1000, eval_batch_size: int = 2048,
-                 seed: int = 0, group_queries: bool = False) -> None:
+    def __init__(
+        self,
+        data: KGData,
+        batch_size: int = 1000,
+        eval_batch_size: int = 2048,
+        seed: int = 0,
+        group_queries: bool = False,
+    ) -> None:
         super().__init__()
         if batch_size < 1 or eval_batch_size < 1:
             raise ValueError(f"data.batch_size: expected a positive int, got {batch_size}")
@@ -93,8 +100,9 @@ class KGDataModule(L.LightningDataModule):
         self.group_queries = group_queries
         self.train_triples = with_reciprocals(data.train, data.num_relations)
         self.valid_queries = with_reciprocals(data.valid, data.num_relations)
-        self._train: Tensor | Dataset = (_Queries(self.train_triples) if group_queries
-                                         else self.train_triples)
+        self._train: Tensor | Dataset = (
+            _Queries(self.train_triples) if group_queries else self.train_triples
+        )
 
     def train_dataloader(self) -> DataLoader:
         return _batch_loader(self._train, self.batch_size, True, self.seed)

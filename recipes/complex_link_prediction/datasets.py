@@ -47,10 +47,24 @@ PYKEEN_DATASETS = ("nations", "kinships", "umls")
 #   father/mother_in_law  a parent of t's spouse
 #   son/daughter_in_law   the spouse of a child of t
 FAMILY_RELATIONS = (
-    "father", "mother", "spouse",                      # base facts
-    "son", "daughter", "brother", "sister",
-    "grandfather", "grandmother", "uncle", "aunt", "nephew", "niece", "cousin",
-    "father_in_law", "mother_in_law", "son_in_law", "daughter_in_law",
+    "father",
+    "mother",
+    "spouse",  # base facts
+    "son",
+    "daughter",
+    "brother",
+    "sister",
+    "grandfather",
+    "grandmother",
+    "uncle",
+    "aunt",
+    "nephew",
+    "niece",
+    "cousin",
+    "father_in_law",
+    "mother_in_law",
+    "son_in_law",
+    "daughter_in_law",
 )
 
 
@@ -88,14 +102,17 @@ class KGData:
         return torch.cat([self.known(), self.hidden])
 
     def summary(self) -> str:
-        return (f"{self.name}: {self.num_entities} entities, {self.num_relations} relations, "
-                f"train/valid/test/hidden = {len(self.train)}/{len(self.valid)}/"
-                f"{len(self.test)}/{len(self.hidden)} triples")
+        return (
+            f"{self.name}: {self.num_entities} entities, {self.num_relations} relations, "
+            f"train/valid/test/hidden = {len(self.train)}/{len(self.valid)}/"
+            f"{len(self.test)}/{len(self.hidden)} triples"
+        )
 
 
 # ----------------------------------------------------------------------------------------
 # TSV files
 # ----------------------------------------------------------------------------------------
+
 
 def read_tsv_triples(path: str) -> list[tuple[str, str, str, int]]:
     """Read ``head<TAB>relation<TAB>tail`` lines; returns ``(h, r, t, line_number)``.
@@ -113,8 +130,9 @@ def read_tsv_triples(path: str) -> list[tuple[str, str, str, int]]:
                 continue
             parts = line.split("\t")
             if len(parts) != 3 or any(not p.strip() for p in parts):
-                raise ValueError(f"{path}:{lineno}: expected 'head<TAB>relation<TAB>tail', "
-                                 f"got {line!r}")
+                raise ValueError(
+                    f"{path}:{lineno}: expected 'head<TAB>relation<TAB>tail', got {line!r}"
+                )
             h, r, t = (p.strip() for p in parts)
             rows.append((h, r, t, lineno))
     if not rows:
@@ -122,14 +140,16 @@ def read_tsv_triples(path: str) -> list[tuple[str, str, str, int]]:
     return rows
 
 
-def _index_split(rows: list[tuple[str, str, str, int]], ent: dict[str, int],
-                 rel: dict[str, int], path: str) -> Tensor:
+def _index_split(
+    rows: list[tuple[str, str, str, int]], ent: dict[str, int], rel: dict[str, int], path: str
+) -> Tensor:
     out = torch.empty(len(rows), 3, dtype=torch.long)
     for i, (h, r, t, lineno) in enumerate(rows):
         for name, kind, vocab in ((h, "entity", ent), (r, "relation", rel), (t, "entity", ent)):
             if name not in vocab:
-                raise ValueError(f"{path}:{lineno}: {kind} {name!r} does not occur in the "
-                                 f"training triples")
+                raise ValueError(
+                    f"{path}:{lineno}: {kind} {name!r} does not occur in the training triples"
+                )
         out[i, 0], out[i, 1], out[i, 2] = ent[h], rel[r], ent[t]
     return out
 
@@ -159,7 +179,8 @@ def _pykeen_datasets_dir() -> str:
         raise ModuleNotFoundError(
             "data.dataset: Nations, Kinships and UMLS are read from the installed 'pykeen' "
             "package, which is not installed; `pip install torchcal[kg]` or pass TSV files "
-            "with --data.train/--data.valid/--data.test")
+            "with --data.train/--data.valid/--data.test"
+        )
     return os.path.join(list(spec.submodule_search_locations)[0], "datasets")
 
 
@@ -170,13 +191,15 @@ def load_pykeen_dataset(name: str) -> KGData:
     if key not in PYKEEN_DATASETS:
         raise ValueError(f"data.dataset: expected one of {PYKEEN_DATASETS}, got {name!r}")
     d = os.path.join(_pykeen_datasets_dir(), key)
-    return load_tsv_dataset(*(os.path.join(d, f"{s}.txt") for s in ("train", "valid", "test")),
-                            name=key)
+    return load_tsv_dataset(
+        *(os.path.join(d, f"{s}.txt") for s in ("train", "valid", "test")), name=key
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # The family knowledge graph
 # ----------------------------------------------------------------------------------------
+
 
 @dataclass
 class FamilyKG:
@@ -188,9 +211,13 @@ class FamilyKG:
     triples: set[tuple[str, str, str]]
 
 
-def generate_family(num_families: int = 16, generations: int = 5, max_children: int = 4,
-                    marriage_rate: float = 0.85, seed: int = 0) -> tuple[list[str], dict[str, bool],
-                                                                         set[tuple[str, str, str]]]:
+def generate_family(
+    num_families: int = 16,
+    generations: int = 5,
+    max_children: int = 4,
+    marriage_rate: float = 0.85,
+    seed: int = 0,
+) -> tuple[list[str], dict[str, bool], set[tuple[str, str, str]]]:
     """Generate people and the base facts ``father``, ``mother``, ``spouse`` (seeded).
 
     ``num_families`` founder couples start the world; every married couple of a generation
@@ -244,8 +271,14 @@ def generate_family(num_families: int = 16, generations: int = 5, max_children: 
             if rng.random() >= marriage_rate:
                 continue
             blood = ancestors[c] | {c}
-            partner = next((o for o in children if o in single and male[o] != male[c]
-                            and not (ancestors[o] | {o}) & blood), None)
+            partner = next(
+                (
+                    o
+                    for o in children
+                    if o in single and male[o] != male[c] and not (ancestors[o] | {o}) & blood
+                ),
+                None,
+            )
             if partner is None or rng.random() < 0.5:
                 partner = person(not male[c])  # marries in from outside
             else:
@@ -319,15 +352,21 @@ def _by_relation(triples: Iterable[tuple[str, str, str]]) -> dict[str, set[tuple
     return facts
 
 
-def apply_family_rules(triples: set[tuple[str, str, str]],
-                       male: dict[str, bool]) -> set[tuple[str, str, str]]:
+def apply_family_rules(
+    triples: set[tuple[str, str, str]], male: dict[str, bool]
+) -> set[tuple[str, str, str]]:
     """Apply every family rule once to ``triples``; returns what they derive (new or not)."""
     facts = _by_relation(triples)
     return {(a, rel, b) for rel, rule in _family_rules(male) for a, b in rule(facts)}
 
 
-def family_kg(num_families: int = 16, generations: int = 5, max_children: int = 4,
-              marriage_rate: float = 0.85, seed: int = 0) -> FamilyKG:
+def family_kg(
+    num_families: int = 16,
+    generations: int = 5,
+    max_children: int = 4,
+    marriage_rate: float = 0.85,
+    seed: int = 0,
+) -> FamilyKG:
     """The family world with every derived relation materialised: forward chaining of the
     rules to a fixed point, so the world is closed (every triple not in it is false).
 
@@ -336,8 +375,9 @@ def family_kg(num_families: int = 16, generations: int = 5, max_children: int = 
         >>> apply_family_rules(world.triples, world.male) <= world.triples
         True
     """
-    people, male, base = generate_family(num_families, generations, max_children,
-                                         marriage_rate, seed)
+    people, male, base = generate_family(
+        num_families, generations, max_children, marriage_rate, seed
+    )
     triples = set(base)
     while True:
         new = apply_family_rules(triples, male) - triples
@@ -347,8 +387,14 @@ def family_kg(num_families: int = 16, generations: int = 5, max_children: int = 
     return FamilyKG(people=people, male=male, base=base, triples=triples)
 
 
-def _family_dataset(num_families: int, generations: int, hide: float, valid_fraction: float,
-                    test_fraction: float, seed: int) -> KGData:
+def _family_dataset(
+    num_families: int,
+    generations: int,
+    hide: float,
+    valid_fraction: float,
+    test_fraction: float,
+    seed: int,
+) -> KGData:
     world = family_kg(num_families=num_families, generations=generations, seed=seed)
     entities = sorted(world.people)
     ent = {e: i for i, e in enumerate(entities)}
@@ -356,10 +402,13 @@ def _family_dataset(num_families: int, generations: int, hide: float, valid_frac
     present = {r for _, r, _ in world.triples}
     missing = [r for r in FAMILY_RELATIONS if r not in present]
     if missing:
-        raise ValueError(f"data.num_families: the generated world is too small, it has no "
-                         f"{missing} facts; use more families or generations")
-    all_ids = torch.tensor(sorted((ent[h], rel[r], ent[t]) for h, r, t in world.triples),
-                           dtype=torch.long)
+        raise ValueError(
+            f"data.num_families: the generated world is too small, it has no "
+            f"{missing} facts; use more families or generations"
+        )
+    all_ids = torch.tensor(
+        sorted((ent[h], rel[r], ent[t]) for h, r, t in world.triples), dtype=torch.long
+    )
     g = torch.Generator().manual_seed(seed)
     perm = all_ids[torch.randperm(len(all_ids), generator=g)]
     n = len(perm)
@@ -367,9 +416,9 @@ def _family_dataset(num_families: int, generations: int, hide: float, valid_frac
     n_valid = int(round(valid_fraction * n))
     n_test = int(round(test_fraction * n))
     hidden = perm[:n_hide]
-    valid = perm[n_hide:n_hide + n_valid]
-    test = perm[n_hide + n_valid:n_hide + n_valid + n_test]
-    train = perm[n_hide + n_valid + n_test:]
+    valid = perm[n_hide : n_hide + n_valid]
+    test = perm[n_hide + n_valid : n_hide + n_valid + n_test]
+    train = perm[n_hide + n_valid + n_test :]
     # A held-out triple whose entity or relation never occurs in training can't be
     # embedded: move it to train (the world stays closed, only the split changes).
     seen_e = torch.zeros(len(entities), dtype=torch.bool)
@@ -384,14 +433,30 @@ def _family_dataset(num_families: int, generations: int, hide: float, valid_frac
         moved.append(split[~ok])
         kept.append(split[ok])
     train = torch.cat([train, *moved])
-    return KGData(name="family", entities=entities, relations=list(FAMILY_RELATIONS),
-                  train=train, valid=kept[0], test=kept[1], hidden=hidden)
+    return KGData(
+        name="family",
+        entities=entities,
+        relations=list(FAMILY_RELATIONS),
+        train=train,
+        valid=kept[0],
+        test=kept[1],
+        hidden=hidden,
+    )
 
 
-def load_dataset(dataset: str = "family", *, train: str | None = None, valid: str | None = None,
-                 test: str | None = None, hide: float = 0.0, num_families: int = 16,
-                 generations: int = 5, valid_fraction: float = 0.1,
-                 test_fraction: float = 0.1, seed: int = 0) -> KGData:
+def load_dataset(
+    dataset: str = "family",
+    *,
+    train: str | None = None,
+    valid: str | None = None,
+    test: str | None = None,
+    hide: float = 0.0,
+    num_families: int = 16,
+    generations: int = 5,
+    valid_fraction: float = 0.1,
+    test_fraction: float = 0.1,
+    seed: int = 0,
+) -> KGData:
     """One entry point: ``"family"`` (generated), ``"nations"``/``"kinships"``/``"umls"``
     (from pykeen) or ``"tsv"`` with the three file paths.
 
@@ -421,23 +486,29 @@ def load_dataset(dataset: str = "family", *, train: str | None = None, valid: st
         raise ValueError(f"data.hide: expected a fraction in [0, 1), got {hide!r}")
     key = dataset.lower()
     if key == "family":
-        if not (0 < valid_fraction < 1 and 0 < test_fraction < 1
-                and hide + valid_fraction + test_fraction < 0.9):
-            raise ValueError("data.valid_fraction/test_fraction: expected fractions in (0, 1) "
-                             "that leave at least 10 % of the triples for training, got "
-                             f"{valid_fraction}/{test_fraction} with hide={hide}")
-        return _family_dataset(num_families, generations, hide, valid_fraction,
-                               test_fraction, seed)
+        if not (
+            0 < valid_fraction < 1
+            and 0 < test_fraction < 1
+            and hide + valid_fraction + test_fraction < 0.9
+        ):
+            raise ValueError(
+                "data.valid_fraction/test_fraction: expected fractions in (0, 1) "
+                "that leave at least 10 % of the triples for training, got "
+                f"{valid_fraction}/{test_fraction} with hide={hide}"
+            )
+        return _family_dataset(num_families, generations, hide, valid_fraction, test_fraction, seed)
     if key in PYKEEN_DATASETS:
         data = load_pykeen_dataset(key)
     elif key == "tsv":
         if not (train and valid and test):
-            raise ValueError("data.train: dataset 'tsv' needs --data.train, --data.valid and "
-                             "--data.test paths")
+            raise ValueError(
+                "data.train: dataset 'tsv' needs --data.train, --data.valid and --data.test paths"
+            )
         data = load_tsv_dataset(train, valid, test)
     else:
-        raise ValueError(f"data.dataset: expected 'family', 'tsv' or one of {PYKEEN_DATASETS}, "
-                         f"got {dataset!r}")
+        raise ValueError(
+            f"data.dataset: expected 'family', 'tsv' or one of {PYKEEN_DATASETS}, got {dataset!r}"
+        )
     if hide > 0:
         g = torch.Generator().manual_seed(seed)
         parts = []

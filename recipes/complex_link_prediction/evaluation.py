@@ -52,7 +52,7 @@ class TripleFilter:
     def contains(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
         """Boolean tensor (broadcast shape of the inputs): is ``(h, r, t)`` known?"""
         device = h.device
-        key = ((h.cpu() * self.num_relations + r.cpu()) * self.num_entities + t.cpu())
+        key = (h.cpu() * self.num_relations + r.cpu()) * self.num_entities + t.cpu()
         if len(self.keys) == 0:
             return torch.zeros_like(key, dtype=torch.bool).to(device)
         pos = torch.searchsorted(self.keys, key.reshape(-1)).clamp_max(len(self.keys) - 1)
@@ -67,7 +67,8 @@ class TripleFilter:
         counts = stop - start
         rows = torch.repeat_interleave(torch.arange(len(q)), counts)
         offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(
-            torch.cumsum(counts, 0) - counts, counts)
+            torch.cumsum(counts, 0) - counts, counts
+        )
         cols = self.tails[torch.repeat_interleave(start, counts) + offsets]
         out = torch.zeros(len(q), self.num_entities, dtype=torch.bool)
         out[rows, cols] = True
@@ -94,8 +95,9 @@ class Ranks:
 
     @staticmethod
     def cat(parts: list[Ranks]) -> Ranks:
-        return Ranks(torch.cat([p.optimistic for p in parts]),
-                     torch.cat([p.pessimistic for p in parts]))
+        return Ranks(
+            torch.cat([p.optimistic for p in parts]), torch.cat([p.pessimistic for p in parts])
+        )
 
 
 def filtered_ranks(masked_scores: Tensor, target: Tensor) -> Ranks:

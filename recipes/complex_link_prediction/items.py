@@ -90,8 +90,10 @@ def triple_items(data: KGData, k: int, seed: int) -> TripleItems:
     dup = (sorted_tails[:, 1:] == sorted_tails[:, :-1]).any(1)
     if bool(dup.any()):  # cannot happen by construction; a silent duplicate skews the audit
         i = int(torch.nonzero(dup)[0, 0])
-        raise ValueError(f"audit.k: duplicate sampled candidates for query ({int(h[i])}, "
-                         f"{int(r[i])}, ?): {tails[i].tolist()}")
+        raise ValueError(
+            f"audit.k: duplicate sampled candidates for query ({int(h[i])}, "
+            f"{int(r[i])}, ?): {tails[i].tolist()}"
+        )
     labels = torch.zeros(len(queries), 1 + k, dtype=torch.float64)
     labels[:, 0] = 1.0
     return TripleItems(head=h, relation=r, tails=tails, labels=labels, source=source, cal=cal)
@@ -104,18 +106,24 @@ def check_audit_data(data: KGData, k: int, seed: int) -> dict[str, int]:
     in one of the halves. Returns the counts the report shows."""
     n = len(data.test)
     if n < 2:
-        raise ValueError(f"data.test: expected at least 2 test triples (the audits split them "
-                         f"into a calibration half and an evaluation half), got {n}")
+        raise ValueError(
+            f"data.test: expected at least 2 test triples (the audits split them "
+            f"into a calibration half and an evaluation half), got {n}"
+        )
     cal = stratified_halves(data.test[:, 1], seed)
     if not bool((~cal).any()):
-        raise ValueError(f"data.test: the evaluation half is empty: each of the {n} test "
-                         "triples has a relation of its own, and the audits split test "
-                         "triples by relation; add test triples")
+        raise ValueError(
+            f"data.test: the evaluation half is empty: each of the {n} test "
+            "triples has a relation of its own, and the audits split test "
+            "triples by relation; add test triples"
+        )
     items = triple_items(data, k, seed)
     n_queries = 2 * n
     for half, mask in (("calibration", items.cal), ("evaluation", ~items.cal)):
         if not bool(mask.any()):
-            raise ValueError(f"audit.k: no test query of the {half} half has k = {k} distinct "
-                             f"filtered corruptions ({len(items.head)} of {n_queries} queries "
-                             f"have); lower --audit.k")
+            raise ValueError(
+                f"audit.k: no test query of the {half} half has k = {k} distinct "
+                f"filtered corruptions ({len(items.head)} of {n_queries} queries "
+                f"have); lower --audit.k"
+            )
     return {"triple_queries_left_out": n_queries - len(items.head)}

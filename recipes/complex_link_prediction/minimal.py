@@ -59,8 +59,10 @@ def main(epochs: int = 20, seed: int = 0) -> dict[str, float]:
 
     check = check_monotone_map(logits, scaled, decisions=False)  # 4. nothing reordered
     assert check.strict_inversions == 0 and check.ties_broken == 0 and check.top1_kept, check
-    print(f"T = {temperature:.4f}, ECE {ece_before:.4f} -> {ece_after:.4f}, invariants ok "
-          f"({check.ties_created} ties created by / T)")
+    print(
+        f"T = {temperature:.4f}, ECE {ece_before:.4f} -> {ece_after:.4f}, invariants ok "
+        f"({check.ties_created} ties created by / T)"
+    )
     return {"temperature": temperature, "ece_before": ece_before, "ece_after": ece_after}
 
 

@@ -58,8 +58,9 @@ class ComplEx(nn.Module):
         (torch.Size([2, 5]), True)
     """
 
-    def __init__(self, num_entities: int, num_relations: int, rank: int = 200,
-                 init_scale: float = 1e-3) -> None:
+    def __init__(
+        self, num_entities: int, num_relations: int, rank: int = 200, init_scale: float = 1e-3
+    ) -> None:
         super().__init__()
         if rank < 1:
             raise ValueError(f"model.rank: expected a positive int, got {rank}")
@@ -86,8 +87,9 @@ class ComplEx(nn.Module):
         eh, wr, et = self.entity(h), self.relation(r), self.entity(t)
         return _complex_product(eh, wr) @ self.entity.weight.T, _n3(eh, wr, et)
 
-    def grouped_scores_and_n3(self, queries: Tensor, query_index: Tensor,
-                              t: Tensor) -> tuple[Tensor, Tensor]:
+    def grouped_scores_and_n3(
+        self, queries: Tensor, query_index: Tensor, t: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """Training pass over QUERIES: scores of all tails of each query ``(h, r)`` of
         ``queries`` ``(B, 2)``, one row per query (``(B, num_entities)``), and the N3 term of
         the triples ``(queries[query_index[n]], t[n])`` exactly as :meth:`n3` computes it on
@@ -172,8 +174,9 @@ def _n3(eh: Tensor, wr: Tensor, et: Tensor) -> Tensor:
     return _cubed_moduli(torch.cat([eh, wr, et])).sum() / len(eh)
 
 
-def sample_corruptions(h: Tensor, r: Tensor, k: int, num_entities: int, filt: TripleFilter,
-                       generator: torch.Generator) -> Tensor:
+def sample_corruptions(
+    h: Tensor, r: Tensor, k: int, num_entities: int, filt: TripleFilter, generator: torch.Generator
+) -> Tensor:
     """``(B, k)`` tails drawn uniformly with replacement among those that make ``(h, r, t')``
     a triple not in ``filt`` (exact: one multinomial over each query's unknown tails).
 
@@ -188,8 +191,10 @@ def sample_corruptions(h: Tensor, r: Tensor, k: int, num_entities: int, filt: Tr
     none = ~free.any(1)
     if bool(none.any()):
         i = int(torch.nonzero(none)[0, 0])
-        raise ValueError(f"k: query ({int(h[i])}, {int(r[i])}, ?) has no corruption: "
-                         "every tail is a known triple")
+        raise ValueError(
+            f"k: query ({int(h[i])}, {int(r[i])}, ?) has no corruption: "
+            "every tail is a known triple"
+        )
     return torch.multinomial(free.float(), k, replacement=True, generator=generator)
 
 
@@ -216,24 +221,37 @@ class ComplExModule(L.LightningModule):
         seed: seed of the corruption sampler.
     """
 
-    def __init__(self, num_entities: int, num_relations: int, train_triples: Tensor,
-                 known_triples: Tensor, rank: int = 200, init_scale: float = 1e-3,
-                 lr: float = 0.1, regularization: float = 0.01, mode: str = "one_to_n",
-                 loss: Literal["log", "brier"] = "log", num_negatives: int = 10,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        num_entities: int,
+        num_relations: int,
+        train_triples: Tensor,
+        known_triples: Tensor,
+        rank: int = 200,
+        init_scale: float = 1e-3,
+        lr: float = 0.1,
+        regularization: float = 0.01,
+        mode: str = "one_to_n",
+        loss: Literal["log", "brier"] = "log",
+        num_negatives: int = 10,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
         if loss not in LOSSES:
             raise ValueError(f"model.loss: expected one of {LOSSES}, got {loss!r}")
         if mode == "negatives" and loss != "log":
-            raise ValueError("model.loss: mode 'negatives' trains with the binary log score, "
-                             f"got loss={loss!r}")
+            raise ValueError(
+                f"model.loss: mode 'negatives' trains with the binary log score, got loss={loss!r}"
+            )
         if num_negatives < 1:
             raise ValueError(f"model.num_negatives: expected an int >= 1, got {num_negatives}")
         if not lr > 0 or regularization < 0:
-            raise ValueError(f"model.lr/regularization: expected lr > 0 and regularization >= 0, "
-                             f"got {lr}, {regularization}")
+            raise ValueError(
+                f"model.lr/regularization: expected lr > 0 and regularization >= 0, "
+                f"got {lr}, {regularization}"
+            )
         self.model = ComplEx(num_entities, num_relations, rank, init_scale)
         self.num_entities = num_entities
         self.num_relations = num_relations
@@ -243,23 +261,28 @@ class ComplExModule(L.LightningModule):
         self.loss_name = loss
         self.num_negatives = num_negatives
         self.seed = seed
-        self.train_filter = TripleFilter(with_reciprocals(train_triples, num_relations),
-                                         num_entities, 2 * num_relations)
-        self.known_filter = TripleFilter(with_reciprocals(known_triples, num_relations),
-                                         num_entities, 2 * num_relations)
+        self.train_filter = TripleFilter(
+            with_reciprocals(train_triples, num_relations), num_entities, 2 * num_relations
+        )
+        self.known_filter = TripleFilter(
+            with_reciprocals(known_triples, num_relations), num_entities, 2 * num_relations
+        )
         self._generator = torch.Generator().manual_seed(seed)
 
     def forward(self, h: Tensor, r: Tensor) -> Tensor:
         return self.model.score_all(h, r)
 
-    def training_step(self, batch: Tensor | tuple[Tensor, Tensor, Tensor],
-                      batch_idx: int) -> Tensor:
+    def training_step(
+        self, batch: Tensor | tuple[Tensor, Tensor, Tensor], batch_idx: int
+    ) -> Tensor:
         if isinstance(batch, (tuple, list)):
             # grouped queries (KGDataModule(group_queries=True)): one score row per query
             # (h, r), the per-triple score of each of its training tails read from that row
             if self.mode != "one_to_n":
-                raise ValueError("data.group_queries: only mode 'one_to_n' trains on grouped "
-                                 f"queries, got mode {self.mode!r}")
+                raise ValueError(
+                    "data.group_queries: only mode 'one_to_n' trains on grouped "
+                    f"queries, got mode {self.mode!r}"
+                )
             queries, query_index, t = batch
             scores, n3 = self.model.grouped_scores_and_n3(queries, query_index, t)
             fit = self._one_to_n_score(scores.index_select(0, query_index), t)
@@ -273,8 +296,9 @@ class ComplExModule(L.LightningModule):
             possible = self.train_filter.mask(h, r).sum(1) < self.num_entities
             if not bool(possible.all()):
                 h, r, t = h[possible], r[possible], t[possible]
-            neg = sample_corruptions(h, r, self.num_negatives, self.num_entities,
-                                     self.train_filter, self._generator)
+            neg = sample_corruptions(
+                h, r, self.num_negatives, self.num_entities, self.train_filter, self._generator
+            )
             # all tails in one matmul, then gather: cheaper than gathering (1 + k) embeddings
             # per query while the entity table is small
             cand = torch.cat([t[:, None], neg], dim=1)
@@ -310,8 +334,13 @@ class ComplExModule(L.LightningModule):
         h, r, t = batch.unbind(1)
         logits = mask_known(self.model.score_all(h, r), t, self.known_filter.mask(h, r))
         ranks = filtered_ranks(logits, t)
-        self.log("val_mrr", (1.0 / ranks.realistic).mean(), prog_bar=True, on_epoch=True,
-                 batch_size=len(h))
+        self.log(
+            "val_mrr",
+            (1.0 / ranks.realistic).mean(),
+            prog_bar=True,
+            on_epoch=True,
+            batch_size=len(h),
+        )
         return {"logits": logits, "target": t}
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -60,16 +60,20 @@ def _audit_rows(a: AuditResult) -> tuple[list[str], list[list[str]]]:
     if triple:
         header += ["Platt", f"base rate {s['base_rate']:.4f}"]
     n_bins = a.tables["before"].n_bins
-    rows = [[label.format(n_bins=n_bins)] + [_f(s.get(f"{key}_{c}")) for c in cols]
-            for label, key in _METRIC_ROWS]
+    rows = [
+        [label.format(n_bins=n_bins)] + [_f(s.get(f"{key}_{c}")) for c in cols]
+        for label, key in _METRIC_ROWS
+    ]
     if triple:
         rows.append(["AUC"] + [_f(s[f"auc_{c}"]) for c in cols])
         rows.append(["accuracy at logit 0"] + [_f(s[f"acc_{c}"]) for c in cols])
     else:
         rows.append(["Hits@1", _f(s["hits1_before"]), _f(s["hits1_after"])])
     if "ece_true_before" in s:
-        rows.append(["ECE vs true labels", _f(s["ece_true_before"]), _f(s["ece_true_after"])]
-                    + (["-", "-"] if triple else []))
+        rows.append(
+            ["ECE vs true labels", _f(s["ece_true_before"]), _f(s["ece_true_after"])]
+            + (["-", "-"] if triple else [])
+        )
     return header, rows
 
 
@@ -78,14 +82,18 @@ def _audit_heading(a: AuditResult) -> str:
     if a.name == "tail":
         what = "top-1 filtered tail prediction over all entities (multiclass)"
     else:
-        what = (f"held-out positives + k = {s['k']} filtered corruptions (binary), "
-                f"base rate {s['base_rate']:.4f}")
+        what = (
+            f"held-out positives + k = {s['k']} filtered corruptions (binary), "
+            f"base rate {s['base_rate']:.4f}"
+        )
     extra = ""
     if a.name == "triple":
         extra = f"; Platt: scale {_f(s['platt_scale'])}, offset {_f(s['platt_offset'])}"
-    return (f"Audit '{a.name}': {what}\n"
-            f"fitted T = {s['temperature']:.4f} on {s['n_calibration']} calibration items; "
-            f"reported on {s['n_evaluation']} evaluation items{extra}")
+    return (
+        f"Audit '{a.name}': {what}\n"
+        f"fitted T = {s['temperature']:.4f} on {s['n_calibration']} calibration items; "
+        f"reported on {s['n_evaluation']} evaluation items{extra}"
+    )
 
 
 def _text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -101,47 +109,102 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def _render(result: dict, audits: Sequence[AuditResult], data_summary: str,
-            markdown: bool, plots: bool = False) -> str:
+def _render(
+    result: dict,
+    audits: Sequence[AuditResult],
+    data_summary: str,
+    markdown: bool,
+    plots: bool = False,
+) -> str:
     table = _md_table if markdown else _text_table
     h1, h2 = ("# ", "## ") if markdown else ("", "")
-    out = [f"{h1}ComplEx link prediction: {result['dataset']} "
-           f"(seed {result['seed']}, mode {result['mode']})", "", data_summary, ""]
+    out = [
+        f"{h1}ComplEx link prediction: {result['dataset']} "
+        f"(seed {result['seed']}, mode {result['mode']})",
+        "",
+        data_summary,
+        "",
+    ]
     out += [f"{h2}Filtered ranking (test, both directions)", ""]
-    out.append(table(["ties", "MRR", "Hits@1", "Hits@3", "Hits@10"], [
-        ["realistic", _f(result["mrr"]), _f(result["hits@1"]), _f(result["hits@3"]),
-         _f(result["hits@10"])],
-        ["pessimistic", _f(result["mrr_pessimistic"]), _f(result["hits@1_pessimistic"]),
-         _f(result["hits@3_pessimistic"]), _f(result["hits@10_pessimistic"])],
-    ] + ([["realistic, true filter", _f(result["mrr_true"]), _f(result["hits@1_true"]),
-           _f(result["hits@3_true"]), _f(result["hits@10_true"])]] if "mrr_true" in result
-         else [])))
-    out += ["", f"training: {result['epochs']} epochs, {result['train_seconds']:.2f} s "
-            f"({result['epoch_seconds']:.3f} s/epoch)", ""]
+    out.append(
+        table(
+            ["ties", "MRR", "Hits@1", "Hits@3", "Hits@10"],
+            [
+                [
+                    "realistic",
+                    _f(result["mrr"]),
+                    _f(result["hits@1"]),
+                    _f(result["hits@3"]),
+                    _f(result["hits@10"]),
+                ],
+                [
+                    "pessimistic",
+                    _f(result["mrr_pessimistic"]),
+                    _f(result["hits@1_pessimistic"]),
+                    _f(result["hits@3_pessimistic"]),
+                    _f(result["hits@10_pessimistic"]),
+                ],
+            ]
+            + (
+                [
+                    [
+                        "realistic, true filter",
+                        _f(result["mrr_true"]),
+                        _f(result["hits@1_true"]),
+                        _f(result["hits@3_true"]),
+                        _f(result["hits@10_true"]),
+                    ]
+                ]
+                if "mrr_true" in result
+                else []
+            ),
+        )
+    )
+    out += [
+        "",
+        f"training: {result['epochs']} epochs, {result['train_seconds']:.2f} s "
+        f"({result['epoch_seconds']:.3f} s/epoch)",
+        "",
+    ]
     for a in audits:
         out += [f"{h2}" + _audit_heading(a).replace("\n", "\n\n" if markdown else "\n"), ""]
         header, rows = _audit_rows(a)
         out += [table(header, rows), ""]
         checks = ", ".join(f"{k}: {'ok' if v else 'FAILED'}" for k, v in a.invariants.items())
         s = a.summary
-        out += [f"exact invariants under T: {checks}", "",
-                f"ties created by / T: {s['ties_created']} (largest original gap "
-                f"{s['max_tie_gap_ulps']} ulps, bound {s['max_tie_gap_bound_ulps']}; x / T is "
-                "only weakly monotone in floating point); strict inversions "
-                f"{s['strict_inversions']}, broken ties {s['ties_broken']}. Ranking metrics "
-                "(MRR, Hits@k, AUC) come from the model's own scores.", ""]
+        out += [
+            f"exact invariants under T: {checks}",
+            "",
+            f"ties created by / T: {s['ties_created']} (largest original gap "
+            f"{s['max_tie_gap_ulps']} ulps, bound {s['max_tie_gap_bound_ulps']}; x / T is "
+            "only weakly monotone in floating point); strict inversions "
+            f"{s['strict_inversions']}, broken ties {s['ties_broken']}. Ranking metrics "
+            "(MRR, Hits@k, AUC) come from the model's own scores.",
+            "",
+        ]
         if a.per_relation:
-            out += [f"per-relation ECE (relations with >= {MIN_RELATION_ITEMS} evaluation "
-                    "items):", ""]
-            out.append(table(["relation", "n", "ECE before", "ECE after"],
-                             [[p["relation"], str(p["n"]), _f(p["ece_before"]),
-                               _f(p["ece_after"])] for p in a.per_relation]))
+            out += [
+                f"per-relation ECE (relations with >= {MIN_RELATION_ITEMS} evaluation items):",
+                "",
+            ]
+            out.append(
+                table(
+                    ["relation", "n", "ECE before", "ECE after"],
+                    [
+                        [p["relation"], str(p["n"]), _f(p["ece_before"]), _f(p["ece_after"])]
+                        for p in a.per_relation
+                    ],
+                )
+            )
             out.append("")
         out += [("- " if markdown else "") + note for note in a.notes]
         out.append("")
         if markdown and plots:
-            out += [f"![{a.name} before](reliability_{a.name}_before.png) "
-                    f"![{a.name} after](reliability_{a.name}_after.png)", ""]
+            out += [
+                f"![{a.name} before](reliability_{a.name}_before.png) "
+                f"![{a.name} after](reliability_{a.name}_after.png)",
+                "",
+            ]
         for key, tab in a.tables.items():
             out += [f"reliability ({a.name}, {key}):", ""]
             out += [tab.to_markdown() if markdown else tab.to_text(), ""]
@@ -171,8 +234,13 @@ def _plot(audit: AuditResult, output_dir: str) -> list[str]:
     return paths
 
 
-def write_reports(output_dir: str, result: dict, audits: Sequence[AuditResult],
-                  data_summary: str, plots: bool = True) -> dict[str, str]:
+def write_reports(
+    output_dir: str,
+    result: dict,
+    audits: Sequence[AuditResult],
+    data_summary: str,
+    plots: bool = True,
+) -> dict[str, str]:
     """Write ``report.json`` / ``report.txt`` / ``report.md`` (and the PNGs) to ``output_dir``.
     The command line's ``--audit.plots`` is this signature's (jsonargparse reads it).
 

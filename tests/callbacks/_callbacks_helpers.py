@@ -50,13 +50,15 @@ def info_log(caplog: Any) -> Iterator[Any]:
         lg.propagate = old
 
 
-def make_data(n: int, seed: int, *, binary: bool = False, groups: int = 0,
-              n_classes: int = N_CLASSES) -> TensorDataset:
+def make_data(
+    n: int, seed: int, *, binary: bool = False, groups: int = 0, n_classes: int = N_CLASSES
+) -> TensorDataset:
     """Noisy linear classes; with ``groups`` a third tensor of group ids."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, N_FEATURES, generator=g)
-    w = torch.randn(N_FEATURES, 1 if binary else n_classes, generator=torch.Generator()
-                    .manual_seed(1234))
+    w = torch.randn(
+        N_FEATURES, 1 if binary else n_classes, generator=torch.Generator().manual_seed(1234)
+    )
     z = x @ w + 1.5 * torch.randn(n, w.shape[1], generator=g)
     y = (z[:, 0] > 0).float() if binary else z.argmax(1)
     if groups:
@@ -72,9 +74,16 @@ def loader(ds: TensorDataset, batch_size: int = 32) -> DataLoader:
 class TinyModule(L.LightningModule):
     """Linear classifier whose validation/test steps return ``{"logits", "target"[, "group"]}``."""
 
-    def __init__(self, binary: bool = False, n_classes: int = N_CLASSES, lr: float = 0.5,
-                 mask_last: bool = False, returns: str = "dict", scale: float = 1.0,
-                 scaler: bool = True) -> None:
+    def __init__(
+        self,
+        binary: bool = False,
+        n_classes: int = N_CLASSES,
+        lr: float = 0.5,
+        mask_last: bool = False,
+        returns: str = "dict",
+        scale: float = 1.0,
+        scaler: bool = True,
+    ) -> None:
         super().__init__()
         if scaler:  # the documented pattern: the module declares its temperature scaler
             self.temperature_scaler = TemperatureScaler()
@@ -129,9 +138,17 @@ class TinyModule(L.LightningModule):
 def trainer(tmp_path: Any, **kw: Any) -> L.Trainer:
     """A fast single-process CPU trainer."""
     opts: dict[str, Any] = dict(
-        accelerator="cpu", devices=1, max_epochs=2, default_root_dir=str(tmp_path),
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        logger=False, enable_checkpointing=False, log_every_n_steps=1)
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        default_root_dir=str(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        log_every_n_steps=1,
+    )
     opts.update(kw)
     return L.Trainer(**opts)
 

@@ -31,12 +31,22 @@ def run(tmp, name: str, **kw) -> str:
     model = TinyModule(lr=0.0, scale=3.0)  # lr 0: identical weights whatever the sharding
     out = tmp / name
     out.mkdir()
-    tr = L.Trainer(accelerator="cpu", max_epochs=2, default_root_dir=str(out),
-                   logger=CSVLogger(str(out), name="logs", version=0),
-                   callbacks=[CalibrationMonitor(n_bins=10), TemperatureScaling(n_bins=10),
-                              TemperatureRecorder(str(out))],
-                   enable_progress_bar=False, enable_model_summary=False,
-                   enable_checkpointing=False, num_sanity_val_steps=0, **kw)
+    tr = L.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        default_root_dir=str(out),
+        logger=CSVLogger(str(out), name="logs", version=0),
+        callbacks=[
+            CalibrationMonitor(n_bins=10),
+            TemperatureScaling(n_bins=10),
+            TemperatureRecorder(str(out)),
+        ],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        **kw,
+    )
     batch = 64 if kw.get("devices", 1) == 1 else 32  # the same number of steps per epoch
     tr.fit(model, loader(make_data(N_TRAIN, 1), batch), loader(make_data(N_VAL, 2), 32))
     return str(out)
@@ -78,12 +88,23 @@ def run_empty_rank(tmp, name: str, **kw) -> str:
     model = TinyModule(lr=0.0, scale=3.0)
     out = tmp / name
     out.mkdir()
-    tr = L.Trainer(accelerator="cpu", max_epochs=2, default_root_dir=str(out),
-                   logger=CSVLogger(str(out), name="logs", version=0),
-                   callbacks=[CalibrationMonitor(n_bins=10), TemperatureScaling(n_bins=10),
-                              TemperatureRecorder(str(out)), WarningRecorder(str(out))],
-                   enable_progress_bar=False, enable_model_summary=False,
-                   enable_checkpointing=False, num_sanity_val_steps=0, **kw)
+    tr = L.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        default_root_dir=str(out),
+        logger=CSVLogger(str(out), name="logs", version=0),
+        callbacks=[
+            CalibrationMonitor(n_bins=10),
+            TemperatureScaling(n_bins=10),
+            TemperatureRecorder(str(out)),
+            WarningRecorder(str(out)),
+        ],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        **kw,
+    )
     batch = 64 if kw.get("devices", 1) == 1 else 32
     val = torch.utils.data.DataLoader(RankShard(make_data(N_VAL, 2)), batch_size=32)
     tr.fit(model, loader(make_data(N_TRAIN, 1), batch), val)

@@ -76,22 +76,47 @@ def fitted(tmp_path_factory):
     csv_logger = CSVLogger(str(tmp), name="csv")
     tb_logger = TensorBoardLogger(str(tmp), name="tb")
     monitor = CalibrationMonitor(n_bins=10)
-    ckpt = ModelCheckpoint(dirpath=str(tmp / "ckpt"), monitor="val/ece", mode="min",
-                           save_last=True)
+    ckpt = ModelCheckpoint(dirpath=str(tmp / "ckpt"), monitor="val/ece", mode="min", save_last=True)
     model = TinyModule()
-    tr = trainer(tmp, max_epochs=2, logger=[csv_logger, tb_logger], callbacks=[monitor, ckpt],
-                 enable_checkpointing=True, num_sanity_val_steps=2)
+    tr = trainer(
+        tmp,
+        max_epochs=2,
+        logger=[csv_logger, tb_logger],
+        callbacks=[monitor, ckpt],
+        enable_checkpointing=True,
+        num_sanity_val_steps=2,
+    )
     tr.fit(model, loader(train), loader(val))
-    return dict(tmp=tmp, trainer=tr, model=model, monitor=monitor, ckpt=ckpt, val=val,
-                train=train, csv_logger=csv_logger, tb_logger=tb_logger)
+    return dict(
+        tmp=tmp,
+        trainer=tr,
+        model=model,
+        monitor=monitor,
+        ckpt=ckpt,
+        val=val,
+        train=train,
+        csv_logger=csv_logger,
+        tb_logger=tb_logger,
+    )
 
 
 def test_csv_one_table_per_epoch_counts_sum_to_val_size(fitted):
     path = os.path.join(fitted["csv_logger"].log_dir, "reliability.csv")
     rows = read_csv(path)
     # the column list, spelled out (not re-derived from report.CSV_COLUMNS)
-    assert list(rows[0]) == ["epoch", "step", "bin", "lo", "hi", "count", "conf", "acc", "gap",
-                             "ci_low", "ci_high"]
+    assert list(rows[0]) == [
+        "epoch",
+        "step",
+        "bin",
+        "lo",
+        "hi",
+        "count",
+        "conf",
+        "acc",
+        "gap",
+        "ci_low",
+        "ci_high",
+    ]
     epochs = sorted({int(r["epoch"]) for r in rows})
     assert epochs == [0, 1]  # the sanity check (2 batches) wrote nothing
     for e in epochs:
@@ -115,7 +140,8 @@ def test_tensorboard_has_text_and_image(fitted):
     text = ea.Tensors("val/reliability/text_summary")[-1].tensor_proto.string_val[0].decode()
     assert text.startswith("| bin | lo | hi | count |")
     assert {"val/ece", "val/nll", "val/brier_confidence", "val/mce", "val/ece_debiased"} <= set(
-        tags["scalars"])
+        tags["scalars"]
+    )
 
 
 def test_callback_metrics_and_modelcheckpoint_monitor(fitted):
@@ -136,35 +162,44 @@ def test_callback_metrics_and_modelcheckpoint_monitor(fitted):
 def test_logged_table_equals_offline_table(fitted):
     logits, y = offline_logits(fitted["model"], fitted["val"])
     table = C.reliability_table(logits, y, n_bins=10)
-    rows = [r for r in read_csv(os.path.join(fitted["csv_logger"].log_dir, "reliability.csv"))
-            if int(r["epoch"]) == 1]
+    rows = [
+        r
+        for r in read_csv(os.path.join(fitted["csv_logger"].log_dir, "reliability.csv"))
+        if int(r["epoch"]) == 1
+    ]
     ref = table.rows()
     assert [int(r["bin"]) for r in rows] == [r["bin"] for r in ref]
     assert [int(r["count"]) for r in rows] == [r["count"] for r in ref]
     for col in ("lo", "hi", "conf", "acc", "gap", "ci_low", "ci_high"):
-        np.testing.assert_allclose([float(r[col]) for r in rows], [r[col] for r in ref],
-                                   rtol=0, atol=1e-12)
+        np.testing.assert_allclose(
+            [float(r[col]) for r in rows], [r[col] for r in ref], rtol=0, atol=1e-12
+        )
     h = fitted["monitor"].history[-1]
     ece, mce = numpy_ece(logits, y, 10)
     # the monitor's confidences are float32 (as the model's logits), the reference float64
     assert h["ece"] == pytest.approx(ece, abs=1e-6)
     assert h["mce"] == pytest.approx(mce, abs=1e-6)
     assert h["ece"] == pytest.approx(table.ece, abs=1e-12)
-    assert h["ece_debiased"] == pytest.approx(float(C.calibration_error(
-        logits, y, n_bins=10, norm="l2", estimator="debiased")), abs=1e-12)
+    assert h["ece_debiased"] == pytest.approx(
+        float(C.calibration_error(logits, y, n_bins=10, norm="l2", estimator="debiased")), abs=1e-12
+    )
     # Brier of the confidence reading: mean (conf - correct)^2
     p = torch.softmax(logits.double(), 1)
     conf, pred = p.max(1)
     assert h["brier_confidence"] == pytest.approx(
-        float(((conf - (pred == y).double()) ** 2).mean()), abs=1e-6)
-    assert h["brier_confidence"] == pytest.approx(float(C.brier_decomposition(
-        logits, y, n_bins=10, reading="confidence")["brier"]), abs=1e-12)
+        float(((conf - (pred == y).double()) ** 2).mean()), abs=1e-6
+    )
+    assert h["brier_confidence"] == pytest.approx(
+        float(C.brier_decomposition(logits, y, n_bins=10, reading="confidence")["brier"]), abs=1e-12
+    )
     assert h["nll"] == pytest.approx(float(F.cross_entropy(logits.double(), y)), abs=1e-6)
 
 
 def test_history_figure_written(fitted):
-    assert os.path.getsize(os.path.join(fitted["csv_logger"].log_dir,
-                                        "calibration_over_epochs.png")) > 1000
+    assert (
+        os.path.getsize(os.path.join(fitted["csv_logger"].log_dir, "calibration_over_epochs.png"))
+        > 1000
+    )
 
 
 def test_resume_keeps_history(fitted, tmp_path):
@@ -185,15 +220,19 @@ def test_readings_match_functional(reading, tmp_path):
     binary = reading == "binary"
     val = make_data(96, 3, binary=binary)
     model = TinyModule(binary=binary)
-    mon = CalibrationMonitor(n_bins=8, reading=reading,
-                             num_classes=None if binary else N_CLASSES, sinks=("loggers", "figures"))
+    mon = CalibrationMonitor(
+        n_bins=8,
+        reading=reading,
+        num_classes=None if binary else N_CLASSES,
+        sinks=("loggers", "figures"),
+    )
     out = trainer(tmp_path, callbacks=[mon]).validate(model, loader(val), verbose=False)[0]
     logits, y = offline_logits(model, val)
     kw = dict(n_bins=8, reading=reading, num_classes=None if binary else N_CLASSES)
-    assert out["val/ece"] == pytest.approx(float(C.calibration_error(logits, y, **kw)),
-                                           abs=1e-6)
-    assert out["val/mce"] == pytest.approx(float(C.calibration_error(logits, y, norm="max",
-                                                                     **kw)), abs=1e-6)
+    assert out["val/ece"] == pytest.approx(float(C.calibration_error(logits, y, **kw)), abs=1e-6)
+    assert out["val/mce"] == pytest.approx(
+        float(C.calibration_error(logits, y, norm="max", **kw)), abs=1e-6
+    )
     brier = float(C.brier_decomposition(logits, y, **kw)["brier"])
     key = "val/brier_confidence" if reading == "top_label" else "val/brier"
     assert set(out) == {"val/ece", "val/ece_debiased", "val/mce", key, "val/nll"}
@@ -223,18 +262,24 @@ def test_test_stage_and_several_dataloaders(tmp_path, caplog):
     keys = set(out[0]) | set(out[1])
     # dataloader 0 (the default dataloader_idx) keeps the plain names, so one monitor key
     # works with one loader or several; the others carry the suffix
-    assert {"test/ece", "test/nll", "test/ece/dataloader_idx_1",
-            "test/nll/dataloader_idx_1"} <= keys
+    assert {
+        "test/ece",
+        "test/nll",
+        "test/ece/dataloader_idx_1",
+        "test/nll/dataloader_idx_1",
+    } <= keys
     assert "test/ece/dataloader_idx_0" not in keys
     d = tr.loggers[0].log_dir
-    for i, n, key, stem in ((0, 64, "test/ece", "test_reliability"),
-                            (1, 40, "test/ece/dataloader_idx_1",
-                             "test_reliability_dataloader_idx_1")):
+    for i, n, key, stem in (
+        (0, 64, "test/ece", "test_reliability"),
+        (1, 40, "test/ece/dataloader_idx_1", "test_reliability_dataloader_idx_1"),
+    ):
         rows = read_csv(os.path.join(d, f"{stem}.csv"))
         assert sum(int(r["count"]) for r in rows) == n
         logits, y = offline_logits(model, (a, b)[i])
         assert out[i][key] == pytest.approx(
-            float(C.calibration_error(logits, y, n_bins=5)), abs=1e-6)
+            float(C.calibration_error(logits, y, n_bins=5)), abs=1e-6
+        )
     printed = caplog.text
     assert "test dataloader 1 epoch 0" in printed and "reliability table" in printed
     assert [(h["stage"], h["dataloader_idx"]) for h in mon.history] == [("test", 0), ("test", 1)]
@@ -251,16 +296,17 @@ def test_groups_tables_and_metrics(tmp_path):
     for g in range(3):
         m = gid == g
         assert out[f"val/g/group_{g}/ece"] == pytest.approx(
-            float(C.calibration_error(logits[m], y[m], n_bins=5)), abs=1e-6)
+            float(C.calibration_error(logits[m], y[m], n_bins=5)), abs=1e-6
+        )
     rows = read_csv(os.path.join(tr.loggers[0].log_dir, "g_reliability_groups.csv"))
     assert list(rows[0])[:3] == ["epoch", "step", "group"]
     for g in range(3):
-        assert sum(int(r["count"]) for r in rows if int(r["group"]) == g) == int(
-            (gid == g).sum())
+        assert sum(int(r["count"]) for r in rows if int(r["group"]) == g) == int((gid == g).sum())
     pooled = read_csv(os.path.join(tr.loggers[0].log_dir, "g_reliability.csv"))
     assert sum(int(r["count"]) for r in pooled) == 120
-    assert out["val/g/ece"] == pytest.approx(float(C.calibration_error(logits, y, n_bins=5)),
-                                             abs=1e-6)
+    assert out["val/g/ece"] == pytest.approx(
+        float(C.calibration_error(logits, y, n_bins=5)), abs=1e-6
+    )
 
 
 def test_group_ids_without_num_groups_warn_once(tmp_path):
@@ -269,8 +315,9 @@ def test_group_ids_without_num_groups_warn_once(tmp_path):
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         quiet_warnings()
-        out = trainer(tmp_path, callbacks=[mon]).validate(TinyModule(), loader(val),
-                                                          verbose=False)[0]
+        out = trainer(tmp_path, callbacks=[mon]).validate(TinyModule(), loader(val), verbose=False)[
+            0
+        ]
     msgs = [str(w.message) for w in rec if "num_groups is not set" in str(w.message)]
     assert len(msgs) == 1 and "'group'" in msgs[0]  # 3 batches, one warning
     assert "val/group_0/ece" not in out and mon.history[-1]["group_ece"] is None
@@ -281,13 +328,16 @@ def test_history_figure_axes():
     from torchcal.plotting import history_figure
 
     def hist(epochs, steps):
-        return [dict(epoch=e, step=s, ece=0.1, ece_debiased=0.05, mce=0.2, brier_confidence=0.3,
-                     nll=1.0) for e, s in zip(epochs, steps)]
+        return [
+            dict(
+                epoch=e, step=s, ece=0.1, ece_debiased=0.05, mce=0.2, brier_confidence=0.3, nll=1.0
+            )
+            for e, s in zip(epochs, steps)
+        ]
 
     fig = history_figure(hist([0, 1, 2], [10, 20, 30]), "t")
     axes = fig.get_axes()
-    assert [a.get_ylabel() for a in axes] == ["calibration error", "brier confidence",
-                                              "NLL (nats)"]
+    assert [a.get_ylabel() for a in axes] == ["calibration error", "brier confidence", "NLL (nats)"]
     assert {a.get_xlabel() for a in axes} == {"epoch"}
     assert [ln.get_label() for ln in axes[0].get_lines()] == ["ece", "ece_debiased", "mce"]
     assert list(axes[2].get_lines()[0].get_xdata()) == [0, 1, 2]
@@ -304,13 +354,15 @@ def test_extract_fn_and_probs(tmp_path):
     def extract(pl_module, batch, outputs):
         return torch.softmax(pl_module(batch[0]), 1), batch[1]
 
-    mon = CalibrationMonitor(n_bins=5, input="probs", extract_fn=extract, sinks=("loggers", "figures"))
+    mon = CalibrationMonitor(
+        n_bins=5, input="probs", extract_fn=extract, sinks=("loggers", "figures")
+    )
     out = trainer(tmp_path, callbacks=[mon]).validate(model, loader(val), verbose=False)[0]
     logits, y = offline_logits(model, val)
-    assert out["val/ece"] == pytest.approx(float(C.calibration_error(logits, y, n_bins=5)),
-                                           abs=1e-6)
-    assert out["val/nll"] == pytest.approx(float(F.cross_entropy(logits.double(), y)),
-                                           abs=1e-5)
+    assert out["val/ece"] == pytest.approx(
+        float(C.calibration_error(logits, y, n_bins=5)), abs=1e-6
+    )
+    assert out["val/nll"] == pytest.approx(float(F.cross_entropy(logits.double(), y)), abs=1e-5)
 
 
 def test_neg_inf_masks_allowed(tmp_path):
@@ -323,13 +375,12 @@ def test_neg_inf_masks_allowed(tmp_path):
     assert torch.isinf(logits[:, -1]).all()
     ref = C.calibration_error(torch.softmax(logits, 1), y, n_bins=5, input="probs")
     assert out["val/ece"] == pytest.approx(float(ref), abs=1e-6)
-    assert out["val/nll"] == pytest.approx(float(F.cross_entropy(logits.double(), y)),
-                                           abs=1e-6)
+    assert out["val/nll"] == pytest.approx(float(F.cross_entropy(logits.double(), y)), abs=1e-6)
     # a masked true class: the NLL is honestly infinite, the binned metrics stay finite
     y2 = torch.full_like(y, 3)
-    out2 = trainer(tmp_path, callbacks=[CalibrationMonitor(n_bins=5, sinks=("loggers", "figures"))]
-                   ).validate(model, loader(torch.utils.data.TensorDataset(
-                       val.tensors[0], y2)), verbose=False)[0]
+    out2 = trainer(
+        tmp_path, callbacks=[CalibrationMonitor(n_bins=5, sinks=("loggers", "figures"))]
+    ).validate(model, loader(torch.utils.data.TensorDataset(val.tensors[0], y2)), verbose=False)[0]
     assert out2["val/nll"] == math.inf and math.isfinite(out2["val/ece"])
 
 
@@ -338,8 +389,9 @@ def test_neg_inf_masks_allowed(tmp_path):
 def test_missing_outputs_error_names_keys(returns, tmp_path):
     mon = CalibrationMonitor(sinks=("loggers", "figures"))
     with pytest.raises(ValueError) as e:
-        trainer(tmp_path, callbacks=[mon]).validate(TinyModule(returns=returns),
-                                                    loader(make_data(32, 0)), verbose=False)
+        trainer(tmp_path, callbacks=[mon]).validate(
+            TinyModule(returns=returns), loader(make_data(32, 0)), verbose=False
+        )
     msg = str(e.value)
     assert "'logits'" in msg and "'target'" in msg
     assert 'return {"logits": logits, "target": y}' in msg
@@ -354,7 +406,8 @@ def test_bad_values_raise(tmp_path):
 
     with pytest.raises(ValueError, match="preds: expected finite"):
         trainer(tmp_path, callbacks=[CalibrationMonitor(sinks=("loggers", "figures"))]).validate(
-            NaNModule(), loader(make_data(32, 0)), verbose=False)
+            NaNModule(), loader(make_data(32, 0)), verbose=False
+        )
 
     class DeadRow(TinyModule):
         def forward(self, x):
@@ -363,34 +416,42 @@ def test_bad_values_raise(tmp_path):
 
     with pytest.raises(ValueError, match="row 2 is entirely -inf"):
         trainer(tmp_path, callbacks=[CalibrationMonitor(sinks=("loggers", "figures"))]).validate(
-            DeadRow(), loader(make_data(32, 0)), verbose=False)
+            DeadRow(), loader(make_data(32, 0)), verbose=False
+        )
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(n_bins=0), "n_bins"),
-    (dict(n_bins=2.5), "n_bins"),
-    (dict(reading="top1"), "reading"),
-    (dict(input="scores"), "input"),
-    (dict(level=1.0), "level"),
-    (dict(interval="exact"), "interval"),
-    (dict(reading="classwise"), "num_classes"),
-    (dict(num_groups=0), "num_groups"),
-    (dict(preds_key=""), "preds_key"),
-    (dict(target_key=3), "target_key"),
-    (dict(name="/x"), "name"),
-    (dict(extract_fn="f"), "extract_fn"),
-    (dict(sinks=("loggers", "tables")), "sinks"),
-    (dict(sinks=3), "sinks"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n_bins=0), "n_bins"),
+        (dict(n_bins=2.5), "n_bins"),
+        (dict(reading="top1"), "reading"),
+        (dict(input="scores"), "input"),
+        (dict(level=1.0), "level"),
+        (dict(interval="exact"), "interval"),
+        (dict(reading="classwise"), "num_classes"),
+        (dict(num_groups=0), "num_groups"),
+        (dict(preds_key=""), "preds_key"),
+        (dict(target_key=3), "target_key"),
+        (dict(name="/x"), "name"),
+        (dict(extract_fn="f"), "extract_fn"),
+        (dict(sinks=("loggers", "tables")), "sinks"),
+        (dict(sinks=3), "sinks"),
+    ],
+)
 def test_init_validation(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         CalibrationMonitor(**kwargs)
 
 
 def test_state_key_unique_per_configuration():
-    keys = {CalibrationMonitor().state_key, CalibrationMonitor(n_bins=10).state_key,
-            CalibrationMonitor(reading="binary").state_key,
-            CalibrationMonitor(name="a").state_key, CalibrationMonitor(input="probs").state_key}
+    keys = {
+        CalibrationMonitor().state_key,
+        CalibrationMonitor(n_bins=10).state_key,
+        CalibrationMonitor(reading="binary").state_key,
+        CalibrationMonitor(name="a").state_key,
+        CalibrationMonitor(input="probs").state_key,
+    }
     assert len(keys) == 5
     assert CalibrationMonitor(n_bins=10).state_key == CalibrationMonitor(n_bins=10).state_key
 
@@ -423,9 +484,11 @@ def test_lightning_cli_yaml(tmp_path, monkeypatch):
         "    - class_path: torchcal.callbacks.TemperatureScaling\n"
         "      init_args:\n"
         "        when: epoch\n"
-        "        fit_on_validate: true\n")
-    cli = LightningCLI(TinyModule, run=False, args=["--config", str(cfg)],
-                       save_config_callback=None)
+        "        fit_on_validate: true\n"
+    )
+    cli = LightningCLI(
+        TinyModule, run=False, args=["--config", str(cfg)], save_config_callback=None
+    )
     mon = [c for c in cli.trainer.callbacks if isinstance(c, CalibrationMonitor)]
     assert len(mon) == 1 and mon[0].n_bins == 12 and mon[0].reading == "top_label"
     assert mon[0].preds_key == "scores" and mon[0].sinks == {"csv", "prog_bar"}
@@ -433,8 +496,7 @@ def test_lightning_cli_yaml(tmp_path, monkeypatch):
     assert len(ts) == 1 and ts[0].when == "epoch" and ts[0].fit_on_validate
     cfg.write_text(cfg.read_text().replace("reading: top_label", "reading: top1"))
     with pytest.raises(SystemExit):
-        LightningCLI(TinyModule, run=False, args=["--config", str(cfg)],
-                     save_config_callback=None)
+        LightningCLI(TinyModule, run=False, args=["--config", str(cfg)], save_config_callback=None)
 
 
 # ---------------------------------------------------------------- fake W&B / MLflow loggers
@@ -460,8 +522,7 @@ class _Recorder(Logger):
 
 class WandbLogger(_Recorder):
     def log_table(self, key, columns=None, data=None, dataframe=None, step=None):
-        self.calls.append(("log_table", (), dict(key=key, columns=columns, data=data,
-                                                 step=step)))
+        self.calls.append(("log_table", (), dict(key=key, columns=columns, data=data, step=step)))
 
     def log_image(self, key, images, step=None, **kwargs):
         self.calls.append(("log_image", (), dict(key=key, images=images, step=step)))
@@ -498,7 +559,8 @@ def test_fake_wandb_mlflow_and_unknown_logger(tmp_path):
         warnings.simplefilter("always")
         quiet_warnings()
         trainer(tmp_path, max_epochs=2, logger=[wb, ml, other], callbacks=[mon]).fit(
-            TinyModule(), loader(make_data(64, 1)), loader(make_data(48, 2)))
+            TinyModule(), loader(make_data(64, 1)), loader(make_data(48, 2))
+        )
     unknown = [w for w in rec if "no adapter for logger SomeOtherLogger" in str(w.message)]
     assert len(unknown) == 1  # warned once, not per epoch
     tables = [c for c in wb.calls if c[0] == "log_table"]
@@ -507,13 +569,13 @@ def test_fake_wandb_mlflow_and_unknown_logger(tmp_path):
     assert sum(row[3] for row in tables[-1][2]["data"]) == 48
     images = [c for c in wb.calls if c[0] == "log_image"]
     assert [c[2]["key"] for c in images] == ["val/reliability_diagram"] * 2 + [
-        "val/calibration_over_epochs"]
+        "val/calibration_over_epochs"
+    ]
     assert images[0][2]["images"][0].ndim == 3 and images[0][2]["images"][0].shape[2] == 3
     mt = [c for c in ml.calls if c[0] == "log_table"]
     assert len(mt) == 2 and mt[0][1] == ("run-123",)
     assert mt[0][2]["artifact_file"].endswith(".json")
-    assert sum(mt[-1][2]["data"]["count"]) == 48 and list(mt[-1][2]["data"]) == list(
-        CSV_COLUMNS)
+    assert sum(mt[-1][2]["data"]["count"]) == 48 and list(mt[-1][2]["data"]) == list(CSV_COLUMNS)
     figs = [c for c in ml.calls if c[0] == "log_figure"]
     assert len(figs) == 3 and type(figs[0][1][1]).__name__ == "Figure"
     # the scalars reached every logger through pl_module.log
@@ -535,8 +597,9 @@ def test_logger_failure_does_not_crash(tmp_path):
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         quiet_warnings()
-        trainer(tmp_path, callbacks=[CalibrationMonitor(sinks=("loggers", "csv"))], logger=lg).validate(
-            TinyModule(), loader(make_data(32, 0)), verbose=False)
+        trainer(
+            tmp_path, callbacks=[CalibrationMonitor(sinks=("loggers", "csv"))], logger=lg
+        ).validate(TinyModule(), loader(make_data(32, 0)), verbose=False)
     assert any("disk full" in str(w.message) for w in rec)
 
 
@@ -561,7 +624,8 @@ def test_files_never_read_trainer_log_dir(with_tb, tmp_path, monkeypatch):
     monkeypatch.setattr(L.Trainer, "log_dir", property(broadcasting))
     tb = TensorBoardLogger(str(tmp_path), name="tb") if with_tb else False
     trainer(tmp_path, max_epochs=1, callbacks=[CalibrationMonitor(n_bins=5)], logger=tb).fit(
-        TinyModule(), loader(make_data(64, 1)), loader(make_data(40, 2)))
+        TinyModule(), loader(make_data(64, 1)), loader(make_data(40, 2))
+    )
     where = tb.log_dir if with_tb else str(tmp_path)
     assert sum(int(r["count"]) for r in read_csv(os.path.join(where, "reliability.csv"))) == 40
     assert os.path.exists(os.path.join(where, "calibration_over_epochs.png"))
@@ -569,7 +633,7 @@ def test_files_never_read_trainer_log_dir(with_tb, tmp_path, monkeypatch):
 
 def test_no_logger_writes_csv_to_default_root_dir(tmp_path):
     trainer(tmp_path, callbacks=[CalibrationMonitor()]).validate(
-        TinyModule(), loader(make_data(40, 0)), verbose=False)
+        TinyModule(), loader(make_data(40, 0)), verbose=False
+    )
     rows = read_csv(os.path.join(tmp_path, "reliability.csv"))
     assert sum(int(r["count"]) for r in rows) == 40
-

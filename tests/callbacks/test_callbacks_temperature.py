@@ -63,8 +63,12 @@ def fitted(tmp_path_factory):
     train, val = make_data(256, 1), make_data(200, 2)
     ts = TemperatureScaling(n_bins=10)
     model = TinyModule(scale=4.0)  # overconfident: T > 1
-    tr = trainer(tmp, max_epochs=2, callbacks=[CalibrationMonitor(sinks=("loggers", "figures")), ts],
-                 logger=CSVLogger(str(tmp)))
+    tr = trainer(
+        tmp,
+        max_epochs=2,
+        callbacks=[CalibrationMonitor(sinks=("loggers", "figures")), ts],
+        logger=CSVLogger(str(tmp)),
+    )
     tr.fit(model, loader(train), loader(val))
     path = str(tmp / "calibrated.ckpt")
     tr.save_checkpoint(path)
@@ -84,14 +88,17 @@ def test_fit_end_temperature_matches_reference(fitted):
     # fitted at the end of every validation epoch of fit, the last on the final weights
     assert [x["epoch"] for x in ts.history] == [0, 1] and h["converged"]
     assert h["n"] == h["n_local"] == 200
-    assert h["nll_before_scaling"] == pytest.approx(float(F.cross_entropy(logits.double(), y)),
-                                                    rel=1e-6)
+    assert h["nll_before_scaling"] == pytest.approx(
+        float(F.cross_entropy(logits.double(), y)), rel=1e-6
+    )
     assert h["nll_after_scaling"] < h["nll_before_scaling"]
     z = logits.double()  # the logged ECEs are computed from the float64 logits
-    assert h["ece_before_scaling"] == pytest.approx(float(C.calibration_error(
-        z, y, n_bins=10)), abs=1e-12)
-    assert h["ece_after_scaling"] == pytest.approx(float(C.calibration_error(
-        z / scaler.temperature, y, n_bins=10)), abs=1e-12)
+    assert h["ece_before_scaling"] == pytest.approx(
+        float(C.calibration_error(z, y, n_bins=10)), abs=1e-12
+    )
+    assert h["ece_after_scaling"] == pytest.approx(
+        float(C.calibration_error(z / scaler.temperature, y, n_bins=10)), abs=1e-12
+    )
     assert h["ece_after_scaling"] < h["ece_before_scaling"]
     # the training optimiser never touched the temperature
     assert not scaler.log_temperature.requires_grad
@@ -101,8 +108,9 @@ def test_epoch_values_reach_loggers_and_callback_metrics(fitted):
     cm = fitted["trainer"].callback_metrics
     t = fitted["model"].temperature_scaler.temperature
     assert float(cm["val/temperature"]) == t
-    rows = list(csv.DictReader(open(os.path.join(fitted["trainer"].loggers[0].log_dir,
-                                                 "metrics.csv"))))
+    rows = list(
+        csv.DictReader(open(os.path.join(fitted["trainer"].loggers[0].log_dir, "metrics.csv")))
+    )
     logged = [float(r["val/temperature"]) for r in rows if r.get("val/temperature")]
     assert logged == [pytest.approx(h["temperature"], rel=1e-12) for h in fitted["ts"].history]
     assert any(r.get("val/ece_after_scaling") for r in rows)
@@ -117,7 +125,8 @@ def test_fit_end_mode_fits_once(tmp_path):
     assert [h["epoch"] for h in ts.history] == [1]
     logits, y = val_logits(model, val)
     assert model.temperature_scaler.temperature == pytest.approx(
-        brent_temperature(logits, y), rel=1e-6)
+        brent_temperature(logits, y), rel=1e-6
+    )
     assert float(tr.callback_metrics["val/temperature"]) == ts.history[0]["temperature"]
 
 
@@ -137,13 +146,15 @@ def test_checkpoint_restores_identical_predictions(fitted, tmp_path):
     loaded = TinyModule.load_from_checkpoint(path, weights_only=True, scale=4.0)
     assert loaded.temperature_scaler.is_fitted
     with torch.no_grad():
-        assert torch.equal(torch.cat([loaded.temperature_scaler(loaded(b[0]))
-                                      for b in pred_loader]), ref)
+        assert torch.equal(
+            torch.cat([loaded.temperature_scaler(loaded(b[0])) for b in pred_loader]), ref
+        )
     # 2b) validate a calibrated checkpoint: no refit (the default)
     kept = TinyModule(scale=4.0)
     ts = TemperatureScaling()
-    out = trainer(tmp_path, callbacks=[ts]).validate(kept, loader(fitted["val"]),
-                                                     ckpt_path=path, verbose=False)[0]
+    out = trainer(tmp_path, callbacks=[ts]).validate(
+        kept, loader(fitted["val"]), ckpt_path=path, verbose=False
+    )[0]
     assert "val/temperature" not in out and ts.history == fitted["ts"].history  # restored
     assert kept.temperature_scaler.temperature == model.temperature_scaler.temperature
     # 3) the scaler alone
@@ -156,8 +167,12 @@ def test_checkpoint_restores_identical_predictions(fitted, tmp_path):
 def test_resume_keeps_history(fitted, tmp_path):
     ts = TemperatureScaling(n_bins=10)
     tr = trainer(tmp_path, max_epochs=3, callbacks=[ts])
-    tr.fit(TinyModule(scale=4.0), loader(fitted["train"]), loader(fitted["val"]),
-           ckpt_path=fitted["path"])
+    tr.fit(
+        TinyModule(scale=4.0),
+        loader(fitted["train"]),
+        loader(fitted["val"]),
+        ckpt_path=fitted["path"],
+    )
     assert len(ts.history) == 3 and ts.history[:2] == fitted["ts"].history
     assert ts.history[2]["epoch"] == 2
 
@@ -165,17 +180,24 @@ def test_resume_keeps_history(fitted, tmp_path):
 def test_every_epoch_checkpoints_carry_their_temperature(tmp_path):
     train, val = make_data(128, 3), make_data(96, 4)
     ts = TemperatureScaling()  # when="epoch", the default
-    ck = ModelCheckpoint(dirpath=str(tmp_path / "ck"), every_n_epochs=1, save_top_k=-1,
-                         monitor="val/temperature", filename="{epoch}")
+    ck = ModelCheckpoint(
+        dirpath=str(tmp_path / "ck"),
+        every_n_epochs=1,
+        save_top_k=-1,
+        monitor="val/temperature",
+        filename="{epoch}",
+    )
     tr = trainer(tmp_path, max_epochs=2, callbacks=[ts, ck], enable_checkpointing=True)
     tr.fit(TinyModule(scale=3.0), loader(train), loader(val))
     assert [h["epoch"] for h in ts.history] == [0, 1]
     for h in ts.history:
-        state = torch.load(str(tmp_path / "ck" / f"epoch={h['epoch']}.ckpt"),
-                           weights_only=True)["state_dict"]
+        state = torch.load(str(tmp_path / "ck" / f"epoch={h['epoch']}.ckpt"), weights_only=True)[
+            "state_dict"
+        ]
         assert bool(state["temperature_scaler.fitted"])
         assert math.exp(float(state["temperature_scaler.log_temperature"])) == pytest.approx(
-            h["temperature"], rel=1e-12)
+            h["temperature"], rel=1e-12
+        )
     assert float(tr.callback_metrics["val/temperature"]) == ts.history[-1]["temperature"]
 
 
@@ -188,14 +210,15 @@ def test_validate_inference_mode_and_masks(tmp_path, caplog):
         out = trainer(tmp_path, callbacks=[ts]).validate(model, loader(val), verbose=False)[0]
     logits, y = val_logits(model, val)
     assert torch.isinf(logits[:, -1]).all()
-    assert out["val/temperature"] == pytest.approx(brent_temperature(logits[:, :3], y),
-                                                   rel=1e-6)
+    assert out["val/temperature"] == pytest.approx(brent_temperature(logits[:, :3], y), rel=1e-6)
     assert out["val/nll_after_scaling"] <= out["val/nll_before_scaling"]
     assert math.isfinite(out["val/ece_after_scaling"])
     printed = caplog.text
-    assert (f"[TemperatureScaling] epoch 0: T = {out['val/temperature']:.4f}; NLL "
-            f"{out['val/nll_before_scaling']:.4f} -> {out['val/nll_after_scaling']:.4f}; "
-            f"ECE (15 bins) {out['val/ece_before_scaling']:.4f} -> ") in printed
+    assert (
+        f"[TemperatureScaling] epoch 0: T = {out['val/temperature']:.4f}; NLL "
+        f"{out['val/nll_before_scaling']:.4f} -> {out['val/nll_after_scaling']:.4f}; "
+        f"ECE (15 bins) {out['val/ece_before_scaling']:.4f} -> "
+    ) in printed
 
 
 def test_kept_logits_are_detached(tmp_path, monkeypatch):
@@ -214,7 +237,8 @@ def test_kept_logits_are_detached(tmp_path, monkeypatch):
     monkeypatch.setattr(TemperatureScaler, "fit_stream", spy)
     ts = TemperatureScaling(fit_on_validate=True)
     trainer(tmp_path, callbacks=[ts], inference_mode=False).validate(
-        GradLogits(), loader(make_data(64, 0)), verbose=False)
+        GradLogits(), loader(make_data(64, 0)), verbose=False
+    )
     assert len(seen) == 1 and len(seen[0]) == 2
     assert not any(z.requires_grad for z, _ in seen[0])
     assert ts._chunks == []  # released after the fit
@@ -224,7 +248,8 @@ def test_binary_logits(tmp_path):
     val = make_data(150, 6, binary=True)
     model = TinyModule(binary=True, scale=0.3)  # underconfident: T < 1
     out = trainer(tmp_path, callbacks=[TemperatureScaling(fit_on_validate=True)]).validate(
-        model, loader(val), verbose=False)[0]
+        model, loader(val), verbose=False
+    )[0]
     logits, y = val_logits(model, val)
     assert out["val/temperature"] == pytest.approx(brent_temperature(logits, y), rel=1e-6)
     assert out["val/temperature"] < 1
@@ -237,7 +262,8 @@ def test_checkpoint_without_temperature_loads_unfitted(tmp_path):
     tr.save_checkpoint(path)
     fresh = TinyModule()
     out = trainer(tmp_path, callbacks=[TemperatureScaling(fit_on_validate=True)]).validate(
-        fresh, loader(make_data(64, 2)), ckpt_path=path, verbose=False)[0]
+        fresh, loader(make_data(64, 2)), ckpt_path=path, verbose=False
+    )[0]
     assert fresh.temperature_scaler.is_fitted and out["val/temperature"] > 0
     with pytest.raises(ValueError, match="^checkpoint: .*temperature_scaler"):
         TemperatureScaling.load_scaler(path)
@@ -258,30 +284,42 @@ def test_unfitted_scaler_checkpoint_loads_unfitted(tmp_path):
 def test_missing_outputs_error(tmp_path):
     with pytest.raises(ValueError, match=r"'logits', 'target'.*returned None"):
         trainer(tmp_path, callbacks=[TemperatureScaling(fit_on_validate=True)]).validate(
-            TinyModule(returns="none"), loader(make_data(32, 0)), verbose=False)
+            TinyModule(returns="none"), loader(make_data(32, 0)), verbose=False
+        )
 
 
 def test_missing_scaler_error_names_the_fix(tmp_path):
-    with pytest.raises(ValueError, match=r"^pl_module: .*TinyModule has none; add "
-                                         r"`self.temperature_scaler = TemperatureScaler\(\)`"):
+    with pytest.raises(
+        ValueError,
+        match=r"^pl_module: .*TinyModule has none; add "
+        r"`self.temperature_scaler = TemperatureScaler\(\)`",
+    ):
         trainer(tmp_path, callbacks=[TemperatureScaling()]).fit(
-            TinyModule(scaler=False), loader(make_data(32, 0)), loader(make_data(32, 1)))
+            TinyModule(scaler=False), loader(make_data(32, 0)), loader(make_data(32, 1))
+        )
     model = TinyModule(scaler=False)
     model.temperature_scaler = torch.nn.Identity()
-    with pytest.raises(ValueError, match=r"^attr_name: TinyModule.temperature_scaler is a "
-                                         r"Identity"):
+    with pytest.raises(
+        ValueError,
+        match=r"^attr_name: TinyModule.temperature_scaler is a "
+        r"Identity",
+    ):
         trainer(tmp_path, callbacks=[TemperatureScaling()]).validate(
-            model, loader(make_data(32, 0)), verbose=False)
+            model, loader(make_data(32, 0)), verbose=False
+        )
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(when="always"), "when"),
-    (dict(logits_key=""), "logits_key"),
-    (dict(attr_name="a b"), "attr_name"),
-    (dict(n_bins=0), "n_bins"),
-    (dict(dataloader_idx=-1), "dataloader_idx"),
-    (dict(extract_fn=3), "extract_fn"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(when="always"), "when"),
+        (dict(logits_key=""), "logits_key"),
+        (dict(attr_name="a b"), "attr_name"),
+        (dict(n_bins=0), "n_bins"),
+        (dict(dataloader_idx=-1), "dataloader_idx"),
+        (dict(extract_fn=3), "extract_fn"),
+    ],
+)
 def test_init_validation(kwargs, match):
     with pytest.raises(ValueError, match=f"^{match}"):
         TemperatureScaling(**kwargs)

@@ -28,8 +28,9 @@ from torchcal.report import GroupedResult
 # ----------------------------------------------------------------------------- helpers
 
 
-def away_from_edges(x: np.ndarray, bins: tuple[int, ...] = (10, 15), tol: float = 1e-7
-                    ) -> np.ndarray:
+def away_from_edges(
+    x: np.ndarray, bins: tuple[int, ...] = (10, 15), tol: float = 1e-7
+) -> np.ndarray:
     """Mask of values not within ``tol`` of any edge k/B (B in ``bins``).
 
     netcal bins with ``np.histogramdd`` on ``np.linspace`` edges and relplot with
@@ -48,7 +49,7 @@ def binary_data(n: int, seed: int, shape: str = "wave") -> tuple[np.ndarray, np.
     rng = np.random.default_rng(seed)
     f = rng.uniform(0, 1, 3 * n)
     f = f[away_from_edges(f, (10, 15, 20))][:n]
-    q = np.clip(f + 0.15 * np.sin(2 * np.pi * f), 0, 1) if shape == "wave" else f ** 1.5
+    q = np.clip(f + 0.15 * np.sin(2 * np.pi * f), 0, 1) if shape == "wave" else f**1.5
     y = (rng.uniform(0, 1, n) < q).astype(np.int64)
     return f, y
 
@@ -70,7 +71,7 @@ def np_ece(conf, hit, B, norm="l1"):
     if norm == "l1":
         return float(np.sum(n[m] / N * gap))
     if norm == "l2":
-        return float(np.sqrt(np.sum(n[m] / N * gap ** 2)))
+        return float(np.sqrt(np.sum(n[m] / N * gap**2)))
     return float(gap.max())
 
 
@@ -103,8 +104,9 @@ def test_golden_bin_edges(dtype, B):
     x = torch.tensor([k / B for k in range(B + 1)], dtype=dtype)
     assert C.bin_index(x, B).tolist() == GOLDEN[(dtype, B)]
     # the same through the full pipeline: one sample per value, counts per bin
-    s = C.binned_statistics(x, torch.ones(B + 1, dtype=torch.long), n_bins=B,
-                            reading="binary", input="probs")
+    s = C.binned_statistics(
+        x, torch.ones(B + 1, dtype=torch.long), n_bins=B, reading="binary", input="probs"
+    )
     assert s.count.reshape(-1).tolist() == np.bincount(GOLDEN[(dtype, B)], minlength=B).tolist()
 
 
@@ -131,8 +133,9 @@ def test_rule_is_float64_floor_not_exact_rational():
 @pytest.mark.parametrize("B", [1, 10, 15])
 def test_binary_ece_matches_numpy(norm, B):
     f, y = binary_data(3000, seed=B)
-    got = calibration_error(torch.tensor(f), torch.tensor(y), n_bins=B, norm=norm,
-                            reading="binary", input="probs")
+    got = calibration_error(
+        torch.tensor(f), torch.tensor(y), n_bins=B, norm=norm, reading="binary", input="probs"
+    )
     assert got.dtype == torch.float64
     assert abs(float(got) - np_ece(f, y, B, norm)) <= 1e-12
 
@@ -162,8 +165,9 @@ def test_binary_ece_matches_relplot_binned():
     f, y = binary_data(5000, seed=3)
     # relplot bins with (f / (1 / B)).astype(int) and r = f - y; agrees away from edges
     ref = relplot.metrics.binnedECE(f, y, nbins=10)
-    got = calibration_error(torch.tensor(f), torch.tensor(y), n_bins=10, reading="binary",
-                            input="probs")
+    got = calibration_error(
+        torch.tensor(f), torch.tensor(y), n_bins=10, reading="binary", input="probs"
+    )
     assert abs(float(got) - ref) <= 1e-12
 
 
@@ -186,10 +190,14 @@ def test_22_million_samples_exact():
 
     m = CalibrationError(n_bins=15, reading="binary", input="probs")
     big = 20_000_000
-    m.update(torch.tensor(0.95, dtype=torch.float64).expand(big),
-             torch.ones(1, dtype=torch.long).expand(big))
-    m.update(torch.tensor(0.35, dtype=torch.float64).expand(2_000_000),
-             torch.zeros(1, dtype=torch.long).expand(2_000_000))
+    m.update(
+        torch.tensor(0.95, dtype=torch.float64).expand(big),
+        torch.ones(1, dtype=torch.long).expand(big),
+    )
+    m.update(
+        torch.tensor(0.35, dtype=torch.float64).expand(2_000_000),
+        torch.zeros(1, dtype=torch.long).expand(2_000_000),
+    )
     got = float(m.compute())
     expected = (20e6 * 0.05 + 2e6 * 0.35) / 22e6
     assert round(got, 4) == 0.0773
@@ -198,8 +206,10 @@ def test_22_million_samples_exact():
     assert float(m.sum_acc.sum()) == 20e6
     # these sums happen to be exact in float32 too (1.9e7 is even): check the state dtypes
     assert m.count.dtype == torch.int64
-    assert all(getattr(m, k).dtype == torch.float64
-               for k in ("sum_conf", "sum_acc", "sum_conf2", "sum_conf_acc"))
+    assert all(
+        getattr(m, k).dtype == torch.float64
+        for k in ("sum_conf", "sum_acc", "sum_conf2", "sum_conf_acc")
+    )
     # the failure mode this guards against: a float32 per-sample sum saturates at 2^24
     ones32 = torch.ones(1, dtype=torch.float32).expand(big)
     assert float(torch.bincount(torch.zeros(1, dtype=torch.long).expand(big), ones32)) < 17e6
@@ -241,7 +251,7 @@ def test_classwise_matches_per_class_reference():
     # verified_calibration's marginal error), not the mean of the per-class RMSCE
     per = np.array([np_ece(probs[:, k], (target.numpy() == k), 15, "l2") for k in range(4)])
     got2 = calibration_error(logits, target, reading="classwise", norm="l2")
-    assert abs(float(got2) - np.sqrt(np.mean(per ** 2))) <= 1e-12
+    assert abs(float(got2) - np.sqrt(np.mean(per**2))) <= 1e-12
     assert abs(float(got2) - per.mean()) > 1e-6  # the two definitions differ here
     per_max = [np_ece(probs[:, k], (target.numpy() == k), 15, "max") for k in range(4)]
     got3 = calibration_error(logits, target, reading="classwise", norm="max")
@@ -254,7 +264,8 @@ def test_spatial_inputs_are_flattened():
     target = torch.randint(0, 3, (4, 5, 6), generator=g)
     flat = logits.movedim(1, -1).reshape(-1, 3)
     assert float(calibration_error(logits, target)) == float(
-        calibration_error(flat, target.reshape(-1)))
+        calibration_error(flat, target.reshape(-1))
+    )
 
 
 def test_argmax_ties_go_to_the_first_class():
@@ -310,17 +321,30 @@ def np_debiased(conf, hit, B):
 
 def test_debiased_matches_reference():
     f, y = binary_data(500, seed=11)
-    got = calibration_error(torch.tensor(f), torch.tensor(y), reading="binary", input="probs",
-                            estimator="debiased", norm="l2")
+    got = calibration_error(
+        torch.tensor(f),
+        torch.tensor(y),
+        reading="binary",
+        input="probs",
+        estimator="debiased",
+        norm="l2",
+    )
     assert abs(float(got) - np_debiased(f, y, 15)) <= 1e-12
     # a perfectly calibrated model: debiased estimate is far below the plug-in RMSCE
     rng = np.random.default_rng(0)
     f = rng.uniform(0, 1, 2000)
     y = (rng.uniform(0, 1, 2000) < f).astype(int)
-    plug = calibration_error(torch.tensor(f), torch.tensor(y), reading="binary", input="probs",
-                             norm="l2")
-    deb = calibration_error(torch.tensor(f), torch.tensor(y), reading="binary", input="probs",
-                            estimator="debiased", norm="l2")
+    plug = calibration_error(
+        torch.tensor(f), torch.tensor(y), reading="binary", input="probs", norm="l2"
+    )
+    deb = calibration_error(
+        torch.tensor(f),
+        torch.tensor(y),
+        reading="binary",
+        input="probs",
+        estimator="debiased",
+        norm="l2",
+    )
     assert float(deb) < float(plug)
     assert abs(float(deb) - np_debiased(f, y, 15)) <= 1e-12
 
@@ -346,8 +370,13 @@ def test_murphy_decomposition_is_exact(reading):
             conf, pred = probs.max(1)
             direct = float(((conf - (pred == target).double()) ** 2).mean())
     d = brier_decomposition(preds, target, n_bins=10, reading=reading, **kw)
-    total = (d["reliability"] - d["resolution"] + d["uncertainty"]
-             + d["within_bin_variance"] - 2 * d["within_bin_covariance"])
+    total = (
+        d["reliability"]
+        - d["resolution"]
+        + d["uncertainty"]
+        + d["within_bin_variance"]
+        - 2 * d["within_bin_covariance"]
+    )
     assert abs(float(d["brier"]) - direct) <= 1e-12
     assert abs(float(total) - direct) <= 1e-12
 
@@ -367,9 +396,13 @@ def test_murphy_terms_match_direct_computation():
         wbv += np.sum((f[m] - fb) ** 2) / N
         wbc += np.sum((f[m] - fb) * (y[m] - ob)) / N
     d = brier_decomposition(torch.tensor(f), torch.tensor(y), n_bins=B, input="probs")
-    for key, ref in [("reliability", rel), ("resolution", res), ("uncertainty",
-                     ybar * (1 - ybar)), ("within_bin_variance", wbv),
-                     ("within_bin_covariance", wbc)]:
+    for key, ref in [
+        ("reliability", rel),
+        ("resolution", res),
+        ("uncertainty", ybar * (1 - ybar)),
+        ("within_bin_variance", wbv),
+        ("within_bin_covariance", wbc),
+    ]:
         assert abs(float(d[key]) - ref) <= 1e-12, key
 
 
@@ -379,8 +412,18 @@ def test_murphy_terms_match_direct_computation():
 @pytest.mark.parametrize("level", [0.8, 0.95, 0.99])
 def test_intervals_match_scipy(level):
     stats = pytest.importorskip("scipy.stats")
-    cases = [(0, 1), (1, 1), (0, 7), (7, 7), (3, 7), (1, 20), (19, 20), (500, 1000),
-             (12345, 20000), (1, 2_000_000)]
+    cases = [
+        (0, 1),
+        (1, 1),
+        (0, 7),
+        (7, 7),
+        (3, 7),
+        (1, 20),
+        (19, 20),
+        (500, 1000),
+        (12345, 20000),
+        (1, 2_000_000),
+    ]
     k = torch.tensor([c[0] for c in cases], dtype=torch.float64)
     n = torch.tensor([c[1] for c in cases], dtype=torch.float64)
     wl, wh = C.wilson_interval(k, n, level)
@@ -393,8 +436,13 @@ def test_intervals_match_scipy(level):
 
 
 def test_seven_out_of_seven_certifies_about_065():
-    t = reliability_table(torch.full((7,), 0.97, dtype=torch.float64), torch.ones(7).long(),
-                          n_bins=10, reading="binary", input="probs")
+    t = reliability_table(
+        torch.full((7,), 0.97, dtype=torch.float64),
+        torch.ones(7).long(),
+        n_bins=10,
+        reading="binary",
+        input="probs",
+    )
     assert float(t.acc[9]) == 1.0
     assert round(float(t.ci_low[9]), 2) == 0.65 and float(t.ci_high[9]) == 1.0
     assert "[0.6457, 1.0000]" in t.to_text()
@@ -415,8 +463,15 @@ def test_wilson_bounds_contain_the_accuracy_exactly():
 
 def test_reliability_table_fields_match_numpy():
     f, y = binary_data(1000, seed=12)
-    t = reliability_table(torch.tensor(f), torch.tensor(y), n_bins=15, reading="binary",
-                          input="probs", interval="clopper_pearson", level=0.9)
+    t = reliability_table(
+        torch.tensor(f),
+        torch.tensor(y),
+        n_bins=15,
+        reading="binary",
+        input="probs",
+        interval="clopper_pearson",
+        level=0.9,
+    )
     n, sc, sy = np_binned(f, y, 15)
     assert t.count.tolist() == n.astype(int).tolist()
     m = n > 0
@@ -435,13 +490,13 @@ def test_per_class_tables():
     assert sum(int(pc.count.sum()) for pc in t.per_class) == 1500
     probs = torch.softmax(logits, 1)
     for k in range(3):  # each class table is the one-vs-rest binary table of that class
-        ref = reliability_table(probs[:, k], (target == k).long(), reading="binary",
-                                input="probs")
+        ref = reliability_table(probs[:, k], (target == k).long(), reading="binary", input="probs")
         got = t.per_class[k]
         assert torch.equal(got.count, ref.count)
         for f in ("conf", "acc", "ci_low", "ci_high"):
-            assert torch.allclose(getattr(got, f), getattr(ref, f), rtol=0, atol=1e-12,
-                                  equal_nan=True), f
+            assert torch.allclose(
+                getattr(got, f), getattr(ref, f), rtol=0, atol=1e-12, equal_nan=True
+            ), f
 
 
 @pytest.mark.parametrize("reading", ["top_label", "classwise"])
@@ -480,8 +535,9 @@ def test_equal_mass_fine_histogram_splits_straddling_bins_in_proportion(norm):
     # ("spread evenly over the bin"), then an exact sort-based split (N divisible by B);
     # with only 64 fine bins nearly every boundary straddles one, so the rule matters
     f, y = binary_data(3000, seed=24)
-    fine = C.binned_statistics(torch.tensor(f), torch.tensor(y), n_bins=64, reading="binary",
-                               input="probs").pooled()
+    fine = C.binned_statistics(
+        torch.tensor(f), torch.tensor(y), n_bins=64, reading="binary", input="probs"
+    ).pooled()
     idx = np.minimum(np.floor(f * 64), 63).astype(int)
     n = np.bincount(idx, minlength=64)
     fv = (np.bincount(idx, weights=f, minlength=64) / np.maximum(n, 1))[idx]
@@ -489,7 +545,7 @@ def test_equal_mass_fine_histogram_splits_straddling_bins_in_proportion(norm):
     order = np.argsort(fv, kind="stable")
     for B in (5, 12, 15):
         gaps = np.array([abs(fv[q].mean() - yv[q].mean()) for q in np.array_split(order, B)])
-        ref = {"l1": gaps.mean(), "l2": np.sqrt((gaps ** 2).mean()), "max": gaps.max()}[norm]
+        ref = {"l1": gaps.mean(), "l2": np.sqrt((gaps**2).mean()), "max": gaps.max()}[norm]
         got = C.equal_mass_calibration_error_from_stats(fine, B, norm=norm)
         assert abs(float(got) - ref) <= 1e-12, B
 
@@ -500,8 +556,15 @@ def test_equal_mass_exact_matches_numpy_sort():
         order = np.argsort(f, kind="stable")
         parts = np.array_split(order, B)
         ref = sum(len(q) / len(f) * abs(f[q].mean() - y[q].mean()) for q in parts)
-        got = calibration_error(torch.tensor(f), torch.tensor(y), n_bins=B, reading="binary",
-                                input="probs", estimator="equal_mass", exact=True)
+        got = calibration_error(
+            torch.tensor(f),
+            torch.tensor(y),
+            n_bins=B,
+            reading="binary",
+            input="probs",
+            estimator="equal_mass",
+            exact=True,
+        )
         assert abs(float(got) - ref) <= 1e-12
 
 
@@ -515,8 +578,12 @@ def np_sweep(f, y):
 
     def bins(B):
         edges = np.arange(B + 1) * N / B
-        w = np.clip(np.minimum(ranks[None, :] + 1, edges[1:, None])
-                    - np.maximum(ranks[None, :], edges[:-1, None]), 0, 1)
+        w = np.clip(
+            np.minimum(ranks[None, :] + 1, edges[1:, None])
+            - np.maximum(ranks[None, :], edges[:-1, None]),
+            0,
+            1,
+        )
         n = w.sum(1)
         return n, w @ f, w @ y
 
@@ -532,19 +599,32 @@ def np_sweep(f, y):
 
 def test_ece_sweep_matches_reference():
     f, y = binary_data(1500, seed=23, shape="power")
-    got = calibration_error(torch.tensor(f), torch.tensor(y), reading="binary", input="probs",
-                            estimator="sweep", exact=True)
+    got = calibration_error(
+        torch.tensor(f),
+        torch.tensor(y),
+        reading="binary",
+        input="probs",
+        estimator="sweep",
+        exact=True,
+    )
     assert abs(float(got) - np_sweep(f, y)) <= 1e-12
-    fine = calibration_error(torch.tensor(f), torch.tensor(y), reading="binary", input="probs",
-                             estimator="sweep")
+    fine = calibration_error(
+        torch.tensor(f), torch.tensor(y), reading="binary", input="probs", estimator="sweep"
+    )
     assert abs(float(fine) - float(got)) <= 1e-3
     # the sweep STOPS at the first non-monotone b: on these 40 samples monotonicity comes
     # back at a larger b, and taking that one instead gives 0.1466, not 0.0729
     rng = np.random.default_rng(8)
     f = rng.uniform(0, 1, 40)
-    y = (rng.uniform(0, 1, 40) < f ** 1.5).astype(int)
-    got = calibration_error(torch.tensor(f), torch.tensor(y), reading="binary", input="probs",
-                            estimator="sweep", exact=True)
+    y = (rng.uniform(0, 1, 40) < f**1.5).astype(int)
+    got = calibration_error(
+        torch.tensor(f),
+        torch.tensor(y),
+        reading="binary",
+        input="probs",
+        estimator="sweep",
+        exact=True,
+    )
     assert abs(float(got) - np_sweep(f, y)) <= 1e-12 and round(float(got), 4) == 0.0729
 
 
@@ -555,8 +635,7 @@ def test_ece_sweep_is_not_stopped_by_rounding():
     g = torch.Generator().manual_seed(0)
     f = torch.rand(1200, generator=g, dtype=torch.float64)
     y = (f > 0.5).long()
-    got = calibration_error(f, y, reading="binary", input="probs", estimator="sweep",
-                            exact=True)
+    got = calibration_error(f, y, reading="binary", input="probs", estimator="sweep", exact=True)
     assert abs(float(got) - float((f - y).abs().mean())) <= 1e-12
 
 
@@ -565,19 +644,23 @@ def test_smooth_ece_matches_relplot():
     f, y = binary_data(20_000, seed=31)
     ref = relplot.smECE(f, y.astype(float))
     p, t = torch.tensor(f), torch.tensor(y)
-    exact = calibration_error(p, t, reading="binary", input="probs", estimator="smooth",
-                              exact=True)
+    exact = calibration_error(p, t, reading="binary", input="probs", estimator="smooth", exact=True)
     fine = calibration_error(p, t, reading="binary", input="probs", estimator="smooth")
     assert abs(float(exact) - ref) <= 1e-12
     assert abs(float(fine) - ref) <= 1e-6
     # a second set whose fixed point moves with one bisection step more or less (10, as relplot)
     f2, y2 = binary_data(3000, seed=35, shape="power")
-    got2 = calibration_error(torch.tensor(f2), torch.tensor(y2), reading="binary", input="probs",
-                             estimator="smooth", exact=True)
+    got2 = calibration_error(
+        torch.tensor(f2),
+        torch.tensor(y2),
+        reading="binary",
+        input="probs",
+        estimator="smooth",
+        exact=True,
+    )
     assert abs(float(got2) - relplot.smECE(f2, y2.astype(float))) <= 1e-12
     ref_s = relplot.smECE_sigma(f, y.astype(float), 0.05)
-    fixed = calibration_error(p, t, reading="binary", input="probs", estimator="smooth",
-                              sigma=0.05)
+    fixed = calibration_error(p, t, reading="binary", input="probs", estimator="smooth", sigma=0.05)
     assert abs(float(fixed) - ref_s) <= 1e-6
 
 
@@ -596,12 +679,15 @@ def test_coarsen_equals_direct_binning_away_from_edges():
 def test_bootstrap_matches_brute_force_and_is_seeded():
     f, y = binary_data(400, seed=50)
     p, t = torch.tensor(f), torch.tensor(y)
-    ece, lo, hi = C.calibration_error_bootstrap(p, t, reading="binary", input="probs",
-                                                n_bins=10, replicates=64, level=0.9, seed=3)
-    again = C.calibration_error_bootstrap(p, t, reading="binary", input="probs", n_bins=10,
-                                          replicates=64, level=0.9, seed=3)
-    other = C.calibration_error_bootstrap(p, t, reading="binary", input="probs", n_bins=10,
-                                          replicates=64, level=0.9, seed=4)
+    ece, lo, hi = C.calibration_error_bootstrap(
+        p, t, reading="binary", input="probs", n_bins=10, replicates=64, level=0.9, seed=3
+    )
+    again = C.calibration_error_bootstrap(
+        p, t, reading="binary", input="probs", n_bins=10, replicates=64, level=0.9, seed=3
+    )
+    other = C.calibration_error_bootstrap(
+        p, t, reading="binary", input="probs", n_bins=10, replicates=64, level=0.9, seed=4
+    )
     assert float(lo) == float(again[1]) and float(hi) == float(again[2])
     assert (float(lo), float(hi)) != (float(other[1]), float(other[2]))
     # brute force: the same Poisson(1) weights, replicate by replicate, in numpy
@@ -623,8 +709,9 @@ def test_classwise_bootstrap_resamples_samples_not_pairs():
     # one Poisson weight per SAMPLE, shared by its C one-vs-rest elements (brute force)
     logits, target = multiclass_data(300, 3, seed=51)
     probs = torch.softmax(logits, 1).numpy()
-    ece, lo, hi = C.calibration_error_bootstrap(logits, target, reading="classwise", n_bins=5,
-                                                replicates=40, level=0.8, seed=9)
+    ece, lo, hi = C.calibration_error_bootstrap(
+        logits, target, reading="classwise", n_bins=5, replicates=40, level=0.8, seed=9
+    )
     g = torch.Generator().manual_seed(9)
     w = torch.poisson(torch.ones(300, 40, dtype=torch.float64), generator=g).numpy()
     onehot = np.eye(3)[target.numpy()]
@@ -638,8 +725,10 @@ def test_classwise_bootstrap_resamples_samples_not_pairs():
         eces.append(np.mean(per))
     ql, qh = np.quantile(eces, [0.1, 0.9])
     assert abs(float(lo) - ql) <= 1e-12 and abs(float(hi) - qh) <= 1e-12
-    assert abs(float(ece) - float(calibration_error(logits, target, reading="classwise",
-                                                    n_bins=5))) <= 1e-15
+    assert (
+        abs(float(ece) - float(calibration_error(logits, target, reading="classwise", n_bins=5)))
+        <= 1e-15
+    )
 
 
 # ----------------------------------------------------------------------------- groups
@@ -653,8 +742,9 @@ def test_groups_give_per_group_and_pooled():
     assert abs(float(res.pooled) - float(calibration_error(logits, target))) <= 1e-15
     for g in range(3):
         m = groups == g
-        assert abs(float(res.per_group[g]) - float(calibration_error(logits[m], target[m]))) \
-            <= 1e-15
+        assert (
+            abs(float(res.per_group[g]) - float(calibration_error(logits[m], target[m]))) <= 1e-15
+        )
         assert int(res.counts[g]) == int(m.sum())
     assert math.isnan(float(res.per_group[3])) and int(res.counts[3]) == 0
     tables = reliability_table(logits, target, groups=groups)
@@ -670,11 +760,19 @@ def test_groups_with_fine_estimators_and_exact():
     groups = torch.arange(4000) % 2
     p, t = torch.tensor(f), torch.tensor(y)
     for exact in (False, True):
-        res = calibration_error(p, t, reading="binary", input="probs", estimator="equal_mass",
-                                groups=groups, exact=exact)
+        res = calibration_error(
+            p,
+            t,
+            reading="binary",
+            input="probs",
+            estimator="equal_mass",
+            groups=groups,
+            exact=exact,
+        )
         m = groups == 1
-        one = calibration_error(p[m], t[m], reading="binary", input="probs",
-                                estimator="equal_mass", exact=exact)
+        one = calibration_error(
+            p[m], t[m], reading="binary", input="probs", estimator="equal_mass", exact=exact
+        )
         assert abs(float(res.per_group[1]) - float(one)) <= 1e-12
 
 
@@ -693,15 +791,15 @@ def test_nll_matches_references():
     pb = torch.sigmoid(z).numpy()
     refb = -np.mean(yb.numpy() * np.log(pb) + (1 - yb.numpy()) * np.log(1 - pb))
     assert abs(float(C.negative_log_likelihood(z, yb)) - refb) <= 1e-12
-    assert abs(float(C.negative_log_likelihood(torch.sigmoid(z), yb, input="probs")) - refb) \
-        <= 1e-12
+    assert (
+        abs(float(C.negative_log_likelihood(torch.sigmoid(z), yb, input="probs")) - refb) <= 1e-12
+    )
     # -inf masks on wrong classes are a softmax over the remaining classes
     masked = logits.clone()
     masked[:, 3] = -math.inf
     keep = target != 3
     ref_m = F.cross_entropy(logits[keep, :3], target[keep])
-    assert abs(float(C.negative_log_likelihood(masked[keep], target[keep])) - float(ref_m)) \
-        <= 1e-12
+    assert abs(float(C.negative_log_likelihood(masked[keep], target[keep])) - float(ref_m)) <= 1e-12
     assert math.isinf(float(C.negative_log_likelihood(masked, target)))  # a masked truth
 
 
@@ -718,69 +816,146 @@ BAD = [
     ("nan logits", lambda: calibration_error(NAN_LOGITS, T2), "preds: expected finite"),
     ("+inf logits", lambda: calibration_error(INF_LOGITS, T2), "preds: expected finite"),
     ("all -inf row", lambda: calibration_error(ALL_NEG_INF, T2), "preds: expected at least one"),
-    ("nan classwise", lambda: calibration_error(NAN_LOGITS, T2, reading="classwise"),
-     "preds: expected finite"),
-    ("nan binary logits", lambda: calibration_error(torch.tensor([0.0, float("nan")]), T2,
-                                                    reading="binary"), "preds: expected finite"),
-    ("nan probs", lambda: calibration_error(torch.tensor([[0.5, float("nan")], [1.0, 0.0]]), T2,
-                                            input="probs"), "preds: expected probabilities"),
-    ("probs > 1", lambda: calibration_error(torch.tensor([[1.2, 0.3], [0.2, 0.8]]), T2,
-                                            input="probs"), "preds: expected probabilities"),
-    ("probs < 0 binary", lambda: calibration_error(torch.tensor([-0.1, 0.5]), T2,
-                                                   reading="binary", input="probs"),
-     "preds: expected probabilities"),
-    ("label out of range", lambda: calibration_error(P2, torch.tensor([0, 2])),
-     "target: expected class indices in [0, 1], got 2 at position 1"),
-    ("negative label", lambda: calibration_error(P2, torch.tensor([-1, 0])),
-     "target: expected class indices"),
-    ("binary label 2", lambda: calibration_error(torch.tensor([0.1, 0.2]), torch.tensor([0, 2]),
-                                                 reading="binary"), "target: expected binary"),
-    ("float class labels", lambda: calibration_error(P2, torch.tensor([0.0, 1.0])),
-     "target: expected integer"),
-    ("shape mismatch", lambda: calibration_error(P2, torch.tensor([0, 1, 1])),
-     "target: expected shape (2,)"),
-    ("binary shape mismatch", lambda: calibration_error(torch.tensor([0.1, 0.2]),
-                                                        torch.tensor([0, 1, 1]), reading="binary"),
-     "target: expected the shape of preds"),
-    ("1-D preds multiclass", lambda: calibration_error(torch.tensor([0.1, 0.2]), T2),
-     "preds: expected scores of shape (N, C, *)"),
+    (
+        "nan classwise",
+        lambda: calibration_error(NAN_LOGITS, T2, reading="classwise"),
+        "preds: expected finite",
+    ),
+    (
+        "nan binary logits",
+        lambda: calibration_error(torch.tensor([0.0, float("nan")]), T2, reading="binary"),
+        "preds: expected finite",
+    ),
+    (
+        "nan probs",
+        lambda: calibration_error(
+            torch.tensor([[0.5, float("nan")], [1.0, 0.0]]), T2, input="probs"
+        ),
+        "preds: expected probabilities",
+    ),
+    (
+        "probs > 1",
+        lambda: calibration_error(torch.tensor([[1.2, 0.3], [0.2, 0.8]]), T2, input="probs"),
+        "preds: expected probabilities",
+    ),
+    (
+        "probs < 0 binary",
+        lambda: calibration_error(torch.tensor([-0.1, 0.5]), T2, reading="binary", input="probs"),
+        "preds: expected probabilities",
+    ),
+    (
+        "label out of range",
+        lambda: calibration_error(P2, torch.tensor([0, 2])),
+        "target: expected class indices in [0, 1], got 2 at position 1",
+    ),
+    (
+        "negative label",
+        lambda: calibration_error(P2, torch.tensor([-1, 0])),
+        "target: expected class indices",
+    ),
+    (
+        "binary label 2",
+        lambda: calibration_error(torch.tensor([0.1, 0.2]), torch.tensor([0, 2]), reading="binary"),
+        "target: expected binary",
+    ),
+    (
+        "float class labels",
+        lambda: calibration_error(P2, torch.tensor([0.0, 1.0])),
+        "target: expected integer",
+    ),
+    (
+        "shape mismatch",
+        lambda: calibration_error(P2, torch.tensor([0, 1, 1])),
+        "target: expected shape (2,)",
+    ),
+    (
+        "binary shape mismatch",
+        lambda: calibration_error(
+            torch.tensor([0.1, 0.2]), torch.tensor([0, 1, 1]), reading="binary"
+        ),
+        "target: expected the shape of preds",
+    ),
+    (
+        "1-D preds multiclass",
+        lambda: calibration_error(torch.tensor([0.1, 0.2]), T2),
+        "preds: expected scores of shape (N, C, *)",
+    ),
     ("n_bins 0", lambda: calibration_error(P2, T2, n_bins=0), "n_bins: expected an int >= 1"),
     ("table n_bins 0", lambda: reliability_table(P2, T2, n_bins=0), "n_bins"),
-    ("brier n_bins 0", lambda: brier_decomposition(P2, T2, n_bins=0, reading="confidence"),
-     "n_bins"),
-    ("empty", lambda: calibration_error(torch.zeros(0, 3), torch.zeros(0).long()),
-     "preds: expected a non-empty"),
+    (
+        "brier n_bins 0",
+        lambda: brier_decomposition(P2, T2, n_bins=0, reading="confidence"),
+        "n_bins",
+    ),
+    (
+        "empty",
+        lambda: calibration_error(torch.zeros(0, 3), torch.zeros(0).long()),
+        "preds: expected a non-empty",
+    ),
     ("bad reading", lambda: calibration_error(P2, T2, reading="marginal"), "reading: expected"),
     ("bad input", lambda: calibration_error(P2, T2, input="scores"), "input: expected"),
     ("bad norm", lambda: calibration_error(P2, T2, norm="l3"), "norm: expected"),
     ("debiased l1", lambda: calibration_error(P2, T2, estimator="debiased"), "norm: the debiased"),
-    ("fine + classwise", lambda: calibration_error(P2, T2, reading="classwise",
-                                                   estimator="smooth"), "estimator:"),
+    (
+        "fine + classwise",
+        lambda: calibration_error(P2, T2, reading="classwise", estimator="smooth"),
+        "estimator:",
+    ),
     ("bad level", lambda: reliability_table(P2, T2, level=1.5), "level: expected"),
     ("bad interval", lambda: reliability_table(P2, T2, interval="wald"), "interval: expected"),
-    ("groups out of range", lambda: calibration_error(P2, T2, groups=torch.tensor([0, 3]),
-                                                      num_groups=2), "groups: expected group ids"),
-    ("groups shape", lambda: calibration_error(P2, T2, groups=torch.tensor([0])),
-     "groups: expected one group id per sample"),
-    ("num_classes mismatch", lambda: calibration_error(P2, T2, num_classes=3),
-     "preds: expected 3 classes"),
+    (
+        "groups out of range",
+        lambda: calibration_error(P2, T2, groups=torch.tensor([0, 3]), num_groups=2),
+        "groups: expected group ids",
+    ),
+    (
+        "groups shape",
+        lambda: calibration_error(P2, T2, groups=torch.tensor([0])),
+        "groups: expected one group id per sample",
+    ),
+    (
+        "num_classes mismatch",
+        lambda: calibration_error(P2, T2, num_classes=3),
+        "preds: expected 3 classes",
+    ),
     ("table nan", lambda: reliability_table(NAN_LOGITS, T2), "preds: expected finite"),
     ("table label", lambda: reliability_table(P2, torch.tensor([0, 5])), "target: expected"),
-    ("brier probs > 1", lambda: brier_decomposition(torch.tensor([1.5, 0.5]), T2,
-                                                    input="probs"), "preds: expected prob"),
-    ("brier shape", lambda: brier_decomposition(torch.tensor([0.5, 0.5]), torch.tensor([1]),
-                                                input="probs"), "target: expected the shape"),
-    ("bootstrap replicates", lambda: C.calibration_error_bootstrap(P2, T2, replicates=1),
-     "replicates: expected an int >= 2"),
-    ("bootstrap nan", lambda: C.calibration_error_bootstrap(NAN_LOGITS, T2),
-     "preds: expected finite"),
+    (
+        "brier probs > 1",
+        lambda: brier_decomposition(torch.tensor([1.5, 0.5]), T2, input="probs"),
+        "preds: expected prob",
+    ),
+    (
+        "brier shape",
+        lambda: brier_decomposition(torch.tensor([0.5, 0.5]), torch.tensor([1]), input="probs"),
+        "target: expected the shape",
+    ),
+    (
+        "bootstrap replicates",
+        lambda: C.calibration_error_bootstrap(P2, T2, replicates=1),
+        "replicates: expected an int >= 2",
+    ),
+    (
+        "bootstrap nan",
+        lambda: C.calibration_error_bootstrap(NAN_LOGITS, T2),
+        "preds: expected finite",
+    ),
     ("nll nan", lambda: C.negative_log_likelihood(NAN_LOGITS, T2), "preds: expected finite"),
-    ("nll label", lambda: C.negative_log_likelihood(P2, torch.tensor([0, 2])),
-     "target: expected class indices"),
-    ("nll shape", lambda: C.negative_log_likelihood(P2, torch.tensor([0, 1, 1])),
-     "target: expected shape"),
-    ("nll probs", lambda: C.negative_log_likelihood(P2 * 2, T2, input="probs"),
-     "preds: expected probabilities"),
+    (
+        "nll label",
+        lambda: C.negative_log_likelihood(P2, torch.tensor([0, 2])),
+        "target: expected class indices",
+    ),
+    (
+        "nll shape",
+        lambda: C.negative_log_likelihood(P2, torch.tensor([0, 1, 1])),
+        "target: expected shape",
+    ),
+    (
+        "nll probs",
+        lambda: C.negative_log_likelihood(P2 * 2, T2, input="probs"),
+        "preds: expected probabilities",
+    ),
 ]
 
 
@@ -801,9 +976,14 @@ def test_validation_can_be_switched_off_for_clean_hot_loops():
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(1, 60), c=st.integers(2, 6), bins=st.integers(1, 20),
-       split=st.integers(1, 59), seed=st.integers(0, 2**16),
-       reading=st.sampled_from(["confidence", "top_label", "classwise"]))
+@given(
+    n=st.integers(1, 60),
+    c=st.integers(2, 6),
+    bins=st.integers(1, 20),
+    split=st.integers(1, 59),
+    seed=st.integers(0, 2**16),
+    reading=st.sampled_from(["confidence", "top_label", "classwise"]),
+)
 def test_streaming_merge_and_ranges_property(n, c, bins, split, seed, reading):
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(n, c, generator=g, dtype=torch.float64) * 3
@@ -812,8 +992,9 @@ def test_streaming_merge_and_ranges_property(n, c, bins, split, seed, reading):
     whole = C.binned_statistics(logits, target, **kw)
     k = min(split, n - 1)
     if k > 0:
-        parts = (C.binned_statistics(logits[:k], target[:k], **kw)
-                 + C.binned_statistics(logits[k:], target[k:], **kw))
+        parts = C.binned_statistics(logits[:k], target[:k], **kw) + C.binned_statistics(
+            logits[k:], target[k:], **kw
+        )
         assert torch.equal(parts.count, whole.count)
         assert torch.allclose(parts.conf, whole.conf, rtol=1e-13, atol=1e-13)
         assert torch.allclose(parts.acc, whole.acc, rtol=0, atol=0)
@@ -823,6 +1004,11 @@ def test_streaming_merge_and_ranges_property(n, c, bins, split, seed, reading):
         e = float(C.calibration_error_from_stats(whole.pooled(), norm=norm, reading=reading))
         assert 0.0 <= e <= 1.0
     d = C.brier_decomposition_from_stats(whole.pooled(), reading=reading)
-    total = (d["reliability"] - d["resolution"] + d["uncertainty"]
-             + d["within_bin_variance"] - 2 * d["within_bin_covariance"])
+    total = (
+        d["reliability"]
+        - d["resolution"]
+        + d["uncertainty"]
+        + d["within_bin_variance"]
+        - 2 * d["within_bin_covariance"]
+    )
     assert abs(float(total - d["brier"])) <= 1e-12

@@ -61,8 +61,7 @@ def test_closed_forms_match_scoringrules_and_properscoring():
     _close(crps_normal(*args, reduction="none"), sr.crps_normal(y, loc, scale, backend="numpy"))
     _close(crps_normal(*args, reduction="none"), ps.crps_gaussian(y, loc, scale))
     _close(crps_laplace(*args, reduction="none"), sr.crps_laplace(y, loc, scale, backend="numpy"))
-    _close(crps_logistic(*args, reduction="none"),
-           sr.crps_logistic(y, loc, scale, backend="numpy"))
+    _close(crps_logistic(*args, reduction="none"), sr.crps_logistic(y, loc, scale, backend="numpy"))
 
 
 @pytest.mark.parametrize("m", [2, 3, 10, 51])
@@ -81,8 +80,7 @@ def test_crps_ensemble_matches_peers(m):
         pair = np.abs(x[:, :, None] - x[:, None, :]).sum((1, 2))
         den = 2 * m * (m - 1) if est == "fair" else 2 * m * m
         _close(ours, np.abs(x - y[:, None]).mean(1) - pair / den)
-    _close(crps_ensemble(_t(x), _t(y), estimator="nrg", reduction="none"),
-           ps.crps_ensemble(y, x))
+    _close(crps_ensemble(_t(x), _t(y), estimator="nrg", reduction="none"), ps.crps_ensemble(y, x))
 
 
 def test_crps_ensemble_dim_broadcast_and_reductions():
@@ -99,7 +97,6 @@ def test_crps_ensemble_dim_broadcast_and_reductions():
     # raises; pass the full shape explicitly
     with pytest.raises(ValueError, match=r"^target: expected shape \(\) to match"):
         crps_ensemble(_t(x), torch.tensor(0.5, dtype=D64), ensemble_dim=1)
-
 
 
 def test_crps_ensemble_target_with_more_batch_dims_than_samples():
@@ -136,6 +133,7 @@ def test_crps_ensemble_numpy_sort_path_layouts_and_modes(dtype):
         inf = crps_ensemble(x, y, estimator="nrg", reduction="none")
     np.testing.assert_allclose(inf.double().numpy(), ref, rtol=tol, atol=tol)
 
+
 @pytest.mark.parametrize("estimator", ["fair", "nrg"])
 def test_energy_score_matches_scoringrules_and_brute_force(estimator):
     sr = pytest.importorskip("scoringrules")
@@ -150,9 +148,10 @@ def test_energy_score_matches_scoringrules_and_brute_force(estimator):
     den = 2 * m * (m - 1) if estimator == "fair" else 2 * m * m
     _close(ours, np.linalg.norm(x - y[..., None, :], axis=-1).mean(-1) - pair / den)
     # D = 1 is the ensemble CRPS
-    _close(energy_score(_t(x[..., :1]), _t(y[..., :1]), estimator=estimator, reduction="none"),
-           crps_ensemble(_t(x[..., 0]), _t(y[..., 0]), estimator=estimator,
-                         reduction="none").numpy())
+    _close(
+        energy_score(_t(x[..., :1]), _t(y[..., :1]), estimator=estimator, reduction="none"),
+        crps_ensemble(_t(x[..., 0]), _t(y[..., 0]), estimator=estimator, reduction="none").numpy(),
+    )
 
 
 def test_interval_score_matches_scoringrules():
@@ -167,8 +166,9 @@ def test_interval_score_matches_scoringrules():
     assert ours.shape == (50, 4)
     _close(ours, sr.interval_score(y, lo, hi, alphas, backend="numpy"))
     # the same with the target of the full shape; an (N, 1) target raises
-    full = interval_score(_t(lo), _t(hi), _t(y)[:, None].expand(50, 4), alpha=_t(alphas),
-                          reduction="none")
+    full = interval_score(
+        _t(lo), _t(hi), _t(y)[:, None].expand(50, 4), alpha=_t(alphas), reduction="none"
+    )
     _close(full, ours.numpy())
     with pytest.raises(ValueError, match="^target"):
         interval_score(_t(lo), _t(hi), _t(y)[:, None], alpha=_t(alphas))
@@ -198,8 +198,7 @@ def test_quantile_score_approximates_half_crps():
     q = norm.ppf(levels)
     y = np.array([-1.3, 0.2, 2.5])
     qs = quantile_score(_t(np.tile(q, (3, 1))), _t(y), _t(levels), reduction="none").mean(-1)
-    crps = crps_normal(torch.zeros(3, dtype=D64), torch.ones(3, dtype=D64), _t(y),
-                       reduction="none")
+    crps = crps_normal(torch.zeros(3, dtype=D64), torch.ones(3, dtype=D64), _t(y), reduction="none")
     np.testing.assert_allclose(2 * qs.numpy(), crps.numpy(), atol=2e-4)
 
 
@@ -207,18 +206,23 @@ def test_gaussian_nll_and_dss_against_references():
     from scipy.stats import norm
 
     loc, scale, y = _params(50, seed=5)
-    _close(gaussian_nll(_t(loc), _t(scale), _t(y), reduction="none"),
-           -norm.logpdf(y, loc, scale))
-    _close(gaussian_nll(_t(loc), _t(scale**2), _t(y), var=True, reduction="none"),
-           -norm.logpdf(y, loc, scale))
-    torch_nll = torch.nn.functional.gaussian_nll_loss(_t(loc), _t(y), _t(scale**2),
-                                                      full=False, reduction="none")
-    _close(gaussian_nll(_t(loc), _t(scale**2), _t(y), var=True, full=False, reduction="none"),
-           torch_nll.numpy())
+    _close(gaussian_nll(_t(loc), _t(scale), _t(y), reduction="none"), -norm.logpdf(y, loc, scale))
+    _close(
+        gaussian_nll(_t(loc), _t(scale**2), _t(y), var=True, reduction="none"),
+        -norm.logpdf(y, loc, scale),
+    )
+    torch_nll = torch.nn.functional.gaussian_nll_loss(
+        _t(loc), _t(y), _t(scale**2), full=False, reduction="none"
+    )
+    _close(
+        gaussian_nll(_t(loc), _t(scale**2), _t(y), var=True, full=False, reduction="none"),
+        torch_nll.numpy(),
+    )
     dss = dawid_sebastiani_score(_t(loc), _t(scale), _t(y), reduction="none")
     _close(dss, ((y - loc) / scale) ** 2 + 2 * np.log(scale))
-    assert dawid_sebastiani_score(torch.tensor(1.0), torch.tensor(2.0),
-                                  torch.tensor(5.0)).item() == pytest.approx(4 + 2 * math.log(2))
+    assert dawid_sebastiani_score(
+        torch.tensor(1.0), torch.tensor(2.0), torch.tensor(5.0)
+    ).item() == pytest.approx(4 + 2 * math.log(2))
 
 
 # ------------------------------------------------------------------------------ quadrature
@@ -248,8 +252,9 @@ def test_closed_forms_match_quadrature():
     for name, fn in CLOSED.items():
         for m, s, y in cases:
             ref = _quad_crps(*families[name](m, s), y)
-            ours = fn(torch.tensor(m, dtype=D64), torch.tensor(s, dtype=D64),
-                      torch.tensor(y, dtype=D64)).item()
+            ours = fn(
+                torch.tensor(m, dtype=D64), torch.tensor(s, dtype=D64), torch.tensor(y, dtype=D64)
+            ).item()
             # measured: at most 4.4e-16 apart on these cases (quad warns of roundoff)
             assert abs(ours - ref) <= 1e-12 * max(1.0, abs(ref)), (name, m, s, y, ours, ref)
 
@@ -318,8 +323,12 @@ def test_gradient_limits_as_scale_goes_to_zero(name):
     # CRPS -> |y - mu| as scale -> 0: d/dtarget -> sign, d/dscale -> g(inf) - z g'(z) limit
     limit = {"normal": -1 / math.sqrt(math.pi), "laplace": -0.75, "logistic": -1.0}[name]
     # 1e-40 and 5e-324 are subnormal: |y| / scale overflows to inf, z = inf must not NaN
-    for dtype, tiny in ((torch.float32, 1e-30), (torch.float64, 1e-300),
-                        (torch.float32, 1e-40), (torch.float64, 5e-324)):
+    for dtype, tiny in (
+        (torch.float32, 1e-30),
+        (torch.float64, 1e-300),
+        (torch.float32, 1e-40),
+        (torch.float64, 5e-324),
+    ):
         loc = torch.zeros(2, dtype=dtype, requires_grad=True)
         scale = torch.full((2,), tiny, dtype=dtype, requires_grad=True)
         y = torch.tensor([1.5, -2.0], dtype=dtype, requires_grad=True)
@@ -333,7 +342,8 @@ def test_gradient_limits_as_scale_goes_to_zero(name):
     scale = torch.full((1,), 1e-300, dtype=D64, requires_grad=True)
     _naive_normal(loc, scale, torch.ones(1, dtype=D64)).sum().backward()
     assert not torch.isfinite(scale.grad).all() or scale.grad.item() != pytest.approx(
-        -1 / math.sqrt(math.pi))
+        -1 / math.sqrt(math.pi)
+    )
 
 
 def test_sample_scores_gradcheck():
@@ -341,14 +351,16 @@ def test_sample_scores_gradcheck():
     x = torch.randn(3, 6, dtype=D64, generator=g).requires_grad_()
     y = torch.randn(3, dtype=D64, generator=g).requires_grad_()
     for est in ("fair", "nrg"):
-        assert gradcheck(lambda a, b, e=est: crps_ensemble(a, b, estimator=e, reduction="none"),
-                         (x, y))
+        assert gradcheck(
+            lambda a, b, e=est: crps_ensemble(a, b, estimator=e, reduction="none"), (x, y)
+        )
         assert gradgradcheck(lambda a, b, e=est: crps_ensemble(a, b, estimator=e), (x, y))
     xs = torch.randn(2, 5, 3, dtype=D64, generator=g).requires_grad_()
     ys = torch.randn(2, 3, dtype=D64, generator=g).requires_grad_()
     for est in ("fair", "nrg"):
-        assert gradcheck(lambda a, b, e=est: energy_score(a, b, estimator=e, reduction="none"),
-                         (xs, ys))
+        assert gradcheck(
+            lambda a, b, e=est: energy_score(a, b, estimator=e, reduction="none"), (xs, ys)
+        )
 
 
 def test_energy_score_gradient_finite_at_coincident_members():
@@ -364,20 +376,24 @@ def test_remaining_functions_gradcheck():
     hi = (lo + torch.rand(8, dtype=D64, generator=g) + 0.2).requires_grad_()
     lo.requires_grad_()
     y = (torch.randn(8, dtype=D64, generator=g) * 2).requires_grad_()
-    assert gradcheck(lambda a, b, c: interval_score(a, b, c, alpha=0.3, reduction="none"),
-                     (lo, hi, y))
+    assert gradcheck(
+        lambda a, b, c: interval_score(a, b, c, alpha=0.3, reduction="none"), (lo, hi, y)
+    )
     pred = torch.randn(5, 3, dtype=D64, generator=g).requires_grad_()
     t = torch.randn(5, dtype=D64, generator=g).requires_grad_()
-    assert gradcheck(lambda a, b: quantile_score(a, b, [0.1, 0.5, 0.9], reduction="none"),
-                     (pred, t))
+    assert gradcheck(
+        lambda a, b: quantile_score(a, b, [0.1, 0.5, 0.9], reduction="none"), (pred, t)
+    )
     loc = torch.randn(6, dtype=D64, generator=g).requires_grad_()
     sc = (torch.rand(6, dtype=D64, generator=g) + 0.5).requires_grad_()
     tg = torch.randn(6, dtype=D64, generator=g).requires_grad_()
     assert gradcheck(lambda a, b, c: gaussian_nll(a, b, c, reduction="none"), (loc, sc, tg))
-    assert gradcheck(lambda a, b, c: gaussian_nll(a, b, c, var=True, reduction="none"),
-                     (loc, sc, tg))
-    assert gradcheck(lambda a, b, c: dawid_sebastiani_score(a, b, c, reduction="none"),
-                     (loc, sc, tg))
+    assert gradcheck(
+        lambda a, b, c: gaussian_nll(a, b, c, var=True, reduction="none"), (loc, sc, tg)
+    )
+    assert gradcheck(
+        lambda a, b, c: dawid_sebastiani_score(a, b, c, reduction="none"), (loc, sc, tg)
+    )
 
 
 # ------------------------------------------------------------------------------- float32
@@ -420,11 +436,14 @@ def test_low_precision_and_autocast_are_finite(dtype):
 
     def run(cast):
         outs = [fn(cast(loc), cast(scale), cast(y)) for fn in CLOSED.values()]
-        outs += [crps_ensemble(cast(x), cast(y)), energy_score(cast(xs), cast(torch.zeros(16, 2))),
-                 interval_score(cast(lo), cast(hi), cast(y), alpha=0.1),
-                 quantile_score(cast(pred), cast(y), [0.1, 0.5, 0.9]),
-                 gaussian_nll(cast(loc), cast(scale), cast(y)),
-                 dawid_sebastiani_score(cast(loc), cast(scale), cast(y))]
+        outs += [
+            crps_ensemble(cast(x), cast(y)),
+            energy_score(cast(xs), cast(torch.zeros(16, 2))),
+            interval_score(cast(lo), cast(hi), cast(y), alpha=0.1),
+            quantile_score(cast(pred), cast(y), [0.1, 0.5, 0.9]),
+            gaussian_nll(cast(loc), cast(scale), cast(y)),
+            dawid_sebastiani_score(cast(loc), cast(scale), cast(y)),
+        ]
         return outs
 
     low = run(lambda t: t.to(dtype))
@@ -492,10 +511,14 @@ BAD = [
     *[(f"{n}-zero-scale", lambda f=f: f(_V, _ZERO, _V), "scale") for n, f in CLOSED.items()],
     *[(f"{n}-shape", lambda f=f: f(_V, _V, torch.ones(4)), "target") for n, f in CLOSED.items()],
     *[(f"{n}-empty", lambda f=f: f(_E, _E, _E), "loc") for n, f in CLOSED.items()],
-    *[(f"{n}-reduction", lambda f=f: f(_V, _V, _V, reduction="avg"), "reduction")
-      for n, f in CLOSED.items()],
-    *[(f"{n}-int", lambda f=f: f(_V, _V, torch.ones(3, dtype=torch.long)), "target")
-      for n, f in CLOSED.items()],
+    *[
+        (f"{n}-reduction", lambda f=f: f(_V, _V, _V, reduction="avg"), "reduction")
+        for n, f in CLOSED.items()
+    ],
+    *[
+        (f"{n}-int", lambda f=f: f(_V, _V, torch.ones(3, dtype=torch.long)), "target")
+        for n, f in CLOSED.items()
+    ],
     ("ens-nan", lambda: crps_ensemble(_S.clone().fill_(float("nan")), _V), "samples"),
     ("ens-inf-target", lambda: crps_ensemble(_S, _INF), "target"),
     ("ens-shape", lambda: crps_ensemble(_S, torch.ones(4)), "target"),
@@ -505,20 +528,29 @@ BAD = [
     ("ens-dim", lambda: crps_ensemble(_S, _V, ensemble_dim=2), "ensemble_dim"),
     ("ens-empty", lambda: crps_ensemble(torch.ones(0, 4), torch.ones(0)), "samples"),
     ("ens-empty-target", lambda: crps_ensemble(_S, _E), "target"),
-    ("es-nan", lambda: energy_score(torch.full((3, 4, 2), float("nan")), torch.ones(3, 2)),
-     "samples"),
+    (
+        "es-nan",
+        lambda: energy_score(torch.full((3, 4, 2), float("nan")), torch.ones(3, 2)),
+        "samples",
+    ),
     ("es-dim", lambda: energy_score(torch.ones(3, 4, 2), torch.ones(3, 3)), "target"),
     ("es-batch", lambda: energy_score(torch.ones(3, 4, 2), torch.ones(5, 2)), "target"),
     ("es-m1", lambda: energy_score(torch.ones(3, 1, 2), torch.ones(3, 2)), "samples"),
     ("es-1d", lambda: energy_score(torch.ones(4), torch.ones(4)), "samples"),
-    ("es-estimator", lambda: energy_score(torch.ones(3, 4, 2), torch.ones(3, 2), estimator="x"),
-     "estimator"),
+    (
+        "es-estimator",
+        lambda: energy_score(torch.ones(3, 4, 2), torch.ones(3, 2), estimator="x"),
+        "estimator",
+    ),
     ("es-empty", lambda: energy_score(torch.ones(0, 4, 2), torch.ones(0, 2)), "samples"),
     ("is-lower-gt-upper", lambda: interval_score(_V * 2, _V, _V, alpha=0.1), "upper"),
     ("is-alpha-0", lambda: interval_score(_V, _V, _V, alpha=0.0), "alpha"),
     ("is-alpha-1", lambda: interval_score(_V, _V, _V, alpha=1.0), "alpha"),
-    ("is-alpha-tensor", lambda: interval_score(_V, _V, _V, alpha=torch.tensor([0.1, 1.5, 0.2])),
-     "alpha"),
+    (
+        "is-alpha-tensor",
+        lambda: interval_score(_V, _V, _V, alpha=torch.tensor([0.1, 1.5, 0.2])),
+        "alpha",
+    ),
     ("is-alpha-nan", lambda: interval_score(_V, _V, _V, alpha=float("nan")), "alpha"),
     ("is-nan", lambda: interval_score(_V, _V, _NAN, alpha=0.1), "target"),
     ("is-shape", lambda: interval_score(_V, torch.ones(2), _V, alpha=0.1), "upper"),
@@ -569,9 +601,14 @@ _small = st.floats(-1e3, 1e3, allow_nan=False, width=64)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(batch=st.lists(st.integers(1, 3), min_size=0, max_size=3), m=st.integers(1, 6),
-       est=st.sampled_from(["fair", "nrg"]), seed=st.integers(0, 2**16),
-       scale=st.floats(1e-3, 1e3), shift=_small)
+@given(
+    batch=st.lists(st.integers(1, 3), min_size=0, max_size=3),
+    m=st.integers(1, 6),
+    est=st.sampled_from(["fair", "nrg"]),
+    seed=st.integers(0, 2**16),
+    scale=st.floats(1e-3, 1e3),
+    shift=_small,
+)
 def test_hypothesis_ensemble_and_closed_forms(batch, m, est, seed, scale, shift):
     rng = _rng(seed)
     x = rng.normal(shift, scale, (*batch, m))
@@ -608,8 +645,7 @@ def test_crps_ensemble_torch_sort_path_matches(monkeypatch):
     y = torch.randn(7, dtype=D64, generator=g).requires_grad_()
     out = crps_ensemble(x, y, reduction="none")
     gx, gy = torch.autograd.grad(out.sum(), (x, y))
-    monkeypatch.setattr(crps, "_argsort_last",
-                        lambda t: torch.sort(t.detach(), dim=-1).indices)
+    monkeypatch.setattr(crps, "_argsort_last", lambda t: torch.sort(t.detach(), dim=-1).indices)
     out2 = crps_ensemble(x, y, reduction="none")
     gx2, gy2 = torch.autograd.grad(out2.sum(), (x, y))
     torch.testing.assert_close(out2, out, rtol=1e-14, atol=1e-14)
@@ -623,10 +659,12 @@ def test_crps_ensemble_gradient_equals_autograd_of_pairwise_formula():
     y = torch.randn(6, dtype=D64, generator=g).requires_grad_()
     w = torch.rand(6, dtype=D64, generator=g)  # a non-uniform upstream gradient
     for est, den in (("fair", 2 * 11 * 10), ("nrg", 2 * 11 * 11)):
-        ours = torch.autograd.grad((crps_ensemble(x, y, estimator=est, reduction="none") * w)
-                                   .sum(), (x, y))
-        brute = ((x - y[:, None]).abs().mean(-1)
-                 - (x[:, :, None] - x[:, None, :]).abs().sum((-1, -2)) / den)
+        ours = torch.autograd.grad(
+            (crps_ensemble(x, y, estimator=est, reduction="none") * w).sum(), (x, y)
+        )
+        brute = (x - y[:, None]).abs().mean(-1) - (x[:, :, None] - x[:, None, :]).abs().sum(
+            (-1, -2)
+        ) / den
         ref = torch.autograd.grad((brute * w).sum(), (x, y))
         for a, b in zip(ours, ref):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
@@ -634,20 +672,22 @@ def test_crps_ensemble_gradient_equals_autograd_of_pairwise_formula():
 
 def test_energy_score_double_backward_is_documented_unsupported():
     x = torch.randn(2, 4, 3, dtype=D64, requires_grad=True)
-    (gx,) = torch.autograd.grad(energy_score(x, torch.zeros(2, 3, dtype=D64)), x,
-                                create_graph=True)
+    (gx,) = torch.autograd.grad(energy_score(x, torch.zeros(2, 3, dtype=D64)), x, create_graph=True)
     with pytest.raises(NotImplementedError, match="cdist"):
         gx.sum().backward()
 
 
-_THREE_ARG = {**CLOSED, "dss": dawid_sebastiani_score,
-              "nll": gaussian_nll}
+_THREE_ARG = {**CLOSED, "dss": dawid_sebastiani_score, "nll": gaussian_nll}
 
 
 @settings(max_examples=40, deadline=None)
-@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), fn=st.sampled_from(
-    list(_THREE_ARG)), which=st.integers(0, 2), bad=st.sampled_from(["nan", "inf", "-inf", "neg"]),
-    pos=st.integers(0, 10**6))
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    fn=st.sampled_from(list(_THREE_ARG)),
+    which=st.integers(0, 2),
+    bad=st.sampled_from(["nan", "inf", "-inf", "neg"]),
+    pos=st.integers(0, 10**6),
+)
 def test_hypothesis_bad_values_name_the_argument(shape, fn, which, bad, pos):
     names = ("loc", "spread" if fn == "nll" else "scale", "target")
     args = [torch.ones(shape) for _ in range(3)]
@@ -694,11 +734,11 @@ N_BY_1 = {
     "nll": lambda y, v: gaussian_nll(v, v.abs() + 1, y),
     "nll_var": lambda y, v: gaussian_nll(v, v.abs() + 1, y, var=True),
     "interval": lambda y, v: interval_score(v - 1, v + 1, y, alpha=0.1),
-    "quantile": lambda y, v: quantile_score(v[:, None] + torch.tensor([-1.0, 1.0]), y,
-                                            [0.1, 0.9]),
+    "quantile": lambda y, v: quantile_score(v[:, None] + torch.tensor([-1.0, 1.0]), y, [0.1, 0.9]),
     "ensemble": lambda y, v: crps_ensemble(v[:, None] + torch.tensor([-1.0, 0.0, 1.0]), y),
-    "energy": lambda y, v: energy_score(torch.stack([v, v + 1], -1)[:, :, None]
-                                        .expand(-1, -1, 2), y[..., None].expand(*y.shape, 2)),
+    "energy": lambda y, v: energy_score(
+        torch.stack([v, v + 1], -1)[:, :, None].expand(-1, -1, 2), y[..., None].expand(*y.shape, 2)
+    ),
 }
 
 
@@ -715,10 +755,12 @@ def test_every_continuous_score_rejects_a_broadcasting_target(name):
 def test_forecast_parameters_may_broadcast_to_the_target():
     # a scalar scale (or one shared ensemble) broadcasts up to the target: same numbers
     loc, y = torch.randn(5, dtype=D64), torch.randn(5, dtype=D64)
-    torch.testing.assert_close(crps_normal(loc, torch.tensor(2.0, dtype=D64), y,
-                                           reduction="none"),
-                               crps_normal(loc, torch.full((5,), 2.0, dtype=D64), y,
-                                           reduction="none"), rtol=0, atol=0)
+    torch.testing.assert_close(
+        crps_normal(loc, torch.tensor(2.0, dtype=D64), y, reduction="none"),
+        crps_normal(loc, torch.full((5,), 2.0, dtype=D64), y, reduction="none"),
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_gaussian_nll_argument_order_is_forecast_then_target():

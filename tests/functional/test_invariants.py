@@ -44,8 +44,15 @@ def test_one_ulp_near_ties_merged_by_division_pass(dtype):
     T = torch.tensor(t, dtype=dtype)
     c = check_monotone_map(row, row / T)
     assert isinstance(c, MonotoneMapCheck)
-    assert (c.ok, c.strict_inversions, c.ties_broken, c.ties_created, c.max_tie_gap_ulps,
-            c.top1_kept, c.decisions_kept) == (True, 0, 0, 1, 1, True, True)
+    assert (
+        c.ok,
+        c.strict_inversions,
+        c.ties_broken,
+        c.ties_created,
+        c.max_tie_gap_ulps,
+        c.top1_kept,
+        c.decisions_kept,
+    ) == (True, 0, 0, 1, 1, True, True)
     # the exact-equality check the recipe used to make ("same weak order") fails here
     assert not torch.equal((row[:, None] == row[None, :]), ((row / T)[:, None] == (row / T)[None]))
 
@@ -102,12 +109,19 @@ def test_decisions_at_zero():
     assert c.ok and c.decisions_kept is None
     # zero stays zero under x / T: a score of exactly 0 mapped to a tiny positive value fails
     assert check_monotone_map(x, x / 3).decisions_kept is True
-    assert check_monotone_map(x, x / 3 + torch.tensor([0, 1e-300, 0], dtype=torch.float64)).decisions_kept is False
+    assert (
+        check_monotone_map(
+            x, x / 3 + torch.tensor([0, 1e-300, 0], dtype=torch.float64)
+        ).decisions_kept
+        is False
+    )
 
 
 def test_masked_rows():
-    x = torch.tensor([[-INF, 0.5, -INF, 2.0], [-INF, -INF, -INF, -INF], [3.0, -INF, 1.0, -INF]],
-                     dtype=torch.float64)
+    x = torch.tensor(
+        [[-INF, 0.5, -INF, 2.0], [-INF, -INF, -INF, -INF], [3.0, -INF, 1.0, -INF]],
+        dtype=torch.float64,
+    )
     c = check_monotone_map(x, x / 0.37)
     assert c.ok and c.ties_created == 0 and c.ties_broken == 0
     # an all -inf row: every position is a top-1 and stays one
@@ -142,7 +156,11 @@ def test_batched_rows_match_brute_force_pairwise():
             created += a[i] != a[j] and s[i] == s[j]
         top_ok &= all(s[i] == max(s) for i in range(7) if a[i] == max(a))
     assert (c.strict_inversions, c.ties_broken, c.ties_created, c.top1_kept) == (
-        inv, broken, created, top_ok)
+        inv,
+        broken,
+        created,
+        top_ok,
+    )
     assert inv + broken > 0  # the perturbation did damage this check must see
 
 
@@ -157,22 +175,37 @@ def test_ulp_distance_against_nextafter_chain():
     assert ulp_distance(torch.tensor([-0.0]), torch.tensor([0.0])).item() == 0
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"scores": torch.tensor([1.0, float("nan")]), "mapped": torch.tensor([1.0, 2.0])},
-     "^scores: expected no NaN"),
-    ({"scores": torch.tensor([1.0, 2.0]), "mapped": torch.tensor([1.0, float("nan")])},
-     "^mapped: expected no NaN"),
-    ({"scores": torch.tensor([1.0, 2.0]), "mapped": torch.tensor([[1.0, 2.0]])},
-     r"^mapped: expected the shape of scores \(2,\)"),
-    ({"scores": torch.tensor([1, 2]), "mapped": torch.tensor([1.0, 2.0])},
-     "^scores: expected a floating-point tensor"),
-    ({"scores": torch.tensor([1.0, 2.0]), "mapped": torch.tensor([1, 2])},
-     "^mapped: expected a floating-point tensor"),
-    ({"scores": torch.zeros(0), "mapped": torch.zeros(0)}, "^scores: expected a non-empty"),
-    ({"scores": torch.tensor(1.0), "mapped": torch.tensor(1.0)}, "^scores: expected a 1-D"),
-    ({"scores": torch.tensor([1.0]), "mapped": torch.tensor([1.0]), "max_tie_gap_ulps": -1},
-     "^max_tie_gap_ulps"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"scores": torch.tensor([1.0, float("nan")]), "mapped": torch.tensor([1.0, 2.0])},
+            "^scores: expected no NaN",
+        ),
+        (
+            {"scores": torch.tensor([1.0, 2.0]), "mapped": torch.tensor([1.0, float("nan")])},
+            "^mapped: expected no NaN",
+        ),
+        (
+            {"scores": torch.tensor([1.0, 2.0]), "mapped": torch.tensor([[1.0, 2.0]])},
+            r"^mapped: expected the shape of scores \(2,\)",
+        ),
+        (
+            {"scores": torch.tensor([1, 2]), "mapped": torch.tensor([1.0, 2.0])},
+            "^scores: expected a floating-point tensor",
+        ),
+        (
+            {"scores": torch.tensor([1.0, 2.0]), "mapped": torch.tensor([1, 2])},
+            "^mapped: expected a floating-point tensor",
+        ),
+        ({"scores": torch.zeros(0), "mapped": torch.zeros(0)}, "^scores: expected a non-empty"),
+        ({"scores": torch.tensor(1.0), "mapped": torch.tensor(1.0)}, "^scores: expected a 1-D"),
+        (
+            {"scores": torch.tensor([1.0]), "mapped": torch.tensor([1.0]), "max_tie_gap_ulps": -1},
+            "^max_tie_gap_ulps",
+        ),
+    ],
+)
 def test_bad_input_is_a_clear_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         check_monotone_map(**kwargs)

@@ -31,7 +31,6 @@ from torchcal.losses import (
 TOL = {"rtol": 1e-12, "atol": 1e-12}
 
 
-
 def _focal_reference(z: torch.Tensor, t: torch.Tensor, gamma) -> np.ndarray:
     p = torch.softmax(z, 1).numpy()
     p_y = np.take_along_axis(p, t.numpy()[:, None], 1)[:, 0]
@@ -53,14 +52,21 @@ def test_focal_matches_brute_force(gamma):
     g = torch.Generator().manual_seed(0)
     z = torch.randn(40, 6, generator=g, dtype=torch.float64) * 2
     t = torch.randint(0, 6, (40,), generator=g)
-    np.testing.assert_allclose(focal_loss(z, t, gamma=gamma, reduction="none").numpy(),
-                               _focal_reference(z, t, gamma), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        focal_loss(z, t, gamma=gamma, reduction="none").numpy(),
+        _focal_reference(z, t, gamma),
+        rtol=1e-12,
+        atol=1e-12,
+    )
     # binary = 2-class multiclass with logits (0, z)
     zb = torch.randn(30, generator=g, dtype=torch.float64) * 3
     yb = torch.randint(0, 2, (30,), generator=g)
     two = torch.stack([torch.zeros_like(zb), zb], 1)
-    torch.testing.assert_close(focal_loss(zb, yb.double(), gamma=gamma, reduction="none"),
-                               focal_loss(two, yb, gamma=gamma, reduction="none"), **TOL)
+    torch.testing.assert_close(
+        focal_loss(zb, yb.double(), gamma=gamma, reduction="none"),
+        focal_loss(two, yb, gamma=gamma, reduction="none"),
+        **TOL,
+    )
 
 
 def test_focal_gamma_zero_is_the_log_score_with_all_options():
@@ -70,8 +76,11 @@ def test_focal_gamma_zero_is_the_log_score_with_all_options():
     t[0, 0] = -100
     w = torch.rand(4, generator=g, dtype=torch.float64)
     for reduction in ["mean", "sum", "none"]:
-        torch.testing.assert_close(focal_loss(z, t, gamma=0, weight=w, reduction=reduction),
-                                   log_score(z, t, weight=w, reduction=reduction), **TOL)
+        torch.testing.assert_close(
+            focal_loss(z, t, gamma=0, weight=w, reduction=reduction),
+            log_score(z, t, weight=w, reduction=reduction),
+            **TOL,
+        )
 
 
 @pytest.mark.parametrize("gamma", [0.5, 2.0, "adaptive"])
@@ -90,8 +99,9 @@ def test_focal_gradcheck(gamma):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("gamma", [0.1, 0.5, 2.0, "adaptive"])
 def test_focal_gradient_is_nan_free_at_saturation(dtype, gamma):
-    z = torch.tensor([[60.0, 0.0, -5.0], [200.0, -200.0, 0.0], [0.0, 1e4, 0.0]], dtype=dtype,
-                     requires_grad=True)
+    z = torch.tensor(
+        [[60.0, 0.0, -5.0], [200.0, -200.0, 0.0], [0.0, 1e4, 0.0]], dtype=dtype, requires_grad=True
+    )
     t = torch.tensor([0, 0, 1])
     out = focal_loss(z, t, gamma=gamma, reduction="sum")
     out.backward()
@@ -103,14 +113,17 @@ def test_focal_gradient_is_nan_free_at_saturation(dtype, gamma):
     if gamma in (0.1, 0.5):
         z2 = z.detach().clone().requires_grad_()
         p_y = torch.softmax(z2, 1).gather(1, t[:, None])
-        naive = (-(1 - p_y) ** gamma * torch.log_softmax(z2, 1).gather(1, t[:, None])).sum()
+        naive = (-((1 - p_y) ** gamma) * torch.log_softmax(z2, 1).gather(1, t[:, None])).sum()
         naive.backward()
         assert not torch.isfinite(z2.grad).all()
 
 
 def test_focal_all_other_classes_masked():
-    z = torch.tensor([[0.0, float("-inf"), float("-inf")], [1.0, 0.0, float("-inf")]],
-                     dtype=torch.float64, requires_grad=True)
+    z = torch.tensor(
+        [[0.0, float("-inf"), float("-inf")], [1.0, 0.0, float("-inf")]],
+        dtype=torch.float64,
+        requires_grad=True,
+    )
     t = torch.tensor([0, 1])
     out = focal_loss(z, t, gamma=2.0, reduction="none")
     assert out[0].item() == 0.0
@@ -121,8 +134,13 @@ def test_focal_all_other_classes_masked():
 def test_focal_is_not_proper():
     q = torch.tensor([0.7, 0.3], dtype=torch.float64)
     z = torch.zeros(2, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([z], max_iter=200, tolerance_grad=1e-12, tolerance_change=1e-20,
-                            line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [z],
+        max_iter=200,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-20,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()
@@ -195,16 +213,18 @@ def _soft_ece_brute(conf, correct, bins, temperature, p):
     return total ** (1 / p)
 
 
-@pytest.mark.parametrize(("bins", "temperature", "p"), [(15, 0.01, 2.0), (10, 0.05, 1.0),
-                                                         (5, 0.001, 3.0)])
+@pytest.mark.parametrize(
+    ("bins", "temperature", "p"), [(15, 0.01, 2.0), (10, 0.05, 1.0), (5, 0.001, 3.0)]
+)
 def test_soft_binned_ece_matches_brute_force(bins, temperature, p):
     g = torch.Generator().manual_seed(5)
     z = torch.randn(200, 4, generator=g, dtype=torch.float64) * 2
     t = torch.randint(0, 4, (200,), generator=g)
     conf, correct = _confidence(z, t)
     ours = soft_binned_ece(z, t, bins=bins, temperature=temperature, p=p)
-    assert ours.item() == pytest.approx(_soft_ece_brute(conf, correct, bins, temperature, p),
-                                        rel=1e-10, abs=1e-12)
+    assert ours.item() == pytest.approx(
+        _soft_ece_brute(conf, correct, bins, temperature, p), rel=1e-10, abs=1e-12
+    )
 
 
 def test_soft_binned_ece_tends_to_hard_binned_ece():
@@ -253,20 +273,30 @@ def test_confidence_penalty_matches_brute_force_for_every_reduction():
     ref = -0.3 * _entropy_reference(z) * used
     none = confidence_penalty(z, t, beta=0.3, ignore_index=7, reduction="none")
     np.testing.assert_allclose(none.numpy(), ref, rtol=1e-12, atol=1e-14)
-    assert confidence_penalty(z, t, beta=0.3, ignore_index=7, reduction="sum").item() == \
-        pytest.approx(ref.sum(), rel=1e-12)
-    assert confidence_penalty(z, t, beta=0.3, ignore_index=7).item() == \
-        pytest.approx(ref.sum() / used.sum(), rel=1e-12)
+    assert confidence_penalty(
+        z, t, beta=0.3, ignore_index=7, reduction="sum"
+    ).item() == pytest.approx(ref.sum(), rel=1e-12)
+    assert confidence_penalty(z, t, beta=0.3, ignore_index=7).item() == pytest.approx(
+        ref.sum() / used.sum(), rel=1e-12
+    )
     # without a target every item is used
-    np.testing.assert_allclose(confidence_penalty(z, beta=0.3, reduction="none").numpy(),
-                               -0.3 * _entropy_reference(z), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        confidence_penalty(z, beta=0.3, reduction="none").numpy(),
+        -0.3 * _entropy_reference(z),
+        rtol=1e-12,
+        atol=1e-14,
+    )
     # binary: entropy of Bernoulli(sigmoid(z)) = 2-class multiclass with logits (0, z)
     zb = torch.randn(20, generator=g, dtype=torch.float64) * 4
     yb = torch.randint(0, 2, (20,), generator=g).double()
     pb = torch.sigmoid(zb).numpy()
     ref_b = 2.0 * (pb * np.log(pb) + (1 - pb) * np.log1p(-pb))
-    np.testing.assert_allclose(confidence_penalty(zb, yb, beta=2.0, reduction="none").numpy(),
-                               ref_b, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        confidence_penalty(zb, yb, beta=2.0, reduction="none").numpy(),
+        ref_b,
+        rtol=1e-12,
+        atol=1e-14,
+    )
 
 
 @pytest.mark.parametrize("num_classes", [2, 5, 100])
@@ -275,15 +305,18 @@ def test_confidence_penalty_sign_and_extremes(num_classes):
     z = torch.randn(50, num_classes, generator=g) * 5
     out = confidence_penalty(z, beta=0.7, reduction="none")
     assert (out <= 0).all() and (out >= -0.7 * math.log(num_classes) - 1e-6).all()
-    uniform = confidence_penalty(torch.zeros(3, num_classes, dtype=torch.float64), beta=0.7,
-                                 reduction="none")
-    torch.testing.assert_close(uniform, torch.full((3,), -0.7 * math.log(num_classes),
-                                                   dtype=torch.float64), **TOL)
+    uniform = confidence_penalty(
+        torch.zeros(3, num_classes, dtype=torch.float64), beta=0.7, reduction="none"
+    )
+    torch.testing.assert_close(
+        uniform, torch.full((3,), -0.7 * math.log(num_classes), dtype=torch.float64), **TOL
+    )
     one_hot = torch.full((1, num_classes), -60.0, dtype=torch.float64)
     one_hot[0, 0] = 60.0
     assert -1e-40 < confidence_penalty(one_hot).item() <= 0.0
-    assert confidence_penalty(torch.zeros(4), torch.ones(4), beta=0.7).item() == \
-        pytest.approx(-0.7 * math.log(2), rel=1e-7)
+    assert confidence_penalty(torch.zeros(4), torch.ones(4), beta=0.7).item() == pytest.approx(
+        -0.7 * math.log(2), rel=1e-7
+    )
 
 
 def test_confidence_penalty_makes_training_flatter():
@@ -443,8 +476,9 @@ def test_dca_mdca_gradcheck_and_gradients_match_loops():
     p = torch.softmax(z[used], 1)
     y = torch.nn.functional.one_hot(t[used], 4).double()
     plain = (p.mean(0) - y.mean(0)).abs().mean()
-    torch.testing.assert_close(torch.autograd.grad(mdca(z, t), z)[0],
-                               torch.autograd.grad(plain, z)[0], **TOL)
+    torch.testing.assert_close(
+        torch.autograd.grad(mdca(z, t), z)[0], torch.autograd.grad(plain, z)[0], **TOL
+    )
 
 
 @pytest.mark.parametrize("module", [DCALoss, MDCALoss])
@@ -473,11 +507,13 @@ def test_confidence_penalty_module_scales_by_beta_and_equals_functional():
     t[2] = -5
     for beta in [0.0, 0.25, 4.0]:
         loss = ConfidencePenaltyLoss(beta=beta, ignore_index=-5, reduction="sum")
-        assert torch.equal(loss(z, t), confidence_penalty(z, t, beta=beta, ignore_index=-5,
-                                                          reduction="sum"))
+        assert torch.equal(
+            loss(z, t), confidence_penalty(z, t, beta=beta, ignore_index=-5, reduction="sum")
+        )
     unit = confidence_penalty(z, t, ignore_index=-5, reduction="none")
-    torch.testing.assert_close(ConfidencePenaltyLoss(beta=4.0, ignore_index=-5,
-                                                     reduction="none")(z, t), 4.0 * unit, **TOL)
+    torch.testing.assert_close(
+        ConfidencePenaltyLoss(beta=4.0, ignore_index=-5, reduction="none")(z, t), 4.0 * unit, **TOL
+    )
     assert torch.equal(ConfidencePenaltyLoss()(z), confidence_penalty(z))
     assert "beta=0.25" in repr(ConfidencePenaltyLoss(beta=0.25))
 
@@ -488,8 +524,14 @@ def test_confidence_penalty_module_scales_by_beta_and_equals_functional():
 def _argmin_forecast(expected_score, num_classes: int) -> torch.Tensor:
     """argmin over p = softmax(z) of ``expected_score(z)`` (a scalar), by LBFGS."""
     z = torch.zeros(num_classes, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([z], max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-20,
-                            history_size=20, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [z],
+        max_iter=500,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-20,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()
@@ -533,17 +575,20 @@ def test_regularisers_are_not_proper():
     # MDCA at batch level (label frequencies = q, one shared forecast) vanishes at q,
     # so log score + MDCA of such a batch is minimised by q
     t = torch.tensor([0] * 12 + [1] * 5 + [2] * 3)
-    p = _argmin_forecast(lambda z: log_score(z.expand(20, 3), t) +
-                         2.0 * mdca(z.expand(20, 3), t), 3)
-    torch.testing.assert_close(p, torch.tensor([0.6, 0.25, 0.15], dtype=torch.float64),
-                               rtol=0, atol=1e-5)
+    p = _argmin_forecast(
+        lambda z: log_score(z.expand(20, 3), t) + 2.0 * mdca(z.expand(20, 3), t), 3
+    )
+    torch.testing.assert_close(
+        p, torch.tensor([0.6, 0.25, 0.15], dtype=torch.float64), rtol=0, atol=1e-5
+    )
 
 
 def test_label_smoothing_is_not_proper():
     eps = 0.3
     smoothed = _expected(lambda z, y: log_score(z, y, label_smoothing=eps), Q)
-    torch.testing.assert_close(_argmin_forecast(smoothed, 3), (1 - eps) * Q + eps / 3,
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        _argmin_forecast(smoothed, 3), (1 - eps) * Q + eps / 3, rtol=0, atol=1e-6
+    )
 
 
 # ----------------------------------------------------------------------- Modules, inputs
@@ -555,80 +600,164 @@ def test_modules_equal_functional_and_keep_weight():
     t = torch.randint(0, 4, (12,), generator=g)
     w = torch.rand(4, generator=g, dtype=torch.float64)
     focal = FocalLoss(gamma="adaptive", weight=w, reduction="sum")
-    assert torch.equal(focal(z, t), focal_loss(z, t, gamma="adaptive", weight=w,
-                                               reduction="sum"))
+    assert torch.equal(focal(z, t), focal_loss(z, t, gamma="adaptive", weight=w, reduction="sum"))
     assert "weight" in focal.state_dict() and "gamma='adaptive'" in repr(focal)
-    assert torch.equal(MMCELoss(width=0.2, squared=True)(z, t),
-                       mmce(z, t, width=0.2, squared=True))
-    assert torch.equal(SoftBinnedECELoss(bins=7, p=1.0)(z, t),
-                       soft_binned_ece(z, t, bins=7, p=1.0))
+    assert torch.equal(MMCELoss(width=0.2, squared=True)(z, t), mmce(z, t, width=0.2, squared=True))
+    assert torch.equal(SoftBinnedECELoss(bins=7, p=1.0)(z, t), soft_binned_ece(z, t, bins=7, p=1.0))
 
 
 BAD = [
-    (lambda: focal_loss(torch.zeros(2, 3), torch.tensor([0, 1]), gamma=-1.0), ValueError,
-     r"gamma: expected a finite number >= 0"),
-    (lambda: focal_loss(torch.zeros(2, 3), torch.tensor([0, 1]), gamma="auto"), ValueError,
-     r"gamma: expected a number >= 0 or 'adaptive'"),
-    (lambda: focal_loss(torch.zeros(2, 1), torch.tensor([0, 2])), ValueError,
-     r"target: expected binary labels in \{0, 1\}, got 2 at position 1"),
-    (lambda: focal_loss(torch.tensor([[float("nan"), 0.0]]), torch.tensor([0])), ValueError,
-     r"logits: expected finite values"),
-    (lambda: mmce(torch.zeros(2, 3), torch.tensor([0, 3])), ValueError,
-     r"target: expected class indices in \[0, 2\], got 3 at position 1"),
-    (lambda: mmce(torch.zeros(2, 3), torch.tensor([0, 1]), width=0.0), ValueError,
-     r"width: expected a finite number > 0"),
-    (lambda: mmce(torch.zeros(2, 3), torch.tensor([0, 1]), width=1e-4), ValueError,
-     r"width: expected a kernel width >= 1e-3"),
-    (lambda: mmce(torch.tensor([[0.0, float("inf")]]), torch.tensor([0])), ValueError,
-     r"logits: expected finite values"),
-    (lambda: soft_binned_ece(torch.zeros(2, 3), torch.tensor([0.0, 1.0])), ValueError,
-     r"target: expected integer class indices"),
-    (lambda: soft_binned_ece(torch.zeros(2, 3), torch.tensor([0, 1]), bins=0), ValueError,
-     r"bins: expected an int >= 1"),
-    (lambda: soft_binned_ece(torch.zeros(2, 3), torch.tensor([0, 1]), p=0.5), ValueError,
-     r"p: expected a number >= 1"),
+    (
+        lambda: focal_loss(torch.zeros(2, 3), torch.tensor([0, 1]), gamma=-1.0),
+        ValueError,
+        r"gamma: expected a finite number >= 0",
+    ),
+    (
+        lambda: focal_loss(torch.zeros(2, 3), torch.tensor([0, 1]), gamma="auto"),
+        ValueError,
+        r"gamma: expected a number >= 0 or 'adaptive'",
+    ),
+    (
+        lambda: focal_loss(torch.zeros(2, 1), torch.tensor([0, 2])),
+        ValueError,
+        r"target: expected binary labels in \{0, 1\}, got 2 at position 1",
+    ),
+    (
+        lambda: focal_loss(torch.tensor([[float("nan"), 0.0]]), torch.tensor([0])),
+        ValueError,
+        r"logits: expected finite values",
+    ),
+    (
+        lambda: mmce(torch.zeros(2, 3), torch.tensor([0, 3])),
+        ValueError,
+        r"target: expected class indices in \[0, 2\], got 3 at position 1",
+    ),
+    (
+        lambda: mmce(torch.zeros(2, 3), torch.tensor([0, 1]), width=0.0),
+        ValueError,
+        r"width: expected a finite number > 0",
+    ),
+    (
+        lambda: mmce(torch.zeros(2, 3), torch.tensor([0, 1]), width=1e-4),
+        ValueError,
+        r"width: expected a kernel width >= 1e-3",
+    ),
+    (
+        lambda: mmce(torch.tensor([[0.0, float("inf")]]), torch.tensor([0])),
+        ValueError,
+        r"logits: expected finite values",
+    ),
+    (
+        lambda: soft_binned_ece(torch.zeros(2, 3), torch.tensor([0.0, 1.0])),
+        ValueError,
+        r"target: expected integer class indices",
+    ),
+    (
+        lambda: soft_binned_ece(torch.zeros(2, 3), torch.tensor([0, 1]), bins=0),
+        ValueError,
+        r"bins: expected an int >= 1",
+    ),
+    (
+        lambda: soft_binned_ece(torch.zeros(2, 3), torch.tensor([0, 1]), p=0.5),
+        ValueError,
+        r"p: expected a number >= 1",
+    ),
     (lambda: FocalLoss(gamma="x"), ValueError, r"gamma: expected"),
     (lambda: FocalLoss(reduction="avg"), ValueError, r"reduction: expected one of"),
     (lambda: MMCELoss(width=-1.0), ValueError, r"width: expected a finite number > 0"),
     (lambda: MMCELoss(width=1e-4), ValueError, r"width: expected a kernel width >= 1e-3"),
     (lambda: SoftBinnedECELoss(p=0.5), ValueError, r"p: expected a number >= 1"),
     (lambda: SoftBinnedECELoss(temperature=0.0), ValueError, r"temperature: expected"),
-    (lambda: confidence_penalty(torch.zeros(2, 3), beta=-0.1), ValueError,
-     r"beta: expected a finite number >= 0"),
-    (lambda: confidence_penalty(torch.zeros(2, 3), beta=float("nan")), ValueError,
-     r"beta: expected a finite number >= 0"),
-    (lambda: confidence_penalty(torch.zeros(2, 3), beta="1"), TypeError,
-     r"beta: expected a number"),
-    (lambda: confidence_penalty(torch.zeros(4)), ValueError,
-     r"logits: expected multiclass logits \(N, C, \*\) with C >= 2 when no target"),
-    (lambda: confidence_penalty(torch.zeros(4, 1)), ValueError,
-     r"logits: expected multiclass logits"),
-    (lambda: confidence_penalty(torch.zeros(2, 3), reduction="avg"), ValueError,
-     r"reduction: expected one of"),
-    (lambda: confidence_penalty(torch.zeros(2, 3, dtype=torch.long)), ValueError,
-     r"logits: expected a floating-point tensor"),
-    (lambda: confidence_penalty(torch.tensor([[0.0, float("nan")]])), ValueError,
-     r"logits: expected finite values, found NaN or \+Inf"),
-    (lambda: confidence_penalty(torch.full((1, 2), float("-inf"))), ValueError,
-     r"logits: expected at least one finite logit per item"),
-    (lambda: confidence_penalty(torch.zeros(2, 3), torch.tensor([0, 3])), ValueError,
-     r"target: expected class indices in \[0, 2\], got 3 at position 1"),
-    (lambda: confidence_penalty(torch.zeros(2, 3), ignore_index=1.5), TypeError,
-     r"ignore_index: expected an int"),
-    (lambda: confidence_penalty(torch.tensor([0.0, float("inf")]), torch.ones(2)), ValueError,
-     r"logits: expected finite values"),
-    (lambda: dca(torch.zeros(2, 3), torch.tensor([0.0, 1.0])), ValueError,
-     r"target: expected integer class indices"),
-    (lambda: dca(torch.zeros(2), torch.tensor([0.0, 2.0])), ValueError,
-     r"target: expected binary labels in \{0, 1\}, got 2.0 at position 1"),
-    (lambda: dca(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long)), ValueError,
-     r"logits: expected a non-empty tensor"),
-    (lambda: mdca(torch.zeros(2, 3), torch.tensor([0, -2])), ValueError,
-     r"target: expected class indices in \[0, 2\], got -2 at position 1"),
-    (lambda: mdca(torch.zeros(2, 3), torch.zeros(3, dtype=torch.long)), ValueError,
-     r"target: expected shape"),
-    (lambda: mdca(torch.tensor([[float("-inf"), 0.0]]), torch.tensor([0])), ValueError,
-     r"logits: the true class has logit -inf"),
+    (
+        lambda: confidence_penalty(torch.zeros(2, 3), beta=-0.1),
+        ValueError,
+        r"beta: expected a finite number >= 0",
+    ),
+    (
+        lambda: confidence_penalty(torch.zeros(2, 3), beta=float("nan")),
+        ValueError,
+        r"beta: expected a finite number >= 0",
+    ),
+    (
+        lambda: confidence_penalty(torch.zeros(2, 3), beta="1"),
+        TypeError,
+        r"beta: expected a number",
+    ),
+    (
+        lambda: confidence_penalty(torch.zeros(4)),
+        ValueError,
+        r"logits: expected multiclass logits \(N, C, \*\) with C >= 2 when no target",
+    ),
+    (
+        lambda: confidence_penalty(torch.zeros(4, 1)),
+        ValueError,
+        r"logits: expected multiclass logits",
+    ),
+    (
+        lambda: confidence_penalty(torch.zeros(2, 3), reduction="avg"),
+        ValueError,
+        r"reduction: expected one of",
+    ),
+    (
+        lambda: confidence_penalty(torch.zeros(2, 3, dtype=torch.long)),
+        ValueError,
+        r"logits: expected a floating-point tensor",
+    ),
+    (
+        lambda: confidence_penalty(torch.tensor([[0.0, float("nan")]])),
+        ValueError,
+        r"logits: expected finite values, found NaN or \+Inf",
+    ),
+    (
+        lambda: confidence_penalty(torch.full((1, 2), float("-inf"))),
+        ValueError,
+        r"logits: expected at least one finite logit per item",
+    ),
+    (
+        lambda: confidence_penalty(torch.zeros(2, 3), torch.tensor([0, 3])),
+        ValueError,
+        r"target: expected class indices in \[0, 2\], got 3 at position 1",
+    ),
+    (
+        lambda: confidence_penalty(torch.zeros(2, 3), ignore_index=1.5),
+        TypeError,
+        r"ignore_index: expected an int",
+    ),
+    (
+        lambda: confidence_penalty(torch.tensor([0.0, float("inf")]), torch.ones(2)),
+        ValueError,
+        r"logits: expected finite values",
+    ),
+    (
+        lambda: dca(torch.zeros(2, 3), torch.tensor([0.0, 1.0])),
+        ValueError,
+        r"target: expected integer class indices",
+    ),
+    (
+        lambda: dca(torch.zeros(2), torch.tensor([0.0, 2.0])),
+        ValueError,
+        r"target: expected binary labels in \{0, 1\}, got 2.0 at position 1",
+    ),
+    (
+        lambda: dca(torch.zeros(0, 3), torch.zeros(0, dtype=torch.long)),
+        ValueError,
+        r"logits: expected a non-empty tensor",
+    ),
+    (
+        lambda: mdca(torch.zeros(2, 3), torch.tensor([0, -2])),
+        ValueError,
+        r"target: expected class indices in \[0, 2\], got -2 at position 1",
+    ),
+    (
+        lambda: mdca(torch.zeros(2, 3), torch.zeros(3, dtype=torch.long)),
+        ValueError,
+        r"target: expected shape",
+    ),
+    (
+        lambda: mdca(torch.tensor([[float("-inf"), 0.0]]), torch.tensor([0])),
+        ValueError,
+        r"logits: the true class has logit -inf",
+    ),
     (lambda: ConfidencePenaltyLoss(beta=-1.0), ValueError, r"beta: expected a finite number"),
     (lambda: ConfidencePenaltyLoss(reduction="avg"), ValueError, r"reduction: expected one of"),
     (lambda: DCALoss(beta=float("inf")), ValueError, r"beta: expected a finite number >= 0"),
@@ -685,8 +814,12 @@ def test_root_forms_equal_the_root_of_the_smooth_forms_and_gradcheck():
     z = torch.randn(30, 4, generator=g, dtype=torch.float64, requires_grad=True)
     t = torch.randint(0, 4, (30,), generator=g)
     torch.testing.assert_close(mmce(z, t) ** 2, mmce(z, t, squared=True), rtol=1e-12, atol=0)
-    torch.testing.assert_close(soft_binned_ece(z, t, p=3.0) ** 3,
-                               soft_binned_ece(z, t, p=3.0, root=False), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        soft_binned_ece(z, t, p=3.0) ** 3,
+        soft_binned_ece(z, t, p=3.0, root=False),
+        rtol=1e-12,
+        atol=0,
+    )
     assert gradcheck(lambda x: mmce(x, t), (z,))
     assert gradcheck(lambda x: soft_binned_ece(x, t, p=3.0, temperature=0.05), (z,))
 
@@ -714,8 +847,9 @@ def test_class_probability_targets_in_regularisers():
     for fn in (focal_loss, mmce, soft_binned_ece, dca):
         with pytest.raises(ValueError, match=r"^target: \w+ needs class indices"):
             fn(z, one_hot)
-        torch.testing.assert_close(fn(z, one_hot, multilabel=True),
-                                   fn(z.reshape(-1), one_hot.reshape(-1)))
+        torch.testing.assert_close(
+            fn(z, one_hot, multilabel=True), fn(z.reshape(-1), one_hot.reshape(-1))
+        )
     torch.testing.assert_close(mdca(z, one_hot), mdca(z, t), rtol=1e-12, atol=1e-15)
     q = torch.softmax(torch.randn(12, 3, generator=g, dtype=torch.float64), 1)
     ref = (torch.softmax(z, 1).mean(0) - q.mean(0)).abs().mean()

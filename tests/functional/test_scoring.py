@@ -61,7 +61,8 @@ def test_log_score_matches_cross_entropy_for_every_option_combination():
     g = torch.Generator().manual_seed(1)
     layouts = [(7, 5), (4, 3, 2, 3)]
     for shape, weighted, ignore, reduction in itertools.product(
-            layouts, [False, True], [None, -100, 2], ["mean", "sum", "none"]):
+        layouts, [False, True], [None, -100, 2], ["mean", "sum", "none"]
+    ):
         z = torch.randn(*shape, generator=g, dtype=torch.float64) * 3
         t = torch.randint(0, shape[1], shape[:1] + shape[2:], generator=g)
         kwargs = {"reduction": reduction}
@@ -92,15 +93,17 @@ def test_binary_rules_match_scoringrules_and_properscoring():
     y = torch.randint(0, 2, (200,), generator=g).double()
     p = torch.sigmoid(z).numpy()
     yn = y.numpy()
-    np.testing.assert_allclose(log_score(z, y, reduction="none").numpy(),
-                               sr.log_score(yn, p), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        log_score(z, y, reduction="none").numpy(), sr.log_score(yn, p), rtol=1e-12, atol=1e-12
+    )
     brier = brier_score(z, y, reduction="none").numpy()
     np.testing.assert_allclose(brier, sr.brier_score(yn, p), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(brier, ps.brier_score(yn, p), rtol=1e-12, atol=1e-12)
     # binary RPS: two ordered categories (scoringrules counts categories from 1)
     rps = ranked_probability_score(z, y, reduction="none").numpy()
-    np.testing.assert_allclose(rps, sr.rps_score(yn + 1, np.stack([1 - p, p], -1)),
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        rps, sr.rps_score(yn + 1, np.stack([1 - p, p], -1)), rtol=1e-12, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("num_classes", [2, 5, 11])
@@ -112,15 +115,27 @@ def test_multiclass_rules_match_scoringrules(num_classes):
     p = torch.softmax(z, 1).numpy()
     onehot = F.one_hot(t, num_classes).double().numpy()
     # sr.rps_score: sum over k = 1..K of squared CDF differences (last term 0), unnormalised
-    np.testing.assert_allclose(ranked_probability_score(z, t, reduction="none").numpy(),
-                               sr.rps_score(t.numpy() + 1, p), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        ranked_probability_score(z, t, reduction="none").numpy(),
+        sr.rps_score(t.numpy() + 1, p),
+        rtol=1e-12,
+        atol=1e-12,
+    )
     # multiclass Brier = sum over classes of the binary Brier of each one-vs-rest event
-    np.testing.assert_allclose(brier_score(z, t, reduction="none").numpy(),
-                               sr.brier_score(onehot, p).sum(-1), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        brier_score(z, t, reduction="none").numpy(),
+        sr.brier_score(onehot, p).sum(-1),
+        rtol=1e-12,
+        atol=1e-12,
+    )
     # log score of the true class = binary log score of the event "class y occurred"
     p_y = (p * onehot).sum(-1)
-    np.testing.assert_allclose(log_score(z, t, reduction="none").numpy(),
-                               sr.log_score(np.ones_like(p_y), p_y), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        log_score(z, t, reduction="none").numpy(),
+        sr.log_score(np.ones_like(p_y), p_y),
+        rtol=1e-12,
+        atol=1e-12,
+    )
 
 
 @pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
@@ -128,19 +143,25 @@ def test_rules_match_float64_reference_multiclass_and_binary(rule):
     g = torch.Generator().manual_seed(3)
     z = torch.randn(5, 6, 2, 3, generator=g, dtype=torch.float64) * 2
     t = torch.randint(0, 6, (5, 2, 3), generator=g)
-    np.testing.assert_allclose(rule(z, t, reduction="none").numpy(), reference(rule, z, t),
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        rule(z, t, reduction="none").numpy(), reference(rule, z, t), rtol=1e-12, atol=1e-12
+    )
     zb = torch.randn(4, 7, generator=g, dtype=torch.float64) * 3
     yb = torch.randint(0, 2, (4, 7), generator=g).double()
-    np.testing.assert_allclose(rule(zb, yb, reduction="none", multilabel=True).numpy(),
-                               reference(rule, zb, yb), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        rule(zb, yb, reduction="none", multilabel=True).numpy(),
+        reference(rule, zb, yb),
+        rtol=1e-12,
+        atol=1e-12,
+    )
 
 
 # ------------------------------------------- class-probability targets, multilabel, (N, 1)
 
 
-def expected_reference(rule, logits: torch.Tensor, q: torch.Tensor,
-                       weight: torch.Tensor | None = None) -> np.ndarray:
+def expected_reference(
+    rule, logits: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | None = None
+) -> np.ndarray:
     """``sum_c w_c q_c S(p, c)`` per item, from the per-class textbook reference (numpy)."""
     num_classes = logits.shape[1]
     w = np.ones(num_classes) if weight is None else weight.double().numpy()
@@ -161,14 +182,17 @@ def test_float_one_hot_target_equals_class_indices(rule):
     t = torch.randint(0, 5, (7, 3), generator=g)
     one_hot = _onehot(t, 5)
     w = torch.rand(5, generator=g, dtype=torch.float64) + 0.1
-    torch.testing.assert_close(rule(z, one_hot, reduction="none"), rule(z, t, reduction="none"),
-                               **TOL)
+    torch.testing.assert_close(
+        rule(z, one_hot, reduction="none"), rule(z, t, reduction="none"), **TOL
+    )
     torch.testing.assert_close(rule(z, one_hot), rule(z, t), **TOL)
-    torch.testing.assert_close(rule(z, one_hot, weight=w, reduction="sum"),
-                               rule(z, t, weight=w, reduction="sum"), **TOL)
+    torch.testing.assert_close(
+        rule(z, one_hot, weight=w, reduction="sum"), rule(z, t, weight=w, reduction="sum"), **TOL
+    )
     # F.cross_entropy's 'mean' with probability targets divides by N, not by the weights
-    torch.testing.assert_close(rule(z, one_hot, weight=w),
-                               rule(z, t, weight=w, reduction="sum") / t.numel(), **TOL)
+    torch.testing.assert_close(
+        rule(z, one_hot, weight=w), rule(z, t, weight=w, reduction="sum") / t.numel(), **TOL
+    )
 
 
 def test_log_score_probability_targets_match_cross_entropy():
@@ -176,35 +200,41 @@ def test_log_score_probability_targets_match_cross_entropy():
     z = torch.randn(6, 4, 2, generator=g, dtype=torch.float64) * 3
     q = torch.softmax(torch.randn(6, 4, 2, generator=g, dtype=torch.float64), 1)
     w = torch.rand(4, generator=g, dtype=torch.float64) + 0.1
-    for weight, eps, reduction in itertools.product([None, w], [0.0, 0.2],
-                                                    ["mean", "sum", "none"]):
+    for weight, eps, reduction in itertools.product([None, w], [0.0, 0.2], ["mean", "sum", "none"]):
         ours = log_score(z, q, weight=weight, label_smoothing=eps, reduction=reduction)
         ref = F.cross_entropy(z, q, weight=weight, label_smoothing=eps, reduction=reduction)
         torch.testing.assert_close(ours, ref, **TOL)
     # the issue's numbers: a one-hot float target is softmax cross-entropy (1.891), not
     # the mean of independent sigmoids (0.758), which needs multilabel=True
     zi = torch.randn(32, 10, generator=torch.Generator().manual_seed(0))
-    yi = F.one_hot(torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(1)),
-                   10).float()
+    yi = F.one_hot(
+        torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(1)), 10
+    ).float()
     torch.testing.assert_close(log_score(zi, yi), F.cross_entropy(zi, yi))
-    torch.testing.assert_close(log_score(zi, yi, multilabel=True),
-                               F.binary_cross_entropy_with_logits(zi, yi))
+    torch.testing.assert_close(
+        log_score(zi, yi, multilabel=True), F.binary_cross_entropy_with_logits(zi, yi)
+    )
     assert (log_score(zi, yi) - log_score(zi, yi, multilabel=True)).abs() > 0.5
 
 
-@pytest.mark.parametrize("rule", [brier_score, spherical_score, ranked_probability_score],
-                         ids=["brier_score", "spherical_score", "ranked_probability_score"])
+@pytest.mark.parametrize(
+    "rule",
+    [brier_score, spherical_score, ranked_probability_score],
+    ids=["brier_score", "spherical_score", "ranked_probability_score"],
+)
 def test_probability_targets_are_the_expected_score(rule):
     g = torch.Generator().manual_seed(23)
     z = torch.randn(8, 5, 2, generator=g, dtype=torch.float64) * 2
     q = torch.softmax(torch.randn(8, 5, 2, generator=g, dtype=torch.float64) * 2, 1)
     q[0, :, 0] = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
     w = torch.rand(5, generator=g, dtype=torch.float64) + 0.1
-    np.testing.assert_allclose(rule(z, q, reduction="none").numpy(),
-                               expected_reference(rule, z, q), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        rule(z, q, reduction="none").numpy(), expected_reference(rule, z, q), rtol=1e-12, atol=1e-12
+    )
     ref_w = expected_reference(rule, z, q, w)
-    np.testing.assert_allclose(rule(z, q, weight=w, reduction="none").numpy(), ref_w,
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        rule(z, q, weight=w, reduction="none").numpy(), ref_w, rtol=1e-12, atol=1e-12
+    )
     np.testing.assert_allclose(rule(z, q, weight=w).item(), ref_w.mean(), rtol=1e-12)
     zg = z.clone().requires_grad_(True)
     assert gradcheck(lambda x: rule(x, q, weight=w), (zg,))
@@ -222,8 +252,12 @@ def test_probability_brier_is_distance_plus_target_entropy():
 
 
 PROB_TARGET_ERRORS = [
-    ("row sum 1.2", torch.tensor([[0.6, 0.6, 0.0]]), r"target: expected class probabilities "
-     r"whose sum over dim 1 is 1 \(tolerance 0.0001\), got 1.2"),
+    (
+        "row sum 1.2",
+        torch.tensor([[0.6, 0.6, 0.0]]),
+        r"target: expected class probabilities "
+        r"whose sum over dim 1 is 1 \(tolerance 0.0001\), got 1.2",
+    ),
     ("row sum 0", torch.zeros(1, 3), r"target: expected class probabilities whose sum"),
     ("negative", torch.tensor([[1.5, -0.5, 0.0]]), r"target: expected probabilities in \[0, 1\]"),
     ("nan", torch.tensor([[float("nan"), 0.5, 0.5]]), r"target: expected probabilities"),
@@ -263,8 +297,9 @@ def test_binary_head_n_by_1_equals_binary(rule):
     w = torch.rand(9, generator=g, dtype=torch.float64)
     ref = rule(z, y, weight=w, reduction="none")
     torch.testing.assert_close(rule(z[:, None], y, weight=w, reduction="none"), ref, **TOL)
-    torch.testing.assert_close(rule(z[:, None], y[:, None], weight=w[:, None],
-                                    reduction="none"), ref[:, None], **TOL)
+    torch.testing.assert_close(
+        rule(z[:, None], y[:, None], weight=w[:, None], reduction="none"), ref[:, None], **TOL
+    )
     torch.testing.assert_close(rule(z[:, None], y), rule(z, y), **TOL)
     with pytest.raises(ValueError, match=r"^target: expected shape \(9, 1\) or \(9,\)"):
         rule(z[:, None], y[:5])
@@ -287,7 +322,8 @@ def test_hand_worked_values():
     assert spherical_score(z, t).item() == pytest.approx(1 - 0.3 / np.sqrt(0.3), abs=1e-14)
     # uniform over C classes: spherical = 1 - 1/sqrt(C)
     assert spherical_score(torch.zeros(1, 9), torch.tensor([4])).item() == pytest.approx(
-        1 - 1 / 3, abs=1e-7)
+        1 - 1 / 3, abs=1e-7
+    )
 
 
 @pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
@@ -312,10 +348,12 @@ def test_weight_and_ignore_index_semantics(rule):
     none = rule(z, t, weight=w, ignore_index=-1, reduction="none")
     torch.testing.assert_close(none, w_item * per_item, **TOL)
     assert none[1].item() == 0.0 and none[5].item() == 0.0
-    torch.testing.assert_close(rule(z, t, weight=w, ignore_index=-1, reduction="sum"),
-                               (w_item * per_item).sum(), **TOL)
-    torch.testing.assert_close(rule(z, t, weight=w, ignore_index=-1),
-                               (w_item * per_item).sum() / w_item.sum(), **TOL)
+    torch.testing.assert_close(
+        rule(z, t, weight=w, ignore_index=-1, reduction="sum"), (w_item * per_item).sum(), **TOL
+    )
+    torch.testing.assert_close(
+        rule(z, t, weight=w, ignore_index=-1), (w_item * per_item).sum() / w_item.sum(), **TOL
+    )
     # binary: per-element weight broadcast over the target, ignore_index against the label
     zb = torch.randn(3, 4, generator=g, dtype=torch.float64)
     yb = torch.randint(0, 2, (3, 4), generator=g).double()
@@ -324,10 +362,12 @@ def test_weight_and_ignore_index_semantics(rule):
     per_item = torch.from_numpy(reference(rule, zb, yb.clamp(min=0)))
     w_item = wb.expand(3, 4) * (yb != -100)
     # (N, C) 0/1 float targets are independent sigmoids only with multilabel=True
-    torch.testing.assert_close(rule(zb, yb, weight=wb, reduction="none", multilabel=True),
-                               w_item * per_item, **TOL)
-    torch.testing.assert_close(rule(zb, yb, weight=wb, multilabel=True),
-                               (w_item * per_item).sum() / w_item.sum(), **TOL)
+    torch.testing.assert_close(
+        rule(zb, yb, weight=wb, reduction="none", multilabel=True), w_item * per_item, **TOL
+    )
+    torch.testing.assert_close(
+        rule(zb, yb, weight=wb, multilabel=True), (w_item * per_item).sum() / w_item.sum(), **TOL
+    )
 
 
 @pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
@@ -396,10 +436,15 @@ def _plain_spherical(z, t):
     return 1 - p.gather(1, t[:, None]).squeeze(1) / p.norm(dim=1)
 
 
-@pytest.mark.parametrize(("rule", "plain"), [(brier_score, _plain_brier),
-                                              (spherical_score, _plain_spherical),
-                                              (ranked_probability_score, _plain_rps)],
-                         ids=["brier", "spherical", "rps"])
+@pytest.mark.parametrize(
+    ("rule", "plain"),
+    [
+        (brier_score, _plain_brier),
+        (spherical_score, _plain_spherical),
+        (ranked_probability_score, _plain_rps),
+    ],
+    ids=["brier", "spherical", "rps"],
+)
 def test_fused_backward_float32_matches_float64_autograd(rule, plain):
     g = torch.Generator().manual_seed(7)
     z = (torch.randn(32, 50, generator=g) * 5).requires_grad_()
@@ -444,9 +489,15 @@ def minimise_expected_score(score_fn, q: torch.Tensor) -> torch.Tensor:
     num_classes = q.numel()
     z = torch.zeros(num_classes, dtype=torch.float64, requires_grad=True)
     classes = torch.arange(num_classes)
-    opt = torch.optim.LBFGS([z], lr=1, max_iter=200, tolerance_grad=1e-12,
-                            tolerance_change=1e-20, history_size=20,
-                            line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [z],
+        lr=1,
+        max_iter=200,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-20,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()
@@ -463,8 +514,14 @@ def minimise_expected_binary_score(score_fn, q1: float) -> float:
     z = torch.zeros(1, dtype=torch.float64, requires_grad=True)
     y = torch.tensor([0.0, 1.0], dtype=torch.float64)
     w = torch.tensor([1 - q1, q1], dtype=torch.float64)
-    opt = torch.optim.LBFGS([z], lr=1, max_iter=200, tolerance_grad=1e-12,
-                            tolerance_change=1e-20, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [z],
+        lr=1,
+        max_iter=200,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-20,
+        line_search_fn="strong_wolfe",
+    )
 
     def closure():
         opt.zero_grad()
@@ -512,52 +569,182 @@ def _z(*shape):
 
 BAD_INPUTS = [
     # (case id, logits, target, kwargs, exception, message fragment)
-    ("nan", torch.tensor([[0.0, float("nan")]]), torch.tensor([0]), {}, ValueError,
-     r"logits: expected finite values.*\(0, 1\)"),
-    ("+inf", torch.tensor([[0.0, 1.0], [float("inf"), 0.0]]), torch.tensor([0, 1]), {},
-     ValueError, r"logits: expected finite values.*\(1, 0\)"),
-    ("binary -inf", torch.tensor([0.0, float("-inf")]), torch.tensor([0.0, 0.0]), {},
-     ValueError, r"logits: expected finite values"),
-    ("all -inf row", torch.tensor([[0.0, 1.0], [float("-inf")] * 2]), torch.tensor([0, 1]), {},
-     ValueError, r"logits: expected at least one finite logit per item.*item 1"),
-    ("true class -inf", torch.tensor([[0.0, float("-inf")]]), torch.tensor([1]), {},
-     ValueError, r"logits: the true class has logit -inf at item 0"),
-    ("class out of range", _z(4, 3), torch.tensor([0, 1, 3, 2]), {}, ValueError,
-     r"target: expected class indices in \[0, 2\], got 3 at position 2"),
-    ("negative class", _z(2, 3), torch.tensor([0, -1]), {}, ValueError,
-     r"target: expected class indices in \[0, 2\], got -1 at position 1"),
-    ("float multiclass target", _z(4, 3), torch.tensor([0.0, 1.0, 2.0, 1.0]), {}, ValueError,
-     r"target: expected integer class indices"),
-    ("binary label 2", _z(3), torch.tensor([0.0, 2.0, 1.0]), {}, ValueError,
-     r"target: expected binary labels in \{0, 1\}, got 2.0 at position 1"),
-    ("binary nan label", _z(2), torch.tensor([0.0, float("nan")]), {}, ValueError,
-     r"target: expected binary labels"),
-    ("shape mismatch", _z(4, 3), torch.tensor([0, 1, 2]), {}, ValueError,
-     r"target: expected shape \(4,\) .* or \(4, 3\)"),
-    ("shape mismatch 1-d", _z(4), torch.tensor([0.0, 1.0]), {}, ValueError,
-     r"target: expected shape \(4,\)"),
-    ("integer binary label 2", _z(3), torch.tensor([0, 2, 1]), {}, ValueError,
-     r"target: expected binary labels in \{0, 1\}, got 2 at position 1"),
-    ("unknown reduction", _z(2, 3), torch.tensor([0, 1]), {"reduction": "avg"}, ValueError,
-     r"reduction: expected one of"),
-    ("empty", torch.empty(0, 3), torch.empty(0, dtype=torch.long), {}, ValueError,
-     r"logits: expected a non-empty tensor"),
-    ("integer logits", torch.zeros(2, 3, dtype=torch.long), torch.tensor([0, 1]), {},
-     ValueError, r"logits: expected a floating-point tensor"),
-    ("weight shape", _z(2, 3), torch.tensor([0, 1]), {"weight": torch.ones(2)}, ValueError,
-     r"weight: expected a 1-d tensor of 3 class weights"),
-    ("weight negative", _z(2, 3), torch.tensor([0, 1]),
-     {"weight": torch.tensor([1.0, -1.0, 1.0])}, ValueError, r"weight: expected non-negative"),
-    ("weight nan", _z(2, 3), torch.tensor([0, 1]),
-     {"weight": torch.tensor([1.0, float("nan"), 1.0])}, ValueError,
-     r"weight: expected finite values"),
-    ("binary weight shape", _z(2, 3), torch.zeros(2, 3),
-     {"weight": torch.ones(2), "multilabel": True}, ValueError,
-     r"weight: expected a tensor broadcastable to the target's shape"),
-    ("not a tensor", [[0.0, 1.0]], torch.tensor([0]), {}, TypeError,
-     r"logits: expected a torch.Tensor"),
-    ("ignore_index type", _z(2, 3), torch.tensor([0, 1]), {"ignore_index": 1.5}, TypeError,
-     r"ignore_index: expected an int"),
+    (
+        "nan",
+        torch.tensor([[0.0, float("nan")]]),
+        torch.tensor([0]),
+        {},
+        ValueError,
+        r"logits: expected finite values.*\(0, 1\)",
+    ),
+    (
+        "+inf",
+        torch.tensor([[0.0, 1.0], [float("inf"), 0.0]]),
+        torch.tensor([0, 1]),
+        {},
+        ValueError,
+        r"logits: expected finite values.*\(1, 0\)",
+    ),
+    (
+        "binary -inf",
+        torch.tensor([0.0, float("-inf")]),
+        torch.tensor([0.0, 0.0]),
+        {},
+        ValueError,
+        r"logits: expected finite values",
+    ),
+    (
+        "all -inf row",
+        torch.tensor([[0.0, 1.0], [float("-inf")] * 2]),
+        torch.tensor([0, 1]),
+        {},
+        ValueError,
+        r"logits: expected at least one finite logit per item.*item 1",
+    ),
+    (
+        "true class -inf",
+        torch.tensor([[0.0, float("-inf")]]),
+        torch.tensor([1]),
+        {},
+        ValueError,
+        r"logits: the true class has logit -inf at item 0",
+    ),
+    (
+        "class out of range",
+        _z(4, 3),
+        torch.tensor([0, 1, 3, 2]),
+        {},
+        ValueError,
+        r"target: expected class indices in \[0, 2\], got 3 at position 2",
+    ),
+    (
+        "negative class",
+        _z(2, 3),
+        torch.tensor([0, -1]),
+        {},
+        ValueError,
+        r"target: expected class indices in \[0, 2\], got -1 at position 1",
+    ),
+    (
+        "float multiclass target",
+        _z(4, 3),
+        torch.tensor([0.0, 1.0, 2.0, 1.0]),
+        {},
+        ValueError,
+        r"target: expected integer class indices",
+    ),
+    (
+        "binary label 2",
+        _z(3),
+        torch.tensor([0.0, 2.0, 1.0]),
+        {},
+        ValueError,
+        r"target: expected binary labels in \{0, 1\}, got 2.0 at position 1",
+    ),
+    (
+        "binary nan label",
+        _z(2),
+        torch.tensor([0.0, float("nan")]),
+        {},
+        ValueError,
+        r"target: expected binary labels",
+    ),
+    (
+        "shape mismatch",
+        _z(4, 3),
+        torch.tensor([0, 1, 2]),
+        {},
+        ValueError,
+        r"target: expected shape \(4,\) .* or \(4, 3\)",
+    ),
+    (
+        "shape mismatch 1-d",
+        _z(4),
+        torch.tensor([0.0, 1.0]),
+        {},
+        ValueError,
+        r"target: expected shape \(4,\)",
+    ),
+    (
+        "integer binary label 2",
+        _z(3),
+        torch.tensor([0, 2, 1]),
+        {},
+        ValueError,
+        r"target: expected binary labels in \{0, 1\}, got 2 at position 1",
+    ),
+    (
+        "unknown reduction",
+        _z(2, 3),
+        torch.tensor([0, 1]),
+        {"reduction": "avg"},
+        ValueError,
+        r"reduction: expected one of",
+    ),
+    (
+        "empty",
+        torch.empty(0, 3),
+        torch.empty(0, dtype=torch.long),
+        {},
+        ValueError,
+        r"logits: expected a non-empty tensor",
+    ),
+    (
+        "integer logits",
+        torch.zeros(2, 3, dtype=torch.long),
+        torch.tensor([0, 1]),
+        {},
+        ValueError,
+        r"logits: expected a floating-point tensor",
+    ),
+    (
+        "weight shape",
+        _z(2, 3),
+        torch.tensor([0, 1]),
+        {"weight": torch.ones(2)},
+        ValueError,
+        r"weight: expected a 1-d tensor of 3 class weights",
+    ),
+    (
+        "weight negative",
+        _z(2, 3),
+        torch.tensor([0, 1]),
+        {"weight": torch.tensor([1.0, -1.0, 1.0])},
+        ValueError,
+        r"weight: expected non-negative",
+    ),
+    (
+        "weight nan",
+        _z(2, 3),
+        torch.tensor([0, 1]),
+        {"weight": torch.tensor([1.0, float("nan"), 1.0])},
+        ValueError,
+        r"weight: expected finite values",
+    ),
+    (
+        "binary weight shape",
+        _z(2, 3),
+        torch.zeros(2, 3),
+        {"weight": torch.ones(2), "multilabel": True},
+        ValueError,
+        r"weight: expected a tensor broadcastable to the target's shape",
+    ),
+    (
+        "not a tensor",
+        [[0.0, 1.0]],
+        torch.tensor([0]),
+        {},
+        TypeError,
+        r"logits: expected a torch.Tensor",
+    ),
+    (
+        "ignore_index type",
+        _z(2, 3),
+        torch.tensor([0, 1]),
+        {"ignore_index": 1.5},
+        TypeError,
+        r"ignore_index: expected an int",
+    ),
 ]
 
 
@@ -570,8 +757,9 @@ def test_bad_input_raises(rule, case):
 
 
 @pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
-@pytest.mark.parametrize("shape, target_shape", [((3,), (3,)), ((4, 1), (4,)), ((4, 1), (4, 1)),
-                                                 ((2, 3), (2, 3))])
+@pytest.mark.parametrize(
+    "shape, target_shape", [((3,), (3,)), ((4, 1), (4,)), ((4, 1), (4, 1)), ((2, 3), (2, 3))]
+)
 @pytest.mark.parametrize("dtype", [torch.long, torch.int32, torch.bool])
 def test_integer_binary_labels(rule, shape, target_shape, dtype):
     """One rule with the metrics' negative log-likelihood (issue 10): 0/1 labels of an integer
@@ -582,17 +770,22 @@ def test_integer_binary_labels(rule, shape, target_shape, dtype):
     y = torch.randint(0, 2, target_shape, generator=g)
     kw = {"multilabel": True} if len(shape) == 2 and shape[1] > 1 else {}
     for reduction in ("none", "sum", "mean"):
-        assert torch.equal(rule(logits, y.to(dtype), reduction=reduction, **kw),
-                           rule(logits, y.double(), reduction=reduction, **kw))
+        assert torch.equal(
+            rule(logits, y.to(dtype), reduction=reduction, **kw),
+            rule(logits, y.double(), reduction=reduction, **kw),
+        )
     if dtype != torch.bool:
         yi = y.clone().to(dtype)
         yi.view(-1)[0] = -100
         yf = yi.double()
-        assert torch.equal(rule(logits, yi, reduction="none", **kw),
-                           rule(logits, yf, reduction="none", **kw))
+        assert torch.equal(
+            rule(logits, yi, reduction="none", **kw), rule(logits, yf, reduction="none", **kw)
+        )
     if rule is log_score:  # the metrics' entry point: the same kernel, the same numbers
-        assert torch.equal(nll_items(logits, y.to(dtype), **kw),
-                           log_score(logits, y.to(dtype), reduction="none", **kw))
+        assert torch.equal(
+            nll_items(logits, y.to(dtype), **kw),
+            log_score(logits, y.to(dtype), reduction="none", **kw),
+        )
 
 
 def test_ignored_item_with_nan_logits_still_raises():
@@ -656,7 +849,6 @@ def test_shapes_and_weighted_mean(data):
     torch.testing.assert_close(none, unweighted * w_item, **TOL)
 
 
-
 def _position(flat: int, shape: tuple[int, ...]) -> str:
     idx = np.unravel_index(flat, shape)
     return str(int(idx[0])) if len(shape) == 1 else "(" + ", ".join(str(int(i)) for i in idx) + ")"
@@ -679,8 +871,11 @@ def test_hypothesis_bad_values_name_the_argument_and_position(data):
     target = torch.zeros(target_shape) if binary else torch.zeros(target_shape, dtype=torch.long)
     if kind == "target":
         flat = data.draw(st.integers(0, target.numel() - 1))
-        bad = data.draw(st.sampled_from([2.0, -1.0, 0.5]) if binary else
-                        st.sampled_from([num_classes, num_classes + 7, -1]))
+        bad = data.draw(
+            st.sampled_from([2.0, -1.0, 0.5])
+            if binary
+            else st.sampled_from([num_classes, num_classes + 7, -1])
+        )
         target.view(-1)[flat] = bad
         name, where = "target", _position(flat, target_shape)
     else:
@@ -727,8 +922,7 @@ def test_under_autocast(rule, dtype):
     assert torch.isfinite(lin.weight.grad).all()
 
 
-@pytest.mark.parametrize("rule", [brier_score, ranked_probability_score],
-                         ids=["brier", "rps"])
+@pytest.mark.parametrize("rule", [brier_score, ranked_probability_score], ids=["brier", "rps"])
 def test_binary_quadratic_rules_float32_relative_accuracy_near_certainty(rule):
     # (p - y)^2 with p = sigmoid(z) rounds p to y in float32 for |z| > ~17 and returns 0;
     # the score sigmoid(-|z|)^2 is representable, so it must stay relatively accurate
@@ -737,6 +931,7 @@ def test_binary_quadratic_rules_float32_relative_accuracy_near_certainty(rule):
     ours = rule(z, y, reduction="none").double()
     ref = torch.sigmoid(-z.double().abs()).square()
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=0)
+
 
 def test_rps_float32_is_relatively_accurate_for_confident_forecasts():
     # P_{C-1} - 1 is 0 by definition; float32 rounding of sum(p) would add ~1e-15, which is
@@ -749,10 +944,10 @@ def test_rps_float32_is_relatively_accurate_for_confident_forecasts():
     ref = torch.from_numpy(reference(ranked_probability_score, z.double(), t))
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=0)
 
+
 @pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
 def test_extreme_float32_logits_are_finite_and_nonnegative(rule):
-    z = torch.tensor([[1e4, -1e4, 0.0], [-3e3, 3e3, 1.0], [50.0, 0.0, -50.0]],
-                     requires_grad=True)
+    z = torch.tensor([[1e4, -1e4, 0.0], [-3e3, 3e3, 1.0], [50.0, 0.0, -50.0]], requires_grad=True)
     t = torch.tensor([0, 0, 0])
     out = rule(z, t, reduction="none")
     assert torch.isfinite(out).all() and torch.all(out >= 0)

@@ -45,9 +45,14 @@ class Step(L.LightningModule):
 def validate(cb: L.Callback, model: Step, ds: TensorDataset | None = None, bs: int = 32):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*(LeafSpec|workers).*")
-        tr = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
-                       enable_model_summary=False, enable_checkpointing=False,
-                       callbacks=[cb])
+        tr = L.Trainer(
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            callbacks=[cb],
+        )
         return tr.validate(model, DataLoader(ds or data(), batch_size=bs), verbose=False)[0]
 
 
@@ -55,8 +60,12 @@ def brent_t(z: torch.Tensor, y: torch.Tensor) -> float:
     from scipy.optimize import minimize_scalar
 
     z = z.double()
-    r = minimize_scalar(lambda u: float(F.cross_entropy(z / math.exp(u), y)),
-                        bounds=(-10, 10), method="bounded", options={"xatol": 1e-10})
+    r = minimize_scalar(
+        lambda u: float(F.cross_entropy(z / math.exp(u), y)),
+        bounds=(-10, 10),
+        method="bounded",
+        options={"xatol": 1e-10},
+    )
     return math.exp(r.x)
 
 
@@ -73,15 +82,23 @@ RAISES = [
     ("int_logits", lambda z: z.long(), None, r"^logits", r"^preds"),
     ("3d_logits", lambda z: z[:, :, None], None, r"^logits: expected", r"^(preds|target)"),
     ("(N,1)_target", None, lambda y, z: y[:, None], r"^target: expected shape", r"^target"),
-    ("one_hot_target", None, lambda y, z: F.one_hot(y, 3).float(), r"^target",
-     r"^target"),
+    ("one_hot_target", None, lambda y, z: F.one_hot(y, 3).float(), r"^target", r"^target"),
     ("float_target", None, lambda y, z: y.float(), r"^target", r"^target"),
-    ("label_range", None, lambda y, z: y - 1, r"^target: expected class indices",
-     r"^target"),
-    ("(N,1)_logits", lambda z: z[:, :1], None, r"^logits: expected at least 2 classes",
-     r"^(preds|target)"),
-    ("all_-inf_row", lambda z: torch.cat([torch.full_like(z[:1], -INF), z[1:]]), None,
-     r"^logits", r"^preds"),
+    ("label_range", None, lambda y, z: y - 1, r"^target: expected class indices", r"^target"),
+    (
+        "(N,1)_logits",
+        lambda z: z[:, :1],
+        None,
+        r"^logits: expected at least 2 classes",
+        r"^(preds|target)",
+    ),
+    (
+        "all_-inf_row",
+        lambda z: torch.cat([torch.full_like(z[:1], -INF), z[1:]]),
+        None,
+        r"^logits",
+        r"^preds",
+    ),
 ]
 
 
@@ -90,8 +107,11 @@ RAISES = [
 def test_bad_step_outputs_raise_naming_the_argument(case, who):
     _, bend, twist, m_ts, m_mon = case
     model = Step(bend or (lambda z: z), twist or (lambda y, z: y))
-    cb = (TemperatureScaling(fit_on_validate=True) if who == "temperature"
-          else CalibrationMonitor(sinks=("loggers", "figures")))
+    cb = (
+        TemperatureScaling(fit_on_validate=True)
+        if who == "temperature"
+        else CalibrationMonitor(sinks=("loggers", "figures"))
+    )
     with pytest.raises(ValueError, match=m_ts if who == "temperature" else m_mon):
         validate(cb, model)
 
@@ -138,42 +158,60 @@ def test_single_sample_is_separated_and_warns():
     model = Step(twist=lambda y, z: z.argmax(1))  # the one sample is classified right
     with pytest.warns(Warning, match=r"T: the NLL keeps decreasing as T shrinks"):
         validate(TemperatureScaling(fit_on_validate=True), model, ds)
-    assert model.temperature_scaler.temperature == pytest.approx(
-        model.temperature_scaler.bounds[0])
+    assert model.temperature_scaler.temperature == pytest.approx(model.temperature_scaler.bounds[0])
 
 
 def test_mixed_binary_and_multiclass_batches_raise():
     model = Step(lambda z: z if z.shape[0] == 32 else z[:, 0])
-    with pytest.raises(ValueError, match=r"^logits: every validation batch must have the "
-                                         r"same kind"):
+    with pytest.raises(
+        ValueError,
+        match=r"^logits: every validation batch must have the "
+        r"same kind",
+    ):
         validate(TemperatureScaling(fit_on_validate=True), model, data(40))
 
 
-@pytest.mark.parametrize("bad, match", [
-    ({}, r"^checkpoint: expected the keys 'temperature_scaler\.\*'"),
-    ({"state_dict": {"net.weight": torch.zeros(2)}}, r"^checkpoint"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({}, r"^checkpoint: expected the keys 'temperature_scaler\.\*'"),
+        ({"state_dict": {"net.weight": torch.zeros(2)}}, r"^checkpoint"),
+    ],
+)
 def test_load_scaler_rejects_checkpoints_without_a_scaler(bad, match):
     with pytest.raises(ValueError, match=match):
         TemperatureScaling.load_scaler(bad)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(when="never"), "when"), (dict(n_bins=0), "n_bins"),
-    (dict(dataloader_idx=-1), "dataloader_idx"), (dict(attr_name=""), "attr_name"),
-    (dict(target_key=None), "target_key"), (dict(extract_fn="f"), "extract_fn"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(when="never"), "when"),
+        (dict(n_bins=0), "n_bins"),
+        (dict(dataloader_idx=-1), "dataloader_idx"),
+        (dict(attr_name=""), "attr_name"),
+        (dict(target_key=None), "target_key"),
+        (dict(extract_fn="f"), "extract_fn"),
+    ],
+)
 def test_temperature_scaling_constructor(kwargs, match):
     with pytest.raises(ValueError, match=f"^{match}"):
         TemperatureScaling(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(n_bins=0), "n_bins"), (dict(reading="top1"), "reading"),
-    (dict(input="log_probs"), "input"), (dict(level=1.0), "level"),
-    (dict(reading="classwise"), "num_classes"), (dict(dataloader_idx=-1), "dataloader_idx"),
-    (dict(name="/a"), "name"), (dict(num_groups=0), "num_groups"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n_bins=0), "n_bins"),
+        (dict(reading="top1"), "reading"),
+        (dict(input="log_probs"), "input"),
+        (dict(level=1.0), "level"),
+        (dict(reading="classwise"), "num_classes"),
+        (dict(dataloader_idx=-1), "dataloader_idx"),
+        (dict(name="/a"), "name"),
+        (dict(num_groups=0), "num_groups"),
+    ],
+)
 def test_calibration_monitor_constructor(kwargs, match):
     with pytest.raises(ValueError, match=f"^{match}"):
         CalibrationMonitor(**kwargs)
@@ -182,7 +220,10 @@ def test_calibration_monitor_constructor(kwargs, match):
 def test_monitor_unnormalised_probs_raise():
     model = Step(lambda z: z.softmax(1) * 0.5)
     with pytest.raises(ValueError, match=r"^preds"):
-        validate(CalibrationMonitor(input="probs", preds_key="logits", sinks=("loggers", "figures")), model)
+        validate(
+            CalibrationMonitor(input="probs", preds_key="logits", sinks=("loggers", "figures")),
+            model,
+        )
 
 
 def test_monitor_nll_matches_cross_entropy_with_masks():
@@ -192,5 +233,6 @@ def test_monitor_nll_matches_cross_entropy_with_masks():
     out = validate(CalibrationMonitor(sinks=("loggers", "figures")), model, ds)
     with torch.no_grad():
         z = 3.0 * model.net(ds.tensors[0])
-    assert out["val/nll"] == pytest.approx(float(F.cross_entropy(z.double(), ds.tensors[1])),
-                                           abs=1e-6)
+    assert out["val/nll"] == pytest.approx(
+        float(F.cross_entropy(z.double(), ds.tensors[1])), abs=1e-6
+    )

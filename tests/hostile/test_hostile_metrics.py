@@ -28,6 +28,7 @@ def _metric(cls, **kw):
         m = cls(**kw, **extra)
         m.update(preds, target)
         return m.compute()
+
     return run
 
 
@@ -35,25 +36,28 @@ def _metric(cls, **kw):
 MULTICLASS = {
     "calibration_error": lambda p, t, **k: C.calibration_error(p, t, **k),
     "calibration_error_top_label": lambda p, t, **k: C.calibration_error(
-        p, t, reading="top_label", **k),
+        p, t, reading="top_label", **k
+    ),
     "calibration_error_classwise_l2": lambda p, t, **k: C.calibration_error(
-        p, t, reading="classwise", norm="l2", **k),
+        p, t, reading="classwise", norm="l2", **k
+    ),
     "reliability_table": lambda p, t, **k: C.reliability_table(p, t, **k),
-    "brier_decomposition": lambda p, t, **k: C.brier_decomposition(
-        p, t, reading="classwise", **k),
+    "brier_decomposition": lambda p, t, **k: C.brier_decomposition(p, t, reading="classwise", **k),
     "calibration_error_bootstrap": lambda p, t, **k: C.calibration_error_bootstrap(
-        p, t, replicates=10, **k),
+        p, t, replicates=10, **k
+    ),
     "binned_statistics": lambda p, t, **k: C.binned_statistics(p, t, **k),
     "negative_log_likelihood": lambda p, t, **k: C.negative_log_likelihood(p, t, **k),
     "nll_items": lambda p, t, **k: C.nll_items(p, t, **k),
     "CalibrationError": _metric(CalibrationError),
     "CalibrationError_sweep_exact": _metric(CalibrationError, estimator="sweep", exact=True),
     "ClasswiseCalibrationError": lambda p, t, **k: _metric(
-        ClasswiseCalibrationError, num_classes=p.shape[1] if p.dim() > 1 else 2)(p, t, **k),
+        ClasswiseCalibrationError, num_classes=p.shape[1] if p.dim() > 1 else 2
+    )(p, t, **k),
     "ReliabilityDiagram": _metric(ReliabilityDiagram),
     "BrierDecomposition": lambda p, t, **k: _metric(
-        BrierDecomposition, reading="classwise",
-        num_classes=p.shape[1] if p.dim() > 1 else 2)(p, t, **k),
+        BrierDecomposition, reading="classwise", num_classes=p.shape[1] if p.dim() > 1 else 2
+    )(p, t, **k),
     "NegativeLogLikelihood": _metric(NegativeLogLikelihood),
 }
 NAMES = sorted(MULTICLASS)
@@ -98,8 +102,12 @@ CASES = _cases()
 
 
 # NLL reads a float (N, C) target as class probabilities (tested below), so it is no bad input there
-_PAIRS = [(n, c) for n in NAMES for c in sorted(CASES)
-          if not (c.startswith("float one-hot") and _is_nll(n))]
+_PAIRS = [
+    (n, c)
+    for n in NAMES
+    for c in sorted(CASES)
+    if not (c.startswith("float one-hot") and _is_nll(n))
+]
 
 
 @pytest.mark.parametrize(("name", "case"), _PAIRS)
@@ -134,8 +142,16 @@ def test_single_sample(name):
         assert abs(float(out) - abs(float(p.max()) - hit)) <= 1e-12
 
 
-@pytest.mark.parametrize("name", ["calibration_error", "CalibrationError", "ReliabilityDiagram",
-                                  "negative_log_likelihood", "NegativeLogLikelihood"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "calibration_error",
+        "CalibrationError",
+        "ReliabilityDiagram",
+        "negative_log_likelihood",
+        "NegativeLogLikelihood",
+    ],
+)
 def test_extreme_logits_give_the_right_number(name):
     # 1e30-scaled logits: softmax is one-hot; confidence 1, NLL 0 or huge, never NaN
     x, y = _ok()
@@ -176,8 +192,9 @@ def _binary():
 
 
 @pytest.mark.parametrize("name", sorted(BINARY))
-@pytest.mark.parametrize("case", ["nan", "-inf", "(N,) preds, (N, 1) target", "label 2",
-                                  "probs outside", "empty"])
+@pytest.mark.parametrize(
+    "case", ["nan", "-inf", "(N,) preds, (N, 1) target", "label 2", "probs outside", "empty"]
+)
 def test_binary_bad_input_raises(name, case):
     z, y = _binary()
     kw: dict = {}

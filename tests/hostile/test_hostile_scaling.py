@@ -59,7 +59,12 @@ MULTI_CASES = [
     ("float-target", Z, Y.double(), "^target: expected integer class indices"),
     ("target-out-of-range", Z, _set(Y, 4, 3), r"^target: expected class indices in \[0, 2\]"),
     ("target-masked", _set(Z, (5, int(Y[5])), -INF), Y, r"^logits: the target class is masked"),
-    ("probs-as-logits", torch.softmax(Z, 1), Y, "Wlogits: every row is in \\[0, 1\\] and sums to 1"),
+    (
+        "probs-as-logits",
+        torch.softmax(Z, 1),
+        Y,
+        "Wlogits: every row is in \\[0, 1\\] and sums to 1",
+    ),
 ]
 BINARY_CASES = [
     ("nan", _set(S, 3, NAN), B, "^logits: expected finite"),
@@ -73,11 +78,12 @@ BINARY_CASES = [
 
 
 @pytest.mark.parametrize("kind", sorted(MULTI))
-@pytest.mark.parametrize("case, logits, target, expect", MULTI_CASES,
-                         ids=[c[0] for c in MULTI_CASES])
+@pytest.mark.parametrize(
+    "case, logits, target, expect", MULTI_CASES, ids=[c[0] for c in MULTI_CASES]
+)
 def test_multiclass_fit_hostile(kind, case, logits, target, expect):
     make, extra = MULTI[kind]
-    extra = tuple(e[:logits.shape[0]] for e in extra)
+    extra = tuple(e[: logits.shape[0]] for e in extra)
     if expect.startswith("W"):
         with pytest.warns(CalibrationWarning, match=expect[1:]):
             make().fit(logits, target, *extra)
@@ -87,11 +93,12 @@ def test_multiclass_fit_hostile(kind, case, logits, target, expect):
 
 
 @pytest.mark.parametrize("kind", sorted(BINARY))
-@pytest.mark.parametrize("case, logits, target, expect", BINARY_CASES,
-                         ids=[c[0] for c in BINARY_CASES])
+@pytest.mark.parametrize(
+    "case, logits, target, expect", BINARY_CASES, ids=[c[0] for c in BINARY_CASES]
+)
 def test_binary_fit_hostile(kind, case, logits, target, expect):
     make, extra = BINARY[kind]
-    extra = tuple(e[:logits.shape[0]] for e in extra)
+    extra = tuple(e[: logits.shape[0]] for e in extra)
     if case == "posinf" and kind == "isotonic":
         expect = "^logits: expected finite"
     with pytest.raises(ValueError, match=expect):
@@ -115,6 +122,7 @@ def test_unnormalised_probs_give_the_optimum_of_what_was_passed():
 
     def nll(t):
         return float(torch.nn.functional.cross_entropy(x / t, Y))
+
     t = res.temperature
     assert res.converged and nll(t) <= min(nll(t * 1.001), nll(t / 1.001))
 
@@ -178,9 +186,15 @@ FITTED = _fitted_all()
 
 
 @pytest.mark.parametrize("name", sorted(FITTED))
-@pytest.mark.parametrize("bad, expect", [
-    ("nan", "^logits: expected finite"), ("posinf", "^logits: expected finite"),
-    ("int", "^logits: expected a floating-point"), ("list", "^logits: expected a floating")])
+@pytest.mark.parametrize(
+    "bad, expect",
+    [
+        ("nan", "^logits: expected finite"),
+        ("posinf", "^logits: expected finite"),
+        ("int", "^logits: expected a floating-point"),
+        ("list", "^logits: expected a floating"),
+    ],
+)
 def test_forward_hostile(name, bad, expect):
     m, (x,), extra = FITTED[name]
     if bad == "nan":
@@ -206,8 +220,15 @@ def test_forward_neg_inf_masks_never_nan(name):
 @pytest.mark.parametrize("name", sorted(FITTED))
 def test_forward_before_fit_raises(name):
     m, (x,), extra = FITTED[name]
-    fresh = type(m)(**({"num_classes": 3} if isinstance(m, (VectorScaler, MatrixScaler)) else
-                       {"num_groups": 2} if isinstance(m, GroupTemperatureScaler) else {}))
+    fresh = type(m)(
+        **(
+            {"num_classes": 3}
+            if isinstance(m, (VectorScaler, MatrixScaler))
+            else {"num_groups": 2}
+            if isinstance(m, GroupTemperatureScaler)
+            else {}
+        )
+    )
     with pytest.raises(NotFittedError):
         fresh(x, *extra)
 
@@ -220,21 +241,30 @@ def test_load_nan_state_raises_naming_the_key(name):
     key = next(k for k, v in state.items() if v.is_floating_point() and v.numel())
     state[key] = torch.full_like(state[key], NAN)
     with pytest.raises(ValueError, match=f"^{key}: expected finite"):
-        type(m)(**({"num_classes": 3} if isinstance(m, (VectorScaler, MatrixScaler)) else
-                   {"num_groups": 2} if isinstance(m, GroupTemperatureScaler) else {})
-                ).load_state_dict(state)
+        type(m)(
+            **(
+                {"num_classes": 3}
+                if isinstance(m, (VectorScaler, MatrixScaler))
+                else {"num_groups": 2}
+                if isinstance(m, GroupTemperatureScaler)
+                else {}
+            )
+        ).load_state_dict(state)
 
 
 # ----------------------------------------------------------------------------- fit_stream
-@pytest.mark.parametrize("batches, expect", [
-    ([], "^batches: expected at least one"),
-    (iter([(Z, Y)]), "^batches: expected a re-iterable"),
-    ([(Z, Y), (S, B)], "^batches: every chunk must have the same kind"),
-    ([(Z,)], r"^batches: expected \(logits, target\) pairs"),
-    ([(_set(Z, (1, 1), NAN), Y)], "^logits: expected finite values or -inf masks"),
-    ([(Z, Y[:, None])], r"^target: expected shape \(40,\)"),
-    ([(Z, _set(Y, 0, 7))], r"^target: expected class indices in \[0, 2\]"),
-])
+@pytest.mark.parametrize(
+    "batches, expect",
+    [
+        ([], "^batches: expected at least one"),
+        (iter([(Z, Y)]), "^batches: expected a re-iterable"),
+        ([(Z, Y), (S, B)], "^batches: every chunk must have the same kind"),
+        ([(Z,)], r"^batches: expected \(logits, target\) pairs"),
+        ([(_set(Z, (1, 1), NAN), Y)], "^logits: expected finite values or -inf masks"),
+        ([(Z, Y[:, None])], r"^target: expected shape \(40,\)"),
+        ([(Z, _set(Y, 0, 7))], r"^target: expected class indices in \[0, 2\]"),
+    ],
+)
 def test_fit_stream_hostile(batches, expect):
     with pytest.raises(ValueError, match=expect):
         TemperatureScaler().fit_stream(batches)

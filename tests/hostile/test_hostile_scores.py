@@ -45,9 +45,20 @@ CLASS_FNS = {
     "MDCALoss": L.MDCALoss(),
 }
 # the rules that read a float (N, C) target as class probabilities (the others raise)
-SOFT_OK = {"log_score", "brier_score", "spherical_score", "ranked_probability_score", "mdca",
-           "confidence_penalty", "LogScoreLoss", "BrierLoss", "SphericalLoss", "RPSLoss",
-           "MDCALoss", "ConfidencePenaltyLoss"}
+SOFT_OK = {
+    "log_score",
+    "brier_score",
+    "spherical_score",
+    "ranked_probability_score",
+    "mdca",
+    "confidence_penalty",
+    "LogScoreLoss",
+    "BrierLoss",
+    "SphericalLoss",
+    "RPSLoss",
+    "MDCALoss",
+    "ConfidencePenaltyLoss",
+}
 
 _Z = torch.tensor([[2.0, 0.0, -1.0], [0.5, 1.5, 0.0], [0.0, 0.0, 3.0], [1.0, -2.0, 0.5]])
 _T = torch.tensor([0, 1, 2, 1])
@@ -56,8 +67,7 @@ CLASS_ERRORS = [
     # (case, logits, target, argument named by the error)
     ("nan logit", torch.tensor([[0.0, NAN, 1.0]] * 2), torch.tensor([0, 1]), "logits"),
     ("+inf logit", torch.tensor([[0.0, INF, 1.0]] * 2), torch.tensor([0, 1]), "logits"),
-    ("all -inf row", torch.tensor([[0.0, 1.0, 2.0], [-INF] * 3]), torch.tensor([0, 1]),
-     "logits"),
+    ("all -inf row", torch.tensor([[0.0, 1.0, 2.0], [-INF] * 3]), torch.tensor([0, 1]), "logits"),
     ("-inf true class", torch.tensor([[0.0, 1.0, -INF]]), torch.tensor([2]), "logits"),
     ("binary -inf", torch.tensor([0.0, -INF]), torch.tensor([0.0, 1.0]), "logits"),
     ("binary nan", torch.tensor([0.0, NAN]), torch.tensor([0.0, 1.0]), "logits"),
@@ -117,7 +127,7 @@ def _n1_reference(name: str, z: torch.Tensor, t: torch.Tensor) -> float:
     if base in ("ranked_probability_score", "rps"):
         return float(((p.cumsum(0) - e.cumsum(0))[:-1] ** 2).sum())
     if base in ("focal_loss", "focal"):
-        return -(1 - float(p[y])) ** 2 * math.log(p[y])
+        return -((1 - float(p[y])) ** 2) * math.log(p[y])
     if base in ("confidence_penalty", "confidencepenalty"):
         return float((p * p.log()).sum())
     if base in ("mdca",):
@@ -133,8 +143,9 @@ def _n1_reference(name: str, z: torch.Tensor, t: torch.Tensor) -> float:
 @pytest.mark.parametrize("name", list(CLASS_FNS))
 def test_a_single_item_gives_the_hand_worked_value(name):
     z, t = _Z[:1].double(), _T[:1]
-    assert CLASS_FNS[name](z, t).item() == pytest.approx(_n1_reference(name, z, t), rel=1e-9,
-                                                          abs=1e-12)
+    assert CLASS_FNS[name](z, t).item() == pytest.approx(
+        _n1_reference(name, z, t), rel=1e-9, abs=1e-12
+    )
 
 
 @pytest.mark.parametrize("name", list(CLASS_FNS))
@@ -142,8 +153,9 @@ def test_one_hot_float_target_is_class_probabilities_or_raises(name):
     z = _Z.double()
     one_hot = F.one_hot(_T, 3).double()
     if name in SOFT_OK:
-        torch.testing.assert_close(CLASS_FNS[name](z, one_hot), CLASS_FNS[name](z, _T),
-                                   rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(
+            CLASS_FNS[name](z, one_hot), CLASS_FNS[name](z, _T), rtol=1e-12, atol=1e-14
+        )
     else:
         with pytest.raises(ValueError, match="^target:"):
             CLASS_FNS[name](z, one_hot)
@@ -158,14 +170,23 @@ def test_binary_head_n_by_1_is_binary(name):
     torch.testing.assert_close(CLASS_FNS[name](z[:, None], y[:, None]), ref, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", [n for n in CLASS_FNS if n in SOFT_OK and "Loss" not in n
-                                  and n not in ("mdca", "confidence_penalty")])
+@pytest.mark.parametrize(
+    "name",
+    [
+        n
+        for n in CLASS_FNS
+        if n in SOFT_OK and "Loss" not in n and n not in ("mdca", "confidence_penalty")
+    ],
+)
 def test_probabilities_passed_as_logits_are_scored_as_logits(name):
     # the API takes logits: softmax(probs) is the forecast, exactly (no guess from values)
     probs = torch.softmax(_Z.double(), 1)
-    torch.testing.assert_close(CLASS_FNS[name](probs, _T, reduction="none"),
-                               CLASS_FNS[name](torch.log(torch.softmax(probs, 1)), _T,
-                                               reduction="none"), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(
+        CLASS_FNS[name](probs, _T, reduction="none"),
+        CLASS_FNS[name](torch.log(torch.softmax(probs, 1)), _T, reduction="none"),
+        rtol=1e-12,
+        atol=1e-14,
+    )
     if name == "log_score":
         torch.testing.assert_close(TF.log_score(probs, _T), F.cross_entropy(probs, _T))
 
@@ -201,7 +222,8 @@ CONT_FNS = {
     "crps_ensemble": lambda a=_ENS, b=None, y=_Y: TF.crps_ensemble(a, y),
     "quantile_score": lambda a=_PRED, b=None, y=_Y: TF.quantile_score(a, y, _QS),
     "energy_score": lambda a=_ENS, b=None, y=_Y: TF.energy_score(
-        a[..., None].expand(*a.shape, 2), y[..., None].expand(*y.shape, 2)),
+        a[..., None].expand(*a.shape, 2), y[..., None].expand(*y.shape, 2)
+    ),
     "CRPSLoss": lambda a=_V, b=_S, y=_Y: L.CRPSLoss("normal")(a, b, y),
     "CRPSLoss_ensemble": lambda a=_ENS, b=None, y=_Y: L.CRPSLoss("ensemble")(a, y),
     "DawidSebastianiLoss": lambda a=_V, b=_S, y=_Y: L.DawidSebastianiLoss()(a, b, y),
@@ -209,10 +231,19 @@ CONT_FNS = {
     "IntervalScoreLoss": lambda a=_V, b=_S, y=_Y: L.IntervalScoreLoss(0.2)(a - b, a + b, y),
     "QuantileLoss": lambda a=_PRED, b=None, y=_Y: L.QuantileLoss(_QS)(a, y),
     "EnergyScoreLoss": lambda a=_ENS, b=None, y=_Y: L.EnergyScoreLoss()(
-        a[..., None].expand(*a.shape, 2), y[..., None].expand(*y.shape, 2)),
+        a[..., None].expand(*a.shape, 2), y[..., None].expand(*y.shape, 2)
+    ),
 }
-_HAS_SCALE = {"crps_normal", "crps_laplace", "crps_logistic", "dawid_sebastiani_score",
-              "gaussian_nll", "CRPSLoss", "DawidSebastianiLoss", "GaussianNLLLoss"}
+_HAS_SCALE = {
+    "crps_normal",
+    "crps_laplace",
+    "crps_logistic",
+    "dawid_sebastiani_score",
+    "gaussian_nll",
+    "CRPSLoss",
+    "DawidSebastianiLoss",
+    "GaussianNLLLoss",
+}
 _SCALE_NAME = {"gaussian_nll": "spread", "GaussianNLLLoss": "spread"}
 
 
@@ -233,9 +264,21 @@ def _with(value: float, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", list(CONT_FNS))
-@pytest.mark.parametrize("case", ["nan-target", "inf-target", "-inf-target", "nan-forecast",
-                                  "inf-forecast", "(N,1)-target", "(1,N)-forecast", "short",
-                                  "int-target", "empty"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "nan-target",
+        "inf-target",
+        "-inf-target",
+        "nan-forecast",
+        "inf-forecast",
+        "(N,1)-target",
+        "(1,N)-forecast",
+        "short",
+        "int-target",
+        "empty",
+    ],
+)
 def test_continuous_bad_input_names_the_argument(name, case):
     fn = CONT_FNS[name]
     a = _ENS if _first_arg(name) == "samples" else (_PRED if _first_arg(name) == "pred" else _V)
@@ -272,17 +315,21 @@ def test_single_item_and_extreme_values_give_the_closed_form():
     from scipy.stats import norm
 
     # N = 1 against scipy; extreme offsets / tiny scales stay finite and exact enough
-    loc, sc, y = torch.tensor([0.3], dtype=torch.float64), torch.tensor([0.7],
-                                                                         dtype=torch.float64), \
-        torch.tensor([1.1], dtype=torch.float64)
+    loc, sc, y = (
+        torch.tensor([0.3], dtype=torch.float64),
+        torch.tensor([0.7], dtype=torch.float64),
+        torch.tensor([1.1], dtype=torch.float64),
+    )
     z = (1.1 - 0.3) / 0.7
     ref = 0.7 * (z * (2 * norm.cdf(z) - 1) + 2 * norm.pdf(z) - 1 / math.sqrt(math.pi))
     assert TF.crps_normal(loc, sc, y).item() == pytest.approx(ref, rel=1e-12)
-    assert TF.gaussian_nll(loc, sc, y).item() == pytest.approx(-norm.logpdf(1.1, 0.3, 0.7),
-                                                               rel=1e-12)
+    assert TF.gaussian_nll(loc, sc, y).item() == pytest.approx(
+        -norm.logpdf(1.1, 0.3, 0.7), rel=1e-12
+    )
     # tiny scale: CRPS -> |y - mu|; huge offsets in float32: ensemble CRPS is shift invariant
     tiny = TF.crps_normal(loc, torch.tensor([1e-30], dtype=torch.float64), y)
     assert tiny.item() == pytest.approx(0.8, rel=1e-12)
     ens = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
     assert TF.crps_ensemble(ens + 1e4, torch.tensor([1e4 + 1.5])).item() == pytest.approx(
-        TF.crps_ensemble(ens, torch.tensor([1.5])).item(), abs=1e-3)
+        TF.crps_ensemble(ens, torch.tensor([1.5])).item(), abs=1e-3
+    )

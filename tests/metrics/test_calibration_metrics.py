@@ -43,16 +43,21 @@ def assert_same_states(a, b, names, tol=1e-12):
             assert torch.allclose(x, y, rtol=tol, atol=tol), name
 
 
-@pytest.mark.parametrize("factory,extra", [
-    (lambda: CalibrationError(n_bins=15), STATE_NAMES),
-    (lambda: CalibrationError(n_bins=10, estimator="equal_mass"),
-     STATE_NAMES + ("fine_count", "fine_sum_conf", "fine_sum_acc")),
-    (lambda: CalibrationError(reading="top_label", num_classes=5, num_groups=3), STATE_NAMES),
-    (lambda: ClasswiseCalibrationError(num_classes=5, num_groups=3), STATE_NAMES),
-    (lambda: ReliabilityDiagram(num_groups=3), STATE_NAMES),
-    (lambda: BrierDecomposition(reading="classwise", num_classes=5), STATE_NAMES),
-    (lambda: NegativeLogLikelihood(num_groups=3), ("nll_sum", "count")),
-])
+@pytest.mark.parametrize(
+    "factory,extra",
+    [
+        (lambda: CalibrationError(n_bins=15), STATE_NAMES),
+        (
+            lambda: CalibrationError(n_bins=10, estimator="equal_mass"),
+            STATE_NAMES + ("fine_count", "fine_sum_conf", "fine_sum_acc"),
+        ),
+        (lambda: CalibrationError(reading="top_label", num_classes=5, num_groups=3), STATE_NAMES),
+        (lambda: ClasswiseCalibrationError(num_classes=5, num_groups=3), STATE_NAMES),
+        (lambda: ReliabilityDiagram(num_groups=3), STATE_NAMES),
+        (lambda: BrierDecomposition(reading="classwise", num_classes=5), STATE_NAMES),
+        (lambda: NegativeLogLikelihood(num_groups=3), ("nll_sum", "count")),
+    ],
+)
 def test_streaming_100_updates_equal_one_update(factory, extra):
     logits, target, groups = data()
     one, many = factory(), factory()
@@ -76,9 +81,17 @@ def test_streaming_100_updates_equal_one_update(factory, extra):
 
 def test_metrics_equal_functional_twins():
     logits, target, groups = data(20_000)
-    for kw in ({}, {"norm": "l2"}, {"norm": "max"}, {"estimator": "debiased", "norm": "l2"},
-               {"estimator": "equal_mass"}, {"estimator": "sweep"}, {"estimator": "smooth"},
-               {"estimator": "smooth", "exact": True}, {"estimator": "equal_mass", "exact": True}):
+    for kw in (
+        {},
+        {"norm": "l2"},
+        {"norm": "max"},
+        {"estimator": "debiased", "norm": "l2"},
+        {"estimator": "equal_mass"},
+        {"estimator": "sweep"},
+        {"estimator": "smooth"},
+        {"estimator": "smooth", "exact": True},
+        {"estimator": "equal_mass", "exact": True},
+    ):
         m = CalibrationError(**kw)
         for x, y in zip(logits.split(7000), target.split(7000)):
             m.update(x, y)
@@ -130,8 +143,10 @@ def test_exact_keeps_samples_only_for_the_estimators_that_need_them():
     assert abs(float(binned.compute()) - float(calibration_error(logits, target))) <= 1e-15
     top = CalibrationError(reading="top_label", num_classes=5, exact=True)
     top.update(logits, target)  # used to raise: samples are kept for one slot only
-    assert abs(float(top.compute()) - float(calibration_error(logits, target,
-                                                              reading="top_label"))) <= 1e-15
+    assert (
+        abs(float(top.compute()) - float(calibration_error(logits, target, reading="top_label")))
+        <= 1e-15
+    )
     smooth = CalibrationError(estimator="smooth", exact=True)
     smooth.update(logits, target)
     assert sum(t.numel() for t in smooth.sample_conf) == 500
@@ -156,8 +171,10 @@ def test_grouped_compute_results():
     assert res.per_group.shape == (4,) and math.isnan(float(res.per_group[3]))
     for g in range(3):
         sel = groups == g
-        assert abs(float(res.per_group[g]) - float(calibration_error(logits[sel], target[sel]))) \
+        assert (
+            abs(float(res.per_group[g]) - float(calibration_error(logits[sel], target[sel])))
             <= 1e-15
+        )
     assert res.worst_group() in (0, 1, 2)
     rd = ReliabilityDiagram(num_groups=4)
     rd.update(logits, target, groups)
@@ -170,8 +187,10 @@ def test_grouped_compute_results():
     nll.update(logits, target, groups)
     r = nll.compute()
     sel = groups == 2
-    assert abs(float(r.per_group[2]) - float(C.negative_log_likelihood(logits[sel],
-                                                                       target[sel]))) <= 1e-12
+    assert (
+        abs(float(r.per_group[2]) - float(C.negative_log_likelihood(logits[sel], target[sel])))
+        <= 1e-12
+    )
 
 
 def test_bootstrap_interval_metric():
@@ -223,8 +242,11 @@ def test_metric_errors():
     m = CalibrationError()
     bad = logits.clone()
     bad[3, 1] = float("nan")
-    with pytest.raises(ValueError, match=r"preds: expected finite values, found NaN or \+Inf at "
-                                         r"position \(3, 1\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"preds: expected finite values, found NaN or \+Inf at "
+        r"position \(3, 1\)",
+    ):
         m.update(bad, target)
     with pytest.raises(ValueError, match="target: expected class indices"):
         m.update(logits, target + 5)
@@ -252,8 +274,10 @@ def test_plots():
     bd = BrierDecomposition(reading="confidence")
     bd.update(logits, target)
     bd.plot()
-    for m in (NegativeLogLikelihood(num_groups=3), ClasswiseCalibrationError(num_classes=5,
-                                                                              num_groups=3)):
+    for m in (
+        NegativeLogLikelihood(num_groups=3),
+        ClasswiseCalibrationError(num_classes=5, num_groups=3),
+    ):
         m.update(logits, target, torch.arange(2000) % 3)
         fig, ax = m.plot()  # the pooled value of the GroupedResult
         assert ax.figure is fig

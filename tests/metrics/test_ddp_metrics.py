@@ -57,8 +57,11 @@ def _run(metrics, logits, target, groups):
         res = m.compute()
         m.sync(should_sync=dist.is_available() and dist.is_initialized())
         states = {k: getattr(m, k) for k in m._defaults}
-        states = {k: (torch.cat(v) if isinstance(v, list) else v).clone()
-                  for k, v in states.items() if not (isinstance(v, list) and len(v) == 0)}
+        states = {
+            k: (torch.cat(v) if isinstance(v, list) else v).clone()
+            for k, v in states.items()
+            if not (isinstance(v, list) and len(v) == 0)
+        }
         if dist.is_available() and dist.is_initialized():
             m.unsync()
         out[name] = {"states": states, "result": res}

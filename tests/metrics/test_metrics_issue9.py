@@ -31,21 +31,31 @@ def _data(n=2000, c=5, seed=0, dtype=torch.float64):
 
 
 # ------------------------------------------------------------------ merge_state / config
-@pytest.mark.parametrize("a,b", [
-    (lambda: CalibrationError(n_bins=15), lambda: CalibrationError(n_bins=10)),
-    (lambda: CalibrationError(reading="binary"), lambda: CalibrationError()),
-    (lambda: CalibrationError(input="probs"), lambda: CalibrationError()),
-    (lambda: CalibrationError(norm="l2"), lambda: CalibrationError()),
-    (lambda: CalibrationError(estimator="sweep"), lambda: CalibrationError(estimator="smooth")),
-    (lambda: CalibrationError(num_groups=2), lambda: CalibrationError(num_groups=3)),
-    (lambda: CalibrationError(reading="top_label", num_classes=5),
-     lambda: CalibrationError(reading="classwise", num_classes=5)),
-    (lambda: ClasswiseCalibrationError(5, norm="l1"), lambda: ClasswiseCalibrationError(5, norm="max")),
-    (lambda: ReliabilityDiagram(interval="wilson"),
-     lambda: ReliabilityDiagram(interval="clopper_pearson")),
-    (lambda: NegativeLogLikelihood(), lambda: NegativeLogLikelihood(input="probs")),
-    (lambda: BrierDecomposition(), lambda: CalibrationError()),
-])
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        (lambda: CalibrationError(n_bins=15), lambda: CalibrationError(n_bins=10)),
+        (lambda: CalibrationError(reading="binary"), lambda: CalibrationError()),
+        (lambda: CalibrationError(input="probs"), lambda: CalibrationError()),
+        (lambda: CalibrationError(norm="l2"), lambda: CalibrationError()),
+        (lambda: CalibrationError(estimator="sweep"), lambda: CalibrationError(estimator="smooth")),
+        (lambda: CalibrationError(num_groups=2), lambda: CalibrationError(num_groups=3)),
+        (
+            lambda: CalibrationError(reading="top_label", num_classes=5),
+            lambda: CalibrationError(reading="classwise", num_classes=5),
+        ),
+        (
+            lambda: ClasswiseCalibrationError(5, norm="l1"),
+            lambda: ClasswiseCalibrationError(5, norm="max"),
+        ),
+        (
+            lambda: ReliabilityDiagram(interval="wilson"),
+            lambda: ReliabilityDiagram(interval="clopper_pearson"),
+        ),
+        (lambda: NegativeLogLikelihood(), lambda: NegativeLogLikelihood(input="probs")),
+        (lambda: BrierDecomposition(), lambda: CalibrationError()),
+    ],
+)
 def test_merge_state_rejects_other_configurations(a, b):
     m, o = a(), b()
     with pytest.raises(ValueError, match="^other"):
@@ -75,12 +85,17 @@ def test_merge_state_dict_checks_shapes_and_dtypes():
 
 
 # ------------------------------------------------------------------ probabilities as logits
-@pytest.mark.parametrize("factory", [
-    lambda: CalibrationError(), lambda: CalibrationError(reading="top_label", num_classes=5),
-    lambda: ClasswiseCalibrationError(5), lambda: ReliabilityDiagram(),
-    lambda: BrierDecomposition(reading="classwise", num_classes=5),
-    lambda: NegativeLogLikelihood(),
-])
+@pytest.mark.parametrize(
+    "factory",
+    [
+        lambda: CalibrationError(),
+        lambda: CalibrationError(reading="top_label", num_classes=5),
+        lambda: ClasswiseCalibrationError(5),
+        lambda: ReliabilityDiagram(),
+        lambda: BrierDecomposition(reading="classwise", num_classes=5),
+        lambda: NegativeLogLikelihood(),
+    ],
+)
 def test_probs_passed_as_logits_warn_once(factory):
     x, y = _data()
     p = x.softmax(1)
@@ -129,9 +144,11 @@ def test_probs_rows_must_sum_to_one(dtype, tol):
     calibration_error(p_ok, y, input="probs")  # inside the stated tolerance
     p_bad = p.clone()
     p_bad[3] = p_bad[3] * (1 + 3 * tol)
-    for fn in (lambda q: calibration_error(q, y, input="probs"),
-               lambda q: CalibrationError(input="probs").update(q, y),
-               lambda q: negative_log_likelihood(q, y, input="probs")):
+    for fn in (
+        lambda q: calibration_error(q, y, input="probs"),
+        lambda q: CalibrationError(input="probs").update(q, y),
+        lambda q: negative_log_likelihood(q, y, input="probs"),
+    ):
         with pytest.raises(ValueError, match="^preds: expected probabilities whose sum"):
             fn(p_bad)
     # the case: independent sigmoids per class are not a distribution
@@ -141,9 +158,15 @@ def test_probs_rows_must_sum_to_one(dtype, tol):
 
 # ------------------------------------------------------------------ dtype conversions
 def _factories():
-    return [CalibrationError(), CalibrationError(estimator="smooth", exact=True),
-            CalibrationError(bootstrap=4), ClasswiseCalibrationError(5), ReliabilityDiagram(),
-            BrierDecomposition(), NegativeLogLikelihood(num_groups=2)]
+    return [
+        CalibrationError(),
+        CalibrationError(estimator="smooth", exact=True),
+        CalibrationError(bootstrap=4),
+        ClasswiseCalibrationError(5),
+        ReliabilityDiagram(),
+        BrierDecomposition(),
+        NegativeLogLikelihood(num_groups=2),
+    ]
 
 
 def _dtypes(m):
@@ -154,13 +177,20 @@ def _dtypes(m):
     return out
 
 
-@pytest.mark.parametrize("convert", [
-    lambda m: m.to(torch.bfloat16), lambda m: m.to(torch.float16), lambda m: m.half(),
-    lambda m: m.bfloat16(), lambda m: m.type(torch.float16), lambda m: m.float(),
-    lambda m: m.set_dtype(torch.bfloat16),
-    lambda m: torch.nn.ModuleDict({"m": m}).to(torch.bfloat16)["m"],
-    lambda m: torch.nn.ModuleDict({"m": m}).half()["m"],
-])
+@pytest.mark.parametrize(
+    "convert",
+    [
+        lambda m: m.to(torch.bfloat16),
+        lambda m: m.to(torch.float16),
+        lambda m: m.half(),
+        lambda m: m.bfloat16(),
+        lambda m: m.type(torch.float16),
+        lambda m: m.float(),
+        lambda m: m.set_dtype(torch.bfloat16),
+        lambda m: torch.nn.ModuleDict({"m": m}).to(torch.bfloat16)["m"],
+        lambda m: torch.nn.ModuleDict({"m": m}).half()["m"],
+    ],
+)
 def test_states_stay_float64_under_dtype_conversions(convert):
     x, y = _data(50, 5)
     for m in _factories():
@@ -201,8 +231,9 @@ def test_lightning_bf16_true_keeps_float64_state():
 def test_nll_all_neg_inf_row_raises():
     x = torch.tensor([[0.0, -float("inf")], [-float("inf"), -float("inf")]])
     y = torch.tensor([0, 1])
-    with pytest.raises(ValueError, match="^preds: expected at least one finite score per row, "
-                                         "row 1"):
+    with pytest.raises(
+        ValueError, match="^preds: expected at least one finite score per row, row 1"
+    ):
         negative_log_likelihood(x, y)
     with pytest.raises(ValueError, match="^preds"):
         NegativeLogLikelihood().update(x, y)
@@ -248,14 +279,16 @@ def test_nll_ignore_index_and_binary_head():
 def test_bootstrap_small_n_never_nan_and_too_small_raises():
     for n in (2, 3, 5):
         p = torch.linspace(0.1, 0.9, n, dtype=torch.float64)
-        y = (torch.arange(n) % 2)
+        y = torch.arange(n) % 2
         for seed in range(20):
-            ece, lo, hi = C.calibration_error_bootstrap(p, y, reading="binary", input="probs",
-                                                        replicates=20, seed=seed)
+            ece, lo, hi = C.calibration_error_bootstrap(
+                p, y, reading="binary", input="probs", replicates=20, seed=seed
+            )
             assert torch.isfinite(lo) and torch.isfinite(hi) and lo <= hi
     with pytest.raises(ValueError, match="^preds: a bootstrap interval needs at least 2"):
-        C.calibration_error_bootstrap(torch.tensor([0.3]), torch.tensor([1]), reading="binary",
-                                      input="probs")
+        C.calibration_error_bootstrap(
+            torch.tensor([0.3]), torch.tensor([1]), reading="binary", input="probs"
+        )
     m = CalibrationError(reading="binary", input="probs", bootstrap=10)
     m.update(torch.tensor([0.3]), torch.tensor([1]))
     with pytest.raises(ValueError, match="^preds: a bootstrap interval"):
@@ -317,8 +350,7 @@ def _np_binary_sq(p, hit, B):
 def test_classwise_l2_metric_is_root_mean_square_over_classes():
     x, y = _data(3000, 4, seed=3)
     p = x.softmax(1).numpy()
-    per = np.array([_np_binary_sq(p[:, k], (y.numpy() == k).astype(float), 15)
-                    for k in range(4)])
+    per = np.array([_np_binary_sq(p[:, k], (y.numpy() == k).astype(float), 15) for k in range(4)])
     ref = np.sqrt(per.mean())  # verified_calibration: mean_k ce_k^2, then the root
     m = ClasswiseCalibrationError(4, norm="l2")
     m.update(x, y)
@@ -327,7 +359,7 @@ def test_classwise_l2_metric_is_root_mean_square_over_classes():
     deb = ClasswiseCalibrationError(4, norm="l2", estimator="debiased")
     deb.update(x, y)
     per_deb = deb.compute_per_class().numpy()
-    assert abs(float(deb.compute()) - np.sqrt(np.mean(per_deb ** 2))) <= 1e-12
+    assert abs(float(deb.compute()) - np.sqrt(np.mean(per_deb**2))) <= 1e-12
 
 
 # ------------------------------------------------------------------ (B, 1) and ignore_index
@@ -354,10 +386,12 @@ def test_ignore_index_equals_dropping_the_rows(reading):
     y_ign[::4] = 255
     keep = y_ign != 255
     kw = {"num_classes": 4} if reading in ("top_label", "classwise") else {}
-    got = calibration_error(x, y_ign, reading=reading, ignore_index=255, groups=groups,
-                            num_groups=3, **kw)
-    ref = calibration_error(x[keep], y[keep], reading=reading, groups=groups[keep],
-                            num_groups=3, **kw)
+    got = calibration_error(
+        x, y_ign, reading=reading, ignore_index=255, groups=groups, num_groups=3, **kw
+    )
+    ref = calibration_error(
+        x[keep], y[keep], reading=reading, groups=groups[keep], num_groups=3, **kw
+    )
     assert float(got.pooled) == float(ref.pooled)
     assert torch.equal(got.counts, ref.counts)
     m = CalibrationError(reading=reading, ignore_index=255, **kw)

@@ -86,20 +86,25 @@ def _coarse(x):
     return torch.trunc(x * 4) / 4 + 0.125 * torch.sign(x)
 
 
-@pytest.mark.parametrize(("audit", "damage", "fails"), [
-    ("tail", _swap_two_below_top, {"no_strict_inversion"}),
-    ("triple", _swap_two_below_top, {"no_strict_inversion"}),
-    ("tail", _swap_top_two, {"no_strict_inversion", "top1_kept"}),
-    ("triple", _swap_top_two, {"no_strict_inversion", "top1_kept", "decisions_unchanged"}),
-    ("tail", _lift_last_mask, {"ties_kept"}),
-    ("triple", _shift_down, {"decisions_unchanged"}),
-    ("tail", _coarse, {"created_ties_within_bound"}),
-    ("triple", _coarse, {"created_ties_within_bound"}),
-])
+@pytest.mark.parametrize(
+    ("audit", "damage", "fails"),
+    [
+        ("tail", _swap_two_below_top, {"no_strict_inversion"}),
+        ("triple", _swap_two_below_top, {"no_strict_inversion"}),
+        ("tail", _swap_top_two, {"no_strict_inversion", "top1_kept"}),
+        ("triple", _swap_top_two, {"no_strict_inversion", "top1_kept", "decisions_unchanged"}),
+        ("tail", _lift_last_mask, {"ties_kept"}),
+        ("triple", _shift_down, {"decisions_unchanged"}),
+        ("tail", _coarse, {"created_ties_within_bound"}),
+        ("triple", _coarse, {"created_ties_within_bound"}),
+    ],
+)
 def test_each_invariant_catches_its_damage(world, monkeypatch, audit, damage, fails):
     data, model = world
-    run = {"tail": lambda: tail_audit(model, data, seed=1),
-           "triple": lambda: triple_audit(model, data, k=4, seed=1)}[audit]
+    run = {
+        "tail": lambda: tail_audit(model, data, seed=1),
+        "triple": lambda: triple_audit(model, data, k=4, seed=1),
+    }[audit]
     good = run()
     assert good.invariants_ok and good.summary["invariants_ok"] is True
     monkeypatch.setattr(audit_mod, "TemperatureScaler", lambda: _Scaler(damage))
@@ -117,10 +122,16 @@ def test_each_invariant_catches_its_damage(world, monkeypatch, audit, damage, fa
 
 def test_invariant_names():
     # the report and the CLI's error name these; the triple audit adds the decision at 0
-    names = audit_mod.named_invariants(TF.check_monotone_map(torch.ones(2), torch.ones(2)),
-                                  decisions=True)
-    assert set(names) == {"no_strict_inversion", "ties_kept", "top1_kept",
-                          "decisions_unchanged", "created_ties_within_bound"}
+    names = audit_mod.named_invariants(
+        TF.check_monotone_map(torch.ones(2), torch.ones(2)), decisions=True
+    )
+    assert set(names) == {
+        "no_strict_inversion",
+        "ties_kept",
+        "top1_kept",
+        "decisions_unchanged",
+        "created_ties_within_bound",
+    }
 
 
 def test_one_ulp_near_ties_merged_by_t_pass_and_are_counted(world, monkeypatch):
@@ -193,8 +204,15 @@ def test_tail_audit_confidence_reading_and_true_labels_match_brute_force(world):
     conf_t = torch.tensor(conf, dtype=torch.float64)
 
     def ece(y):
-        return float(TF.calibration_error(conf_t, torch.tensor(y, dtype=torch.float64),
-                                          n_bins=n_bins, reading="binary", input="probs"))
+        return float(
+            TF.calibration_error(
+                conf_t,
+                torch.tensor(y, dtype=torch.float64),
+                n_bins=n_bins,
+                reading="binary",
+                input="probs",
+            )
+        )
 
     s = a.summary
     assert s["n_evaluation"] == len(conf)
@@ -213,12 +231,18 @@ def test_triple_audit_true_labels_and_base_rate_column(world):
     ev = ~items.cal
     truth = set(map(tuple, with_reciprocals(data.truth(), R).tolist()))
     h, r, cand = items.head[ev], items.relation[ev], items.tails[ev]
-    y_true = torch.tensor([[float((hh, rr, e) in truth) for e in row] for hh, rr, row in
-                           zip(h.tolist(), r.tolist(), cand.tolist())], dtype=torch.float64)
+    y_true = torch.tensor(
+        [
+            [float((hh, rr, e) in truth) for e in row]
+            for hh, rr, row in zip(h.tolist(), r.tolist(), cand.tolist())
+        ],
+        dtype=torch.float64,
+    )
     with torch.no_grad():
         p = torch.sigmoid(model.score(h, r, cand, dtype=torch.float64))
-    ref = TF.calibration_error(p.reshape(-1), y_true.reshape(-1), n_bins=n_bins,
-                               reading="binary", input="probs")
+    ref = TF.calibration_error(
+        p.reshape(-1), y_true.reshape(-1), n_bins=n_bins, reading="binary", input="probs"
+    )
     s = a.summary
     assert s["ece_true_before"] == pytest.approx(float(ref), abs=1e-12)
     assert s["hidden_true_corruptions"] > 0

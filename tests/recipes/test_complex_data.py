@@ -119,4 +119,4 @@ def test_pykeen_datasets_read_from_package():
     data = load_dataset("umls")
     assert (data.num_entities, data.num_relations) == (135, 46)
     assert (len(data.train), len(data.valid), len(data.test)) == (5216, 652, 661)
-    assert torch.equal(data.known()[:len(data.train)], data.train)
+    assert torch.equal(data.known()[: len(data.train)], data.train)

@@ -13,17 +13,60 @@ from recipes.complex_link_prediction import audit as audit_mod
 from recipes.complex_link_prediction.cli import build_parser, main
 from recipes.complex_link_prediction.report import TIMING_KEYS
 
-TINY = ["--data.dataset", "family", "--data.num_families", "3", "--data.generations", "4",
-        "--data.batch_size", "400", "--model.rank", "16", "--trainer.max_epochs", "3",
-        "--trainer.enable_progress_bar", "false", "--audit.k", "5", "--seed", "7",
-        "--data.hide", "0.1"]
+TINY = [
+    "--data.dataset",
+    "family",
+    "--data.num_families",
+    "3",
+    "--data.generations",
+    "4",
+    "--data.batch_size",
+    "400",
+    "--model.rank",
+    "16",
+    "--trainer.max_epochs",
+    "3",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--audit.k",
+    "5",
+    "--seed",
+    "7",
+    "--data.hide",
+    "0.1",
+]
 
-TOP_KEYS = {"dataset", "seed", "mode", "mrr", "hits@1", "hits@3", "hits@10", "train_seconds",
-            "epoch_seconds", "invariants_ok", "audits"}
-AUDIT_KEYS = {"temperature", "ece_before", "ece_after", "nll_before", "nll_after",
-              "invariants_ok", "n_calibration", "n_evaluation"}
-TRIPLE_KEYS = AUDIT_KEYS | {"base_rate", "auc_before", "auc_after", "acc_before", "acc_after",
-                            "ece_platt"}
+TOP_KEYS = {
+    "dataset",
+    "seed",
+    "mode",
+    "mrr",
+    "hits@1",
+    "hits@3",
+    "hits@10",
+    "train_seconds",
+    "epoch_seconds",
+    "invariants_ok",
+    "audits",
+}
+AUDIT_KEYS = {
+    "temperature",
+    "ece_before",
+    "ece_after",
+    "nll_before",
+    "nll_after",
+    "invariants_ok",
+    "n_calibration",
+    "n_evaluation",
+}
+TRIPLE_KEYS = AUDIT_KEYS | {
+    "base_rate",
+    "auc_before",
+    "auc_after",
+    "acc_before",
+    "acc_after",
+    "ece_platt",
+}
 TAIL_KEYS = AUDIT_KEYS | {"hits1_before", "hits1_after"}
 
 
@@ -44,8 +87,11 @@ def test_tiny_family_end_to_end(tmp_path, monkeypatch, capsys):
     triple_line = next(ln for ln in out.splitlines() if ln.startswith("audit triple:"))
     assert "invariants ok (" in tail_line and "created by / T" in tail_line
     assert "invariants ok (" in triple_line
-    assert "T cannot fix a 1-N model here" in triple_line and "cannot move an offset" in \
-        triple_line and "base rate 0.1667" in triple_line
+    assert (
+        "T cannot fix a 1-N model here" in triple_line
+        and "cannot move an offset" in triple_line
+        and "base rate 0.1667" in triple_line
+    )
     assert "T cannot fix" not in tail_line
     assert TOP_KEYS <= set(rep)
     assert TAIL_KEYS <= set(rep["audits"]["tail"])
@@ -64,22 +110,31 @@ def test_tiny_family_end_to_end(tmp_path, monkeypatch, capsys):
     # half is reported as measured
     for name in ("tail", "triple"):
         assert rep["audits"][name]["temperature"] > 0
-    for f in ("report.txt", "report.md", "reliability_tail_before.png",
-              "reliability_tail_after.png", "reliability_triple_before.png",
-              "reliability_triple_after.png"):
+    for f in (
+        "report.txt",
+        "report.md",
+        "reliability_tail_before.png",
+        "reliability_tail_after.png",
+        "reliability_triple_before.png",
+        "reliability_triple_after.png",
+    ):
         assert (a / f).stat().st_size > 0
     text = (a / "report.txt").read_text()
     assert "exact invariants under T" in text
     # the triple audit: base rate beside every metric, and why T cannot fix a 1-N model
-    header = next(ln for ln in text.split("Audit 'triple'")[1].splitlines()
-                  if ln.startswith("metric"))
+    header = next(
+        ln for ln in text.split("Audit 'triple'")[1].splitlines() if ln.startswith("metric")
+    )
     assert header.split()[-3:] == ["base", "rate", "0.1667"]
     assert "Why one temperature cannot calibrate these triples" in text
     assert "reliability table: reading=confidence" in text  # the tail audit's table
     # the calibration monitor logged a reliability table every validation epoch
     csv = next(a.glob("logs/*/reliability.csv")).read_text().splitlines()
     assert csv[0].startswith("epoch,step,bin") and {ln.split(",")[0] for ln in csv[1:]} == {
-        "0", "1", "2"}
+        "0",
+        "1",
+        "2",
+    }
 
     # filtering the hidden true tails too can only raise the ranks' reciprocals; here it does
     for key in ("mrr", "hits@1", "hits@3", "hits@10"):
@@ -96,7 +151,8 @@ def test_tiny_family_end_to_end(tmp_path, monkeypatch, capsys):
         text_a, text_b = ((d / name).read_bytes().splitlines() for d in (a, b))
         assert len(text_a) == len(text_b)
         assert [ln for ln in text_a if not ln.decode().startswith(timing)] == [
-            ln for ln in text_b if not ln.decode().startswith(timing)], name
+            ln for ln in text_b if not ln.decode().startswith(timing)
+        ], name
 
     # the counts behind the invariants are in the report, per audit
     for name in ("tail", "triple"):
@@ -117,8 +173,10 @@ def test_tiny_family_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(audit_mod, "TemperatureScaler", Reorders)
     c = tmp_path / "c"
     capsys.readouterr()
-    assert main(TINY + ["--output_dir", str(c), "--audit.plots", "false",
-                        "--trainer.max_epochs", "1"]) == 1
+    assert (
+        main(TINY + ["--output_dir", str(c), "--audit.plots", "false", "--trainer.max_epochs", "1"])
+        == 1
+    )
     assert json.loads((c / "report.json").read_text())["invariants_ok"] is False
     err = capsys.readouterr().err
     assert "invariant(s) failed: tail.no_strict_inversion" in err
@@ -128,8 +186,20 @@ def test_bad_tsv_is_a_clear_error(tmp_path, capsys):
     bad, ok = tmp_path / "train.tsv", tmp_path / "ok.tsv"
     bad.write_text("a\tr\tb\nb r c\n")
     ok.write_text("a\tr\tb\n")
-    rc = main(["--data.dataset", "tsv", "--data.train", str(bad), "--data.valid", str(ok),
-               "--data.test", str(ok), "--output_dir", str(tmp_path / "out")])
+    rc = main(
+        [
+            "--data.dataset",
+            "tsv",
+            "--data.train",
+            str(bad),
+            "--data.valid",
+            str(ok),
+            "--data.test",
+            str(ok),
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    )
     assert rc == 2
     assert f"{bad}:2: expected 'head<TAB>relation<TAB>tail'" in capsys.readouterr().err
 
@@ -139,12 +209,35 @@ def test_every_option_overrides_the_config(capsys):
     parser = build_parser()
     for cfg in sorted((root / "configs" / "complex").glob("*.yaml")):
         parser.parse_args(["--config", str(cfg)])  # all configs valid
-    cfg = parser.parse_args([
-        "--config", str(root / "configs" / "complex" / "family.yaml"),
-        "--trainer.max_epochs", "5", "--seed", "3", "--data.hide", "0.1", "--model.rank", "8",
-        "--mode", "negatives", "--audit.k", "7", "--audit.n_bins", "10"])
-    assert (cfg.trainer.max_epochs, cfg.seed, cfg.data.hide, cfg.model.rank, cfg.mode,
-            cfg.audit.k, cfg.audit.n_bins) == (5, 3, 0.1, 8, "negatives", 7, 10)
+    cfg = parser.parse_args(
+        [
+            "--config",
+            str(root / "configs" / "complex" / "family.yaml"),
+            "--trainer.max_epochs",
+            "5",
+            "--seed",
+            "3",
+            "--data.hide",
+            "0.1",
+            "--model.rank",
+            "8",
+            "--mode",
+            "negatives",
+            "--audit.k",
+            "7",
+            "--audit.n_bins",
+            "10",
+        ]
+    )
+    assert (
+        cfg.trainer.max_epochs,
+        cfg.seed,
+        cfg.data.hide,
+        cfg.model.rank,
+        cfg.mode,
+        cfg.audit.k,
+        cfg.audit.n_bins,
+    ) == (5, 3, 0.1, 8, "negatives", 7, 10)
     assert cfg.data.num_families == 16  # the rest still comes from the file
     with pytest.raises(SystemExit):
         parser.parse_args(["--help"])
@@ -154,9 +247,22 @@ def test_every_option_overrides_the_config(capsys):
 
 def test_negatives_mode_at_the_audit_base_rate(tmp_path, capsys):
     out = tmp_path / "neg"
-    args = TINY + ["--mode", "negatives", "--model.num_negatives", "5", "--output_dir", str(out),
-                   "--audit.plots", "false", "--trainer.logger", "false",
-                   "--trainer.max_epochs", "2", "--audit.n_bins", "10"]
+    args = TINY + [
+        "--mode",
+        "negatives",
+        "--model.num_negatives",
+        "5",
+        "--output_dir",
+        str(out),
+        "--audit.plots",
+        "false",
+        "--trainer.logger",
+        "false",
+        "--trainer.max_epochs",
+        "2",
+        "--audit.n_bins",
+        "10",
+    ]
     assert main(args) == 0
     assert "T cannot fix" not in capsys.readouterr().out
     rep = json.loads((out / "report.json").read_text())
@@ -179,30 +285,72 @@ def _world(tmp_path, test_rows, extra_train=()):
     train += [(ents[i], "skip", ents[(i + 2) % 12]) for i in range(0, 12, 2)]
     train += list(extra_train)
     valid = [(ents[1], "skip", ents[3])]
-    return ["--data.dataset", "tsv", "--data.train", _tsv(tmp_path / "train.tsv", train),
-            "--data.valid", _tsv(tmp_path / "valid.tsv", valid),
-            "--data.test", _tsv(tmp_path / "test.tsv", test_rows),
-            "--model.rank", "4", "--trainer.enable_progress_bar", "false",
-            "--trainer.logger", "false", "--audit.plots", "false", "--monitor", "false",
-            "--output_dir", str(tmp_path / "out")]
+    return [
+        "--data.dataset",
+        "tsv",
+        "--data.train",
+        _tsv(tmp_path / "train.tsv", train),
+        "--data.valid",
+        _tsv(tmp_path / "valid.tsv", valid),
+        "--data.test",
+        _tsv(tmp_path / "test.tsv", test_rows),
+        "--model.rank",
+        "4",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.logger",
+        "false",
+        "--audit.plots",
+        "false",
+        "--monitor",
+        "false",
+        "--output_dir",
+        str(tmp_path / "out"),
+    ]
 
 
-TEST_ROWS = [("e3", "skip", "e5"), ("e5", "skip", "e7"), ("e7", "skip", "e9"),
-             ("e9", "skip", "e11"), ("e2", "next", "e4"), ("e6", "next", "e8")]
+TEST_ROWS = [
+    ("e3", "skip", "e5"),
+    ("e5", "skip", "e7"),
+    ("e7", "skip", "e9"),
+    ("e9", "skip", "e11"),
+    ("e2", "next", "e4"),
+    ("e6", "next", "e8"),
+]
 
 
-@pytest.mark.parametrize(("rows", "extra", "match"), [
-    ([("e3", "skip", "e5")], ["--trainer.max_epochs", "1"],
-     "error: data.test: expected at least 2 test triples"),
-    ([("e3", "skip", "e5"), ("e2", "next", "e4")], ["--trainer.max_epochs", "1"],
-     "error: data.test: the evaluation half is empty"),
-    (TEST_ROWS, ["--trainer.max_epochs", "0"], "error: trainer.max_epochs: expected an int >= 1"),
-    (TEST_ROWS, ["--trainer.max_epochs", "-1"], "error: trainer.max_epochs: expected an int >= 1"),
-    # 12 entities: a query's own answer is known, so at most 11 tails are free: fewer than
-    # k = 12 distinct corruptions
-    (TEST_ROWS, ["--trainer.max_epochs", "1", "--audit.k", "12"],
-     "error: audit.k: no test query of the calibration half has k = 12 distinct"),
-])
+@pytest.mark.parametrize(
+    ("rows", "extra", "match"),
+    [
+        (
+            [("e3", "skip", "e5")],
+            ["--trainer.max_epochs", "1"],
+            "error: data.test: expected at least 2 test triples",
+        ),
+        (
+            [("e3", "skip", "e5"), ("e2", "next", "e4")],
+            ["--trainer.max_epochs", "1"],
+            "error: data.test: the evaluation half is empty",
+        ),
+        (
+            TEST_ROWS,
+            ["--trainer.max_epochs", "0"],
+            "error: trainer.max_epochs: expected an int >= 1",
+        ),
+        (
+            TEST_ROWS,
+            ["--trainer.max_epochs", "-1"],
+            "error: trainer.max_epochs: expected an int >= 1",
+        ),
+        # 12 entities: a query's own answer is known, so at most 11 tails are free: fewer than
+        # k = 12 distinct corruptions
+        (
+            TEST_ROWS,
+            ["--trainer.max_epochs", "1", "--audit.k", "12"],
+            "error: audit.k: no test query of the calibration half has k = 12 distinct",
+        ),
+    ],
+)
 def test_unusable_input_is_exit_2_before_training(tmp_path, capsys, rows, extra, match):
     assert main(_world(tmp_path, rows) + extra) == 2
     captured = capsys.readouterr()
@@ -214,9 +362,14 @@ def test_unusable_input_is_exit_2_before_training(tmp_path, capsys, rows, extra,
 def test_test_triples_in_train_warn_and_are_counted(tmp_path, capsys):
     leaked = TEST_ROWS[:2]
     args = _world(tmp_path, TEST_ROWS, extra_train=leaked) + [
-        "--trainer.max_epochs", "2", "--audit.k", "3"]
-    with pytest.warns(UserWarning, match="^data.test: 2 of 6 test triples also occur in the "
-                                         "training triples"):
+        "--trainer.max_epochs",
+        "2",
+        "--audit.k",
+        "3",
+    ]
+    with pytest.warns(
+        UserWarning, match="^data.test: 2 of 6 test triples also occur in the training triples"
+    ):
         assert main(args) == 0
     rep = json.loads((tmp_path / "out" / "report.json").read_text())
     assert rep["num_test_in_train"] == 2
@@ -227,7 +380,8 @@ def test_test_triples_in_train_warn_and_are_counted(tmp_path, capsys):
     (tmp_path / "out" / "report.json").unlink()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert main(_world(tmp_path, TEST_ROWS) + ["--trainer.max_epochs", "2",
-                                                   "--audit.k", "3"]) == 0
+        assert (
+            main(_world(tmp_path, TEST_ROWS) + ["--trainer.max_epochs", "2", "--audit.k", "3"]) == 0
+        )
     assert not [w for w in caught if str(w.message).startswith("data.test")]
     assert json.loads((tmp_path / "out" / "report.json").read_text())["num_test_in_train"] == 0

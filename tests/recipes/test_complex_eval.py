@@ -20,9 +20,14 @@ from recipes.complex_link_prediction.model import ComplEx, ComplExModule, sample
 
 
 def _random_kg(g, n_ent=12, n_rel=3, n=60):
-    trip = torch.stack([torch.randint(n_ent, (n,), generator=g),
-                        torch.randint(n_rel, (n,), generator=g),
-                        torch.randint(n_ent, (n,), generator=g)], 1)
+    trip = torch.stack(
+        [
+            torch.randint(n_ent, (n,), generator=g),
+            torch.randint(n_rel, (n,), generator=g),
+            torch.randint(n_ent, (n,), generator=g),
+        ],
+        1,
+    )
     return torch.unique(trip, dim=0)
 
 
@@ -34,8 +39,9 @@ def test_complex_scores_match_complex_arithmetic():
     W = torch.complex(*m.relation.weight.double().chunk(2, 1))
     ref_all = (E[h] * W[r]) @ E.conj().T  # Re <e_h, w_r, conj(e_t)> for every t
     assert torch.allclose(m.score_all(h, r, dtype=torch.float64), ref_all.real, atol=1e-12)
-    assert torch.allclose(m.score(h, r, t, dtype=torch.float64),
-                          ref_all.real[torch.arange(3), t], atol=1e-12)
+    assert torch.allclose(
+        m.score(h, r, t, dtype=torch.float64), ref_all.real[torch.arange(3), t], atol=1e-12
+    )
     ref_n3 = sum((x.abs() ** 3).sum() for x in (E[h], W[r], E[t])) / len(h)
     assert torch.allclose(m.n3(h, r, t).double(), ref_n3, rtol=1e-5)
     s, n3 = m.scores_and_n3(h, r, t)
@@ -61,25 +67,29 @@ def test_filtered_ranks_equal_brute_force():
     kset = set(map(tuple, known.tolist()))
     for i, (h, r, t) in enumerate(queries.tolist()):
         s_t = table[h, r, t].item()
-        others = [table[h, r, e].item() for e in range(n_ent)
-                  if e != t and (h, r, e) not in kset]
+        others = [table[h, r, e].item() for e in range(n_ent) if e != t and (h, r, e) not in kset]
         assert ranks.optimistic[i] == 1 + sum(s > s_t for s in others)
         assert ranks.pessimistic[i] == 1 + sum(s >= s_t for s in others)
     mask = filt.mask(queries[:, 0], queries[:, 1])
     for i, (h, r, _) in enumerate(queries.tolist()):
         assert mask[i].nonzero().flatten().tolist() == sorted(
-            e for e in range(n_ent) if (h, r, e) in kset)
+            e for e in range(n_ent) if (h, r, e) in kset
+        )
     # head prediction: the reciprocal query (t, r + R, ?) is filtered by the known heads
-    assert with_reciprocals(torch.tensor([[0, 1, 2]]), n_rel).tolist() == [[0, 1, 2],
-                                                                          [2, 1 + n_rel, 0]]
+    assert with_reciprocals(torch.tensor([[0, 1, 2]]), n_rel).tolist() == [
+        [0, 1, 2],
+        [2, 1 + n_rel, 0],
+    ]
     both = TripleFilter(with_reciprocals(known, n_rel), n_ent, 2 * n_rel)
     heads = both.mask(queries[:, 2], queries[:, 1] + n_rel)
     for i, (_, r, t) in enumerate(queries.tolist()):
         assert heads[i].nonzero().flatten().tolist() == sorted(
-            e for e in range(n_ent) if (e, r, t) in kset)
+            e for e in range(n_ent) if (e, r, t) in kset
+        )
     m = ranking_metrics(ranks.realistic)
-    ref = sum(2.0 / (a + b) for a, b in zip(ranks.optimistic.tolist(),
-                                          ranks.pessimistic.tolist())) / len(queries)
+    ref = sum(
+        2.0 / (a + b) for a, b in zip(ranks.optimistic.tolist(), ranks.pessimistic.tolist())
+    ) / len(queries)
     assert m["mrr"] == pytest.approx(ref, abs=1e-12)
 
 
@@ -104,11 +114,17 @@ def test_corruptions_never_known():
     counts = torch.bincount(draws.flatten(), minlength=n_ent).double()
     assert counts[[e for e in range(n_ent) if e not in free]].sum() == 0
     expected = 4000 / len(free)
-    assert ((counts[free] - expected).abs() < 5 * expected ** 0.5).all()
+    assert ((counts[free] - expected).abs() < 5 * expected**0.5).all()
     full = torch.tensor([[0, 0, e] for e in range(n_ent)])
     with pytest.raises(ValueError, match="has no corruption"):
-        sample_corruptions(torch.tensor([0]), torch.tensor([0]), 2, n_ent,
-                           TripleFilter(full, n_ent, 1), torch.Generator())
+        sample_corruptions(
+            torch.tensor([0]),
+            torch.tensor([0]),
+            2,
+            n_ent,
+            TripleFilter(full, n_ent, 1),
+            torch.Generator(),
+        )
 
 
 def test_split_stratified_and_keeps_positive_with_corruptions():
@@ -153,8 +169,14 @@ def test_mask_known_keeps_target():
 
 
 def test_kgdata_summary():
-    d = KGData("x", ["a", "b"], ["r"], torch.tensor([[0, 0, 1]]), torch.tensor([[1, 0, 0]]),
-               torch.tensor([[0, 0, 0]]))
+    d = KGData(
+        "x",
+        ["a", "b"],
+        ["r"],
+        torch.tensor([[0, 0, 1]]),
+        torch.tensor([[1, 0, 0]]),
+        torch.tensor([[0, 0, 0]]),
+    )
     assert d.known().shape == (3, 3) and "2 entities" in d.summary()
 
 
@@ -168,24 +190,39 @@ def test_recipe_docstring_examples(name):
     assert result.attempted > 0 and result.failed == 0
 
 
-@pytest.mark.parametrize("mode,loss", [("one_to_n", "log"), ("one_to_n", "brier"),
-                                       ("negatives", "log")])
+@pytest.mark.parametrize(
+    "mode,loss", [("one_to_n", "log"), ("one_to_n", "brier"), ("negatives", "log")]
+)
 def test_training_step_is_the_proper_score_plus_n3(mode, loss):
     data = load_dataset("family", num_families=3, generations=4, seed=0)
     k, reg, seed = 3, 0.05, 11
-    module = ComplExModule(data.num_entities, data.num_relations, data.train, data.known(),
-                           rank=6, init_scale=0.3, mode=mode, loss=loss, num_negatives=k,
-                           regularization=reg, seed=seed)
+    module = ComplExModule(
+        data.num_entities,
+        data.num_relations,
+        data.train,
+        data.known(),
+        rank=6,
+        init_scale=0.3,
+        mode=mode,
+        loss=loss,
+        num_negatives=k,
+        regularization=reg,
+        seed=seed,
+    )
     batch = with_reciprocals(data.train, data.num_relations)[:64]
     h, r, t = batch.unbind(1)
     module.on_train_epoch_start()
     got = module.training_step(batch, 0)
     m = module.model
     if mode == "negatives":
-        filt = TripleFilter(with_reciprocals(data.train, data.num_relations),
-                            data.num_entities, 2 * data.num_relations)
-        neg = sample_corruptions(h, r, k, data.num_entities, filt,
-                                 torch.Generator().manual_seed(seed))
+        filt = TripleFilter(
+            with_reciprocals(data.train, data.num_relations),
+            data.num_entities,
+            2 * data.num_relations,
+        )
+        neg = sample_corruptions(
+            h, r, k, data.num_entities, filt, torch.Generator().manual_seed(seed)
+        )
         logits = m.score(h, r, torch.cat([t[:, None], neg], 1))
         labels = torch.zeros_like(logits)
         labels[:, 0] = 1

@@ -53,8 +53,16 @@ def _reference(m, h, r, t, loss, reg):
 @pytest.mark.parametrize("loss", ["log", "brier"])
 def test_grouped_loss_and_gradients_equal_the_per_triple_ones(data, loss):
     reg = 0.05
-    module = ComplExModule(data.num_entities, data.num_relations, data.train, data.known(),
-                           rank=6, init_scale=0.3, loss=loss, regularization=reg).double()
+    module = ComplExModule(
+        data.num_entities,
+        data.num_relations,
+        data.train,
+        data.known(),
+        rank=6,
+        init_scale=0.3,
+        loss=loss,
+        regularization=reg,
+    ).double()
     m = module.model
     dm = KGDataModule(data, batch_size=16, seed=1, group_queries=True)
     queries, query_index, tails = next(iter(dm.train_dataloader()))
@@ -89,8 +97,9 @@ def test_n3_power_matches_pow_and_gradcheck():
 
 
 def test_grouped_queries_only_in_one_to_n(data):
-    module = ComplExModule(data.num_entities, data.num_relations, data.train, data.known(),
-                           rank=4, mode="negatives")
+    module = ComplExModule(
+        data.num_entities, data.num_relations, data.train, data.known(), rank=4, mode="negatives"
+    )
     dm = KGDataModule(data, batch_size=4, group_queries=True)
     module.on_train_epoch_start()
     with pytest.raises(ValueError, match="^data.group_queries"):
@@ -98,14 +107,35 @@ def test_grouped_queries_only_in_one_to_n(data):
 
 
 def test_grouped_recipe_end_to_end_and_the_kinships_config(tmp_path, capsys):
-    tiny = ["--data.dataset", "family", "--data.num_families", "3", "--data.generations", "4",
-            "--model.rank", "8", "--trainer.max_epochs", "2", "--trainer.enable_progress_bar",
-            "false", "--trainer.logger", "false", "--audit.plots", "false", "--audit.k", "5",
-            "--data.group_queries", "true", "--data.batch_size", "40"]
+    tiny = [
+        "--data.dataset",
+        "family",
+        "--data.num_families",
+        "3",
+        "--data.generations",
+        "4",
+        "--model.rank",
+        "8",
+        "--trainer.max_epochs",
+        "2",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.logger",
+        "false",
+        "--audit.plots",
+        "false",
+        "--audit.k",
+        "5",
+        "--data.group_queries",
+        "true",
+        "--data.batch_size",
+        "40",
+    ]
     assert main(tiny + ["--output_dir", str(tmp_path / "g")]) == 0
     assert main(tiny + ["--mode", "negatives", "--output_dir", str(tmp_path / "n")]) == 2
     assert "data.group_queries: only mode 'one_to_n'" in capsys.readouterr().err
     root = pathlib.Path(__file__).resolve().parents[2]
     cfg = build_parser().parse_args(
-        ["--config", str(root / "configs" / "complex" / "kinships.yaml")])
+        ["--config", str(root / "configs" / "complex" / "kinships.yaml")]
+    )
     assert cfg.data.group_queries is True and cfg.mode == "one_to_n"

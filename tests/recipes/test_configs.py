@@ -16,14 +16,26 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs" / "complex").glob("*.yaml"))
-FAST = ["--trainer.enable_progress_bar", "false", "--audit.plots", "false",
-        "--trainer.logger", "false"]
+FAST = [
+    "--trainer.enable_progress_bar",
+    "false",
+    "--audit.plots",
+    "false",
+    "--trainer.logger",
+    "false",
+]
 
 
 def _run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "recipes.complex_link_prediction", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "recipes.complex_link_prediction", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _check(proc: subprocess.CompletedProcess, out: pathlib.Path, mode: str) -> dict:
@@ -44,8 +56,7 @@ def _check(proc: subprocess.CompletedProcess, out: pathlib.Path, mode: str) -> d
 
 
 def test_there_are_configs():
-    assert {c.stem for c in CONFIGS} >= {"family", "nations", "kinships", "umls",
-                                         "umls_negatives"}
+    assert {c.stem for c in CONFIGS} >= {"family", "nations", "kinships", "umls", "umls_negatives"}
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
@@ -54,8 +65,9 @@ def test_config_runs_at_reduced_epochs(config, tmp_path):
 
     mode = yaml.safe_load(config.read_text()).get("mode", "one_to_n")
     out = tmp_path / "out"
-    proc = _run(["--config", str(config), "--trainer.max_epochs", "2", "--output_dir", str(out),
-                 *FAST])
+    proc = _run(
+        ["--config", str(config), "--trainer.max_epochs", "2", "--output_dir", str(out), *FAST]
+    )
     rep = _check(proc, out, mode)
     assert rep["epochs"] == 2
 
@@ -64,8 +76,16 @@ def test_family_default_at_its_real_settings(tmp_path):
     """The README's first command, as written (only the output directory and the progress
     bar differ): 30 epochs, exit 0, invariants ok, and a model good enough to audit."""
     out = tmp_path / "family"
-    proc = _run(["--config", "configs/complex/family.yaml", "--output_dir", str(out),
-                 "--trainer.enable_progress_bar", "false"])
+    proc = _run(
+        [
+            "--config",
+            "configs/complex/family.yaml",
+            "--output_dir",
+            str(out),
+            "--trainer.enable_progress_bar",
+            "false",
+        ]
+    )
     rep = _check(proc, out, "one_to_n")
     assert rep["epochs"] == 30
     assert rep["mrr"] > 0.9

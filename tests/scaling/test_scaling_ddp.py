@@ -43,10 +43,15 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         in_memory = TemperatureScaler().fit(zs, ys, distributed=True)
         # rank 1 holds nothing: it still joins the all-reduces and gets rank 0's T
         lopsided = TemperatureScaler().fit_stream(
-            list(zip(z.split(1000), y.split(1000))) if rank == 0 else [])
-        result = {"multi": multi.temperature, "binary": binary.temperature,
-                  "in_memory": in_memory.temperature, "lopsided": lopsided.temperature,
-                  "nll": multi.nll_after}
+            list(zip(z.split(1000), y.split(1000))) if rank == 0 else []
+        )
+        result = {
+            "multi": multi.temperature,
+            "binary": binary.temperature,
+            "in_memory": in_memory.temperature,
+            "lopsided": lopsided.temperature,
+            "nll": multi.nll_after,
+        }
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
     finally:
@@ -70,5 +75,7 @@ def test_two_gloo_ranks_fit_the_union(tmp_path):
         assert abs(r["nll"] - ref_multi.nll_after) <= 1e-12
     assert r0 == r1  # bit-identical on both ranks
     # and not the T of either shard alone
-    assert abs(TemperatureScaler().fit(z[:1000], y[:1000]).temperature
-               / ref_multi.temperature - 1) > 1e-4
+    assert (
+        abs(TemperatureScaler().fit(z[:1000], y[:1000]).temperature / ref_multi.temperature - 1)
+        > 1e-4
+    )

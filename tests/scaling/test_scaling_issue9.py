@@ -35,12 +35,13 @@ def _fitted():
     groups = torch.arange(z.shape[0]) % 2
     out = []
     for make, fit_args, fwd_args in [
-            (TemperatureScaler, (z, y), (z,)),
-            (lambda: GroupTemperatureScaler(2), (z, y, groups), (z, groups)),
-            (PlattScaler, (s, b), (s,)),
-            (lambda: VectorScaler(3), (z, y), (z,)),
-            (lambda: MatrixScaler(3), (z, y), (z,)),
-            (IsotonicCalibrator, (s, b), (s,))]:
+        (TemperatureScaler, (z, y), (z,)),
+        (lambda: GroupTemperatureScaler(2), (z, y, groups), (z, groups)),
+        (PlattScaler, (s, b), (s,)),
+        (lambda: VectorScaler(3), (z, y), (z,)),
+        (lambda: MatrixScaler(3), (z, y), (z,)),
+        (IsotonicCalibrator, (s, b), (s,)),
+    ]:
         m = make()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CalibrationWarning)
@@ -70,9 +71,13 @@ def test_state_stays_float64_under_dtype_casts(idx, cast):
     m = make()
     m.load_state_dict(fitted.state_dict())
     outer = torch.nn.Sequential(torch.nn.Linear(2, 2), m)  # a module holding the calibrator
-    {"to_bf16": lambda: outer.to(torch.bfloat16), "half": outer.half,
-     "bfloat16": outer.bfloat16, "float": outer.float,
-     "to_device_dtype": lambda: outer.to("cpu", torch.float16)}[cast]()
+    {
+        "to_bf16": lambda: outer.to(torch.bfloat16),
+        "half": outer.half,
+        "bfloat16": outer.bfloat16,
+        "float": outer.float,
+        "to_device_dtype": lambda: outer.to("cpu", torch.float16),
+    }[cast]()
     assert outer[0].weight.dtype != torch.float64  # the rest of the model was cast
     assert m.is_fitted
     for k, v in m.state_dict().items():
@@ -120,25 +125,67 @@ def test_unfitted_and_fitted_state_round_trip(idx):
 
 
 _BAD_STATES = [
-    (TemperatureScaler, "log_temperature", torch.tensor(math.inf, dtype=torch.float64),
-     "^log_temperature: expected finite"),
-    (TemperatureScaler, "log_temperature", torch.tensor(math.nan, dtype=torch.float64),
-     "^log_temperature: expected finite"),
-    (TemperatureScaler, "log_temperature", torch.tensor(800.0, dtype=torch.float64),
-     "^log_temperature: expected a temperature 0 < exp"),
-    (TemperatureScaler, "log_temperature", torch.tensor(-800.0, dtype=torch.float64),
-     "^log_temperature: expected a temperature 0 < exp"),
-    (PlattScaler, "weight", torch.tensor(-1.0, dtype=torch.float64), "^weight: expected a slope a > 0"),
-    (PlattScaler, "weight", torch.tensor(0.0, dtype=torch.float64), "^weight: expected a slope a > 0"),
+    (
+        TemperatureScaler,
+        "log_temperature",
+        torch.tensor(math.inf, dtype=torch.float64),
+        "^log_temperature: expected finite",
+    ),
+    (
+        TemperatureScaler,
+        "log_temperature",
+        torch.tensor(math.nan, dtype=torch.float64),
+        "^log_temperature: expected finite",
+    ),
+    (
+        TemperatureScaler,
+        "log_temperature",
+        torch.tensor(800.0, dtype=torch.float64),
+        "^log_temperature: expected a temperature 0 < exp",
+    ),
+    (
+        TemperatureScaler,
+        "log_temperature",
+        torch.tensor(-800.0, dtype=torch.float64),
+        "^log_temperature: expected a temperature 0 < exp",
+    ),
+    (
+        PlattScaler,
+        "weight",
+        torch.tensor(-1.0, dtype=torch.float64),
+        "^weight: expected a slope a > 0",
+    ),
+    (
+        PlattScaler,
+        "weight",
+        torch.tensor(0.0, dtype=torch.float64),
+        "^weight: expected a slope a > 0",
+    ),
     (PlattScaler, "bias", torch.tensor(math.nan, dtype=torch.float64), "^bias: expected finite"),
-    (lambda: VectorScaler(3), "weight", torch.tensor([1.0, math.inf, 1.0], dtype=torch.float64),
-     "^weight: expected finite"),
-    (lambda: MatrixScaler(3), "bias", torch.tensor([0.0, math.nan, 0.0], dtype=torch.float64),
-     "^bias: expected finite"),
-    (lambda: GroupTemperatureScaler(2), "log_temperature",
-     torch.tensor([0.0, math.inf], dtype=torch.float64), "^log_temperature: expected finite"),
-    (lambda: GroupTemperatureScaler(2), "log_temperature_global",
-     torch.tensor(900.0, dtype=torch.float64), "^log_temperature_global: expected temperatures"),
+    (
+        lambda: VectorScaler(3),
+        "weight",
+        torch.tensor([1.0, math.inf, 1.0], dtype=torch.float64),
+        "^weight: expected finite",
+    ),
+    (
+        lambda: MatrixScaler(3),
+        "bias",
+        torch.tensor([0.0, math.nan, 0.0], dtype=torch.float64),
+        "^bias: expected finite",
+    ),
+    (
+        lambda: GroupTemperatureScaler(2),
+        "log_temperature",
+        torch.tensor([0.0, math.inf], dtype=torch.float64),
+        "^log_temperature: expected finite",
+    ),
+    (
+        lambda: GroupTemperatureScaler(2),
+        "log_temperature_global",
+        torch.tensor(900.0, dtype=torch.float64),
+        "^log_temperature_global: expected temperatures",
+    ),
 ]
 
 
@@ -160,19 +207,29 @@ def test_loaded_state_is_validated(make, key, value, match):
         outer.load_state_dict({f"cal.{k}": v for k, v in state.items()})
 
 
-@pytest.mark.parametrize("x, y, fitted, match", [
-    ([0.0, 1.0], [0.2, 2.0], True, r"^y_thresholds: expected a non-decreasing map into \[0, 1\]"),
-    ([0.0, 1.0], [0.8, 0.2], True, "^y_thresholds: expected a non-decreasing"),
-    ([0.0, 1.0], [-0.1, 0.5], True, "^y_thresholds: expected a non-decreasing"),
-    ([1.0, 0.0], [0.2, 0.8], True, "^x_thresholds: expected finite, strictly increasing"),
-    ([0.0, math.nan], [0.2, 0.8], True, "^x_thresholds: expected finite"),
-    ([], [], True, "^x_thresholds: a fitted state needs at least one threshold"),
-    ([0.0, 1.0], [0.5], True, "^y_thresholds: expected the 1-D shape"),
-])
+@pytest.mark.parametrize(
+    "x, y, fitted, match",
+    [
+        (
+            [0.0, 1.0],
+            [0.2, 2.0],
+            True,
+            r"^y_thresholds: expected a non-decreasing map into \[0, 1\]",
+        ),
+        ([0.0, 1.0], [0.8, 0.2], True, "^y_thresholds: expected a non-decreasing"),
+        ([0.0, 1.0], [-0.1, 0.5], True, "^y_thresholds: expected a non-decreasing"),
+        ([1.0, 0.0], [0.2, 0.8], True, "^x_thresholds: expected finite, strictly increasing"),
+        ([0.0, math.nan], [0.2, 0.8], True, "^x_thresholds: expected finite"),
+        ([], [], True, "^x_thresholds: a fitted state needs at least one threshold"),
+        ([0.0, 1.0], [0.5], True, "^y_thresholds: expected the 1-D shape"),
+    ],
+)
 def test_isotonic_loaded_state_is_validated(x, y, fitted, match):
-    state = {"x_thresholds": torch.tensor(x, dtype=torch.float64),
-             "y_thresholds": torch.tensor(y, dtype=torch.float64),
-             "fitted": torch.tensor(fitted)}
+    state = {
+        "x_thresholds": torch.tensor(x, dtype=torch.float64),
+        "y_thresholds": torch.tensor(y, dtype=torch.float64),
+        "fitted": torch.tensor(fitted),
+    }
     with pytest.raises(ValueError, match=match):
         IsotonicCalibrator().load_state_dict(state)
 
@@ -221,8 +278,12 @@ def test_b1_binary_logits_accepted_everywhere():
     _, _, s, b = _data(seed=3)
     s1 = s.unsqueeze(1)
     groups = torch.arange(s.shape[0]) % 2
-    for make, extra in ((TemperatureScaler, ()), (PlattScaler, ()), (IsotonicCalibrator, ()),
-                        (lambda: GroupTemperatureScaler(2), (groups,))):
+    for make, extra in (
+        (TemperatureScaler, ()),
+        (PlattScaler, ()),
+        (IsotonicCalibrator, ()),
+        (lambda: GroupTemperatureScaler(2), (groups,)),
+    ):
         ref, col = make(), make()
         r_ref = ref.fit(s, b, *extra)
         for target in (b, b.unsqueeze(1)):
@@ -242,8 +303,8 @@ def test_one_ulp_near_ties_pass_the_floating_point_invariants():
     inversion; the invariants check accepts that and rejects a swapped pair."""
     base = torch.tensor([-3.543827191505563, 0.7, 2.0, -1e-3], dtype=torch.float64)
     nxt = torch.nextafter(base, torch.full_like(base, math.inf))
-    scores = torch.stack([base, nxt], 1).reshape(-1)          # pairs one ulp apart
-    rows = torch.stack([base, nxt, base - 1.0], 1)           # top-1 near-ties in each row
+    scores = torch.stack([base, nxt], 1).reshape(-1)  # pairs one ulp apart
+    rows = torch.stack([base, nxt, base - 1.0], 1)  # top-1 near-ties in each row
     created = 0
     for t in (2.4776, 0.3, 3.0, 1.1, 7.0):
         scaler = TemperatureScaler()

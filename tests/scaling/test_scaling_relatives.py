@@ -63,8 +63,9 @@ def test_platt_reaches_scipy_optimum_and_keeps_ranking(smooth):
     res = platt.fit(s, y)
     sn, yn = s.numpy(), y.numpy()
     tn = _platt_targets(yn) if smooth else yn
-    ref = minimize(_platt_numpy, x0=[1.0, 0.0], args=(sn, tn), jac=True, method="BFGS",
-                   options={"gtol": 1e-12})
+    ref = minimize(
+        _platt_numpy, x0=[1.0, 0.0], args=(sn, tn), jac=True, method="BFGS", options={"gtol": 1e-12}
+    )
     ours = np.array([platt.weight.item(), platt.bias.item()])
     f_ours, g_ours = _platt_numpy(ours, sn, tn)
     assert res.converged and res.grad_norm <= 1e-8
@@ -116,8 +117,14 @@ def test_platt_separated_set():
     platt = PlattScaler()
     res = platt.fit(s, y)
     sn, yn = s.numpy(), y.numpy()
-    ref = minimize(_platt_numpy, x0=[1.0, 0.0], args=(sn, _platt_targets(yn)), jac=True,
-                   method="BFGS", options={"gtol": 1e-12})
+    ref = minimize(
+        _platt_numpy,
+        x0=[1.0, 0.0],
+        args=(sn, _platt_targets(yn)),
+        jac=True,
+        method="BFGS",
+        options={"gtol": 1e-12},
+    )
     assert res.converged and not res.warnings
     assert np.allclose([platt.weight.item(), platt.bias.item()], ref.x, atol=1e-6)
 
@@ -134,8 +141,14 @@ def test_platt_saturated_scores_do_not_crash():
     wide = PlattScaler(bounds=(1e-3, 1e6))
     res = wide.fit(s, y)  # the bound no longer binds: the smoothed optimum, interior
     tn = _platt_targets(y.numpy())
-    ref = minimize(_platt_numpy, x0=[0.0, 0.0], args=(s.numpy() / 3e3, tn), jac=True,
-                   method="BFGS", options={"gtol": 1e-14})
+    ref = minimize(
+        _platt_numpy,
+        x0=[0.0, 0.0],
+        args=(s.numpy() / 3e3, tn),
+        jac=True,
+        method="BFGS",
+        options={"gtol": 1e-14},
+    )
     assert res.converged
     assert abs(wide.weight.item() - ref.x[0] / 3e3) <= 1e-6 * abs(ref.x[0] / 3e3)
     assert abs(wide.bias.item() - ref.x[1]) <= 1e-6
@@ -174,7 +187,7 @@ def _affine_numpy(params, z, y, kind, od, breg):
         w, b = params[:c], params[c:]
         a = z * w + b
     else:
-        w, b = params[:c * c].reshape(c, c), params[c * c:]
+        w, b = params[: c * c].reshape(c, c), params[c * c :]
         a = z @ w.T + b
     lse = logsumexp(a, axis=1)
     f = np.mean(lse - a[np.arange(n), y])
@@ -204,8 +217,14 @@ def test_affine_scalers_reach_scipy_optimum(kind):
         x0 = np.concatenate([np.eye(c).ravel(), np.zeros(c)])
     res = scaler.fit(z.float(), y)
     zn, yn = z.float().double().numpy(), y.numpy()
-    ref = minimize(_affine_numpy, x0, args=(zn, yn, kind, od, breg), jac=True,
-                   method="L-BFGS-B", options={"gtol": 1e-13, "ftol": 1e-16, "maxiter": 5000})
+    ref = minimize(
+        _affine_numpy,
+        x0,
+        args=(zn, yn, kind, od, breg),
+        jac=True,
+        method="L-BFGS-B",
+        options={"gtol": 1e-13, "ftol": 1e-16, "maxiter": 5000},
+    )
     ours = np.concatenate([scaler.weight.detach().numpy().ravel(), scaler.bias.detach().numpy()])
     f_ours, g_ours = _affine_numpy(ours, zn, yn, kind, od, breg)
     assert res.converged and res.grad_norm <= 1e-8
@@ -235,7 +254,8 @@ def test_closed_form_nll_hessian_matches_autograd(kind):
     z, y = _multiclass(200, 4, seed=9)
     sc, w, b, nw, x = _perturbed_affine(kind)
     ref = torch.autograd.functional.hessian(
-        lambda v: sc.objective(z, y, v[:nw].reshape(w.shape), v[nw:])[1], x)
+        lambda v: sc.objective(z, y, v[:nw].reshape(w.shape), v[nw:])[1], x
+    )
     assert torch.allclose(sc._nll_hessian(z, w, b), ref, rtol=1e-10, atol=1e-13)
 
 
@@ -254,15 +274,15 @@ def _masked_affine_numpy(params, z, mask, y, kind, od, breg):
     if kind == "vector":
         a = zf * params[:c] + params[c:]
     else:
-        a = zf @ params[:c * c].reshape(c, c).T + params[c * c:]
+        a = zf @ params[: c * c].reshape(c, c).T + params[c * c :]
     a = np.where(mask, -np.inf, a)
     f = np.mean(logsumexp(a, axis=1) - a[np.arange(n), y])
-    w = params[:c * c].reshape(c, c) if kind == "matrix" else None
+    w = params[: c * c].reshape(c, c) if kind == "matrix" else None
     if kind == "vector":
         f += breg / c * np.sum(params[c:] ** 2)
     else:
         off = w - np.diag(np.diag(w))
-        f += od / (c * (c - 1)) * np.sum(off * off) + breg / c * np.sum(params[c * c:] ** 2)
+        f += od / (c * (c - 1)) * np.sum(off * off) + breg / c * np.sum(params[c * c :] ** 2)
     return f
 
 
@@ -284,8 +304,13 @@ def test_affine_scalers_with_masked_logits(kind):
     assert res.converged and math.isfinite(res.nll_after)
     zn, mn, yn = z.numpy(), mask.numpy(), y.numpy()
     x0 = np.concatenate([np.ones(c) if kind == "vector" else np.eye(c).ravel(), np.zeros(c)])
-    ref = minimize(_masked_affine_numpy, x0, args=(zn, mn, yn, kind, od, breg),
-                   method="BFGS", options={"gtol": 1e-10})
+    ref = minimize(
+        _masked_affine_numpy,
+        x0,
+        args=(zn, mn, yn, kind, od, breg),
+        method="BFGS",
+        options={"gtol": 1e-10},
+    )
     ours = np.concatenate([scaler.weight.detach().numpy().ravel(), scaler.bias.detach().numpy()])
     assert _masked_affine_numpy(ours, zn, mn, yn, kind, od, breg) <= ref.fun + 1e-10
     assert np.allclose(ours, ref.x, atol=1e-4)
@@ -313,7 +338,8 @@ def test_closed_form_masked_hessian_matches_autograd(kind):
     zf = z.masked_fill(mask, 0.0)
     sc, w, b, nw, x = _perturbed_affine(kind)
     ref = torch.autograd.functional.hessian(
-        lambda v: sc.objective(zf, y, v[:nw].reshape(w.shape), v[nw:], mask)[1], x)
+        lambda v: sc.objective(zf, y, v[:nw].reshape(w.shape), v[nw:], mask)[1], x
+    )
     assert torch.allclose(sc._nll_hessian(zf, w, b, mask), ref, rtol=1e-10, atol=1e-13)
 
 
@@ -329,11 +355,13 @@ def test_affine_bad_input():
 # ----------------------------------------------------------------------------- groups
 def _penalised_group_optimum(z, y, center_log_t, shrinkage):
     """Brent root of d/dlogT [sum NLL + s/2 (log T - log T0)^2] for one group (float64)."""
+
     def grad(lt):
         beta = math.exp(-lt)
         p = torch.softmax(beta * z, 1)
         gb = ((p * z).sum(1) - z.gather(1, y[:, None]).squeeze(1)).sum()
         return -beta * float(gb) + shrinkage * (lt - center_log_t)
+
     return math.exp(brentq(grad, -5.0, 5.0, xtol=1e-14, rtol=1e-14))
 
 
@@ -369,8 +397,9 @@ def test_group_binary_keeps_ranking_within_groups_and_round_trips():
     g = torch.Generator().manual_seed(5)
     s = 4 * torch.randn(2000, generator=g, dtype=torch.float64)
     groups = torch.arange(2000) % 2
-    y = torch.bernoulli(torch.sigmoid(s / torch.tensor([1.0, 4.0], dtype=torch.float64)[groups]),
-                        generator=g)
+    y = torch.bernoulli(
+        torch.sigmoid(s / torch.tensor([1.0, 4.0], dtype=torch.float64)[groups]), generator=g
+    )
     scaler = GroupTemperatureScaler(2, shrinkage=0.0)
     res = scaler.fit(s, y, groups)
     assert res.temperatures[1] / res.temperatures[0] > 2
@@ -415,14 +444,18 @@ def test_isotonic_binary_equals_sklearn():
     # forward: calibrated logits, logit(p) with p clamped to [1e-12, 1 - 1e-12]
     z_out = iso(q)
     assert z_out.dtype == q.dtype and z_out.shape == q.shape
-    assert np.max(np.abs(torch.sigmoid(z_out).numpy() - np.clip(p_ref, 1e-12, 1 - 1e-12))) \
-        <= 1e-12
+    assert np.max(np.abs(torch.sigmoid(z_out).numpy() - np.clip(p_ref, 1e-12, 1 - 1e-12))) <= 1e-12
     assert res.converged and res.nll_after < res.nll_before
     # weakly monotone: no pair inverted (ties are created on purpose: flat runs)
-    assert check_monotone_map(q, iso.predict_proba(q), decisions=False,
-                              max_tie_gap_ulps=2**62).strict_inversions == 0
-    assert check_monotone_map(q, z_out, decisions=False,
-                              max_tie_gap_ulps=2**62).strict_inversions == 0
+    assert (
+        check_monotone_map(
+            q, iso.predict_proba(q), decisions=False, max_tie_gap_ulps=2**62
+        ).strict_inversions
+        == 0
+    )
+    assert (
+        check_monotone_map(q, z_out, decisions=False, max_tie_gap_ulps=2**62).strict_inversions == 0
+    )
 
 
 def test_isotonic_confidence_reading_equals_sklearn_and_round_trips():
@@ -454,6 +487,7 @@ def test_isotonic_confidence_reading_equals_sklearn_and_round_trips():
 
 def test_isotonic_pav_adversarial_order_and_bad_input():
     from torchcal.functional.recalibration import pool_adjacent_violators
+
     v = torch.cat([torch.arange(300, dtype=torch.float64), torch.tensor([-1e5])])
     fitted, _ = pool_adjacent_violators(v, torch.ones_like(v))
     isotonic = pytest.importorskip("sklearn.isotonic")
@@ -475,9 +509,14 @@ def test_every_calibrator_fits_inside_inference_mode():
     groups = torch.arange(3000) % 2
     s = z[:, 0] - z[:, 1]
     b = (y == 0).double()
-    cases = [(TemperatureScaler, (z, y)), (lambda: GroupTemperatureScaler(2), (z, y, groups)),
-             (PlattScaler, (s, b)), (lambda: VectorScaler(3), (z, y)),
-             (lambda: MatrixScaler(3), (z, y)), (IsotonicCalibrator, (s, b))]
+    cases = [
+        (TemperatureScaler, (z, y)),
+        (lambda: GroupTemperatureScaler(2), (z, y, groups)),
+        (PlattScaler, (s, b)),
+        (lambda: VectorScaler(3), (z, y)),
+        (lambda: MatrixScaler(3), (z, y)),
+        (IsotonicCalibrator, (s, b)),
+    ]
     for make, args in cases:
         ref = make()
         ref.fit(*args)

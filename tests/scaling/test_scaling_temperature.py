@@ -21,7 +21,9 @@ def nll_at(logits: torch.Tensor, target: torch.Tensor, log_t: float) -> float:
     if z.dim() == 1:
         y = target.double()
         # exact log(1 + e^z) - y z; -inf logits (target 0) contribute 0
-        sp = torch.where(torch.isneginf(z), torch.zeros_like(z), torch.logaddexp(torch.zeros_like(z), z))
+        sp = torch.where(
+            torch.isneginf(z), torch.zeros_like(z), torch.logaddexp(torch.zeros_like(z), z)
+        )
         yz = torch.where(y > 0, z, torch.zeros_like(z))
         return float((sp - yz).mean())
     return float((torch.logsumexp(z, 1) - z.gather(1, target[:, None]).squeeze(1)).mean())
@@ -220,8 +222,10 @@ def test_degenerate_sets_warn_and_stay_bounded(method):
         res = TemperatureScaler(method=method).fit(s, (s > 0).float())
     assert res.temperature == pytest.approx(1e-3) and not res.converged
     # constant rows: the NLL does not depend on T at all; T stays at 1, flagged
-    for logits, target, uniform in ((torch.zeros(100, 4), torch.arange(100) % 4, math.log(4)),
-                                    (torch.zeros(50), torch.arange(50.0) % 2, math.log(2))):
+    for logits, target, uniform in (
+        (torch.zeros(100, 4), torch.arange(100) % 4, math.log(4)),
+        (torch.zeros(50), torch.arange(50.0) % 2, math.log(2)),
+    ):
         with pytest.warns(CalibrationWarning, match="does not depend on T"):
             res = TemperatureScaler(method=method).fit(logits, target)
         assert res.temperature == 1.0 and not res.converged
@@ -264,8 +268,9 @@ def test_deterministic_across_thread_counts():
         for threads in (1, 2, 3, 4):
             torch.set_num_threads(threads)
             for method in ("newton", "lbfgs"):
-                temps.append((method, TemperatureScaler(method=method).fit(logits,
-                                                                           target).temperature))
+                temps.append(
+                    (method, TemperatureScaler(method=method).fit(logits, target).temperature)
+                )
     finally:
         torch.set_num_threads(prev)
     newton = {t for m, t in temps if m == "newton"}
@@ -287,15 +292,24 @@ def test_pass_sums_do_not_depend_on_the_worker_count(kind):
     groups = torch.arange(y.shape[0]) * 7 % 3 if kind == "groups" else None
     chunks = obj.tensor_chunks(z, y, groups, rows=17)
     assert len(chunks) > obj.BLOCK > 2 * obj.WINDOW  # several windows and blocks
-    u = torch.tensor([0.3, -0.2, 0.1][:3 if groups is not None else 1], dtype=torch.float64)
-    kw = dict(binary=kind == "binary", num_classes=None if kind == "binary" else 37,
-              num_groups=3 if groups is not None else 1, identity=True)
+    u = torch.tensor([0.3, -0.2, 0.1][: 3 if groups is not None else 1], dtype=torch.float64)
+    kw = dict(
+        binary=kind == "binary",
+        num_classes=None if kind == "binary" else 37,
+        num_groups=3 if groups is not None else 1,
+        identity=True,
+    )
     ref = obj.temperature_pass(chunks, u, workers=1, **kw)
     for workers in (2, 3, 5):
         assert torch.equal(obj.temperature_pass(chunks, u, workers=workers, **kw), ref)
     # and the sums are right (float64, one pass, against a plain sum over the rows)
-    terms = temperature_terms(z, y, torch.exp(u)[groups] if groups is not None
-                          else float(torch.exp(u[0])), binary=kind == "binary", identity=True)
+    terms = temperature_terms(
+        z,
+        y,
+        torch.exp(u)[groups] if groups is not None else float(torch.exp(u[0])),
+        binary=kind == "binary",
+        identity=True,
+    )
     g = torch.zeros(y.shape[0], dtype=torch.long) if groups is None else groups
     for k, col in enumerate(terms):
         want = torch.zeros(kw["num_groups"], dtype=torch.float64).index_add_(0, g, col)
@@ -356,9 +370,9 @@ def test_fit_model_collects_once_in_eval_mode(as_dict):
     with torch.no_grad():
         y = torch.multinomial(torch.softmax(net.lin(x), 1), 1, generator=g).squeeze(1)
     if as_dict:
-        batches = [{"input": x[i:i + 100], "target": y[i:i + 100]} for i in range(0, 600, 100)]
+        batches = [{"input": x[i : i + 100], "target": y[i : i + 100]} for i in range(0, 600, 100)]
     else:
-        batches = [(x[i:i + 100], y[i:i + 100]) for i in range(0, 600, 100)]
+        batches = [(x[i : i + 100], y[i : i + 100]) for i in range(0, 600, 100)]
     res = TemperatureScaler().fit_model(net, batches)
     assert net.training  # restored
     with torch.no_grad():
@@ -458,21 +472,44 @@ def _masked_target():
     return z
 
 
-@pytest.mark.parametrize("logits, target, match", [
-    (_nan(), _Y, r"^logits: expected finite values or -inf masks, found NaN or \+Inf at position \(4, 2\)"),
-    (_posinf(), _Y, r"^logits: .*position \(1, 0\)"),
-    (_masked_target(), _Y, r"^logits: the target class is masked \(-inf\) at row 2"),
-    (torch.zeros(0, 3), torch.zeros(0, dtype=torch.long), "^logits: expected a non-empty"),
-    (_Z, torch.tensor([0, 1, 2, 0, 1, 3]), r"^target: expected class indices in \[0, 2\], got 3 at position 5"),
-    (_Z, torch.tensor([0, 1, -1, 0, 1, 2]), "^target: expected class indices"),
-    (_Z, _Y[:5], r"^target: expected shape \(6,\)"),
-    (_Z, _Y.float(), "^target: expected integer class indices"),
-    (_Z[:, :1], _Y, r"^target: expected binary labels"),  # (N, 1) logits are binary
-    (torch.zeros(2, 3, 4), torch.zeros(2, dtype=torch.long), r"^logits: expected \(N,\) binary"),
-    (torch.zeros(4, dtype=torch.long), torch.zeros(4), "^logits: expected a floating-point"),
-    (torch.randn(4), torch.tensor([0.0, 1.0, 0.5, 1.0]), r"^target: expected binary labels in \{0, 1\}, got 0.5 at position 2"),
-    (torch.tensor([0.0, -math.inf]), torch.tensor([0.0, 1.0]), "^logits: a -inf .* target 1 at position 1"),
-])
+@pytest.mark.parametrize(
+    "logits, target, match",
+    [
+        (
+            _nan(),
+            _Y,
+            r"^logits: expected finite values or -inf masks, found NaN or \+Inf at position \(4, 2\)",
+        ),
+        (_posinf(), _Y, r"^logits: .*position \(1, 0\)"),
+        (_masked_target(), _Y, r"^logits: the target class is masked \(-inf\) at row 2"),
+        (torch.zeros(0, 3), torch.zeros(0, dtype=torch.long), "^logits: expected a non-empty"),
+        (
+            _Z,
+            torch.tensor([0, 1, 2, 0, 1, 3]),
+            r"^target: expected class indices in \[0, 2\], got 3 at position 5",
+        ),
+        (_Z, torch.tensor([0, 1, -1, 0, 1, 2]), "^target: expected class indices"),
+        (_Z, _Y[:5], r"^target: expected shape \(6,\)"),
+        (_Z, _Y.float(), "^target: expected integer class indices"),
+        (_Z[:, :1], _Y, r"^target: expected binary labels"),  # (N, 1) logits are binary
+        (
+            torch.zeros(2, 3, 4),
+            torch.zeros(2, dtype=torch.long),
+            r"^logits: expected \(N,\) binary",
+        ),
+        (torch.zeros(4, dtype=torch.long), torch.zeros(4), "^logits: expected a floating-point"),
+        (
+            torch.randn(4),
+            torch.tensor([0.0, 1.0, 0.5, 1.0]),
+            r"^target: expected binary labels in \{0, 1\}, got 0.5 at position 2",
+        ),
+        (
+            torch.tensor([0.0, -math.inf]),
+            torch.tensor([0.0, 1.0]),
+            "^logits: a -inf .* target 1 at position 1",
+        ),
+    ],
+)
 def test_bad_input_raises_clear_errors(logits, target, match):
     with pytest.raises(ValueError, match=match):
         TemperatureScaler().fit(logits, target)
@@ -517,20 +554,26 @@ def test_row_terms_derivatives_match_autograd(binary):
         if binary:
             zf = torch.where(torch.isfinite(z), z, torch.zeros_like(z))
             t = b * zf
-            return torch.where(torch.isfinite(z), torch.nn.functional.softplus(t, threshold=1e9)
-                               - y * t, torch.zeros_like(t))
+            return torch.where(
+                torch.isfinite(z),
+                torch.nn.functional.softplus(t, threshold=1e9) - y * t,
+                torch.zeros_like(t),
+            )
         zf = torch.where(torch.isfinite(z), z, torch.zeros_like(z))  # no 0 * inf in backward
         zz = torch.where(torch.isfinite(z), zf * b, torch.full_like(z, -math.inf))
         return torch.logsumexp(zz, 1) - (z.gather(1, y[:, None]).squeeze(1) * b)
 
     b = torch.tensor(beta0, dtype=torch.float64, requires_grad=True)
     ref_l = loss(b)
-    ref_d1 = torch.stack([torch.autograd.grad(ref_l[i], b, create_graph=True)[0]
-                          for i in range(50)])
-    ref_d2 = torch.stack([torch.autograd.grad(ref_d1[i], b, retain_graph=True)[0]
-                          for i in range(50)])
-    nll, d1, d2, l1, wrong = row_terms(z, y, torch.tensor(beta0, dtype=torch.float64),
-                                       binary=binary, identity=True)
+    ref_d1 = torch.stack(
+        [torch.autograd.grad(ref_l[i], b, create_graph=True)[0] for i in range(50)]
+    )
+    ref_d2 = torch.stack(
+        [torch.autograd.grad(ref_d1[i], b, retain_graph=True)[0] for i in range(50)]
+    )
+    nll, d1, d2, l1, wrong = row_terms(
+        z, y, torch.tensor(beta0, dtype=torch.float64), binary=binary, identity=True
+    )
     if binary:
         ref_wrong = ((y == 1) & (z < 0)) | ((y == 0) & (z > 0))
     else:
@@ -539,8 +582,7 @@ def test_row_terms_derivatives_match_autograd(binary):
     assert torch.allclose(nll, ref_l.detach(), rtol=1e-12, atol=1e-12)
     assert torch.allclose(d1, ref_d1.detach(), rtol=1e-10, atol=1e-12)
     assert torch.allclose(d2, ref_d2.detach(), rtol=1e-8, atol=1e-12)
-    assert torch.allclose(l1, loss(torch.tensor(1.0, dtype=torch.float64)), rtol=1e-12,
-                          atol=1e-12)
+    assert torch.allclose(l1, loss(torch.tensor(1.0, dtype=torch.float64)), rtol=1e-12, atol=1e-12)
 
 
 def test_forward_gradcheck():
@@ -555,8 +597,13 @@ def test_property_random_inputs_never_nan_never_worse():
     st = pytest.importorskip("hypothesis.strategies")
 
     @hyp.settings(max_examples=25, deadline=None, derandomize=True)
-    @hyp.given(n=st.integers(1, 40), c=st.integers(2, 6), scale=st.floats(1e-3, 1e3),
-               seed=st.integers(0, 2**16), binary=st.booleans())
+    @hyp.given(
+        n=st.integers(1, 40),
+        c=st.integers(2, 6),
+        scale=st.floats(1e-3, 1e3),
+        seed=st.integers(0, 2**16),
+        binary=st.booleans(),
+    )
     def check(n, c, scale, seed, binary):
         g = torch.Generator().manual_seed(seed)
         if binary:

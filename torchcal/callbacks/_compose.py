@@ -61,8 +61,16 @@ def _scalars(stats: C.BinnedStats, reading: str) -> dict[str, Tensor]:
     }
 
 
-def compose(synced: MetricStatistics, nll: Tensor, *, reading: str, interval: str,
-            level: float, tag: str, num_groups: int | None) -> EpochReport:
+def compose(
+    synced: MetricStatistics,
+    nll: Tensor,
+    *,
+    reading: str,
+    interval: str,
+    level: float,
+    tag: str,
+    num_groups: int | None,
+) -> EpochReport:
     """The scalars, tables and per-group ECEs of the all-reduced ``synced`` statistics
     (``(G, K, B)``, from ``ReliabilityDiagram.statistics()``) and the streamed ``nll``.
     ``tag`` is the pooled table's tag, e.g. ``"val/reliability"`` or
@@ -73,8 +81,7 @@ def compose(synced: MetricStatistics, nll: Tensor, *, reading: str, interval: st
     values["nll"] = nll
 
     def table(s: C.BinnedStats) -> ReliabilityTable:
-        return C.reliability_table_from_stats(s, interval=interval, level=level,
-                                              reading=reading)
+        return C.reliability_table_from_stats(s, interval=interval, level=level, reading=reading)
 
     records = [TableRecord(tag, table(pooled))]
     group_ece: list[float | None] | None = None
@@ -90,6 +97,5 @@ def compose(synced: MetricStatistics, nll: Tensor, *, reading: str, interval: st
             ge = C.calibration_error_from_stats(gs, norm="l1", reading=reading)
             group_ece.append(float(ge))
             group_values[g] = ge
-            records.append(TableRecord(f"{base}/reliability/group_{g}{sfx}", table(gs),
-                                       group=g))
+            records.append(TableRecord(f"{base}/reliability/group_{g}{sfx}", table(gs), group=g))
     return EpochReport(int(group_count.sum()), values, records, group_ece, group_values)

@@ -19,8 +19,7 @@ STEP_NAME = {"val": "validation_step", "test": "test_step"}
 _EXAMPLE_VALUE = {"logits": "logits", "probs": "logits.softmax(-1)", "target": "y"}
 
 
-def _contract_error(owner: str, stage: str, src: str, got: Any, keys: Sequence[str]
-                    ) -> ValueError:
+def _contract_error(owner: str, stage: str, src: str, got: Any, keys: Sequence[str]) -> ValueError:
     if isinstance(got, Mapping):
         what = f"a dict with keys {sorted(map(str, got))}"
     elif got is None:
@@ -38,11 +37,20 @@ def _contract_error(owner: str, stage: str, src: str, got: Any, keys: Sequence[s
         f"        ...\n"
         f"        return {{{ret}}}\n"
         f"or tell the callback your keys ({owner}(..._key=...)), or pass extract_fn=fn with "
-        f"fn(pl_module, batch, outputs) -> a tuple in the order {tuple(keys)}.")
+        f"fn(pl_module, batch, outputs) -> a tuple in the order {tuple(keys)}."
+    )
 
 
-def read_outputs(owner: str, stage: str, pl_module: Any, batch: Any, outputs: Any, *,
-                 keys: Sequence[str], extract_fn: Callable[..., Any] | None) -> list[Tensor]:
+def read_outputs(
+    owner: str,
+    stage: str,
+    pl_module: Any,
+    batch: Any,
+    outputs: Any,
+    *,
+    keys: Sequence[str],
+    extract_fn: Callable[..., Any] | None,
+) -> list[Tensor]:
     """The tensors under ``keys`` (detached), from ``outputs`` or from
     ``extract_fn(pl_module, batch, outputs)`` (a dict with ``keys`` or a tuple in their
     order)."""
@@ -72,8 +80,10 @@ def check_key(arg: str, value: Any) -> str:
 def check_extract_fn(extract_fn: Any) -> Callable[..., Any] | None:
     """``None`` or a callable ``fn(pl_module, batch, outputs)``."""
     if extract_fn is not None and not callable(extract_fn):
-        raise ValueError(f"extract_fn: expected a callable fn(pl_module, batch, outputs) or "
-                         f"None, got {type(extract_fn).__name__}")
+        raise ValueError(
+            f"extract_fn: expected a callable fn(pl_module, batch, outputs) or "
+            f"None, got {type(extract_fn).__name__}"
+        )
     return extract_fn
 
 
@@ -100,12 +110,17 @@ def check_logits_batch(owner: str, logits: Tensor, target: Tensor, *, values: bo
     check_class_target("target", target, int(logits.shape[1]))
     masked = torch.isneginf(logits).all(-1)
     if bool(masked.any()):
-        raise ValueError(f"logits: expected at least one finite logit per row, row "
-                         f"{int(masked.nonzero()[0, 0])} is entirely -inf")
+        raise ValueError(
+            f"logits: expected at least one finite logit per row, row "
+            f"{int(masked.nonzero()[0, 0])} is entirely -inf"
+        )
     in_unit = bool(((logits >= 0) & (logits <= 1)).all())
     if in_unit and bool(((logits.double().sum(-1) - 1).abs() <= PROBS_SUM_TOL).all()):
         warnings.warn(
             f"logits: every row of the first validation batch lies in [0, 1] and sums to 1; "
             f"these look like probabilities, but {owner} needs the logits (before softmax): "
-            f"return them from validation_step", UserWarning, stacklevel=3)
+            f"return them from validation_step",
+            UserWarning,
+            stacklevel=3,
+        )
     return binary

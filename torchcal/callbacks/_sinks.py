@@ -31,8 +31,7 @@ from lightning.pytorch.utilities.rank_zero import WarningCache
 from torchcal.plotting import figure_rgb
 from torchcal.report import CSV_COLUMNS, ReliabilityTable
 
-__all__ = ["IMAGE_LOGGERS", "TableRecord", "log_dir_of", "send_figure", "send_tables",
-           "write_csv"]
+__all__ = ["IMAGE_LOGGERS", "TableRecord", "log_dir_of", "send_figure", "send_tables", "write_csv"]
 
 #: Columns of ``reliability.csv`` (long format, one line per non-empty bin and epoch).
 EPOCH_CSV_COLUMNS = ("epoch", "step") + CSV_COLUMNS
@@ -63,8 +62,11 @@ def log_dir_of(trainer: Any) -> str:
             return str(lg.log_dir)
     if loggers:
         first = loggers[0]
-        attr = "log_dir" if type(first).__name__ in ("TensorBoardLogger", "CSVLogger") else (
-            "save_dir")
+        attr = (
+            "log_dir"
+            if type(first).__name__ in ("TensorBoardLogger", "CSVLogger")
+            else ("save_dir")
+        )
         path = getattr(first, attr, None)
         if path:
             return str(path)
@@ -95,49 +97,84 @@ def _safe(cache: WarningCache, logger: Any, what: str, fn: Callable[[], Any]) ->
     try:
         fn()
     except Exception as e:
-        cache.warn(f"CalibrationMonitor: {type(logger).__name__} failed to log the {what} "
-                   f"({type(e).__name__}: {e}); continuing without it")
+        cache.warn(
+            f"CalibrationMonitor: {type(logger).__name__} failed to log the {what} "
+            f"({type(e).__name__}: {e}); continuing without it"
+        )
 
 
 def _artifact(tag: str, epoch: int, step: int, ext: str) -> str:
     return f"calibration/{tag.replace('/', '_')}_epoch={epoch}_step={step}.{ext}"
 
 
-def _send_table(cache: WarningCache, lg: Any, r: TableRecord, *, epoch: int, step: int
-                ) -> None:
+def _send_table(cache: WarningCache, lg: Any, r: TableRecord, *, epoch: int, step: int) -> None:
     """One table to one logger, in the form its API takes."""
     name = type(lg).__name__
     if name == "TensorBoardLogger":
-        _safe(cache, lg, "table", lambda: lg.experiment.add_text(
-            r.tag, r.table.to_markdown(), step))
+        _safe(
+            cache, lg, "table", lambda: lg.experiment.add_text(r.tag, r.table.to_markdown(), step)
+        )
     elif name == "WandbLogger":
         data = [[row[c] for c in CSV_COLUMNS] for row in r.table.rows()]
-        _safe(cache, lg, "table", lambda: lg.log_table(
-            key=r.tag, columns=list(CSV_COLUMNS), data=data, step=step))
+        _safe(
+            cache,
+            lg,
+            "table",
+            lambda: lg.log_table(key=r.tag, columns=list(CSV_COLUMNS), data=data, step=step),
+        )
     elif name == "MLFlowLogger":
         rows = r.table.rows()
         cols = {c: [row[c] for row in rows] for c in CSV_COLUMNS}
-        _safe(cache, lg, "table", lambda: lg.experiment.log_table(
-            lg.run_id, data=cols, artifact_file=_artifact(r.tag, epoch, step, "json")))
+        _safe(
+            cache,
+            lg,
+            "table",
+            lambda: lg.experiment.log_table(
+                lg.run_id, data=cols, artifact_file=_artifact(r.tag, epoch, step, "json")
+            ),
+        )
 
 
-def send_tables(loggers: Sequence[Any], records: Sequence[TableRecord], *, epoch: int,
-                step: int, fig_tag: str | None, fig: Any, cache: WarningCache) -> None:
+def send_tables(
+    loggers: Sequence[Any],
+    records: Sequence[TableRecord],
+    *,
+    epoch: int,
+    step: int,
+    fig_tag: str | None,
+    fig: Any,
+    cache: WarningCache,
+) -> None:
     """Write each record (and the pooled figure ``fig`` under ``fig_tag``) to every logger."""
     for lg in loggers:
         name = type(lg).__name__
         if name not in IMAGE_LOGGERS and name != "CSVLogger":
-            cache.warn(f"CalibrationMonitor: no adapter for logger {name}; the scalars still "
-                       f"reach it through pl_module.log and the tables go to the CSV file only")
+            cache.warn(
+                f"CalibrationMonitor: no adapter for logger {name}; the scalars still "
+                f"reach it through pl_module.log and the tables go to the CSV file only"
+            )
         for r in records:
             _send_table(cache, lg, r, epoch=epoch, step=step)
     if fig is not None and fig_tag is not None:
-        send_figure(loggers, fig_tag, fig, step=step, cache=cache,
-                    artifact_file=_artifact(fig_tag, epoch, step, "png"))
+        send_figure(
+            loggers,
+            fig_tag,
+            fig,
+            step=step,
+            cache=cache,
+            artifact_file=_artifact(fig_tag, epoch, step, "png"),
+        )
 
 
-def send_figure(loggers: Sequence[Any], tag: str, fig: Any, *, step: int, cache: WarningCache,
-                artifact_file: str | None = None) -> None:
+def send_figure(
+    loggers: Sequence[Any],
+    tag: str,
+    fig: Any,
+    *,
+    step: int,
+    cache: WarningCache,
+    artifact_file: str | None = None,
+) -> None:
     """Send one figure to every logger that takes images (TensorBoard, W&B, MLflow); it is
     rendered to an RGB array once, for the loggers that take arrays."""
     rgb: list[Any] = []
@@ -151,11 +188,23 @@ def send_figure(loggers: Sequence[Any], tag: str, fig: Any, *, step: int, cache:
     for lg in loggers:
         name = type(lg).__name__
         if name == "TensorBoardLogger":
-            _safe(cache, lg, "figure", lambda lg=lg: lg.experiment.add_image(
-                tag, image(), step, dataformats="HWC"))
+            _safe(
+                cache,
+                lg,
+                "figure",
+                lambda lg=lg: lg.experiment.add_image(tag, image(), step, dataformats="HWC"),
+            )
         elif name == "WandbLogger":
-            _safe(cache, lg, "figure", lambda lg=lg: lg.log_image(key=tag, images=[image()],
-                                                                  step=step))
+            _safe(
+                cache,
+                lg,
+                "figure",
+                lambda lg=lg: lg.log_image(key=tag, images=[image()], step=step),
+            )
         elif name == "MLFlowLogger":
-            _safe(cache, lg, "figure", lambda lg=lg: lg.experiment.log_figure(
-                lg.run_id, fig, artifact_file=artifact))
+            _safe(
+                cache,
+                lg,
+                "figure",
+                lambda lg=lg: lg.experiment.log_figure(lg.run_id, fig, artifact_file=artifact),
+            )

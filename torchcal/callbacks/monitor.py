@@ -45,8 +45,7 @@ def check_sinks(sinks: Any) -> frozenset[str]:
     """``sinks``: one of :data:`SINKS` or a collection of them."""
     items = (sinks,) if isinstance(sinks, str) else sinks
     if not isinstance(items, Collection):
-        raise ValueError(f"sinks: expected a collection of {SINKS!r}, got "
-                         f"{type(sinks).__name__}")
+        raise ValueError(f"sinks: expected a collection of {SINKS!r}, got {type(sinks).__name__}")
     for s in items:
         check_option("sinks", s, SINKS)
     return frozenset(items)
@@ -183,15 +182,15 @@ class CalibrationMonitor(HistoryCallback):
         check_option("interval", interval, C.INTERVALS)
         check_open_unit("level", level)
         if reading in ("top_label", "classwise") and num_classes is None:
-            raise ValueError(f"num_classes: expected the number of classes for "
-                             f"reading={reading!r}, got None")
+            raise ValueError(
+                f"num_classes: expected the number of classes for reading={reading!r}, got None"
+            )
         if num_classes is not None:
             check_int("num_classes", num_classes, minimum=2)
         if num_groups is not None:
             check_int("num_groups", num_groups, minimum=1)
         if not isinstance(name, str) or name.strip("/") != name:
-            raise ValueError(f"name: expected a string without leading/trailing '/', got "
-                             f"{name!r}")
+            raise ValueError(f"name: expected a string without leading/trailing '/', got {name!r}")
         self.reading = reading
         self.input = input
         self.preds_key = check_key("preds_key", input if preds_key is None else preds_key)
@@ -221,40 +220,67 @@ class CalibrationMonitor(HistoryCallback):
     @override
     def state_key(self) -> str:
         return self._generate_state_key(
-            n_bins=self.n_bins, reading=self.reading, input=self.input,
-            preds_key=self.preds_key, target_key=self.target_key, name=self.name,
-            num_groups=self.num_groups)
+            n_bins=self.n_bins,
+            reading=self.reading,
+            input=self.input,
+            preds_key=self.preds_key,
+            target_key=self.target_key,
+            name=self.name,
+            num_groups=self.num_groups,
+        )
 
     # ------------------------------------------------------------------ accumulation
-    def _acc(self, stage: str, idx: int, device: torch.device
-             ) -> tuple[ReliabilityDiagram, NegativeLogLikelihood]:
+    def _acc(
+        self, stage: str, idx: int, device: torch.device
+    ) -> tuple[ReliabilityDiagram, NegativeLogLikelihood]:
         """The (stage, dataloader) accumulators, created on first use."""
         key = (stage, idx)
         if key not in self._accs:
-            rd = ReliabilityDiagram(self.n_bins, reading=self.reading, input=self.input,
-                                    num_classes=self.num_classes, num_groups=self.num_groups,
-                                    interval=self.interval, level=self.level,
-                                    validate_args=self.validate_args)
+            rd = ReliabilityDiagram(
+                self.n_bins,
+                reading=self.reading,
+                input=self.input,
+                num_classes=self.num_classes,
+                num_groups=self.num_groups,
+                interval=self.interval,
+                level=self.level,
+                validate_args=self.validate_args,
+            )
             # NLL gets the tensors the diagram has just validated; its own check would reject
             # the -inf masks that F.cross_entropy handles exactly
             nll = NegativeLogLikelihood(input=self.input, validate_args=False)
             self._accs[key] = (rd.to(device), nll.to(device))
         return self._accs[key]
 
-    def _extract(self, stage: str, pl_module: LightningModule, batch: Any, outputs: Any
-                 ) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _extract(
+        self, stage: str, pl_module: LightningModule, batch: Any, outputs: Any
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         keys = [self.preds_key, self.target_key] + ([self.group_key] if self.num_groups else [])
-        got = read_outputs("CalibrationMonitor", stage, pl_module, batch, outputs, keys=keys,
-                           extract_fn=self.extract_fn)
-        if (not self.num_groups and self.extract_fn is None and isinstance(outputs, Mapping)
-                and self.group_key in outputs):
-            self._warnings.warn(f"CalibrationMonitor: the step output carries "
-                                f"{self.group_key!r} but num_groups is not set; pass "
-                                f"num_groups=G for per-group tables")
+        got = read_outputs(
+            "CalibrationMonitor",
+            stage,
+            pl_module,
+            batch,
+            outputs,
+            keys=keys,
+            extract_fn=self.extract_fn,
+        )
+        if (
+            not self.num_groups
+            and self.extract_fn is None
+            and isinstance(outputs, Mapping)
+            and self.group_key in outputs
+        ):
+            self._warnings.warn(
+                f"CalibrationMonitor: the step output carries "
+                f"{self.group_key!r} but num_groups is not set; pass "
+                f"num_groups=G for per-group tables"
+            )
         return got[0], got[1], got[2] if self.num_groups else None
 
-    def _update(self, stage: str, pl_module: LightningModule, outputs: Any, batch: Any,
-                dataloader_idx: int) -> None:
+    def _update(
+        self, stage: str, pl_module: LightningModule, outputs: Any, batch: Any, dataloader_idx: int
+    ) -> None:
         # the sanity check's batches too: a wrong output fails before any training (its sums
         # are dropped at the next epoch start and never emitted)
         preds, target, groups = self._extract(stage, pl_module, batch, outputs)
@@ -267,8 +293,10 @@ class CalibrationMonitor(HistoryCallback):
         for key in [k for k in self._accs if k[0] == stage]:
             del self._accs[key]
         if n_loaders > 1 and self.dataloader_idx >= n_loaders:
-            raise ValueError(f"dataloader_idx: expected one of the {n_loaders} {stage} "
-                             f"dataloaders (0 to {n_loaders - 1}), got {self.dataloader_idx}")
+            raise ValueError(
+                f"dataloader_idx: expected one of the {n_loaders} {stage} "
+                f"dataloaders (0 to {n_loaders - 1}), got {self.dataloader_idx}"
+            )
 
     @override
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -279,14 +307,27 @@ class CalibrationMonitor(HistoryCallback):
         self._start("test", len(trainer.num_test_batches))
 
     @override
-    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule,
-                                outputs: Any, batch: Any, batch_idx: int,
-                                dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         self._update("val", pl_module, outputs, batch, dataloader_idx)
 
     @override
-    def on_test_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
-                          batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_test_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         self._update("test", pl_module, outputs, batch, dataloader_idx)
 
     # ------------------------------------------------------------------ epoch end
@@ -308,8 +349,9 @@ class CalibrationMonitor(HistoryCallback):
     def _suffixed(self, idx: int, several: bool) -> bool:
         return several and idx != self.dataloader_idx
 
-    def _emit(self, stage: str, trainer: Trainer, pl_module: LightningModule,
-              n_loaders: int) -> None:
+    def _emit(
+        self, stage: str, trainer: Trainer, pl_module: LightningModule, n_loaders: int
+    ) -> None:
         """Compose, log and write each dataloader's epoch. Every rank takes part in the
         collectives (a rank without batches of a loader adds zeros); files and loggers are
         written on rank 0."""
@@ -320,14 +362,25 @@ class CalibrationMonitor(HistoryCallback):
             if int(synced.group_counts.sum()) == 0:  # no sample on any rank
                 continue
             ns, sfx = self._names(stage, idx, several)
-            report = compose(synced, nll.compute(), reading=self.reading,
-                             interval=self.interval, level=self.level,
-                             tag=f"{ns}/reliability{sfx}", num_groups=self.num_groups)
+            report = compose(
+                synced,
+                nll.compute(),
+                reading=self.reading,
+                interval=self.interval,
+                level=self.level,
+                tag=f"{ns}/reliability{sfx}",
+                num_groups=self.num_groups,
+            )
             self._log(pl_module, report, ns, sfx)
-            entry = {"stage": stage, "dataloader_idx": idx, "epoch": int(trainer.current_epoch),
-                     "step": int(trainer.global_step), "n": report.n,
-                     **{k: float(report.values[k]) for k in self.metrics},
-                     "group_ece": report.group_ece}
+            entry = {
+                "stage": stage,
+                "dataloader_idx": idx,
+                "epoch": int(trainer.current_epoch),
+                "step": int(trainer.global_step),
+                "n": report.n,
+                **{k: float(report.values[k]) for k in self.metrics},
+                "group_ece": report.group_ece,
+            }
             self.history.append(entry)
             if trainer.is_global_zero:
                 self._write(stage, trainer, idx, several, report, entry)
@@ -339,21 +392,42 @@ class CalibrationMonitor(HistoryCallback):
         dtype = torch.float32 if dev.type == "mps" else torch.float64  # no float64 on mps
         prog_bar = "prog_bar" in self.sinks
         for key in self.metrics:
-            pl_module.log(f"{ns}/{key}{sfx}", report.values[key].to(dev, dtype), on_step=False,
-                          on_epoch=True, sync_dist=True, add_dataloader_idx=False,
-                          prog_bar=prog_bar and key == "ece")
+            pl_module.log(
+                f"{ns}/{key}{sfx}",
+                report.values[key].to(dev, dtype),
+                on_step=False,
+                on_epoch=True,
+                sync_dist=True,
+                add_dataloader_idx=False,
+                prog_bar=prog_bar and key == "ece",
+            )
         for g, ge in report.group_values.items():
-            pl_module.log(f"{ns}/group_{g}/ece{sfx}", ge.to(dev, dtype), on_step=False,
-                          on_epoch=True, sync_dist=True, add_dataloader_idx=False)
+            pl_module.log(
+                f"{ns}/group_{g}/ece{sfx}",
+                ge.to(dev, dtype),
+                on_step=False,
+                on_epoch=True,
+                sync_dist=True,
+                add_dataloader_idx=False,
+            )
 
-    def _write(self, stage: str, trainer: Trainer, idx: int, several: bool,
-               report: EpochReport, entry: dict[str, Any]) -> None:
+    def _write(
+        self,
+        stage: str,
+        trainer: Trainer,
+        idx: int,
+        several: bool,
+        report: EpochReport,
+        entry: dict[str, Any],
+    ) -> None:
         """Rank 0: the text table (``verbose``), the CSV files and the loggers."""
         epoch, step, records = entry["epoch"], entry["step"], report.records
         if self.verbose:
             where = f" dataloader {idx}" if several else ""
-            rank_zero_info(f"[CalibrationMonitor] {stage}{where} epoch {epoch} step {step}: "
-                           + ", ".join(f"{k}={entry[k]:.4f}" for k in self.metrics))
+            rank_zero_info(
+                f"[CalibrationMonitor] {stage}{where} epoch {epoch} step {step}: "
+                + ", ".join(f"{k}={entry[k]:.4f}" for k in self.metrics)
+            )
             rank_zero_info(records[0].table.to_text())
         if "csv" in self.sinks:
             base = os.path.join(_sinks.log_dir_of(trainer), self._file(stage, idx, several))
@@ -363,12 +437,20 @@ class CalibrationMonitor(HistoryCallback):
         if "loggers" in self.sinks and trainer.loggers:
             fig = self._figure(records[0].table, trainer) if "figures" in self.sinks else None
             tag = records[0].tag.replace("/reliability", "/reliability_diagram", 1)
-            _sinks.send_tables(trainer.loggers, records, epoch=epoch, step=step, fig_tag=tag,
-                               fig=fig, cache=self._warnings)
+            _sinks.send_tables(
+                trainer.loggers,
+                records,
+                epoch=epoch,
+                step=step,
+                fig_tag=tag,
+                fig=fig,
+                cache=self._warnings,
+            )
 
     def _file(self, stage: str, idx: int, several: bool) -> str:
-        parts = ([] if stage == "val" else [stage]) + ([self.name.replace("/", "_")]
-                                                      if self.name else [])
+        parts = ([] if stage == "val" else [stage]) + (
+            [self.name.replace("/", "_")] if self.name else []
+        )
         parts.append("reliability")
         if self._suffixed(idx, several):
             parts.append(f"dataloader_idx_{idx}")
@@ -380,8 +462,10 @@ class CalibrationMonitor(HistoryCallback):
         try:
             return table_figure(table)
         except ImportError:
-            self._warnings.warn("CalibrationMonitor: matplotlib is not installed; reliability "
-                                "diagrams are skipped (tables still logged)")
+            self._warnings.warn(
+                "CalibrationMonitor: matplotlib is not installed; reliability "
+                "diagrams are skipped (tables still logged)"
+            )
             return None
 
     # ------------------------------------------------------------------ fit end
@@ -400,17 +484,25 @@ class CalibrationMonitor(HistoryCallback):
         hist = [h for h in self.history if h["stage"] == "val" and h["dataloader_idx"] == idx]
         ns, sfx = self._names("val", idx, several)
         try:
-            fig = history_figure(hist, f"calibration over epochs ({ns}{sfx})",
-                                 brier_key=brier_name(self.reading))
+            fig = history_figure(
+                hist, f"calibration over epochs ({ns}{sfx})", brier_key=brier_name(self.reading)
+            )
         except ImportError:
-            self._warnings.warn("CalibrationMonitor: matplotlib is not installed; the "
-                                "calibration-over-epochs figure is skipped")
+            self._warnings.warn(
+                "CalibrationMonitor: matplotlib is not installed; the "
+                "calibration-over-epochs figure is skipped"
+            )
             return False
         stem = self._file("val", idx, several).replace("reliability", "calibration_over_epochs")
         out = os.path.join(_sinks.log_dir_of(trainer), stem + ".png")
         os.makedirs(os.path.dirname(out), exist_ok=True)
         fig.savefig(out)
         if "loggers" in self.sinks:
-            _sinks.send_figure(trainer.loggers, f"{ns}/calibration_over_epochs{sfx}", fig,
-                               step=int(trainer.global_step), cache=self._warnings)
+            _sinks.send_figure(
+                trainer.loggers,
+                f"{ns}/calibration_over_epochs{sfx}",
+                fig,
+                step=int(trainer.global_step),
+                cache=self._warnings,
+            )
         return True

@@ -28,12 +28,18 @@ from torchcal.scaling._objective import all_reduce_, distributed_active
 
 __all__ = ["TemperatureScaling"]
 
-_LOGGED = ("temperature", "nll_before_scaling", "nll_after_scaling", "ece_before_scaling",
-           "ece_after_scaling")
+_LOGGED = (
+    "temperature",
+    "nll_before_scaling",
+    "nll_after_scaling",
+    "ece_before_scaling",
+    "ece_after_scaling",
+)
 
 
-def _missing_to_current(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any
-                        ) -> None:
+def _missing_to_current(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any
+) -> None:
     """``load_state_dict`` pre-hook put on the scaler by :meth:`TemperatureScaling.setup`: a
     checkpoint written before the module had a scaler has no ``<attr>.*`` keys; keep the
     scaler's current (unfitted) state instead of failing a strict load."""
@@ -42,10 +48,12 @@ def _missing_to_current(module: nn.Module, state_dict: dict[str, Any], prefix: s
 
 
 def _fix_message(model: str, attr_name: str) -> str:
-    return (f"add `self.{attr_name} = TemperatureScaler()` (from torchcal.scaling import "
-            f"TemperatureScaler) to {model}.__init__; the fitted temperature then lives in the "
-            f"module's state_dict, so every checkpoint carries it and "
-            f"{model}.load_from_checkpoint(path) restores it")
+    return (
+        f"add `self.{attr_name} = TemperatureScaler()` (from torchcal.scaling import "
+        f"TemperatureScaler) to {model}.__init__; the fitted temperature then lives in the "
+        f"module's state_dict, so every checkpoint carries it and "
+        f"{model}.load_from_checkpoint(path) restores it"
+    )
 
 
 class TemperatureScaling(HistoryCallback):
@@ -182,9 +190,12 @@ class TemperatureScaling(HistoryCallback):
     @property
     @override
     def state_key(self) -> str:
-        return self._generate_state_key(attr_name=self.attr_name, when=self.when,
-                                        logits_key=self.logits_key,
-                                        dataloader_idx=self.dataloader_idx)
+        return self._generate_state_key(
+            attr_name=self.attr_name,
+            when=self.when,
+            logits_key=self.logits_key,
+            dataloader_idx=self.dataloader_idx,
+        )
 
     # ------------------------------------------------------------------ the scaler
     def _scaler(self, pl_module: nn.Module) -> TemperatureScaler:
@@ -192,30 +203,40 @@ class TemperatureScaling(HistoryCallback):
         scaler = getattr(pl_module, self.attr_name, None)
         model = type(pl_module).__name__
         if scaler is None:
-            raise ValueError(f"pl_module: TemperatureScaling fits the TemperatureScaler that "
-                             f"the LightningModule declares as `self.{self.attr_name}`, and "
-                             f"{model} has none; {_fix_message(model, self.attr_name)}")
+            raise ValueError(
+                f"pl_module: TemperatureScaling fits the TemperatureScaler that "
+                f"the LightningModule declares as `self.{self.attr_name}`, and "
+                f"{model} has none; {_fix_message(model, self.attr_name)}"
+            )
         if not isinstance(scaler, TemperatureScaler):
-            raise ValueError(f"attr_name: {model}.{self.attr_name} is a "
-                             f"{type(scaler).__name__}, not a torchcal.scaling."
-                             f"TemperatureScaler; {_fix_message(model, self.attr_name)} (or "
-                             f"pass TemperatureScaling(attr_name=...) naming the attribute "
-                             f"that holds it)")
+            raise ValueError(
+                f"attr_name: {model}.{self.attr_name} is a "
+                f"{type(scaler).__name__}, not a torchcal.scaling."
+                f"TemperatureScaler; {_fix_message(model, self.attr_name)} (or "
+                f"pass TemperatureScaling(attr_name=...) naming the attribute "
+                f"that holds it)"
+            )
         return scaler
 
     @staticmethod
-    def load_scaler(checkpoint: str | dict[str, Any], *,
-                    attr_name: str = "temperature_scaler") -> TemperatureScaler:
+    def load_scaler(
+        checkpoint: str | dict[str, Any], *, attr_name: str = "temperature_scaler"
+    ) -> TemperatureScaler:
         """The scaler stored in a Lightning checkpoint (a path, read with
         ``torch.load(..., weights_only=True)``, or the loaded dict), without the module."""
         if not isinstance(checkpoint, dict):
             checkpoint = torch.load(checkpoint, map_location="cpu", weights_only=True)
         prefix = attr_name + "."
-        state = {k[len(prefix):]: v for k, v in checkpoint.get("state_dict", {}).items()
-                 if k.startswith(prefix)}
+        state = {
+            k[len(prefix) :]: v
+            for k, v in checkpoint.get("state_dict", {}).items()
+            if k.startswith(prefix)
+        }
         if not state:
-            raise ValueError(f"checkpoint: expected the keys '{prefix}*' of the module's "
-                             f"TemperatureScaler, found none")
+            raise ValueError(
+                f"checkpoint: expected the keys '{prefix}*' of the module's "
+                f"TemperatureScaler, found none"
+            )
         scaler = TemperatureScaler()
         scaler.load_state_dict(state)
         return scaler
@@ -249,20 +270,29 @@ class TemperatureScaling(HistoryCallback):
         self._warned_no_val = False
         if trainer.limit_val_batches == 0:
             self._warned_no_val = True
-            rank_zero_warn(f"TemperatureScaling: limit_val_batches=0 runs no validation, so "
-                           f"the temperature of {type(pl_module).__name__}.{self.attr_name} "
-                           f"is not fitted during this fit (it keeps its current state); "
-                           f"give the Trainer validation batches", category=UserWarning)
+            rank_zero_warn(
+                f"TemperatureScaling: limit_val_batches=0 runs no validation, so "
+                f"the temperature of {type(pl_module).__name__}.{self.attr_name} "
+                f"is not fitted during this fit (it keeps its current state); "
+                f"give the Trainer validation batches",
+                category=UserWarning,
+            )
 
     @override
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if (trainer.state.fn == TrainerFn.VALIDATING and not self.fit_on_validate
-                and not self._scaler(pl_module).is_fitted):
-            rank_zero_warn(f"TemperatureScaling: {type(pl_module).__name__}.{self.attr_name} "
-                           f"is not fitted and trainer.validate() does not fit it (it fits "
-                           f"during fit's validation); pass "
-                           f"TemperatureScaling(fit_on_validate=True) to fit it on this "
-                           f"loader", category=UserWarning)
+        if (
+            trainer.state.fn == TrainerFn.VALIDATING
+            and not self.fit_on_validate
+            and not self._scaler(pl_module).is_fitted
+        ):
+            rank_zero_warn(
+                f"TemperatureScaling: {type(pl_module).__name__}.{self.attr_name} "
+                f"is not fitted and trainer.validate() does not fit it (it fits "
+                f"during fit's validation); pass "
+                f"TemperatureScaling(fit_on_validate=True) to fit it on this "
+                f"loader",
+                category=UserWarning,
+            )
 
     # ------------------------------------------------------------------ collecting
     @override
@@ -273,23 +303,37 @@ class TemperatureScaling(HistoryCallback):
             self._chunks = []
 
     @override
-    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule,
-                                outputs: Any, batch: Any, batch_idx: int,
-                                dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         if dataloader_idx != self.dataloader_idx or not self._fits_in(trainer):
             return
-        logits, target = read_outputs("TemperatureScaling", "val", pl_module, batch, outputs,
-                                      keys=[self.logits_key, self.target_key],
-                                      extract_fn=self.extract_fn)
+        logits, target = read_outputs(
+            "TemperatureScaling",
+            "val",
+            pl_module,
+            batch,
+            outputs,
+            keys=[self.logits_key, self.target_key],
+            extract_fn=self.extract_fn,
+        )
         binary = check_logits_batch("TemperatureScaling", logits, target, values=self._first)
         self._first = False
         kind = (binary, None if binary else int(logits.shape[1]))
         if self._kind is None:
             self._kind = kind
         elif kind != self._kind:
-            raise ValueError(f"logits: every validation batch must have the same kind and "
-                             f"number of classes; got shape {tuple(logits.shape)} after "
-                             f"{'binary (B,)' if self._kind[0] else self._kind[1]} logits")
+            raise ValueError(
+                f"logits: every validation batch must have the same kind and "
+                f"number of classes; got shape {tuple(logits.shape)} after "
+                f"{'binary (B,)' if self._kind[0] else self._kind[1]} logits"
+            )
         if not trainer.sanity_checking:
             self._chunks.append((logits, target))
 
@@ -308,8 +352,14 @@ class TemperatureScaling(HistoryCallback):
         dev = pl_module.device
         dtype = torch.float32 if dev.type == "mps" else torch.float64
         for key in _LOGGED:
-            pl_module.log(f"val/{key}", torch.tensor(values[key], dtype=dtype, device=dev),
-                          on_step=False, on_epoch=True, sync_dist=True, add_dataloader_idx=False)
+            pl_module.log(
+                f"val/{key}",
+                torch.tensor(values[key], dtype=dtype, device=dev),
+                on_step=False,
+                on_epoch=True,
+                sync_dist=True,
+                add_dataloader_idx=False,
+            )
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -323,19 +373,22 @@ class TemperatureScaling(HistoryCallback):
                     lg.log_metrics(metrics, step=trainer.global_step)
                     lg.save()
         if self._fits_in_run == 0 and not self._warned_no_val:
-            rank_zero_warn(f"TemperatureScaling: no validation logits reached the callback "
-                           f"during this fit (no val_dataloader, check_val_every_n_epoch "
-                           f"beyond max_epochs, or empty validation data), so the temperature "
-                           f"of {type(pl_module).__name__}.{self.attr_name} was not fitted",
-                           category=UserWarning)
+            rank_zero_warn(
+                f"TemperatureScaling: no validation logits reached the callback "
+                f"during this fit (no val_dataloader, check_val_every_n_epoch "
+                f"beyond max_epochs, or empty validation data), so the temperature "
+                f"of {type(pl_module).__name__}.{self.attr_name} was not fitted",
+                category=UserWarning,
+            )
 
     def _global_kind(self) -> tuple[int, bool, int | None]:
         """``(n, binary, C)`` over all ranks (a collective under DDP; every rank calls it)."""
         n_local = float(sum(int(t.shape[0]) for _, t in self._chunks))
         binary, c = self._kind if (self._kind and self._chunks) else (False, None)
         has = float(bool(self._chunks))
-        v = torch.tensor([n_local, has * binary, has * (not binary), float(c or 0)],
-                         dtype=torch.float64)
+        v = torch.tensor(
+            [n_local, has * binary, has * (not binary), float(c or 0)], dtype=torch.float64
+        )
         if distributed_active():
             all_reduce_(v)
         n, n_bin, n_multi, c_sum = (float(x) for x in v)
@@ -356,45 +409,69 @@ class TemperatureScaling(HistoryCallback):
             for logits, target in self._chunks:
                 z = logits.double() if temperature is None else logits.double() / temperature
                 s = C.binned_statistics(z, target, n_bins=self.n_bins, reading=reading)
-                sums += torch.stack([s.count.double(), s.conf, s.acc, s.conf2, s.conf_acc]
-                                    ).reshape(5, self.n_bins).to(device)
+                sums += (
+                    torch.stack([s.count.double(), s.conf, s.acc, s.conf2, s.conf_acc])
+                    .reshape(5, self.n_bins)
+                    .to(device)
+                )
             if distributed_active():
                 all_reduce_(sums)
-            stats = C.BinnedStats(sums[0].round().long()[None, None], *(
-                sums[i][None, None] for i in range(1, 5)))
-            return float(C.calibration_error_from_stats(stats.pooled(), norm="l1",
-                                                        reading=reading))
+            stats = C.BinnedStats(
+                sums[0].round().long()[None, None], *(sums[i][None, None] for i in range(1, 5))
+            )
+            return float(C.calibration_error_from_stats(stats.pooled(), norm="l1", reading=reading))
 
-    def _fit(self, trainer: Trainer, pl_module: LightningModule, stage: str
-             ) -> dict[str, float] | None:
+    def _fit(
+        self, trainer: Trainer, pl_module: LightningModule, stage: str
+    ) -> dict[str, float] | None:
         scaler = self._scaler(pl_module)
         n, binary, _ = self._global_kind()
         where = f"validation dataloader {self.dataloader_idx}"
         if n == 0:
-            rank_zero_warn(f"TemperatureScaling: {where} gave no sample on any rank in this "
-                           f"epoch; the temperature keeps its current state",
-                           category=UserWarning)
+            rank_zero_warn(
+                f"TemperatureScaling: {where} gave no sample on any rank in this "
+                f"epoch; the temperature keeps its current state",
+                category=UserWarning,
+            )
             return None
         if not self._chunks:
-            warnings.warn(f"TemperatureScaling: rank {trainer.global_rank} had no batch of "
-                          f"{where} in this epoch; it joins the fit with an empty shard (T "
-                          f"is fitted on the other ranks' logits)", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"TemperatureScaling: rank {trainer.global_rank} had no batch of "
+                f"{where} in this epoch; it joins the fit with an empty shard (T "
+                f"is fitted on the other ranks' logits)",
+                UserWarning,
+                stacklevel=2,
+            )
         dev = pl_module.device
         ece_before = self._ece(binary, None, dev)
         result = scaler.fit_stream(self._chunks)
         ece_after = self._ece(binary, scaler.temperature, dev)
         self.result = result
         self._fits_in_run += 1
-        values = {"temperature": scaler.temperature,
-                  "nll_before_scaling": result.nll_before, "nll_after_scaling": result.nll_after,
-                  "ece_before_scaling": ece_before, "ece_after_scaling": ece_after}
+        values = {
+            "temperature": scaler.temperature,
+            "nll_before_scaling": result.nll_before,
+            "nll_after_scaling": result.nll_after,
+            "ece_before_scaling": ece_before,
+            "ece_after_scaling": ece_after,
+        }
         n_local = sum(int(t.shape[0]) for _, t in self._chunks)
-        self.history.append({"stage": stage, "epoch": self._chunks_at[0],
-                             "step": self._chunks_at[1], "n_local": n_local, "n": n,
-                             "converged": bool(result.converged), **values})
+        self.history.append(
+            {
+                "stage": stage,
+                "epoch": self._chunks_at[0],
+                "step": self._chunks_at[1],
+                "n_local": n_local,
+                "n": n,
+                "converged": bool(result.converged),
+                **values,
+            }
+        )
         if self.verbose:
-            rank_zero_info(f"[TemperatureScaling] epoch {self._chunks_at[0]}: T = "
-                           f"{values['temperature']:.4f}; NLL {result.nll_before:.4f} -> "
-                           f"{result.nll_after:.4f}; ECE ({self.n_bins} bins) "
-                           f"{ece_before:.4f} -> {ece_after:.4f}")
+            rank_zero_info(
+                f"[TemperatureScaling] epoch {self._chunks_at[0]}: T = "
+                f"{values['temperature']:.4f}; NLL {result.nll_before:.4f} -> "
+                f"{result.nll_after:.4f}; ECE ({self.n_bins} bins) "
+                f"{ece_before:.4f} -> {ece_after:.4f}"
+            )
         return values

@@ -34,8 +34,9 @@ def broadcast_or_none(shapes: Sequence[torch.Size]) -> torch.Size | None:
         return None
 
 
-def check_target_shape(target_shape: torch.Size, forecast: Sequence[tuple[str, torch.Size]],
-                       what: str = "") -> None:
+def check_target_shape(
+    target_shape: torch.Size, forecast: Sequence[tuple[str, torch.Size]], what: str = ""
+) -> None:
     """The forecast shapes must broadcast to ``target_shape``; the target is never broadcast.
 
     ``forecast`` holds (name, shape) pairs already compared with the target's shape
@@ -48,18 +49,22 @@ def check_target_shape(target_shape: torch.Size, forecast: Sequence[tuple[str, t
             shape = torch.broadcast_shapes(shape, s)
         except RuntimeError:
             others = ", ".join(f"{n} {tuple(t)}" for n, t in forecast[:i])
-            raise ValueError(f"{name}: expected a shape broadcastable with {others}, got "
-                             f"{tuple(s)}") from None
+            raise ValueError(
+                f"{name}: expected a shape broadcastable with {others}, got {tuple(s)}"
+            ) from None
     if broadcast_or_none([shape, target_shape]) != target_shape:
         names = ", ".join(f"{n} {tuple(s)}" for n, s in forecast)
-        raise ValueError(f"target: expected {what}shape {tuple(target_shape)} to match the "
-                         f"forecast ({names}); the forecast may broadcast to the target's "
-                         f"shape, the target is never broadcast (an (N, 1) target against "
-                         f"(N,) predictions would score all N x N pairs)")
+        raise ValueError(
+            f"target: expected {what}shape {tuple(target_shape)} to match the "
+            f"forecast ({names}); the forecast may broadcast to the target's "
+            f"shape, the target is never broadcast (an (N, 1) target against "
+            f"(N,) predictions would score all N x N pairs)"
+        )
 
 
-def cast_forecast(named: Sequence[tuple[str, Tensor]],
-                  options: Sequence[tuple[str, Tensor]] = ()) -> list[Tensor]:
+def cast_forecast(
+    named: Sequence[tuple[str, Tensor]], options: Sequence[tuple[str, Tensor]] = ()
+) -> list[Tensor]:
     """Validate floating, non-empty, finite, mutually broadcastable tensors; cast them.
 
     The compute dtype is torch's promotion of the ``named`` tensors, at least float32;
@@ -76,8 +81,10 @@ def cast_forecast(named: Sequence[tuple[str, Tensor]],
             shape = torch.broadcast_shapes(shape, x.shape)
         except RuntimeError:
             others = ", ".join(n for n, _ in everything if n != name)
-            raise ValueError(f"{name}: expected a shape broadcastable with {others} "
-                             f"{tuple(shape)}, got {tuple(x.shape)}") from None
+            raise ValueError(
+                f"{name}: expected a shape broadcastable with {others} "
+                f"{tuple(shape)}, got {tuple(x.shape)}"
+            ) from None
     for name, x in everything:
         check_finite(name, x)
     dtype = named[0][1].dtype
@@ -87,8 +94,9 @@ def cast_forecast(named: Sequence[tuple[str, Tensor]],
     return [x.to(dtype) for _, x in everything]
 
 
-def check_location_scale(loc: Tensor, scale: Tensor, target: Tensor,
-                         scale_name: str = "scale") -> list[Tensor]:
+def check_location_scale(
+    loc: Tensor, scale: Tensor, target: Tensor, scale_name: str = "scale"
+) -> list[Tensor]:
     """Validate and cast ``(loc, scale, target)`` of a location-scale forecast, target last;
     ``scale`` must be > 0."""
     for name, x in (("loc", loc), (scale_name, scale), ("target", target)):

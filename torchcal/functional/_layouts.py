@@ -33,9 +33,21 @@ from torchcal.functional._validation import (
     values_checked,
 )
 
-__all__ = ["NEG_INF", "Prepared", "autocast_off", "binary_brier", "check_class_probabilities",
-           "check_multiclass_rows", "check_rows", "check_weight_values", "diagnose",
-           "fused_multiclass", "log_score_items", "prepare", "soft_expected"]
+__all__ = [
+    "NEG_INF",
+    "Prepared",
+    "autocast_off",
+    "binary_brier",
+    "check_class_probabilities",
+    "check_multiclass_rows",
+    "check_rows",
+    "check_weight_values",
+    "diagnose",
+    "fused_multiclass",
+    "log_score_items",
+    "prepare",
+    "soft_expected",
+]
 
 NEG_INF = float("-inf")
 
@@ -49,8 +61,15 @@ class Prepared(NamedTuple):
     soft: Tensor | None = None  # class-probability target (N, C, *), compute dtype
     class_weight: Tensor | None = None  # soft targets only: (C,) weights or None
 
-def prepare(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
-             reduction: str, multilabel: bool = False) -> Prepared:
+
+def prepare(
+    logits: Tensor,
+    target: Tensor,
+    weight: Tensor | None,
+    ignore_index: int,
+    reduction: str,
+    multilabel: bool = False,
+) -> Prepared:
     """Validate the common arguments and bring them into one canonical form."""
     check_tensor("logits", logits)
     check_tensor("target", target)
@@ -67,60 +86,83 @@ def prepare(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index:
     if has_classes and logits.shape[1] == 1 and not multilabel:
         # a binary head (N, 1, *): binary with a target of shape (N, 1, *) or (N, *)
         if target.shape in (logits.shape, class_shape):
-            return _prepare_binary(logits.reshape(target.shape), target, weight,
-                                   ignore_index, dtype)
+            return _prepare_binary(
+                logits.reshape(target.shape), target, weight, ignore_index, dtype
+            )
     elif target.shape == logits.shape:
         if multilabel or not has_classes:
             return _prepare_binary(logits, target, weight, ignore_index, dtype)
         return _prepare_soft(logits, target, weight, dtype)
     elif has_classes and target.shape == class_shape:
         if multilabel:
-            raise ValueError(f"target: multilabel=True expects 0/1 float labels of the logits' "
-                             f"shape {tuple(logits.shape)}, got {tuple(target.shape)}")
+            raise ValueError(
+                f"target: multilabel=True expects 0/1 float labels of the logits' "
+                f"shape {tuple(logits.shape)}, got {tuple(target.shape)}"
+            )
         return _prepare_multiclass(logits, target, weight, ignore_index, dtype)
     if not has_classes:
         expected = f"{tuple(logits.shape)} (binary labels)"
     elif logits.shape[1] == 1:
-        expected = (f"{tuple(logits.shape)} or {tuple(class_shape)} (binary labels for a "
-                    f"binary head (N, 1, *))")
+        expected = (
+            f"{tuple(logits.shape)} or {tuple(class_shape)} (binary labels for a "
+            f"binary head (N, 1, *))"
+        )
     elif multilabel:
         expected = f"{tuple(logits.shape)} (multi-label 0/1 floats)"
     else:
-        expected = (f"{tuple(class_shape)} (class indices) or {tuple(logits.shape)} "
-                    f"(class probabilities) for logits (N, C, *)")
+        expected = (
+            f"{tuple(class_shape)} (class indices) or {tuple(logits.shape)} "
+            f"(class probabilities) for logits (N, C, *)"
+        )
     raise ValueError(f"target: expected shape {expected}, got {tuple(target.shape)}")
 
 
-def _prepare_soft(logits: Tensor, target: Tensor, weight: Tensor | None,
-                  dtype: torch.dtype) -> Prepared:
+def _prepare_soft(
+    logits: Tensor, target: Tensor, weight: Tensor | None, dtype: torch.dtype
+) -> Prepared:
     """Class-probability targets of the logits' shape, as ``F.cross_entropy`` reads them."""
     num_classes = logits.shape[1]
     if not target.is_floating_point():
-        raise ValueError(f"target: expected class indices of shape "
-                         f"{tuple(logits.shape[:1] + logits.shape[2:])} or floating class "
-                         f"probabilities of the logits' shape, got dtype {target.dtype} of the "
-                         f"logits' shape {tuple(target.shape)}; for independent sigmoids "
-                         f"pass multilabel=True and 0/1 floats")
+        raise ValueError(
+            f"target: expected class indices of shape "
+            f"{tuple(logits.shape[:1] + logits.shape[2:])} or floating class "
+            f"probabilities of the logits' shape, got dtype {target.dtype} of the "
+            f"logits' shape {tuple(target.shape)}; for independent sigmoids "
+            f"pass multilabel=True and 0/1 floats"
+        )
     check_class_probabilities("target", target)
     check_finite("logits", logits)
     if weight is not None:
         if weight.shape != (num_classes,):
-            raise ValueError(f"weight: expected a 1-d tensor of {num_classes} class weights, "
-                             f"got shape {tuple(weight.shape)}")
+            raise ValueError(
+                f"weight: expected a 1-d tensor of {num_classes} class weights, "
+                f"got shape {tuple(weight.shape)}"
+            )
         check_weight_values(weight)
         weight = weight.to(device=logits.device, dtype=dtype)
     shape = logits.shape[:1] + logits.shape[2:]
     index = torch.zeros(shape, dtype=torch.long, device=logits.device)
     used = torch.ones(shape, dtype=torch.bool, device=logits.device)
-    return Prepared(False, logits.to(dtype), index, used, None,
-                     target.to(device=logits.device, dtype=dtype), weight)
+    return Prepared(
+        False,
+        logits.to(dtype),
+        index,
+        used,
+        None,
+        target.to(device=logits.device, dtype=dtype),
+        weight,
+    )
 
 
 def check_class_probabilities(name: str, target: Tensor) -> None:
     """``target`` ``(N, C, *)``: values in [0, 1], sums over dim 1 equal to 1 within
     ``max(1e-4, C * eps(target.dtype))`` (computed in float64)."""
-    check_probability_rows(name, target, what="class probabilities whose sum over dim 1",
-                           hint="; for independent sigmoids (multi-label) pass multilabel=True")
+    check_probability_rows(
+        name,
+        target,
+        what="class probabilities whose sum over dim 1",
+        hint="; for independent sigmoids (multi-label) pass multilabel=True",
+    )
 
 
 def soft_expected(prep: Prepared, per_class: Tensor, reduction: str) -> Tensor:
@@ -133,8 +175,9 @@ def soft_expected(prep: Prepared, per_class: Tensor, reduction: str) -> Tensor:
     return reduce((wq * per_class).sum(dim=1), reduction)
 
 
-def _prepare_binary(logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int,
-                    dtype: torch.dtype) -> Prepared:
+def _prepare_binary(
+    logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, dtype: torch.dtype
+) -> Prepared:
     # integer/bool 0/1 labels are binary labels too (the layout is decided by the shapes):
     # the rule of the metrics' negative log-likelihood (docs/design.md section 3)
     check_binary_target("target", target, ignore_index=ignore_index)
@@ -148,20 +191,25 @@ def _prepare_binary(logits: Tensor, target: Tensor, weight: Tensor | None, ignor
         except RuntimeError:
             shape = None
         if shape != target.shape:
-            raise ValueError(f"weight: expected a tensor broadcastable to the target's shape "
-                             f"{tuple(target.shape)}, got {tuple(weight.shape)}")
+            raise ValueError(
+                f"weight: expected a tensor broadcastable to the target's shape "
+                f"{tuple(target.shape)}, got {tuple(weight.shape)}"
+            )
         check_weight_values(weight)
         w = w * weight.to(device=logits.device, dtype=dtype)
     return Prepared(True, logits.to(dtype), y, used, w)
 
 
-def _prepare_multiclass(logits: Tensor, target: Tensor, weight: Tensor | None,
-                        ignore_index: int, dtype: torch.dtype) -> Prepared:
+def _prepare_multiclass(
+    logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, dtype: torch.dtype
+) -> Prepared:
     num_classes = logits.shape[1]
     if num_classes < 2:
-        raise ValueError(f"logits: expected at least 2 classes along dim 1, got shape "
-                         f"{tuple(logits.shape)}; for a binary model pass logits of the "
-                         f"target's shape (e.g. logits.squeeze(1)) and 0/1 float targets")
+        raise ValueError(
+            f"logits: expected at least 2 classes along dim 1, got shape "
+            f"{tuple(logits.shape)}; for a binary model pass logits of the "
+            f"target's shape (e.g. logits.squeeze(1)) and 0/1 float targets"
+        )
     check_class_target("target", target, num_classes, ignore_index=ignore_index)
     used = target != ignore_index
     t = torch.where(used, target, 0).long()
@@ -169,17 +217,22 @@ def _prepare_multiclass(logits: Tensor, target: Tensor, weight: Tensor | None,
         w = used.to(dtype)
     else:
         if weight.shape != (num_classes,):
-            raise ValueError(f"weight: expected a 1-d tensor of {num_classes} class weights, "
-                             f"got shape {tuple(weight.shape)}")
+            raise ValueError(
+                f"weight: expected a 1-d tensor of {num_classes} class weights, "
+                f"got shape {tuple(weight.shape)}"
+            )
         check_weight_values(weight)
         w = weight.to(device=logits.device, dtype=dtype)[t] * used
     return Prepared(False, logits.to(dtype), t, used, w)
 
+
 def check_weight_values(weight: Tensor) -> None:
     check_finite("weight", weight)
     if values_checked() and bool((weight < 0).any()):
-        raise ValueError(f"weight: expected non-negative values, got a negative value at "
-                         f"position {first_bad_position(weight < 0)}")
+        raise ValueError(
+            f"weight: expected non-negative values, got a negative value at "
+            f"position {first_bad_position(weight < 0)}"
+        )
 
 
 def autocast_off(x: Tensor) -> contextlib.AbstractContextManager:
@@ -211,20 +264,25 @@ def diagnose(prep: Prepared, flagged: Tensor) -> None:
     check_finite("logits", logits, allow_neg_inf=True)
     no_finite = ~torch.isfinite(logits).any(dim=1)
     if bool(no_finite.any()):
-        raise ValueError(f"logits: expected at least one finite logit per item (-inf may only "
-                         f"mask classes), item {first_bad_position(no_finite)} is all -inf")
+        raise ValueError(
+            f"logits: expected at least one finite logit per item (-inf may only "
+            f"mask classes), item {first_bad_position(no_finite)} is all -inf"
+        )
     true_logit = logits.gather(1, prep.target.unsqueeze(1)).squeeze(1)
     masked_true = (true_logit == NEG_INF) & prep.used
     if bool(masked_true.any()):
-        raise ValueError(f"logits: the true class has logit -inf at item "
-                         f"{first_bad_position(masked_true)}; -inf may only mask classes "
-                         f"other than the target")
-    raise ValueError(f"logits: the score is not finite at item {first_bad_position(flagged)}: "
-                     f"logits too large in magnitude for {logits.dtype}")
+        raise ValueError(
+            f"logits: the true class has logit -inf at item "
+            f"{first_bad_position(masked_true)}; -inf may only mask classes "
+            f"other than the target"
+        )
+    raise ValueError(
+        f"logits: the score is not finite at item {first_bad_position(flagged)}: "
+        f"logits too large in magnitude for {logits.dtype}"
+    )
 
 
-def fused_multiclass(fn: type[torch.autograd.Function], prep: Prepared,
-                      reduction: str) -> Tensor:
+def fused_multiclass(fn: type[torch.autograd.Function], prep: Prepared, reduction: str) -> Tensor:
     """Per-item scores of a fused softmax rule ``fn(logits, index)``, checked and reduced."""
     z = prep.logits
     index = prep.target.unsqueeze(1)
@@ -245,8 +303,9 @@ def check_multiclass_rows(prep: Prepared) -> None:
     check_rows(prep, torch.logsumexp(z, dim=1), z.gather(1, prep.target.unsqueeze(1)).squeeze(1))
 
 
-def log_score_items(x: Tensor, target: Tensor, layout: str, *, input: str = "logits",
-                    used: Tensor | None = None) -> Tensor:
+def log_score_items(
+    x: Tensor, target: Tensor, layout: str, *, input: str = "logits", used: Tensor | None = None
+) -> Tensor:
     """Per-item log score ``-log p_y`` of validated inputs: the one implementation behind
     :func:`~torchcal.functional.scoring.log_score` and the negative log-likelihood of
     :mod:`torchcal.functional.calibration.nll` (which differ only in their checks).

@@ -147,15 +147,17 @@ def check_finite(name: str, x: Tensor, *, allow_neg_inf: bool = False) -> None:
         bad = ~torch.isfinite(x)
         what = "NaN or Inf"
     if bool(bad.any()):
-        raise ValueError(f"{name}: expected finite values, found {what} at position "
-                         f"{first_bad_position(bad)}")
+        raise ValueError(
+            f"{name}: expected finite values, found {what} at position {first_bad_position(bad)}"
+        )
 
 
 def check_same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
     """``a`` and ``b`` must have exactly the same shape."""
     if a.shape != b.shape:
-        raise ValueError(f"{name_b}: expected the shape of {name_a} {tuple(a.shape)}, "
-                         f"got {tuple(b.shape)}")
+        raise ValueError(
+            f"{name_b}: expected the shape of {name_a} {tuple(a.shape)}, got {tuple(b.shape)}"
+        )
 
 
 def check_probabilities(name: str, x: Tensor) -> None:
@@ -194,16 +196,21 @@ def check_binary_target(name: str, target: Tensor, *, ignore_index: int | None =
     if bool(bad.any()):
         pos = first_bad_position(bad)
         val = first_bad_value(target, bad).item()
-        raise ValueError(f"{name}: expected binary labels in {{0, 1}}, got {val!r} at position {pos}")
+        raise ValueError(
+            f"{name}: expected binary labels in {{0, 1}}, got {val!r} at position {pos}"
+        )
 
 
-def check_class_target(name: str, target: Tensor, num_classes: int, *,
-                       ignore_index: int | None = None) -> None:
+def check_class_target(
+    name: str, target: Tensor, num_classes: int, *, ignore_index: int | None = None
+) -> None:
     """``target`` must be an integer tensor of class indices in ``[0, num_classes - 1]``."""
     check_tensor(name, target)
     if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
-        raise ValueError(f"{name}: expected integer class indices (torch.long), got dtype "
-                         f"{target.dtype}; for binary targets pass logits of the target's shape")
+        raise ValueError(
+            f"{name}: expected integer class indices (torch.long), got dtype "
+            f"{target.dtype}; for binary targets pass logits of the target's shape"
+        )
     if not _VALUE_CHECKS:
         return
     bad = (target < 0) | (target >= num_classes)
@@ -212,8 +219,9 @@ def check_class_target(name: str, target: Tensor, num_classes: int, *,
     if bool(bad.any()):
         pos = first_bad_position(bad)
         val = int(first_bad_value(target, bad))
-        raise ValueError(f"{name}: expected class indices in [0, {num_classes - 1}], got {val} "
-                         f"at position {pos}")
+        raise ValueError(
+            f"{name}: expected class indices in [0, {num_classes - 1}], got {val} at position {pos}"
+        )
 
 
 def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
@@ -232,8 +240,14 @@ def check_bool(name: str, value: object) -> bool:
     return value
 
 
-def check_number(name: str, value: object, *, minimum: float = 0.0, strict: bool = False,
-                 expected: str = "a number") -> float:
+def check_number(
+    name: str,
+    value: object,
+    *,
+    minimum: float = 0.0,
+    strict: bool = False,
+    expected: str = "a number",
+) -> float:
     """``value`` must be a finite Python number (not a bool) ``>= minimum`` (``> minimum``
     with ``strict=True``); returned as a float. ``expected`` names the accepted types in
     the ``TypeError``."""
@@ -253,8 +267,9 @@ def check_open_unit(name: str, value: float | Tensor) -> None:
         bad = ~((value > 0) & (value < 1))
         if bool(bad.any()):
             pos = first_bad_position(bad)
-            raise ValueError(f"{name}: expected values in the open interval (0, 1), "
-                             f"bad value at position {pos}")
+            raise ValueError(
+                f"{name}: expected values in the open interval (0, 1), bad value at position {pos}"
+            )
         return
     if not (0.0 < float(value) < 1.0):
         raise ValueError(f"{name}: expected a value in the open interval (0, 1), got {value!r}")
@@ -271,8 +286,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def check_label_smoothing(label_smoothing: float) -> float:
     """``label_smoothing`` must be a number in [0, 1)."""
     if isinstance(label_smoothing, bool) or not isinstance(label_smoothing, (int, float)):
-        raise TypeError(f"label_smoothing: expected a number, got "
-                        f"{type(label_smoothing).__name__}")
+        raise TypeError(f"label_smoothing: expected a number, got {type(label_smoothing).__name__}")
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing: expected a number in [0, 1), got {label_smoothing!r}")
     return float(label_smoothing)
@@ -319,8 +333,10 @@ def check_estimator(estimator: str) -> str:
 def check_ensemble_size(m: int, estimator: str) -> None:
     """The fair estimator needs at least 2 members."""
     if estimator == "fair" and m < 2:
-        raise ValueError(f"samples: the fair estimator (estimator='fair') needs at least 2 "
-                         f"ensemble members, got {m}; use estimator='nrg' for a single member")
+        raise ValueError(
+            f"samples: the fair estimator (estimator='fair') needs at least 2 "
+            f"ensemble members, got {m}; use estimator='nrg' for a single member"
+        )
 
 
 def check_alpha(alpha: float | Tensor) -> float | Tensor:
@@ -341,12 +357,16 @@ def check_levels(quantiles: Tensor | Sequence[float]) -> Tensor:
         try:
             quantiles = torch.as_tensor(list(quantiles), dtype=torch.float64)
         except (TypeError, ValueError):
-            raise TypeError("quantiles: expected a 1-d tensor or a sequence of floats, got "
-                            f"{type(quantiles).__name__}") from None
+            raise TypeError(
+                "quantiles: expected a 1-d tensor or a sequence of floats, got "
+                f"{type(quantiles).__name__}"
+            ) from None
     check_floating("quantiles", quantiles)
     if quantiles.dim() != 1 or quantiles.numel() == 0:
-        raise ValueError(f"quantiles: expected a non-empty 1-d tensor of levels, got shape "
-                         f"{tuple(quantiles.shape)}")
+        raise ValueError(
+            f"quantiles: expected a non-empty 1-d tensor of levels, got shape "
+            f"{tuple(quantiles.shape)}"
+        )
     check_finite("quantiles", quantiles)
     check_open_unit("quantiles", quantiles)
     return quantiles
@@ -379,8 +399,10 @@ def check_group_ids(groups: Tensor, shape: torch.Size, num_groups: int | None) -
     ``>= 0``, their number inferred); returns the number of groups."""
     check_tensor("groups", groups)
     if groups.shape != shape:
-        raise ValueError(f"groups: expected one group id per sample, shape {tuple(shape)}, "
-                         f"got {tuple(groups.shape)}")
+        raise ValueError(
+            f"groups: expected one group id per sample, shape {tuple(shape)}, "
+            f"got {tuple(groups.shape)}"
+        )
     if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
         raise ValueError(f"groups: expected integer group ids (torch.long), got {groups.dtype}")
     if num_groups is None:
@@ -396,8 +418,9 @@ def check_group_ids(groups: Tensor, shape: torch.Size, num_groups: int | None) -
         if bool(bad.any()):
             pos = first_bad_position(bad)
             val = int(groups.reshape(-1)[int(torch.nonzero(bad.reshape(-1))[0, 0])])
-            raise ValueError(f"groups: expected group ids in [0, {num_groups - 1}], got {val} "
-                             f"at position {pos}")
+            raise ValueError(
+                f"groups: expected group ids in [0, {num_groups - 1}], got {val} at position {pos}"
+            )
     return num_groups
 
 
@@ -427,20 +450,28 @@ def check_optional_int(name: str, value: object) -> int | None:
     return value
 
 
-def check_class_target_fast(target: Tensor, num_classes: int, ignore_index: int | None
-                             ) -> None:
+def check_class_target_fast(target: Tensor, num_classes: int, ignore_index: int | None) -> None:
     """``check_class_target`` with one fused ``aminmax`` on the common path."""
-    if (values_checked() and target.numel() and not target.is_floating_point()
-            and target.dtype != torch.bool and not target.is_complex()):
+    if (
+        values_checked()
+        and target.numel()
+        and not target.is_floating_point()
+        and target.dtype != torch.bool
+        and not target.is_complex()
+    ):
         lo, hi = torch.aminmax(target)
         if bool((lo >= 0) & (hi < num_classes)):
             return
     check_class_target("target", target, num_classes, ignore_index=ignore_index)
 
 
-def check_probability_rows(name: str, p: Tensor, *,
-                           what: str = "probabilities whose sum over the classes (dim 1)",
-                           hint: str = "") -> None:
+def check_probability_rows(
+    name: str,
+    p: Tensor,
+    *,
+    what: str = "probabilities whose sum over the classes (dim 1)",
+    hint: str = "",
+) -> None:
     """``(N, C, *)`` values in [0, 1] with sums over dim 1 (in float64) equal to 1 within
     :func:`probability_sum_tolerance`; the message names ``what`` and ends with ``hint``."""
     check_probabilities(name, p)
@@ -451,8 +482,10 @@ def check_probability_rows(name: str, p: Tensor, *,
     bad = (total - 1).abs() > tol
     if bool(bad.any()):
         val = float(total.reshape(-1)[int(torch.nonzero(bad.reshape(-1))[0, 0])])
-        raise ValueError(f"{name}: expected {what} is 1 (tolerance {tol:.3g}), got {val!r} at "
-                         f"item {first_bad_position(bad)}{hint}")
+        raise ValueError(
+            f"{name}: expected {what} is 1 (tolerance {tol:.3g}), got {val!r} at "
+            f"item {first_bad_position(bad)}{hint}"
+        )
 
 
 # --- scaling (R2) ---
@@ -462,8 +495,9 @@ def check_finite_value(name: str, value: object, *, strict: bool = False) -> flo
     got ...")`` otherwise."""
     v = float(value)  # type: ignore[arg-type]
     if not (math.isfinite(v) and (v > 0 if strict else v >= 0)):
-        raise ValueError(f"{name}: expected a finite value {'>' if strict else '>='} 0, got "
-                         f"{value!r}")
+        raise ValueError(
+            f"{name}: expected a finite value {'>' if strict else '>='} 0, got {value!r}"
+        )
     return v
 
 
@@ -475,20 +509,24 @@ def check_temperature_bounds(name: str, bounds: Sequence[float]) -> tuple[float,
     return lo, hi
 
 
-def check_group_index(name: str, groups: object, n: int, num_groups: int,
-                      device: torch.device) -> Tensor:
+def check_group_index(
+    name: str, groups: object, n: int, num_groups: int, device: torch.device
+) -> Tensor:
     """One integer group id per row in ``[0, num_groups - 1]`` (always checked: the ids index
     a parameter); returned as ``torch.long`` on ``device``."""
     groups = check_tensor(name, groups)
     if groups.shape != (n,):
-        raise ValueError(f"{name}: expected shape ({n},) (one group id per row), got "
-                         f"{tuple(groups.shape)}")
+        raise ValueError(
+            f"{name}: expected shape ({n},) (one group id per row), got {tuple(groups.shape)}"
+        )
     if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
         raise ValueError(f"{name}: expected integer group ids, got dtype {groups.dtype}")
     groups = groups.detach().to(device=device, dtype=torch.long)
     bad = (groups < 0) | (groups >= num_groups)
     if bool(bad.any()):
         pos = int(torch.nonzero(bad)[0, 0])
-        raise ValueError(f"{name}: expected group ids in [0, {num_groups - 1}], got "
-                         f"{int(groups[pos])} at position {pos}")
+        raise ValueError(
+            f"{name}: expected group ids in [0, {num_groups - 1}], got "
+            f"{int(groups[pos])} at position {pos}"
+        )
     return groups

@@ -77,8 +77,9 @@ _LOG_2PI = math.log(2.0 * math.pi)
 # ------------------------------------------------------------------- interval and quantile
 
 
-def interval_score(lower: Tensor, upper: Tensor, target: Tensor, *, alpha: float | Tensor,
-                   reduction: str = "mean") -> Tensor:
+def interval_score(
+    lower: Tensor, upper: Tensor, target: Tensor, *, alpha: float | Tensor, reduction: str = "mean"
+) -> Tensor:
     r"""Interval score of a central :math:`(1-\alpha)` prediction interval ``[lower, upper]``.
 
     :math:`\mathrm{IS}_\alpha = (u - l) + \frac{2}{\alpha}(l - y)\,1\{y < l\}
@@ -107,17 +108,21 @@ def interval_score(lower: Tensor, upper: Tensor, target: Tensor, *, alpha: float
     for name, x in (("lower", lower), ("upper", upper), ("target", target)):
         check_tensor(name, x)
     options = [("alpha", alpha)] if isinstance(alpha, Tensor) else []
-    forecast = [("lower", lower.shape), ("upper", upper.shape)] + [
-        (n, x.shape) for n, x in options]
-    if isinstance(alpha, Tensor) and alpha.dim() == 1 and target.shape != broadcast_or_none(
-            [s for _, s in forecast] + [target.shape]):
+    forecast = [("lower", lower.shape), ("upper", upper.shape)] + [(n, x.shape) for n, x in options]
+    if (
+        isinstance(alpha, Tensor)
+        and alpha.dim() == 1
+        and target.shape != broadcast_or_none([s for _, s in forecast] + [target.shape])
+    ):
         # K levels at once: bounds (..., K), alpha (K,), target (...), as quantile_score
         check_target_shape(target.shape, [(n, s[:-1]) for n, s in forecast[:2]])
         for n, s in forecast[:2]:
             if s.numel() and (len(s) == 0 or s[-1] != alpha.shape[0]):
-                raise ValueError(f"{n}: expected shape (..., K) with K = {alpha.shape[0]} "
-                                 f"(the number of alpha levels) for a target of shape "
-                                 f"{tuple(target.shape)}, got {tuple(s)}")
+                raise ValueError(
+                    f"{n}: expected shape (..., K) with K = {alpha.shape[0]} "
+                    f"(the number of alpha levels) for a target of shape "
+                    f"{tuple(target.shape)}, got {tuple(s)}"
+                )
         target = target.unsqueeze(-1)
     else:
         check_target_shape(target.shape, forecast)
@@ -129,14 +134,17 @@ def interval_score(lower: Tensor, upper: Tensor, target: Tensor, *, alpha: float
     if values_checked():
         bad = lower > upper
         if bool(bad.any()):
-            raise ValueError(f"upper: expected upper >= lower, got upper < lower at position "
-                             f"{first_bad_position(bad)}")
+            raise ValueError(
+                f"upper: expected upper >= lower, got upper < lower at position "
+                f"{first_bad_position(bad)}"
+            )
     penalty = torch.relu(lower - target) + torch.relu(target - upper)
     return reduce((upper - lower) + (2.0 / alpha) * penalty, reduction)
 
 
-def quantile_score(pred: Tensor, target: Tensor, quantiles: Tensor | Sequence[float], *,
-                   reduction: str = "mean") -> Tensor:
+def quantile_score(
+    pred: Tensor, target: Tensor, quantiles: Tensor | Sequence[float], *, reduction: str = "mean"
+) -> Tensor:
     r"""Quantile (pinball) score of predicted quantiles at several levels at once.
 
     :math:`\mathrm{QS}_\tau(q, y) = (1\{y < q\} - \tau)(q - y)`, i.e. :math:`\tau(y - q)`
@@ -167,12 +175,15 @@ def quantile_score(pred: Tensor, target: Tensor, quantiles: Tensor | Sequence[fl
     check_tensor("target", target)
     check_floating("pred", pred)
     if pred.dim() < 1 or pred.shape[-1] != quantiles.shape[0]:
-        raise ValueError(f"pred: expected shape (..., Q) with Q = {quantiles.shape[0]} "
-                         f"(the number of quantiles), got {tuple(pred.shape)}")
+        raise ValueError(
+            f"pred: expected shape (..., Q) with Q = {quantiles.shape[0]} "
+            f"(the number of quantiles), got {tuple(pred.shape)}"
+        )
     check_floating("target", target)
     check_target_shape(target.shape, [("pred without its last dim", pred.shape[:-1])])
-    pred, target, levels = cast_forecast([("pred", pred), ("target", target.unsqueeze(-1))],
-                                    [("quantiles", quantiles)])
+    pred, target, levels = cast_forecast(
+        [("pred", pred), ("target", target.unsqueeze(-1))], [("quantiles", quantiles)]
+    )
     diff = target - pred  # y - q
     score = torch.maximum(levels * diff, (levels - 1.0) * diff)
     return reduce(score, reduction)
@@ -188,8 +199,15 @@ def _normal_log_term(loc: Tensor, scale: Tensor, target: Tensor) -> Tensor:
     return torch.log(scale) + 0.5 * z * z
 
 
-def gaussian_nll(loc: Tensor, spread: Tensor, target: Tensor, *, var: bool = False,
-                 full: bool = True, reduction: str = "mean") -> Tensor:
+def gaussian_nll(
+    loc: Tensor,
+    spread: Tensor,
+    target: Tensor,
+    *,
+    var: bool = False,
+    full: bool = True,
+    reduction: str = "mean",
+) -> Tensor:
     r"""Negative log-likelihood of ``target`` under :math:`N(\mu, \sigma^2)` (log score).
 
     :math:`\frac12\left[\log\sigma^2 + (y-\mu)^2/\sigma^2\right] + \frac12\log 2\pi`
@@ -224,9 +242,11 @@ def gaussian_nll(loc: Tensor, spread: Tensor, target: Tensor, *, var: bool = Fal
     """
     check_reduction(reduction)
     if not isinstance(var, bool):
-        raise TypeError(f"var: expected a bool (spread is the variance), got "
-                        f"{type(var).__name__}; the signature is gaussian_nll(loc, spread, "
-                        f"target, *, var=False)")
+        raise TypeError(
+            f"var: expected a bool (spread is the variance), got "
+            f"{type(var).__name__}; the signature is gaussian_nll(loc, spread, "
+            f"target, *, var=False)"
+        )
     check_bool("full", full)
     (loc, spread, target) = check_location_scale(loc, spread, target, "spread")
     if var:
@@ -239,8 +259,9 @@ def gaussian_nll(loc: Tensor, spread: Tensor, target: Tensor, *, var: bool = Fal
     return reduce(nll, reduction)
 
 
-def dawid_sebastiani_score(loc: Tensor, scale: Tensor, target: Tensor, *,
-                           reduction: str = "mean") -> Tensor:
+def dawid_sebastiani_score(
+    loc: Tensor, scale: Tensor, target: Tensor, *, reduction: str = "mean"
+) -> Tensor:
     r"""Dawid-Sebastiani score :math:`((y - \mu)/\sigma)^2 + 2\log\sigma`.
 
     Proper for every forecast with mean :math:`\mu` and standard deviation :math:`\sigma`

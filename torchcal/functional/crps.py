@@ -112,9 +112,11 @@ def _make_crps_function(value_fn, grads_fn, name: str) -> type[torch.autograd.Fu
             loc, scale, target = ctx.saved_tensors
             d_target, d_scale = grads_fn(loc, scale, target)
             need_loc, need_scale, need_target = ctx.needs_input_grad
-            return (-grad * d_target if need_loc else None,
-                    grad * d_scale if need_scale else None,
-                    grad * d_target if need_target else None)
+            return (
+                -grad * d_target if need_loc else None,
+                grad * d_scale if need_scale else None,
+                grad * d_target if need_target else None,
+            )
 
     _CRPS.__name__ = _CRPS.__qualname__ = name
     return _CRPS
@@ -158,8 +160,7 @@ def crps_normal(loc: Tensor, scale: Tensor, target: Tensor, *, reduction: str = 
     return _crps_closed_form(_CRPSNormal, loc, scale, target, reduction)
 
 
-def crps_laplace(loc: Tensor, scale: Tensor, target: Tensor, *,
-                 reduction: str = "mean") -> Tensor:
+def crps_laplace(loc: Tensor, scale: Tensor, target: Tensor, *, reduction: str = "mean") -> Tensor:
     r"""CRPS of a Laplace forecast with location :math:`\mu` and scale :math:`b`.
 
     :math:`\mathrm{CRPS} = b\,[|z| + e^{-|z|} - 3/4]`, :math:`z = (y - \mu)/b`
@@ -181,8 +182,7 @@ def crps_laplace(loc: Tensor, scale: Tensor, target: Tensor, *,
     return _crps_closed_form(_CRPSLaplace, loc, scale, target, reduction)
 
 
-def crps_logistic(loc: Tensor, scale: Tensor, target: Tensor, *,
-                  reduction: str = "mean") -> Tensor:
+def crps_logistic(loc: Tensor, scale: Tensor, target: Tensor, *, reduction: str = "mean") -> Tensor:
     r"""CRPS of a logistic forecast with location :math:`\mu` and scale :math:`s`.
 
     :math:`\mathrm{CRPS} = s\,[z - 2\log F(z) - 1]` with :math:`F` the standard logistic
@@ -206,7 +206,6 @@ def crps_logistic(loc: Tensor, scale: Tensor, target: Tensor, *,
 
 
 # ------------------------------------------------------------------------ ensemble scores
-
 
 
 def _centred(x: Tensor, y: Tensor, dim: int) -> tuple[Tensor, Tensor]:
@@ -262,8 +261,14 @@ class _CRPSEnsemble(torch.autograd.Function):
         return grad_x, grad_y, None
 
 
-def crps_ensemble(samples: Tensor, target: Tensor, *, estimator: str = "fair",
-                  ensemble_dim: int = -1, reduction: str = "mean") -> Tensor:
+def crps_ensemble(
+    samples: Tensor,
+    target: Tensor,
+    *,
+    estimator: str = "fair",
+    ensemble_dim: int = -1,
+    reduction: str = "mean",
+) -> Tensor:
     r"""CRPS of an ensemble (empirical) forecast, in O(M log M) per item.
 
     :math:`\mathrm{CRPS} = \frac1M\sum_i |x_i - y| - \frac{1}{2M(M-1)}\sum_{i,j}|x_i - x_j|`
@@ -304,8 +309,10 @@ def crps_ensemble(samples: Tensor, target: Tensor, *, estimator: str = "fair",
     check_tensor("samples", samples)
     check_int("ensemble_dim", ensemble_dim)
     if samples.dim() == 0 or not -samples.dim() <= ensemble_dim < samples.dim():
-        raise ValueError(f"ensemble_dim: expected a dimension of samples (shape "
-                         f"{tuple(samples.shape)}), got {ensemble_dim}")
+        raise ValueError(
+            f"ensemble_dim: expected a dimension of samples (shape "
+            f"{tuple(samples.shape)}), got {ensemble_dim}"
+        )
     check_floating("samples", samples)
     check_nonempty("samples", samples)
     x = samples.movedim(ensemble_dim, -1)
@@ -323,8 +330,9 @@ def crps_ensemble(samples: Tensor, target: Tensor, *, estimator: str = "fair",
     return reduce(_CRPSEnsemble.apply(x, y, denom), reduction)
 
 
-def energy_score(samples: Tensor, target: Tensor, *, estimator: str = "fair",
-                 reduction: str = "mean") -> Tensor:
+def energy_score(
+    samples: Tensor, target: Tensor, *, estimator: str = "fair", reduction: str = "mean"
+) -> Tensor:
     r"""Energy score of a multivariate ensemble (Gneiting & Raftery 2007, eq. 22).
 
     :math:`\mathrm{ES} = \frac1M\sum_i\|x_i - y\| - \frac{1}{2M(M-1)}\sum_{i,j}\|x_i - x_j\|`
@@ -354,17 +362,19 @@ def energy_score(samples: Tensor, target: Tensor, *, estimator: str = "fair",
     check_floating("samples", samples)
     check_nonempty("samples", samples)
     if samples.dim() < 2:
-        raise ValueError(f"samples: expected shape (..., M, D) with at least 2 dims, got "
-                         f"{tuple(samples.shape)}")
+        raise ValueError(
+            f"samples: expected shape (..., M, D) with at least 2 dims, got {tuple(samples.shape)}"
+        )
     m, dim = samples.shape[-2], samples.shape[-1]
     check_ensemble_size(m, estimator)
     check_floating("target", target)
     check_nonempty("target", target)
     if target.dim() < 1 or target.shape[-1] != dim:
-        raise ValueError(f"target: expected shape (..., D) with D = {dim} (the last dim of "
-                         f"samples), got {tuple(target.shape)}")
-    check_target_shape(target.shape[:-1], [("samples' batch dims", samples.shape[:-2])],
-                        "batch ")
+        raise ValueError(
+            f"target: expected shape (..., D) with D = {dim} (the last dim of "
+            f"samples), got {tuple(target.shape)}"
+        )
+    check_target_shape(target.shape[:-1], [("samples' batch dims", samples.shape[:-2])], "batch ")
     (x, y) = cast_forecast([("samples", samples), ("target", target.unsqueeze(-2))])
 
     x, y = _centred(x, y, -2)  # y: (..., 1, D)

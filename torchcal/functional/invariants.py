@@ -109,8 +109,9 @@ def _check_map_inputs(scores: Tensor, mapped: Tensor, max_tie_gap_ulps: int) -> 
     for name, x in (("scores", scores), ("mapped", mapped)):
         nan = torch.isnan(x)
         if bool(nan.any()):
-            raise ValueError(f"{name}: expected no NaN, found NaN at position "
-                             f"{first_bad_position(nan)}")
+            raise ValueError(
+                f"{name}: expected no NaN, found NaN at position {first_bad_position(nan)}"
+            )
 
 
 def ulp_distance(a: Tensor, b: Tensor) -> Tensor:
@@ -136,8 +137,9 @@ def ulp_distance(a: Tensor, b: Tensor) -> Tensor:
     return torch.where(approx.abs() > 2.0**53, approx.clamp(-(2.0**62), 2.0**62).long(), exact)
 
 
-def check_monotone_map(scores: Tensor, mapped: Tensor, *, decisions: bool = True,
-                       max_tie_gap_ulps: int = 4) -> MonotoneMapCheck:
+def check_monotone_map(
+    scores: Tensor, mapped: Tensor, *, decisions: bool = True, max_tie_gap_ulps: int = 4
+) -> MonotoneMapCheck:
     """Check exactly that ``mapped`` is ``scores`` under an increasing map, as far as
     floating point promises (see the module docstring).
 
@@ -192,9 +194,20 @@ def check_monotone_map(scores: Tensor, mapped: Tensor, *, decisions: bool = True
     decisions_kept: bool | None = None
     if decisions:
         decisions_kept = bool(torch.equal(torch.sign(a), torch.sign(s).to(a.dtype)))
-    ok = (strict_inversions == 0 and ties_broken == 0 and max_gap <= max_tie_gap_ulps
-          and top1_kept and decisions_kept is not False)
-    return MonotoneMapCheck(strict_inversions=strict_inversions, ties_broken=ties_broken,
-                            ties_created=ties_created, max_tie_gap_ulps=max_gap,
-                            top1_kept=top1_kept, decisions_kept=decisions_kept,
-                            max_tie_gap_bound=int(max_tie_gap_ulps), ok=ok)
+    ok = (
+        strict_inversions == 0
+        and ties_broken == 0
+        and max_gap <= max_tie_gap_ulps
+        and top1_kept
+        and decisions_kept is not False
+    )
+    return MonotoneMapCheck(
+        strict_inversions=strict_inversions,
+        ties_broken=ties_broken,
+        ties_created=ties_created,
+        max_tie_gap_ulps=max_gap,
+        top1_kept=top1_kept,
+        decisions_kept=decisions_kept,
+        max_tie_gap_bound=int(max_tie_gap_ulps),
+        ok=ok,
+    )

@@ -64,8 +64,9 @@ _MAX_ROUNDS = 64
 
 
 # ----------------------------------------------------------------------------- temperature
-def _binary_temperature_terms(logits: Tensor, target: Tensor, beta: Tensor | float,
-                              identity: bool) -> tuple[Tensor, ...]:
+def _binary_temperature_terms(
+    logits: Tensor, target: Tensor, beta: Tensor | float, identity: bool
+) -> tuple[Tensor, ...]:
     y = target.to(torch.float64)
     # -inf (masked) with target 0 -> a finite floor: every term below is then exactly 0;
     # with target 1 it stays -inf, the loss is +inf and the pass reports the position
@@ -84,8 +85,15 @@ def _binary_temperature_terms(logits: Tensor, target: Tensor, beta: Tensor | flo
     return out
 
 
-def temperature_terms(logits: Tensor, target: Tensor, beta: Tensor | float, *, binary: bool,
-                      identity: bool = False, state: dict | None = None) -> tuple[Tensor, ...]:
+def temperature_terms(
+    logits: Tensor,
+    target: Tensor,
+    beta: Tensor | float,
+    *,
+    binary: bool,
+    identity: bool = False,
+    state: dict | None = None,
+) -> tuple[Tensor, ...]:
     """Per-sample NLL, d/dbeta and d2/dbeta2 in float64 at inverse temperature ``beta``.
 
     ``beta`` is a float, a float64 scalar or a per-row ``(n,)`` tensor. ``-inf`` logits are
@@ -134,9 +142,14 @@ def temperature_terms(logits: Tensor, target: Tensor, beta: Tensor | float, *, b
     return loss, d1, d2
 
 
-def log_beta_derivatives(loss: Tensor, dloss: Tensor, d2loss: Tensor, u: Tensor,
-                         center: Tensor | None = None,
-                         strength: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+def log_beta_derivatives(
+    loss: Tensor,
+    dloss: Tensor,
+    d2loss: Tensor,
+    u: Tensor,
+    center: Tensor | None = None,
+    strength: float = 0.0,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Objective, d/du and d2/du2 at ``u = log beta`` from the NLL and its beta-derivatives
     (sums or means), plus the prior ``strength / 2 * (u - center)**2`` where given."""
     beta = torch.exp(u)
@@ -161,8 +174,7 @@ def platt_terms(s: Tensor, t: Tensor, a: float, b: float) -> tuple[float, Tensor
     w = p * torch.sigmoid(-z)
     g = torch.stack([(r * s).mean(), r.mean()])
     ws = w * s
-    h = torch.stack([torch.stack([(ws * s).mean(), ws.mean()]),
-                     torch.stack([ws.mean(), w.mean()])])
+    h = torch.stack([torch.stack([(ws * s).mean(), ws.mean()]), torch.stack([ws.mean(), w.mean()])])
     return float(binary_nll(z, t).mean()), g, h
 
 
@@ -187,14 +199,14 @@ def vector_penalty(bias: Tensor, bias_reg: float, num_classes: int) -> Tensor:
     return bias_reg / num_classes * (bias * bias).sum()
 
 
-def matrix_penalty(weight: Tensor, bias: Tensor, off_diagonal_reg: float,
-                   bias_reg: float) -> Tensor:
+def matrix_penalty(
+    weight: Tensor, bias: Tensor, off_diagonal_reg: float, bias_reg: float
+) -> Tensor:
     """ODIR (Kull et al., 2019): ``off_diagonal_reg / (C (C - 1)) * sum_{i != j} W_ij^2 +
     bias_reg / C * ||bias||^2``."""
     C = weight.shape[0]
     off = weight - torch.diag(torch.diagonal(weight))
-    return (off_diagonal_reg / (C * (C - 1)) * (off * off).sum()
-            + bias_reg / C * (bias * bias).sum())
+    return off_diagonal_reg / (C * (C - 1)) * (off * off).sum() + bias_reg / C * (bias * bias).sum()
 
 
 def vector_nll_hessian(z: Tensor, p: Tensor) -> Tensor:
@@ -202,10 +214,10 @@ def vector_nll_hessian(z: Tensor, p: Tensor) -> Tensor:
     logits ``z`` (0 at masked entries) and the fitted probabilities ``p`` (0 there)."""
     # a_ic = w_c z_ic + b_c; with u_ic = (z_ic, 1) and S_i = diag(p_i) - p_i p_i^T:
     # H[(k, c), (l, d)] = mean_i S_i[c, d] u_ic[k] u_id[l]  (params ordered w then b)
-    u = torch.stack([z, torch.ones_like(z)], dim=1)                   # (N, 2, C)
-    pu = p.unsqueeze(1) * u                                           # (N, 2, C)
+    u = torch.stack([z, torch.ones_like(z)], dim=1)  # (N, 2, C)
+    pu = p.unsqueeze(1) * u  # (N, 2, C)
     C = z.shape[1]
-    diag = torch.einsum("ikc,ilc->klc", pu, u) / z.shape[0]           # diag(p) part
+    diag = torch.einsum("ikc,ilc->klc", pu, u) / z.shape[0]  # diag(p) part
     h = -torch.einsum("ikc,ild->kcld", pu, pu) / z.shape[0]
     idx = torch.arange(C)
     h[:, idx, :, idx] += diag.permute(2, 0, 1)
@@ -219,7 +231,7 @@ def matrix_nll_hessian(z: Tensor, p: Tensor) -> Tensor:
     # H[(c, k), (d, l)] = mean_i S_i[c, d] u_i[k] u_i[l]
     n, C = z.shape
     u = torch.cat([z, torch.ones(n, 1, dtype=z.dtype, device=z.device)], dim=1)  # (N, K)
-    uu = torch.einsum("ik,il->ikl", u, u)                             # (N, K, K)
+    uu = torch.einsum("ik,il->ikl", u, u)  # (N, K, K)
     h = -torch.einsum("ic,id,ikl->ckdl", p, p, uu)
     h[torch.arange(C), :, torch.arange(C), :] += torch.einsum("ic,ikl->ckl", p, uu)
     h = h / n
@@ -251,8 +263,11 @@ def _sequential_pav(s: Tensor, c: Tensor, n: Tensor) -> tuple[Tensor, Tensor, Te
             out_s[-1] += s_last
             out_c[-1] += c_last
             out_n[-1] += n_last
-    return (torch.tensor(out_s, dtype=torch.float64), torch.tensor(out_c, dtype=torch.float64),
-            torch.tensor(out_n, dtype=torch.long))
+    return (
+        torch.tensor(out_s, dtype=torch.float64),
+        torch.tensor(out_c, dtype=torch.float64),
+        torch.tensor(out_n, dtype=torch.long),
+    )
 
 
 def pool_adjacent_violators(y_sum: Tensor, weight: Tensor) -> tuple[Tensor, int]:

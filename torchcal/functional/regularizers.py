@@ -65,9 +65,11 @@ _LOG_0_2 = math.log(0.2)
 def _no_soft(prep: Prepared, name: str) -> None:
     """The confidence-reading regularisers need a class label per item."""
     if prep.soft is not None:
-        raise ValueError(f"target: {name} needs class indices (N, *) (or 0/1 labels with "
-                         f"multilabel=True), got class probabilities of the logits' shape "
-                         f"{tuple(prep.soft.shape)}")
+        raise ValueError(
+            f"target: {name} needs class indices (N, *) (or 0/1 labels with "
+            f"multilabel=True), got class probabilities of the logits' shape "
+            f"{tuple(prep.soft.shape)}"
+        )
 
 
 def _safe_root(value: Tensor, power: float) -> Tensor:
@@ -100,9 +102,16 @@ def _log_p_and_complement(prep: Prepared) -> tuple[Tensor, Tensor]:
     return z_y - lse, lse_other - lse
 
 
-def focal_loss(logits: Tensor, target: Tensor, *, gamma: float | str = 2.0,
-               weight: Tensor | None = None, ignore_index: int = -100,
-               reduction: str = "mean", multilabel: bool = False) -> Tensor:
+def focal_loss(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    gamma: float | str = 2.0,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    multilabel: bool = False,
+) -> Tensor:
     r"""Focal loss ``-(1 - p_y)^gamma log p_y`` from logits (Lin et al. 2017, ICCV).
 
     ``gamma='adaptive'`` is FLSD-53 (Mukhoti et al. 2020, *Calibrating deep neural
@@ -167,8 +176,15 @@ def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor]:
     return conf.reshape(-1)[used], correct.reshape(-1)[used].to(conf.dtype)
 
 
-def mmce(logits: Tensor, target: Tensor, *, width: float = 0.4, squared: bool = False,
-         ignore_index: int = -100, multilabel: bool = False) -> Tensor:
+def mmce(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    width: float = 0.4,
+    squared: bool = False,
+    ignore_index: int = -100,
+    multilabel: bool = False,
+) -> Tensor:
     r"""Maximum mean calibration error with a Laplacian kernel (Kumar et al. 2018, ICML).
 
     ``MMCE^2 = (1/m^2) sum_{i,j} (o_i - r_i)(o_j - r_j) exp(-|r_i - r_j| / width)`` over
@@ -215,10 +231,17 @@ def mmce(logits: Tensor, target: Tensor, *, width: float = 0.4, squared: bool = 
         return value.to(prep.logits.dtype)
 
 
-def soft_binned_ece(logits: Tensor, target: Tensor, *, bins: int = 15,
-                    temperature: float = 0.01, p: float = 2.0,
-                    ignore_index: int = -100, root: bool = True,
-                    multilabel: bool = False) -> Tensor:
+def soft_binned_ece(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    bins: int = 15,
+    temperature: float = 0.01,
+    p: float = 2.0,
+    ignore_index: int = -100,
+    root: bool = True,
+    multilabel: bool = False,
+) -> Tensor:
     r"""Soft-binned expected calibration error (Karandikar et al. 2021, NeurIPS).
 
     Each confidence ``r_i`` belongs to every bin ``b`` with weight
@@ -266,7 +289,6 @@ def soft_binned_ece(logits: Tensor, target: Tensor, *, bins: int = 15,
         return (_safe_root(value, p) if root else value).to(prep.logits.dtype)
 
 
-
 # ------------------------------------------------------------------- confidence penalty
 
 
@@ -277,21 +299,34 @@ def _prepare_logits_only(logits: Tensor, reduction: str) -> Prepared:
     check_floating("logits", logits)
     check_nonempty("logits", logits)
     if logits.dim() < 2 or logits.shape[1] < 2:
-        raise ValueError(f"logits: expected multiclass logits (N, C, *) with C >= 2 when no "
-                         f"target is given, got shape {tuple(logits.shape)}; for binary "
-                         f"logits pass the 0/1 target")
+        raise ValueError(
+            f"logits: expected multiclass logits (N, C, *) with C >= 2 when no "
+            f"target is given, got shape {tuple(logits.shape)}; for binary "
+            f"logits pass the 0/1 target"
+        )
     dtype = compute_dtype(logits.dtype)
     shape = logits.shape[:1] + logits.shape[2:]
     index = torch.zeros(shape, dtype=torch.long, device=logits.device)
     # used=False only steers diagnose() past its true-class check; the weight marks every
     # item as used.
-    return Prepared(False, logits.to(dtype), index, torch.zeros_like(index, dtype=torch.bool),
-                     torch.ones(shape, dtype=dtype, device=logits.device))
+    return Prepared(
+        False,
+        logits.to(dtype),
+        index,
+        torch.zeros_like(index, dtype=torch.bool),
+        torch.ones(shape, dtype=dtype, device=logits.device),
+    )
 
 
-def confidence_penalty(logits: Tensor, target: Tensor | None = None, *, beta: float = 1.0,
-                       ignore_index: int = -100, reduction: str = "mean",
-                       multilabel: bool = False) -> Tensor:
+def confidence_penalty(
+    logits: Tensor,
+    target: Tensor | None = None,
+    *,
+    beta: float = 1.0,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    multilabel: bool = False,
+) -> Tensor:
     r"""Confidence penalty ``-beta * H(p)`` to add to a loss (Pereyra et al. 2017).
 
     Pereyra, Tucker, Chorowski, Kaiser & Hinton 2017, *Regularizing neural networks by
@@ -330,13 +365,15 @@ def confidence_penalty(logits: Tensor, target: Tensor | None = None, *, beta: fl
     else:
         prep = prepare(logits, target, None, ignore_index, reduction, multilabel)
         if prep.soft is not None:  # class probabilities: every item is used
-            prep = prep._replace(weight=torch.ones_like(prep.target, dtype=prep.logits.dtype),
-                                 used=torch.zeros_like(prep.used))
+            prep = prep._replace(
+                weight=torch.ones_like(prep.target, dtype=prep.logits.dtype),
+                used=torch.zeros_like(prep.used),
+            )
     z = prep.logits
     with autocast_off(z):
         if prep.binary:
             # H = p softplus(-z) + (1 - p) softplus(z): non-negative terms, no cancellation
-            entropy = (torch.sigmoid(z) * F.softplus(-z) + torch.sigmoid(-z) * F.softplus(z))
+            entropy = torch.sigmoid(z) * F.softplus(-z) + torch.sigmoid(-z) * F.softplus(z)
         else:
             log_p = torch.log_softmax(z, dim=1)
             lse = torch.logsumexp(z.detach(), dim=1)
@@ -350,8 +387,9 @@ def confidence_penalty(logits: Tensor, target: Tensor | None = None, *, beta: fl
 # ------------------------------------------------------------------------- DCA / MDCA
 
 
-def dca(logits: Tensor, target: Tensor, *, ignore_index: int = -100,
-        multilabel: bool = False) -> Tensor:
+def dca(
+    logits: Tensor, target: Tensor, *, ignore_index: int = -100, multilabel: bool = False
+) -> Tensor:
     r"""Difference between confidence and accuracy (DCA, Liang et al. 2020).
 
     ``DCA = | (1/m) sum_i r_i - (1/m) sum_i o_i |`` over the ``m`` used items, with the
@@ -380,8 +418,9 @@ def dca(logits: Tensor, target: Tensor, *, ignore_index: int = -100,
         return value.to(prep.logits.dtype)
 
 
-def mdca(logits: Tensor, target: Tensor, *, ignore_index: int = -100,
-         multilabel: bool = False) -> Tensor:
+def mdca(
+    logits: Tensor, target: Tensor, *, ignore_index: int = -100, multilabel: bool = False
+) -> Tensor:
     r"""Multi-class difference in confidence and accuracy (MDCA, Hebbalaguppe et al. 2022).
 
     ``MDCA = (1/C) sum_c | (1/m) sum_i p_ic - (1/m) sum_i [y_i = c] |`` over the ``m``
@@ -421,8 +460,10 @@ def mdca(logits: Tensor, target: Tensor, *, ignore_index: int = -100,
         check_multiclass_rows(prep)
         num_classes = z.shape[1]
         used = used.reshape(-1)
-        p_sum = (torch.softmax(z, dim=1).movedim(1, -1).reshape(-1, num_classes).double()
-                 * used.unsqueeze(1)).sum(dim=0)
+        p_sum = (
+            torch.softmax(z, dim=1).movedim(1, -1).reshape(-1, num_classes).double()
+            * used.unsqueeze(1)
+        ).sum(dim=0)
         counts = torch.zeros(num_classes, dtype=torch.float64, device=z.device)
         counts.scatter_add_(0, prep.target.reshape(-1), used)
         return ((p_sum - counts) / m).abs().mean().to(z.dtype)

@@ -83,6 +83,7 @@ __all__ = [
     "ranked_probability_score",
 ]
 
+
 def binary_nll(t: Tensor, y: Tensor) -> Tensor:
     """Exact per-element binary log score of logits ``t``: ``softplus(t) - y t``.
 
@@ -102,9 +103,16 @@ def binary_nll(t: Tensor, y: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- log score
 
 
-def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
-              ignore_index: int = -100, reduction: str = "mean",
-              label_smoothing: float = 0.0, multilabel: bool = False) -> Tensor:
+def log_score(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    multilabel: bool = False,
+) -> Tensor:
     r"""Logarithmic score (negative log-likelihood, cross-entropy) from logits.
 
     ``S(p, y) = -log p_y`` (Good 1952, *J. R. Stat. Soc. B* 14, 107-114; Gneiting &
@@ -146,8 +154,13 @@ def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
     if prep.soft is not None:  # F.cross_entropy itself: its weight/'mean' semantics, bit for bit
         with autocast_off(prep.logits):
-            return F.cross_entropy(prep.logits, prep.soft, weight=prep.class_weight,
-                                   reduction=reduction, label_smoothing=label_smoothing)
+            return F.cross_entropy(
+                prep.logits,
+                prep.soft,
+                weight=prep.class_weight,
+                reduction=reduction,
+                label_smoothing=label_smoothing,
+            )
     if label_smoothing > 0:
         return _smoothed_log_score(prep, weight, reduction, label_smoothing)
     with autocast_off(prep.logits):
@@ -170,20 +183,28 @@ def log_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
         return reduce(score, reduction, prep.weight)
 
 
-def _smoothed_log_score(prep: Prepared, weight: Tensor | None, reduction: str,
-                        label_smoothing: float) -> Tensor:
+def _smoothed_log_score(
+    prep: Prepared, weight: Tensor | None, reduction: str, label_smoothing: float
+) -> Tensor:
     """Label-smoothed multiclass log score: ``F.cross_entropy`` on the validated inputs."""
     if prep.binary:
-        raise ValueError(f"label_smoothing: supported for multiclass logits (N, C, *) with "
-                         f"class indices only, got binary targets and label_smoothing="
-                         f"{label_smoothing!r}; pass 2-class logits and class indices instead")
+        raise ValueError(
+            f"label_smoothing: supported for multiclass logits (N, C, *) with "
+            f"class indices only, got binary targets and label_smoothing="
+            f"{label_smoothing!r}; pass 2-class logits and class indices instead"
+        )
     check_finite("logits", prep.logits)
     if weight is not None:
         weight = weight.to(device=prep.logits.device, dtype=prep.logits.dtype)
     with autocast_off(prep.logits):
-        return F.cross_entropy(prep.logits, torch.where(prep.used, prep.target, -100),
-                               weight=weight, ignore_index=-100, reduction=reduction,
-                               label_smoothing=label_smoothing)
+        return F.cross_entropy(
+            prep.logits,
+            torch.where(prep.used, prep.target, -100),
+            weight=weight,
+            ignore_index=-100,
+            reduction=reduction,
+            label_smoothing=label_smoothing,
+        )
 
 
 # --------------------------------------------------------------------------- Brier score
@@ -226,9 +247,15 @@ class _SoftmaxBrier(torch.autograd.Function):
         return out, None
 
 
-def brier_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
-                ignore_index: int = -100, reduction: str = "mean",
-                multilabel: bool = False) -> Tensor:
+def brier_score(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    multilabel: bool = False,
+) -> Tensor:
     r"""Brier (quadratic) score from logits.
 
     Multiclass: ``S(p, y) = sum_c (p_c - [c = y])^2``, Brier's original definition
@@ -298,9 +325,15 @@ class _SoftmaxSpherical(torch.autograd.Function):
         return out.scatter_add_(1, index, -ga), None
 
 
-def spherical_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
-                    ignore_index: int = -100, reduction: str = "mean",
-                    multilabel: bool = False) -> Tensor:
+def spherical_score(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    multilabel: bool = False,
+) -> Tensor:
     r"""Spherical score from logits, negatively oriented: ``S(p, y) = 1 - p_y / ||p||_2``.
 
     The spherical score ``p_y / ||p||_2`` (Good 1971; Gneiting & Raftery 2007, eq. 13,
@@ -367,8 +400,9 @@ class _SoftmaxRPS(torch.autograd.Function):
             p = torch.softmax(logits, dim=1)
             head = p.scatter_add(1, index, -torch.ones_like(index, dtype=p.dtype))
             head = head.cumsum(dim=1).narrow(1, 0, num_classes - 1)
-            h = torch.cat([head.flip(1).cumsum(dim=1).flip(1),
-                           torch.zeros_like(p.narrow(1, 0, 1))], dim=1)
+            h = torch.cat(
+                [head.flip(1).cumsum(dim=1).flip(1), torch.zeros_like(p.narrow(1, 0, 1))], dim=1
+            )
             centre = head.square().sum(dim=1, keepdim=True) + h.gather(1, index)
             return g2 * p * (h - centre), None
         h = torch.cumsum(diff, dim=1)
@@ -403,9 +437,15 @@ def _soft_rps(prep: Prepared) -> Tensor:
     return (w_below * above.square() + w_above * below.square()).sum(dim=1)
 
 
-def ranked_probability_score(logits: Tensor, target: Tensor, *, weight: Tensor | None = None,
-                             ignore_index: int = -100, reduction: str = "mean",
-                             multilabel: bool = False) -> Tensor:
+def ranked_probability_score(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    multilabel: bool = False,
+) -> Tensor:
     r"""Ranked probability score for ordered classes, from logits.
 
     ``S(p, y) = sum_{k=0}^{C-2} (P_k - [y <= k])^2`` with ``P_k = p_0 + ... + p_k`` the
@@ -432,4 +472,3 @@ def ranked_probability_score(logits: Tensor, target: Tensor, *, weight: Tensor |
         if prep.soft is not None:
             return reduce(_soft_rps(prep), reduction)
         return fused_multiclass(_SoftmaxRPS, prep, reduction)
-

@@ -20,8 +20,11 @@ class KeepBufferDtype(nn.Module):
     """A module whose floating buffers follow device moves but never dtype casts."""
 
     def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> nn.Module:
-        before = {name: buf for name, buf in self._buffers.items()
-                  if buf is not None and buf.is_floating_point()}
+        before = {
+            name: buf
+            for name, buf in self._buffers.items()
+            if buf is not None and buf.is_floating_point()
+        }
         super()._apply(fn, recurse)
         for name, old in before.items():
             new = self._buffers[name]

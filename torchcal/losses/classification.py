@@ -42,8 +42,13 @@ class _ClassScoreLoss(KeepBufferDtype):
     weight: Tensor | None
     _score: staticmethod  # the functional rule, set by each subclass
 
-    def __init__(self, weight: Tensor | None = None, ignore_index: int = -100,
-                 reduction: str = "mean", multilabel: bool = False) -> None:
+    def __init__(
+        self,
+        weight: Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        multilabel: bool = False,
+    ) -> None:
         super().__init__()
         self.reduction = check_reduction(reduction)
         self.ignore_index = check_int("ignore_index", ignore_index)
@@ -57,9 +62,15 @@ class _ClassScoreLoss(KeepBufferDtype):
         return {}
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
-        return self._score(logits, target, weight=self.weight, ignore_index=self.ignore_index,
-                           reduction=self.reduction, multilabel=self.multilabel,
-                           **self._options())
+        return self._score(
+            logits,
+            target,
+            weight=self.weight,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            multilabel=self.multilabel,
+            **self._options(),
+        )
 
     def extra_repr(self) -> str:
         extra = f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
@@ -89,11 +100,17 @@ class LogScoreLoss(_ClassScoreLoss):
 
     _score = staticmethod(TF.log_score)
 
-    def __init__(self, weight: Tensor | None = None, ignore_index: int = -100,
-                 reduction: str = "mean", label_smoothing: float = 0.0,
-                 multilabel: bool = False) -> None:
-        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction,
-                         multilabel=multilabel)
+    def __init__(
+        self,
+        weight: Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        multilabel: bool = False,
+    ) -> None:
+        super().__init__(
+            weight=weight, ignore_index=ignore_index, reduction=reduction, multilabel=multilabel
+        )
         self.label_smoothing = check_label_smoothing(label_smoothing)
 
     def _options(self) -> dict[str, object]:
@@ -165,11 +182,17 @@ class FocalLoss(_ClassScoreLoss):
 
     _score = staticmethod(TF.focal_loss)
 
-    def __init__(self, gamma: float | str = 2.0, weight: Tensor | None = None,
-                 ignore_index: int = -100, reduction: str = "mean",
-                 multilabel: bool = False) -> None:
-        super().__init__(weight=weight, ignore_index=ignore_index, reduction=reduction,
-                         multilabel=multilabel)
+    def __init__(
+        self,
+        gamma: float | str = 2.0,
+        weight: Tensor | None = None,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        multilabel: bool = False,
+    ) -> None:
+        super().__init__(
+            weight=weight, ignore_index=ignore_index, reduction=reduction, multilabel=multilabel
+        )
         self.gamma = check_gamma(gamma)
 
     def _options(self) -> dict[str, object]:
@@ -196,8 +219,13 @@ class MMCELoss(KeepBufferDtype):
         0.1647
     """
 
-    def __init__(self, width: float = 0.4, squared: bool = True,
-                 ignore_index: int = -100, multilabel: bool = False) -> None:
+    def __init__(
+        self,
+        width: float = 0.4,
+        squared: bool = True,
+        ignore_index: int = -100,
+        multilabel: bool = False,
+    ) -> None:
         super().__init__()
         self.width = check_kernel_width(width)
         self.squared = check_bool("squared", squared)
@@ -205,8 +233,14 @@ class MMCELoss(KeepBufferDtype):
         self.multilabel = check_bool("multilabel", multilabel)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
-        return TF.mmce(logits, target, width=self.width, squared=self.squared,
-                       ignore_index=self.ignore_index, multilabel=self.multilabel)
+        return TF.mmce(
+            logits,
+            target,
+            width=self.width,
+            squared=self.squared,
+            ignore_index=self.ignore_index,
+            multilabel=self.multilabel,
+        )
 
     def extra_repr(self) -> str:
         return f"width={self.width}, squared={self.squared}, ignore_index={self.ignore_index}"
@@ -228,9 +262,15 @@ class SoftBinnedECELoss(KeepBufferDtype):
         0.3192
     """
 
-    def __init__(self, bins: int = 15, temperature: float = 0.01, p: float = 2.0,
-                 ignore_index: int = -100, root: bool = False,
-                 multilabel: bool = False) -> None:
+    def __init__(
+        self,
+        bins: int = 15,
+        temperature: float = 0.01,
+        p: float = 2.0,
+        ignore_index: int = -100,
+        root: bool = False,
+        multilabel: bool = False,
+    ) -> None:
         super().__init__()
         self.bins = check_int("bins", bins, minimum=1)
         self.temperature = check_number("temperature", temperature, strict=True)
@@ -240,13 +280,22 @@ class SoftBinnedECELoss(KeepBufferDtype):
         self.multilabel = check_bool("multilabel", multilabel)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
-        return TF.soft_binned_ece(logits, target, bins=self.bins, temperature=self.temperature,
-                                  p=self.p, ignore_index=self.ignore_index, root=self.root,
-                                  multilabel=self.multilabel)
+        return TF.soft_binned_ece(
+            logits,
+            target,
+            bins=self.bins,
+            temperature=self.temperature,
+            p=self.p,
+            ignore_index=self.ignore_index,
+            root=self.root,
+            multilabel=self.multilabel,
+        )
 
     def extra_repr(self) -> str:
-        return (f"bins={self.bins}, temperature={self.temperature}, p={self.p}, "
-                f"ignore_index={self.ignore_index}, root={self.root}")
+        return (
+            f"bins={self.bins}, temperature={self.temperature}, p={self.p}, "
+            f"ignore_index={self.ignore_index}, root={self.root}"
+        )
 
 
 class ConfidencePenaltyLoss(KeepBufferDtype):
@@ -263,8 +312,13 @@ class ConfidencePenaltyLoss(KeepBufferDtype):
         -0.6931
     """
 
-    def __init__(self, beta: float = 1.0, ignore_index: int = -100,
-                 reduction: str = "mean", multilabel: bool = False) -> None:
+    def __init__(
+        self,
+        beta: float = 1.0,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        multilabel: bool = False,
+    ) -> None:
         super().__init__()
         self.beta = check_number("beta", beta)
         self.ignore_index = check_int("ignore_index", ignore_index)
@@ -272,13 +326,17 @@ class ConfidencePenaltyLoss(KeepBufferDtype):
         self.multilabel = check_bool("multilabel", multilabel)
 
     def forward(self, logits: Tensor, target: Tensor | None = None) -> Tensor:
-        return TF.confidence_penalty(logits, target, beta=self.beta,
-                                     ignore_index=self.ignore_index, reduction=self.reduction,
-                                     multilabel=self.multilabel)
+        return TF.confidence_penalty(
+            logits,
+            target,
+            beta=self.beta,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            multilabel=self.multilabel,
+        )
 
     def extra_repr(self) -> str:
-        return (f"beta={self.beta}, ignore_index={self.ignore_index}, "
-                f"reduction={self.reduction!r}")
+        return f"beta={self.beta}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
 
 
 class _BatchPenaltyLoss(KeepBufferDtype):
@@ -286,16 +344,18 @@ class _BatchPenaltyLoss(KeepBufferDtype):
 
     _penalty: staticmethod
 
-    def __init__(self, beta: float = 1.0, ignore_index: int = -100,
-                 multilabel: bool = False) -> None:
+    def __init__(
+        self, beta: float = 1.0, ignore_index: int = -100, multilabel: bool = False
+    ) -> None:
         super().__init__()
         self.beta = check_number("beta", beta)
         self.ignore_index = check_int("ignore_index", ignore_index)
         self.multilabel = check_bool("multilabel", multilabel)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
-        return self.beta * self._penalty(logits, target, ignore_index=self.ignore_index,
-                                         multilabel=self.multilabel)
+        return self.beta * self._penalty(
+            logits, target, ignore_index=self.ignore_index, multilabel=self.multilabel
+        )
 
     def extra_repr(self) -> str:
         return f"beta={self.beta}, ignore_index={self.ignore_index}"

@@ -55,8 +55,14 @@ class CRPSLoss(KeepBufferDtype):
         0.1667
     """
 
-    def __init__(self, distribution: str = "normal", *, estimator: str = "fair",
-                 ensemble_dim: int = -1, reduction: str = "mean") -> None:
+    def __init__(
+        self,
+        distribution: str = "normal",
+        *,
+        estimator: str = "fair",
+        ensemble_dim: int = -1,
+        reduction: str = "mean",
+    ) -> None:
         super().__init__()
         self.distribution = check_option("distribution", distribution, _CRPS_DISTRIBUTIONS)
         self.ensemble_dim = check_int("ensemble_dim", ensemble_dim)
@@ -66,22 +72,34 @@ class CRPSLoss(KeepBufferDtype):
     def forward(self, *inputs: Tensor) -> Tensor:
         if self.distribution == "ensemble":
             if len(inputs) != 2:
-                raise TypeError(f"CRPSLoss('ensemble').forward expects (samples, target), got "
-                                f"{len(inputs)} tensors")
+                raise TypeError(
+                    f"CRPSLoss('ensemble').forward expects (samples, target), got "
+                    f"{len(inputs)} tensors"
+                )
             samples, target = inputs
-            return TF.crps_ensemble(samples, target, estimator=self.estimator,
-                                    ensemble_dim=self.ensemble_dim, reduction=self.reduction)
+            return TF.crps_ensemble(
+                samples,
+                target,
+                estimator=self.estimator,
+                ensemble_dim=self.ensemble_dim,
+                reduction=self.reduction,
+            )
         if len(inputs) != 3:
-            raise TypeError(f"CRPSLoss({self.distribution!r}).forward expects (loc, scale, "
-                            f"target), got {len(inputs)} tensors")
-        fn = {"normal": TF.crps_normal, "laplace": TF.crps_laplace,
-              "logistic": TF.crps_logistic}[self.distribution]
+            raise TypeError(
+                f"CRPSLoss({self.distribution!r}).forward expects (loc, scale, "
+                f"target), got {len(inputs)} tensors"
+            )
+        fn = {"normal": TF.crps_normal, "laplace": TF.crps_laplace, "logistic": TF.crps_logistic}[
+            self.distribution
+        ]
         return fn(*inputs, reduction=self.reduction)
 
     def extra_repr(self) -> str:
         if self.distribution == "ensemble":
-            return (f"distribution='ensemble', estimator={self.estimator!r}, "
-                    f"ensemble_dim={self.ensemble_dim}, reduction={self.reduction!r}")
+            return (
+                f"distribution='ensemble', estimator={self.estimator!r}, "
+                f"ensemble_dim={self.ensemble_dim}, reduction={self.reduction!r}"
+            )
         return f"distribution={self.distribution!r}, reduction={self.reduction!r}"
 
 
@@ -104,8 +122,7 @@ class EnergyScoreLoss(KeepBufferDtype):
         self.reduction = check_reduction(reduction)
 
     def forward(self, samples: Tensor, target: Tensor) -> Tensor:
-        return TF.energy_score(samples, target, estimator=self.estimator,
-                               reduction=self.reduction)
+        return TF.energy_score(samples, target, estimator=self.estimator, reduction=self.reduction)
 
     def extra_repr(self) -> str:
         return f"estimator={self.estimator!r}, reduction={self.reduction!r}"
@@ -137,8 +154,7 @@ class IntervalScoreLoss(KeepBufferDtype):
         self.reduction = check_reduction(reduction)
 
     def forward(self, lower: Tensor, upper: Tensor, target: Tensor) -> Tensor:
-        return TF.interval_score(lower, upper, target, alpha=self.alpha,
-                                 reduction=self.reduction)
+        return TF.interval_score(lower, upper, target, alpha=self.alpha, reduction=self.reduction)
 
     def extra_repr(self) -> str:
         alpha = self.alpha if isinstance(self.alpha, float) else "tensor"
@@ -162,8 +178,9 @@ class QuantileLoss(KeepBufferDtype):
 
     quantiles: Tensor
 
-    def __init__(self, quantiles: Tensor | list[float] | tuple[float, ...], *,
-                 reduction: str = "mean") -> None:
+    def __init__(
+        self, quantiles: Tensor | list[float] | tuple[float, ...], *, reduction: str = "mean"
+    ) -> None:
         super().__init__()
         levels = check_levels(quantiles)
         self.register_buffer("quantiles", levels.detach().to(torch.float64, copy=True))
@@ -194,16 +211,16 @@ class GaussianNLLLoss(KeepBufferDtype):
         0.91894
     """
 
-    def __init__(self, *, full: bool = True, spread: str = "var",
-                 reduction: str = "mean") -> None:
+    def __init__(self, *, full: bool = True, spread: str = "var", reduction: str = "mean") -> None:
         super().__init__()
         self.full = check_bool("full", full)
         self.spread = check_option("spread", spread, ("var", "scale"))
         self.reduction = check_reduction(reduction)
 
     def forward(self, loc: Tensor, spread: Tensor, target: Tensor) -> Tensor:
-        return TF.gaussian_nll(loc, spread, target, var=self.spread == "var", full=self.full,
-                               reduction=self.reduction)
+        return TF.gaussian_nll(
+            loc, spread, target, var=self.spread == "var", full=self.full, reduction=self.reduction
+        )
 
     def extra_repr(self) -> str:
         return f"full={self.full}, spread={self.spread!r}, reduction={self.reduction!r}"

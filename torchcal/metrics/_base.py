@@ -53,8 +53,7 @@ class PooledPlotMetric(Metric):
     _CONFIG: tuple[str, ...] = ()
 
     def _config(self) -> dict[str, Any]:
-        return {"class": type(self).__name__,
-                **{k: getattr(self, k, None) for k in self._CONFIG}}
+        return {"class": type(self).__name__, **{k: getattr(self, k, None) for k in self._CONFIG}}
 
     def _fingerprint(self) -> int:
         return zlib.crc32(repr(sorted(self._config().items())).encode())
@@ -64,34 +63,47 @@ class PooledPlotMetric(Metric):
         naming ``other`` when the configurations (or a dict's shapes/dtypes) differ."""
         if isinstance(incoming_state, Metric):
             if not isinstance(incoming_state, PooledPlotMetric):
-                raise ValueError(f"other: expected a {type(self).__name__}, got "
-                                 f"{type(incoming_state).__name__}")
+                raise ValueError(
+                    f"other: expected a {type(self).__name__}, got {type(incoming_state).__name__}"
+                )
             mine, theirs = self._config(), incoming_state._config()
-            diff = [f"{k}={mine[k]!r} here, {theirs.get(k)!r} there" for k in mine
-                    if mine[k] != theirs.get(k)]
+            diff = [
+                f"{k}={mine[k]!r} here, {theirs.get(k)!r} there"
+                for k in mine
+                if mine[k] != theirs.get(k)
+            ]
             if diff:
-                raise ValueError(f"other: cannot merge metrics of different configurations: "
-                                 f"{'; '.join(diff)}")
+                raise ValueError(
+                    f"other: cannot merge metrics of different configurations: {'; '.join(diff)}"
+                )
         elif isinstance(incoming_state, dict):
             for name in self._defaults:
                 mine, theirs = getattr(self, name), incoming_state.get(name)
-                if isinstance(mine, Tensor) and isinstance(theirs, Tensor) and (
-                        theirs.shape != mine.shape or theirs.dtype != mine.dtype):
-                    raise ValueError(f"other: state {name!r} has shape {tuple(theirs.shape)} "
-                                     f"and dtype {theirs.dtype}, expected "
-                                     f"{tuple(mine.shape)} and {mine.dtype}")
+                if (
+                    isinstance(mine, Tensor)
+                    and isinstance(theirs, Tensor)
+                    and (theirs.shape != mine.shape or theirs.dtype != mine.dtype)
+                ):
+                    raise ValueError(
+                        f"other: state {name!r} has shape {tuple(theirs.shape)} "
+                        f"and dtype {theirs.dtype}, expected "
+                        f"{tuple(mine.shape)} and {mine.dtype}"
+                    )
         super().merge_state(incoming_state)
 
-    def _sync_dist(self, dist_sync_fn: Callable | None = None,
-                   process_group: Any | None = None) -> None:
+    def _sync_dist(
+        self, dist_sync_fn: Callable | None = None, process_group: Any | None = None
+    ) -> None:
         fn = dist_sync_fn or gather_all_tensors
         group = process_group or self.process_group
         mine = torch.tensor([self._fingerprint()], dtype=torch.int64, device=self.device)
         ranks = [r for r, fp in enumerate(fn(mine, group=group)) if int(fp) != int(mine)]
         if ranks:
-            raise ValueError(f"other: rank(s) {ranks} built {type(self).__name__} with a "
-                             f"different configuration than this rank ({self._config()}); "
-                             f"every rank must use the same settings")
+            raise ValueError(
+                f"other: rank(s) {ranks} built {type(self).__name__} with a "
+                f"different configuration than this rank ({self._config()}); "
+                f"every rank must use the same settings"
+            )
         # a rank that never updated holds [] for a 'cat' state; torchmetrics would send an
         # empty tensor of the metric's default dtype, which does not match the others'
         for name, dtype in self._cat_dtypes().items():
@@ -134,10 +146,18 @@ class BinnedMetric(PooledPlotMetric):
 
     _CONFIG = ("n_bins", "reading", "input", "num_classes", "num_groups")
 
-    def __init__(self, n_bins: int = 15, *, reading: str = "confidence",
-                 input: str = "logits", num_classes: int | None = None,
-                 num_groups: int | None = None, validate_args: bool = True,
-                 ignore_index: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        n_bins: int = 15,
+        *,
+        reading: str = "confidence",
+        input: str = "logits",
+        num_classes: int | None = None,
+        num_groups: int | None = None,
+        validate_args: bool = True,
+        ignore_index: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         check_optional_int("ignore_index", ignore_index)
         self.ignore_index = ignore_index
@@ -148,20 +168,22 @@ class BinnedMetric(PooledPlotMetric):
         self.input = input
         if reading in ("top_label", "classwise"):
             if num_classes is None:
-                raise ValueError(f"num_classes: expected the number of classes for "
-                                 f"reading={reading!r} (the state is classes x bins), got None")
+                raise ValueError(
+                    f"num_classes: expected the number of classes for "
+                    f"reading={reading!r} (the state is classes x bins), got None"
+                )
             check_int("num_classes", num_classes, minimum=2)
         elif num_classes is not None:
             check_int("num_classes", num_classes, minimum=1)
         self.num_classes = num_classes
-        self.num_groups = None if num_groups is None else check_int("num_groups", num_groups,
-                                                                    minimum=1)
+        self.num_groups = (
+            None if num_groups is None else check_int("num_groups", num_groups, minimum=1)
+        )
         self.validate_args = bool(validate_args)
         self._G = num_groups or 1
         self._K = num_classes if reading in ("top_label", "classwise") else 1
         self._add_stats("", self.n_bins)
-        self.add_state("group_count", torch.zeros(self._G, dtype=torch.int64),
-                       dist_reduce_fx="sum")
+        self.add_state("group_count", torch.zeros(self._G, dtype=torch.int64), dist_reduce_fx="sum")
 
     def _add_stats(self, prefix: str, bins: int) -> None:
         shape = (self._G, self._K, bins)
@@ -197,15 +219,26 @@ class BinnedMetric(PooledPlotMetric):
 
     def _prepare(self, preds: Tensor, target: Tensor, groups: Tensor | None) -> C.PreparedInputs:
         if self.num_groups is not None and groups is None:
-            raise ValueError(f"groups: expected a group id per sample (the metric was built "
-                             f"with num_groups={self.num_groups}), got None")
+            raise ValueError(
+                f"groups: expected a group id per sample (the metric was built "
+                f"with num_groups={self.num_groups}), got None"
+            )
         if self.num_groups is None and groups is not None:
-            raise ValueError("groups: pass num_groups= to the metric's constructor to get "
-                             "per-group results (the state size must be fixed up front)")
+            raise ValueError(
+                "groups: pass num_groups= to the metric's constructor to get "
+                "per-group results (the state size must be fixed up front)"
+            )
         with validation_enabled(self.validate_args):
-            prep = C.prepare_inputs(preds, target, reading=self.reading, input=self.input,
-                                    num_classes=self.num_classes, groups=groups,
-                                    num_groups=self.num_groups, ignore_index=self.ignore_index)
+            prep = C.prepare_inputs(
+                preds,
+                target,
+                reading=self.reading,
+                input=self.input,
+                num_classes=self.num_classes,
+                groups=groups,
+                num_groups=self.num_groups,
+                ignore_index=self.ignore_index,
+            )
         self._warn_probs_once(prep.looks_like_probs)
         return prep
 
@@ -215,11 +248,17 @@ class BinnedMetric(PooledPlotMetric):
 
     def _check_seen(self) -> None:
         if int(self.group_count.sum()) == 0:
-            raise RuntimeError(f"{type(self).__name__}.compute(): no samples seen; call "
-                               f"update() with at least one sample first")
+            raise RuntimeError(
+                f"{type(self).__name__}.compute(): no samples seen; call "
+                f"update() with at least one sample first"
+            )
 
-    def _grouped(self, fn: Any, fine: C.BinnedStats | None = None,
-                 samples: C.CalibrationSamples | None = None) -> Any:
+    def _grouped(
+        self,
+        fn: Any,
+        fine: C.BinnedStats | None = None,
+        samples: C.CalibrationSamples | None = None,
+    ) -> Any:
         """``fn(stats (K, B), fine, samples)`` pooled, or a GroupedResult."""
         self._check_seen()
         stats = self._stats()

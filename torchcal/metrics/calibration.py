@@ -96,16 +96,36 @@ class CalibrationError(BinnedMetric):
         0.2992
     """
 
-    def __init__(self, n_bins: int = 15, *, norm: str = "l1", reading: str = "confidence",
-                 input: str = "logits", estimator: str = "binned",
-                 num_classes: int | None = None, num_groups: int | None = None,
-                 fine_bins: int = 4096, exact: bool = False, sigma: float | None = None,
-                 bootstrap: int = 0, level: float = 0.95, seed: int = 0,
-                 validate_args: bool = True, ignore_index: int | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(n_bins, reading=reading, input=input, num_classes=num_classes,
-                         num_groups=num_groups, validate_args=validate_args,
-                         ignore_index=ignore_index, **kwargs)
+    def __init__(
+        self,
+        n_bins: int = 15,
+        *,
+        norm: str = "l1",
+        reading: str = "confidence",
+        input: str = "logits",
+        estimator: str = "binned",
+        num_classes: int | None = None,
+        num_groups: int | None = None,
+        fine_bins: int = 4096,
+        exact: bool = False,
+        sigma: float | None = None,
+        bootstrap: int = 0,
+        level: float = 0.95,
+        seed: int = 0,
+        validate_args: bool = True,
+        ignore_index: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            n_bins,
+            reading=reading,
+            input=input,
+            num_classes=num_classes,
+            num_groups=num_groups,
+            validate_args=validate_args,
+            ignore_index=ignore_index,
+            **kwargs,
+        )
         C.check_estimator(estimator, norm, reading)
         self.norm = norm
         self.estimator = estimator
@@ -128,17 +148,30 @@ class CalibrationError(BinnedMetric):
         if self.bootstrap:
             cells = self._K * self.n_bins
             for name in ("boot_n", "boot_conf", "boot_acc"):
-                self.add_state(name, torch.zeros(self.bootstrap, cells, dtype=torch.float64),
-                               dist_reduce_fx="sum")
+                self.add_state(
+                    name,
+                    torch.zeros(self.bootstrap, cells, dtype=torch.float64),
+                    dist_reduce_fx="sum",
+                )
 
-    _CONFIG = BinnedMetric._CONFIG + ("norm", "estimator", "exact", "fine_bins", "sigma",
-                                       "bootstrap", "level")
+    _CONFIG = BinnedMetric._CONFIG + (
+        "norm",
+        "estimator",
+        "exact",
+        "fine_bins",
+        "sigma",
+        "bootstrap",
+        "level",
+    )
 
     def _cat_dtypes(self) -> dict[str, torch.dtype]:
         if not self._keep:
             return {}
-        return {"sample_conf": torch.float64, "sample_outcome": torch.float64,
-                "sample_group": torch.int64}
+        return {
+            "sample_conf": torch.float64,
+            "sample_outcome": torch.float64,
+            "sample_group": torch.int64,
+        }
 
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
         """Accumulate a batch (shapes as :func:`~torchcal.functional.calibration_error`)."""
@@ -153,12 +186,14 @@ class CalibrationError(BinnedMetric):
             self.sample_group.append(s.group)
         if self.bootstrap:
             if self._generator is None:
-                rank = (torch.distributed.get_rank() if torch.distributed.is_available()
-                        and torch.distributed.is_initialized() else 0)
+                rank = (
+                    torch.distributed.get_rank()
+                    if torch.distributed.is_available() and torch.distributed.is_initialized()
+                    else 0
+                )
                 self._generator = torch.Generator(device=prep.conf.device)
                 self._generator.manual_seed(self.seed + 1_000_003 * rank)
-            wn, wc, wo = C.bootstrap_statistics(prep, self.n_bins, self.bootstrap,
-                                                self._generator)
+            wn, wc, wo = C.bootstrap_statistics(prep, self.n_bins, self.bootstrap, self._generator)
             self.boot_n.add_(wn)
             self.boot_conf.add_(wc)
             self.boot_acc.add_(wo)
@@ -172,17 +207,25 @@ class CalibrationError(BinnedMetric):
                 return x
             return torch.cat(x) if len(x) else torch.zeros(0, dtype=torch.float64)
 
-        return C.CalibrationSamples(cat(self.sample_conf), cat(self.sample_outcome),
-                                    cat(self.sample_group).to(torch.int64))
+        return C.CalibrationSamples(
+            cat(self.sample_conf), cat(self.sample_outcome), cat(self.sample_group).to(torch.int64)
+        )
 
     def compute(self) -> Tensor | GroupedResult:
         """The calibration error (scalar) or a :class:`~torchcal.report.GroupedResult`."""
         fine = self._stats("fine_") if self._fine else None
 
         def fn(s: C.BinnedStats, f: Any, smp: Any) -> Tensor:
-            return C.estimate(self.estimator, stats=s, fine=f, samples=smp,
-                               n_bins=self.n_bins, norm=self.norm, reading=self.reading,
-                               sigma=self.sigma)
+            return C.estimate(
+                self.estimator,
+                stats=s,
+                fine=f,
+                samples=smp,
+                n_bins=self.n_bins,
+                norm=self.norm,
+                reading=self.reading,
+                sigma=self.sigma,
+            )
 
         res = self._grouped(fn, fine, self._samples())
         return res if self.num_groups is None else C.stack_scalars(res)
@@ -192,16 +235,18 @@ class CalibrationError(BinnedMetric):
         ``level`` (needs ``bootstrap > 0`` and at least 2 samples; replicates that drew no
         sample are dropped; synchronises ranks like ``compute``)."""
         if not self.bootstrap:
-            raise ValueError("bootstrap: expected a number of replicates > 0 at construction "
-                             "to compute a bootstrap interval, got 0")
+            raise ValueError(
+                "bootstrap: expected a number of replicates > 0 at construction "
+                "to compute a bootstrap interval, got 0"
+            )
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=True):
             self._check_seen()
             n = int(self.group_count.sum())
             if n < 2:
-                raise ValueError(f"preds: a bootstrap interval needs at least 2 samples, got "
-                                 f"{n}")
-            return C.ece_bootstrap_from_stats(self.boot_n, self.boot_conf, self.boot_acc,
-                                              level=self.level)
+                raise ValueError(f"preds: a bootstrap interval needs at least 2 samples, got {n}")
+            return C.ece_bootstrap_from_stats(
+                self.boot_n, self.boot_conf, self.boot_acc, level=self.level
+            )
 
 
 class ClasswiseCalibrationError(BinnedMetric):
@@ -229,13 +274,29 @@ class ClasswiseCalibrationError(BinnedMetric):
         [0.2, 0.5, 0.4]
     """
 
-    def __init__(self, num_classes: int, n_bins: int = 15, *, norm: str = "l1",
-                 input: str = "logits", estimator: str = "binned",
-                 num_groups: int | None = None, validate_args: bool = True,
-                 ignore_index: int | None = None, **kwargs: Any) -> None:
-        super().__init__(n_bins, reading="classwise", input=input, num_classes=num_classes,
-                         num_groups=num_groups, validate_args=validate_args,
-                         ignore_index=ignore_index, **kwargs)
+    def __init__(
+        self,
+        num_classes: int,
+        n_bins: int = 15,
+        *,
+        norm: str = "l1",
+        input: str = "logits",
+        estimator: str = "binned",
+        num_groups: int | None = None,
+        validate_args: bool = True,
+        ignore_index: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            n_bins,
+            reading="classwise",
+            input=input,
+            num_classes=num_classes,
+            num_groups=num_groups,
+            validate_args=validate_args,
+            ignore_index=ignore_index,
+            **kwargs,
+        )
         C.check_estimator(estimator, norm, "classwise", allowed=("binned", "debiased"))
         self.norm = norm
         self.estimator = estimator
@@ -288,14 +349,30 @@ class ReliabilityDiagram(BinnedMetric):
 
     higher_is_better = None
 
-    def __init__(self, n_bins: int = 15, *, reading: str = "confidence",
-                 input: str = "logits", num_classes: int | None = None,
-                 num_groups: int | None = None, interval: str = "wilson",
-                 level: float = 0.95, validate_args: bool = True,
-                 ignore_index: int | None = None, **kwargs: Any) -> None:
-        super().__init__(n_bins, reading=reading, input=input, num_classes=num_classes,
-                         num_groups=num_groups, validate_args=validate_args,
-                         ignore_index=ignore_index, **kwargs)
+    def __init__(
+        self,
+        n_bins: int = 15,
+        *,
+        reading: str = "confidence",
+        input: str = "logits",
+        num_classes: int | None = None,
+        num_groups: int | None = None,
+        interval: str = "wilson",
+        level: float = 0.95,
+        validate_args: bool = True,
+        ignore_index: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            n_bins,
+            reading=reading,
+            input=input,
+            num_classes=num_classes,
+            num_groups=num_groups,
+            validate_args=validate_args,
+            ignore_index=ignore_index,
+            **kwargs,
+        )
         check_option("interval", interval, C.INTERVALS)
         C.z_of_level(level)
         self.interval = interval
@@ -309,8 +386,11 @@ class ReliabilityDiagram(BinnedMetric):
 
     def compute(self) -> ReliabilityTable | GroupedResult:
         """The table (pooled), or a GroupedResult with ``per_group`` a list of tables."""
-        return self._grouped(lambda s, f, smp: C.reliability_table_from_stats(
-            s, interval=self.interval, level=self.level, reading=self.reading))
+        return self._grouped(
+            lambda s, f, smp: C.reliability_table_from_stats(
+                s, interval=self.interval, level=self.level, reading=self.reading
+            )
+        )
 
     def plot(self, val: Any = None, ax: Any = None) -> Any:
         """Draw the (pooled) reliability diagram (see :meth:`ReliabilityTable.plot`);
@@ -338,13 +418,28 @@ class BrierDecomposition(BinnedMetric):
         0.175
     """
 
-    def __init__(self, n_bins: int = 15, *, reading: str = "binary", input: str = "logits",
-                 num_classes: int | None = None, num_groups: int | None = None,
-                 validate_args: bool = True, ignore_index: int | None = None,
-                 **kwargs: Any) -> None:
-        super().__init__(n_bins, reading=reading, input=input, num_classes=num_classes,
-                         num_groups=num_groups, validate_args=validate_args,
-                         ignore_index=ignore_index, **kwargs)
+    def __init__(
+        self,
+        n_bins: int = 15,
+        *,
+        reading: str = "binary",
+        input: str = "logits",
+        num_classes: int | None = None,
+        num_groups: int | None = None,
+        validate_args: bool = True,
+        ignore_index: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            n_bins,
+            reading=reading,
+            input=input,
+            num_classes=num_classes,
+            num_groups=num_groups,
+            validate_args=validate_args,
+            ignore_index=ignore_index,
+            **kwargs,
+        )
 
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
         """Accumulate a batch (shapes as :func:`~torchcal.functional.brier_decomposition`)."""

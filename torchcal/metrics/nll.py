@@ -54,9 +54,16 @@ class NegativeLogLikelihood(PooledPlotMetric):
     plot_lower_bound = 0.0
     _CONFIG = ("input", "num_groups", "multilabel")
 
-    def __init__(self, *, input: str = "logits", num_groups: int | None = None,
-                 validate_args: bool = True, ignore_index: int | None = None,
-                 multilabel: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        input: str = "logits",
+        num_groups: int | None = None,
+        validate_args: bool = True,
+        ignore_index: int | None = None,
+        multilabel: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         check_option("input", input, C.INPUTS)
         check_optional_int("ignore_index", ignore_index)
@@ -64,8 +71,9 @@ class NegativeLogLikelihood(PooledPlotMetric):
         self.input = input
         self.ignore_index = ignore_index
         self.multilabel = multilabel
-        self.num_groups = None if num_groups is None else check_int("num_groups", num_groups,
-                                                                    minimum=1)
+        self.num_groups = (
+            None if num_groups is None else check_int("num_groups", num_groups, minimum=1)
+        )
         self.validate_args = bool(validate_args)
         G = num_groups or 1
         self.add_state("nll_sum", torch.zeros(G, dtype=torch.float64), dist_reduce_fx="sum")
@@ -74,16 +82,24 @@ class NegativeLogLikelihood(PooledPlotMetric):
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
         """Accumulate a batch."""
         if self.num_groups is None and groups is not None:
-            raise ValueError("groups: pass num_groups= to the metric's constructor to get "
-                             "per-group results")
+            raise ValueError(
+                "groups: pass num_groups= to the metric's constructor to get per-group results"
+            )
         if self.num_groups is not None and groups is None:
-            raise ValueError(f"groups: expected a group id per sample (the metric was "
-                             f"built with num_groups={self.num_groups}), got None")
+            raise ValueError(
+                f"groups: expected a group id per sample (the metric was "
+                f"built with num_groups={self.num_groups}), got None"
+            )
         with validation_enabled(self.validate_args):
             if self.num_groups is not None:
                 G = check_group_ids(groups, target.shape, self.num_groups)
-            items, keep = C.nll_terms(preds, target, input=self.input,
-                                      ignore_index=self.ignore_index, multilabel=self.multilabel)
+            items, keep = C.nll_terms(
+                preds,
+                target,
+                input=self.input,
+                ignore_index=self.ignore_index,
+                multilabel=self.multilabel,
+            )
             if self.input == "logits" and not self.multilabel:
                 self._warn_probs_once(C.logits_look_like_probs(preds), stacklevel=4)
         if self.num_groups is None:
@@ -93,15 +109,20 @@ class NegativeLogLikelihood(PooledPlotMetric):
         g = groups.reshape(-1).to(torch.int64)
         w = None if keep is None else keep.reshape(-1).to(torch.int64)
         self.nll_sum.add_(torch.bincount(g, weights=items.reshape(-1), minlength=G))
-        self.count.add_(torch.bincount(g, minlength=G) if w is None
-                        else torch.bincount(g, weights=w, minlength=G).to(torch.int64))
+        self.count.add_(
+            torch.bincount(g, minlength=G)
+            if w is None
+            else torch.bincount(g, weights=w, minlength=G).to(torch.int64)
+        )
 
     def compute(self) -> Tensor | GroupedResult:
         """Mean NLL (float64), or a GroupedResult (``NaN`` for empty groups)."""
         total = int(self.count.sum())
         if total == 0:
-            raise RuntimeError("NegativeLogLikelihood.compute(): no samples seen; call "
-                               "update() with at least one sample first")
+            raise RuntimeError(
+                "NegativeLogLikelihood.compute(): no samples seen; call "
+                "update() with at least one sample first"
+            )
         pooled = self.nll_sum.sum() / total
         if self.num_groups is None:
             return pooled

@@ -12,8 +12,14 @@ from torch import Tensor, nn
 
 from torchcal.functional._validation import check_floating, check_tensor, values_checked
 
-__all__ = ["FitResult", "CalibrationWarning", "NotFittedError", "collect_logits",
-           "as_binary_vector", "check_state_finite"]
+__all__ = [
+    "FitResult",
+    "CalibrationWarning",
+    "NotFittedError",
+    "collect_logits",
+    "as_binary_vector",
+    "check_state_finite",
+]
 
 
 class CalibrationWarning(UserWarning):
@@ -109,10 +115,14 @@ class FittedMixin(nn.Module):
         be loaded; absent keys are left to ``load_state_dict``'s own missing-key report);
         raise ``ValueError("<prefix><name>: ...")``. The base checks nothing."""
 
-    def _load_from_state_dict(self, state_dict: Mapping[str, Any], prefix: str,
-                              *args: Any, **kwargs: Any) -> None:
-        own = {k[len(prefix):]: v.detach() for k, v in state_dict.items()
-               if k.startswith(prefix) and "." not in k[len(prefix):] and isinstance(v, Tensor)}
+    def _load_from_state_dict(
+        self, state_dict: Mapping[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        own = {
+            k[len(prefix) :]: v.detach()
+            for k, v in state_dict.items()
+            if k.startswith(prefix) and "." not in k[len(prefix) :] and isinstance(v, Tensor)
+        }
         self._check_state(own, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # type: ignore[arg-type]
 
@@ -137,18 +147,25 @@ class FittedMixin(nn.Module):
 
     def _check_fitted(self) -> None:
         if not bool(self.fitted):
-            raise NotFittedError(f"{type(self).__name__}: not fitted; call fit(...) first (or "
-                                 f"load_state_dict a fitted state)")
+            raise NotFittedError(
+                f"{type(self).__name__}: not fitted; call fit(...) first (or "
+                f"load_state_dict a fitted state)"
+            )
 
 
 def check_state_finite(state: Mapping[str, Tensor], prefix: str, *names: str) -> None:
     """Loaded float state must be finite (NaN/Inf would make every output NaN/Inf)."""
     for name in names:
         value = state.get(name)
-        if value is not None and value.is_floating_point() and \
-                not bool(torch.isfinite(value).all()):
-            raise ValueError(f"{prefix}{name}: expected finite values in the loaded state, got "
-                             f"{value.flatten()[:8].tolist()}")
+        if (
+            value is not None
+            and value.is_floating_point()
+            and not bool(torch.isfinite(value).all())
+        ):
+            raise ValueError(
+                f"{prefix}{name}: expected finite values in the loaded state, got "
+                f"{value.flatten()[:8].tolist()}"
+            )
 
 
 def as_binary_vector(logits: object, target: object = None) -> tuple[Any, Any, bool]:
@@ -175,18 +192,29 @@ def warn_if_probabilities(logits: Tensor) -> None:
     if not (float(lo) >= 0.0 and float(hi) <= 1.0):
         return
     if logits.dim() == 2 and not bool(
-            ((logits.detach().sum(1, dtype=torch.float64) - 1).abs() <= 1e-4).all()):
+        ((logits.detach().sum(1, dtype=torch.float64) - 1).abs() <= 1e-4).all()
+    ):
         return
-    what = "every row is in [0, 1] and sums to 1" if logits.dim() == 2 else \
-        "every value is in [0, 1]"
-    warnings.warn(f"logits: {what}: these look like probabilities, not logits; the calibrator "
-                  f"maps its input as logits (pass torch.log(probs), or torch.logit(p) for "
-                  f"binary probabilities)", CalibrationWarning, stacklevel=3)
+    what = (
+        "every row is in [0, 1] and sums to 1" if logits.dim() == 2 else "every value is in [0, 1]"
+    )
+    warnings.warn(
+        f"logits: {what}: these look like probabilities, not logits; the calibrator "
+        f"maps its input as logits (pass torch.log(probs), or torch.logit(p) for "
+        f"binary probabilities)",
+        CalibrationWarning,
+        stacklevel=3,
+    )
 
 
-def check_logits_target(logits: object, target: object, *,
-                        binary_only: bool = False, multiclass_only: bool = False,
-                        allow_neg_inf: bool = True) -> bool:
+def check_logits_target(
+    logits: object,
+    target: object,
+    *,
+    binary_only: bool = False,
+    multiclass_only: bool = False,
+    allow_neg_inf: bool = True,
+) -> bool:
     """Shape/dtype checks shared by the calibrators; returns ``True`` for binary input.
 
     Binary: logits ``(N,)`` and target ``(N,)`` in {0, 1} (``(N, 1)`` logits are squeezed by
@@ -196,25 +224,38 @@ def check_logits_target(logits: object, target: object, *,
     logits = check_tensor("logits", logits)
     target = check_tensor("target", target)
     check_floating("logits", logits)
-    if logits.dim() not in (1, 2) or (binary_only and logits.dim() != 1) or (
-            multiclass_only and logits.dim() != 2):
-        want = ("(N,) binary logits" if binary_only else "(N, C) multiclass logits"
-                if multiclass_only else "(N,) binary or (N, C) multiclass logits")
+    if (
+        logits.dim() not in (1, 2)
+        or (binary_only and logits.dim() != 1)
+        or (multiclass_only and logits.dim() != 2)
+    ):
+        want = (
+            "(N,) binary logits"
+            if binary_only
+            else "(N, C) multiclass logits"
+            if multiclass_only
+            else "(N,) binary or (N, C) multiclass logits"
+        )
         raise ValueError(f"logits: expected {want}, got shape {tuple(logits.shape)}")
     if logits.shape[0] == 0 or logits.numel() == 0:
         raise ValueError(f"logits: expected a non-empty tensor, got shape {tuple(logits.shape)}")
     if target.shape != logits.shape[:1]:
-        raise ValueError(f"target: expected shape {tuple(logits.shape[:1])} (one label per "
-                         f"row of logits {tuple(logits.shape)}), got {tuple(target.shape)}")
+        raise ValueError(
+            f"target: expected shape {tuple(logits.shape[:1])} (one label per "
+            f"row of logits {tuple(logits.shape)}), got {tuple(target.shape)}"
+        )
     if target.is_complex():
         raise ValueError(f"target: expected real labels, got dtype {target.dtype}")
     if logits.dim() == 2:
         if logits.shape[1] < 2:
-            raise ValueError(f"logits: expected at least 2 classes (columns), got shape "
-                             f"{tuple(logits.shape)}; pass binary logits as shape (N,) or (N, 1)")
+            raise ValueError(
+                f"logits: expected at least 2 classes (columns), got shape "
+                f"{tuple(logits.shape)}; pass binary logits as shape (N,) or (N, 1)"
+            )
         if target.is_floating_point() or target.dtype == torch.bool:
-            raise ValueError(f"target: expected integer class indices (torch.long), got dtype "
-                             f"{target.dtype}")
+            raise ValueError(
+                f"target: expected integer class indices (torch.long), got dtype {target.dtype}"
+            )
     if not allow_neg_inf and bool(torch.isneginf(logits).any()):
         raise ValueError("logits: -inf masks are not supported by this calibrator")
     return logits.dim() == 1
@@ -232,19 +273,23 @@ _INPUT_KEYS = ("input", "inputs", "x", "features", "image", "images")
 _TARGET_KEYS = ("target", "targets", "y", "label", "labels")
 
 
-def _split_batch(batch: object, input_key: str | None, target_key: str | None
-                 ) -> tuple[object, Tensor]:
+def _split_batch(
+    batch: object, input_key: str | None, target_key: str | None
+) -> tuple[object, Tensor]:
     if isinstance(batch, Mapping):
         ik = input_key or next((k for k in _INPUT_KEYS if k in batch), None)
         tk = target_key or next((k for k in _TARGET_KEYS if k in batch), None)
         if ik is None or tk is None or ik not in batch or tk not in batch:
-            raise ValueError(f"dataloader: a dict batch needs input and target keys (pass "
-                             f"input_key= and target_key=), got keys {sorted(batch)}")
+            raise ValueError(
+                f"dataloader: a dict batch needs input and target keys (pass "
+                f"input_key= and target_key=), got keys {sorted(batch)}"
+            )
         return batch[ik], batch[tk]
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return batch[0], batch[1]
-    raise ValueError(f"dataloader: expected (input, target) tuples or dicts, got "
-                     f"{type(batch).__name__}")
+    raise ValueError(
+        f"dataloader: expected (input, target) tuples or dicts, got {type(batch).__name__}"
+    )
 
 
 def _to(x: object, device: torch.device) -> object:
@@ -257,9 +302,14 @@ def _to(x: object, device: torch.device) -> object:
     return x
 
 
-def collect_logits(model: nn.Module, dataloader: Iterable, *, cache_dtype: torch.dtype | None
-                   = None, input_key: str | None = None, target_key: str | None = None
-                   ) -> tuple[Tensor, Tensor]:
+def collect_logits(
+    model: nn.Module,
+    dataloader: Iterable,
+    *,
+    cache_dtype: torch.dtype | None = None,
+    input_key: str | None = None,
+    target_key: str | None = None,
+) -> tuple[Tensor, Tensor]:
     """Run ``model`` once over ``dataloader`` in ``eval()`` mode without gradients.
 
     Batches are ``(input, target)`` tuples/lists or dicts (keys ``input_key``/``target_key``,
@@ -278,14 +328,17 @@ def collect_logits(model: nn.Module, dataloader: Iterable, *, cache_dtype: torch
                 x, y = _split_batch(batch, input_key, target_key)
                 out = model(_to(x, device))
                 if not isinstance(out, Tensor):
-                    raise ValueError(f"model: expected a logits tensor as output, got "
-                                     f"{type(out).__name__}")
+                    raise ValueError(
+                        f"model: expected a logits tensor as output, got {type(out).__name__}"
+                    )
                 out = out.detach()
                 if cache_dtype is not None:
                     cached = out.to(cache_dtype)
                     if bool((torch.isinf(cached) & torch.isfinite(out)).any()):
-                        raise ValueError(f"cache_dtype: logits overflow {cache_dtype}; use a "
-                                         f"wider cache_dtype or None")
+                        raise ValueError(
+                            f"cache_dtype: logits overflow {cache_dtype}; use a "
+                            f"wider cache_dtype or None"
+                        )
                     out = cached
                 logits_parts.append(out)
                 target_parts.append(torch.as_tensor(y).to(out.device))

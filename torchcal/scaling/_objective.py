@@ -24,11 +24,32 @@ from torchcal.functional._validation import first_bad_position, values_checked
 from torchcal.functional.recalibration import log_beta_derivatives, temperature_terms
 from torchcal.scaling._solvers import bracketed_newton
 
-__all__ = ["Chunk", "STAT_FIELDS", "COUNT", "LOSS", "DLOSS", "D2LOSS", "LOSS_IDENTITY",
-           "MISRANKED", "WINDOW", "BLOCK", "chunk_rows", "temperature_pass", "LogBetaResult",
-           "u_derivatives", "solve_log_beta", "all_reduce_", "distributed_active",
-           "validate_labels", "validate_logits", "validate_masked_target", "check_stats", "tensor_chunks",
-           "default_workers", "log_bounds"]
+__all__ = [
+    "Chunk",
+    "STAT_FIELDS",
+    "COUNT",
+    "LOSS",
+    "DLOSS",
+    "D2LOSS",
+    "LOSS_IDENTITY",
+    "MISRANKED",
+    "WINDOW",
+    "BLOCK",
+    "chunk_rows",
+    "temperature_pass",
+    "LogBetaResult",
+    "u_derivatives",
+    "solve_log_beta",
+    "all_reduce_",
+    "distributed_active",
+    "validate_labels",
+    "validate_logits",
+    "validate_masked_target",
+    "check_stats",
+    "tensor_chunks",
+    "default_workers",
+    "log_bounds",
+]
 
 # Columns of the per-group statistics returned by ``temperature_pass``.
 # ``misranked`` (rows whose target is not a row maximum; binary: a score on the wrong side of
@@ -79,15 +100,19 @@ def validate_labels(chunk: Chunk, binary: bool, num_classes: int | None) -> None
             bad = (y != 0) & (y != 1)
             if bool(bad.any()):
                 val = y[bad][0].item()
-                raise ValueError(f"target: expected binary labels in {{0, 1}}, got {val!r} at "
-                                 f"position {_where(bad, chunk.offset)}")
+                raise ValueError(
+                    f"target: expected binary labels in {{0, 1}}, got {val!r} at "
+                    f"position {_where(bad, chunk.offset)}"
+                )
     else:
         assert num_classes is not None
         bad = (y < 0) | (y >= num_classes)
         if bool(bad.any()):  # always checked: gather would fail with an opaque index error
             val = int(y[bad][0])
-            raise ValueError(f"target: expected class indices in [0, {num_classes - 1}], got "
-                             f"{val} at position {_where(bad, chunk.offset)}")
+            raise ValueError(
+                f"target: expected class indices in [0, {num_classes - 1}], got "
+                f"{val} at position {_where(bad, chunk.offset)}"
+            )
 
 
 def validate_logits(chunk: Chunk, binary: bool) -> None:
@@ -100,13 +125,17 @@ def validate_logits(chunk: Chunk, binary: bool) -> None:
     x, y = chunk.logits, chunk.target
     bad = torch.isnan(x) | torch.isposinf(x)
     if bool(bad.any()):
-        raise ValueError(f"logits: expected finite values or -inf masks, found NaN or +Inf at "
-                         f"position {_where(bad, chunk.offset)}")
+        raise ValueError(
+            f"logits: expected finite values or -inf masks, found NaN or +Inf at "
+            f"position {_where(bad, chunk.offset)}"
+        )
     if binary:
         bad = torch.isneginf(x) & (y == 1)
         if bool(bad.any()):
-            raise ValueError(f"logits: a -inf (masked) logit has target 1 at position "
-                             f"{_where(bad, chunk.offset)}; its likelihood is 0")
+            raise ValueError(
+                f"logits: a -inf (masked) logit has target 1 at position "
+                f"{_where(bad, chunk.offset)}; its likelihood is 0"
+            )
     else:
         validate_masked_target(chunk)
 
@@ -116,8 +145,10 @@ def validate_masked_target(chunk: Chunk) -> None:
     zy = chunk.logits.gather(1, chunk.target.unsqueeze(1)).squeeze(1)
     bad = torch.isneginf(zy)
     if bool(bad.any()):
-        raise ValueError(f"logits: the target class is masked (-inf) at row "
-                         f"{_where(bad, chunk.offset)}; its likelihood is 0")
+        raise ValueError(
+            f"logits: the target class is masked (-inf) at row "
+            f"{_where(bad, chunk.offset)}; its likelihood is 0"
+        )
 
 
 def check_stats(stats: Tensor, chunks: Callable[[], Iterable[Chunk]], binary: bool) -> None:
@@ -126,8 +157,10 @@ def check_stats(stats: Tensor, chunks: Callable[[], Iterable[Chunk]], binary: bo
         return
     for chunk in chunks():
         validate_logits(chunk, binary)
-    raise ValueError("logits: the NLL is not finite: NaN or +Inf logits on another rank, or "
-                     "logits whose differences overflow float64")
+    raise ValueError(
+        "logits: the NLL is not finite: NaN or +Inf logits on another rank, or "
+        "logits whose differences overflow float64"
+    )
 
 
 def distributed_active() -> bool:
@@ -156,9 +189,17 @@ WINDOW = 64
 BLOCK = 256
 
 
-def _chunk_sums(chunk: Chunk, beta0: float, beta_g: Tensor, *, binary: bool,
-                num_classes: int | None, identity: bool, check_labels: bool,
-                state: dict) -> tuple[int, Tensor, Tensor | None]:
+def _chunk_sums(
+    chunk: Chunk,
+    beta0: float,
+    beta_g: Tensor,
+    *,
+    binary: bool,
+    num_classes: int | None,
+    identity: bool,
+    check_labels: bool,
+    state: dict,
+) -> tuple[int, Tensor, Tensor | None]:
     """One chunk's contribution: ``(rows, column sums (k,), None)`` without groups, else
     ``(rows, per-row columns (n, 1 + k), group ids)`` to be index-added in chunk order.
 
@@ -170,12 +211,14 @@ def _chunk_sums(chunk: Chunk, beta0: float, beta_g: Tensor, *, binary: bool,
         validate_labels(chunk, binary, num_classes)
     n = chunk.target.shape[0]
     if chunk.groups is None:
-        terms = temperature_terms(chunk.logits, chunk.target, beta0, binary=binary, identity=identity,
-                          state=state)
+        terms = temperature_terms(
+            chunk.logits, chunk.target, beta0, binary=binary, identity=identity, state=state
+        )
         return n, torch.stack(terms, 1).sum(0), None
     beta = beta_g.to(chunk.logits.device)[chunk.groups]
-    terms = temperature_terms(chunk.logits, chunk.target, beta, binary=binary, identity=identity,
-                      state=state)
+    terms = temperature_terms(
+        chunk.logits, chunk.target, beta, binary=binary, identity=identity, state=state
+    )
     ones = torch.ones(n, dtype=torch.float64, device=chunk.logits.device)
     return n, torch.stack([ones, *terms], 1), chunk.groups
 
@@ -183,15 +226,17 @@ def _chunk_sums(chunk: Chunk, beta0: float, beta_g: Tensor, *, binary: bool,
 Sums = tuple[int, Tensor, Tensor | None]
 
 
-def _in_order(chunks: list[Chunk], compute: Callable[[Chunk], Sums], pool: ThreadPoolExecutor,
-              workers: int) -> Iterator[Sums]:
+def _in_order(
+    chunks: list[Chunk], compute: Callable[[Chunk], Sums], pool: ThreadPoolExecutor, workers: int
+) -> Iterator[Sums]:
     """The chunks' sums computed on ``workers`` threads, yielded in chunk order: one task per
     worker and window, worker k taking every workers-th chunk of the window."""
+
     def share(part: list[Chunk]) -> list:
         return [compute(c) for c in part]
 
     for s in range(0, len(chunks), WINDOW):
-        win = chunks[s:s + WINDOW]
+        win = chunks[s : s + WINDOW]
         futures = [pool.submit(share, win[k::workers]) for k in range(workers)]
         shares = [f.result() for f in futures]
         for i in range(len(win)):
@@ -205,27 +250,34 @@ def _accumulate(parts: Iterable[Sums], num_groups: int) -> Tensor | None:
     block: list[Tensor] = []  # ungrouped column sums, added BLOCK chunks at a time
     for n, sums, groups in parts:
         if acc is None:
-            acc = torch.zeros(num_groups, len(STAT_FIELDS), dtype=torch.float64,
-                              device=sums.device)
+            acc = torch.zeros(num_groups, len(STAT_FIELDS), dtype=torch.float64, device=sums.device)
         if groups is None:
             count += n
             block.append(sums)
             if len(block) == BLOCK:
-                acc[0, 1:1 + sums.shape[0]] += torch.stack(block).sum(0)
+                acc[0, 1 : 1 + sums.shape[0]] += torch.stack(block).sum(0)
                 block.clear()
         else:
-            acc[:, :sums.shape[1]].index_add_(0, groups, sums)
+            acc[:, : sums.shape[1]].index_add_(0, groups, sums)
     if acc is not None:
         if block:
-            acc[0, 1:1 + block[0].shape[0]] += torch.stack(block).sum(0)
+            acc[0, 1 : 1 + block[0].shape[0]] += torch.stack(block).sum(0)
         acc[0, COUNT] += count
     return acc
 
 
-def temperature_pass(chunks: Iterable[Chunk], u: Tensor, *, binary: bool,
-                     num_classes: int | None = None, num_groups: int = 1,
-                     identity: bool = False, reduce: bool = False, workers: int = 1,
-                     check_labels: bool = True) -> Tensor:
+def temperature_pass(
+    chunks: Iterable[Chunk],
+    u: Tensor,
+    *,
+    binary: bool,
+    num_classes: int | None = None,
+    num_groups: int = 1,
+    identity: bool = False,
+    reduce: bool = False,
+    workers: int = 1,
+    check_labels: bool = True,
+) -> Tensor:
     """One pass: per-group sums ``(G, 6)`` of :data:`STAT_FIELDS` at ``u = log beta``.
 
     ``u`` holds one value per group (``(G,)``, float64). Derivatives are w.r.t. ``beta``.
@@ -240,8 +292,16 @@ def temperature_pass(chunks: Iterable[Chunk], u: Tensor, *, binary: bool,
     state: dict = {}
 
     def compute(chunk: Chunk) -> Sums:
-        return _chunk_sums(chunk, beta0, beta_g, binary=binary, num_classes=num_classes,
-                           identity=identity, check_labels=check_labels, state=state)
+        return _chunk_sums(
+            chunk,
+            beta0,
+            beta_g,
+            binary=binary,
+            num_classes=num_classes,
+            identity=identity,
+            check_labels=check_labels,
+            state=state,
+        )
 
     if workers > 1 and isinstance(chunks, list) and len(chunks) > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -260,30 +320,42 @@ def temperature_pass(chunks: Iterable[Chunk], u: Tensor, *, binary: bool,
 class LogBetaResult:
     """Solution of :func:`solve_log_beta` (per group)."""
 
-    u: Tensor           # log beta at the last evaluated point
-    stats: Tensor       # (G, 6) sums at u
-    grad: Tensor        # d(objective)/du per sample (penalty included), at u
-    curv: Tensor        # d2(objective)/du2 per sample, at u
-    converged: Tensor   # bool (G,)
-    at_lower: Tensor    # stopped at the lower bound of u (T at its maximum)
-    at_upper: Tensor    # stopped at the upper bound of u (T at its minimum)
-    iterations: int     # Newton iterations (evaluations after the first)
-    passes: int         # data passes
+    u: Tensor  # log beta at the last evaluated point
+    stats: Tensor  # (G, 6) sums at u
+    grad: Tensor  # d(objective)/du per sample (penalty included), at u
+    curv: Tensor  # d2(objective)/du2 per sample, at u
+    converged: Tensor  # bool (G,)
+    at_lower: Tensor  # stopped at the lower bound of u (T at its maximum)
+    at_upper: Tensor  # stopped at the upper bound of u (T at its minimum)
+    iterations: int  # Newton iterations (evaluations after the first)
+    passes: int  # data passes
     identity_stats: Tensor | None = None
 
 
-def u_derivatives(stats: Tensor, u: Tensor, center: Tensor | None = None,
-                  strength: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+def u_derivatives(
+    stats: Tensor, u: Tensor, center: Tensor | None = None, strength: float = 0.0
+) -> tuple[Tensor, Tensor, Tensor]:
     """Objective, d/du and d2/du2 (sums, per group) of a pass's ``(G, 6)`` sums at ``u``."""
-    return log_beta_derivatives(stats[:, LOSS], stats[:, DLOSS], stats[:, D2LOSS], u, center,
-                                strength)
+    return log_beta_derivatives(
+        stats[:, LOSS], stats[:, DLOSS], stats[:, D2LOSS], u, center, strength
+    )
 
 
-def solve_log_beta(evaluate: Callable[[Tensor, bool], Tensor], u0: Tensor, *,
-                   lower: float, upper: float, grad_tol: float, step_tol: float,
-                   max_iter: int, center: Tensor | None = None, strength: float = 0.0,
-                   identity_first: bool = False, max_step: float = 2.0,
-                   detect_separation: bool = True) -> LogBetaResult:
+def solve_log_beta(
+    evaluate: Callable[[Tensor, bool], Tensor],
+    u0: Tensor,
+    *,
+    lower: float,
+    upper: float,
+    grad_tol: float,
+    step_tol: float,
+    max_iter: int,
+    center: Tensor | None = None,
+    strength: float = 0.0,
+    identity_first: bool = False,
+    max_step: float = 2.0,
+    detect_separation: bool = True,
+) -> LogBetaResult:
     """The temperature(s) by :func:`~torchcal.scaling._solvers.bracketed_newton` on
     ``u = log beta`` in ``[lower, upper]``, vectorised over groups.
 
@@ -323,24 +395,50 @@ def solve_log_beta(evaluate: Callable[[Tensor, bool], Tensor], u0: Tensor, *,
         passes += 1
         return derivatives(u, evaluate(u, False))
 
-    res = bracketed_newton(step, u, derivatives(u, stats), lower=lower, upper=upper,
-                           grad_tol=grad_tol, step_tol=step_tol, max_iter=max_iter,
-                           max_step=max_step, done=done, at_upper=done)
+    res = bracketed_newton(
+        step,
+        u,
+        derivatives(u, stats),
+        lower=lower,
+        upper=upper,
+        grad_tol=grad_tol,
+        step_tol=step_tol,
+        max_iter=max_iter,
+        max_step=max_step,
+        done=done,
+        at_upper=done,
+    )
     assert isinstance(res.payload, Tensor)
-    return LogBetaResult(u=res.u, stats=res.payload, grad=res.grad, curv=res.curv,
-                         converged=res.converged, at_lower=res.at_lower,
-                         at_upper=res.at_upper, iterations=res.iterations, passes=passes,
-                         identity_stats=identity_stats)
+    return LogBetaResult(
+        u=res.u,
+        stats=res.payload,
+        grad=res.grad,
+        curv=res.curv,
+        converged=res.converged,
+        at_lower=res.at_lower,
+        at_upper=res.at_upper,
+        iterations=res.iterations,
+        passes=passes,
+        identity_stats=identity_stats,
+    )
 
 
-def tensor_chunks(logits: Tensor, target: Tensor, groups: Tensor | None = None,
-                  rows: int | None = None) -> list[Chunk]:
+def tensor_chunks(
+    logits: Tensor, target: Tensor, groups: Tensor | None = None, rows: int | None = None
+) -> list[Chunk]:
     """Row slices (views, no copies) of in-memory data as :class:`Chunk` s."""
     n = target.shape[0]
     if rows is None:
         rows = chunk_rows(logits.shape[1] if logits.dim() == 2 else 1, logits.device)
-    return [Chunk(logits[s:s + rows], target[s:s + rows],
-                  None if groups is None else groups[s:s + rows], s) for s in range(0, n, rows)]
+    return [
+        Chunk(
+            logits[s : s + rows],
+            target[s : s + rows],
+            None if groups is None else groups[s : s + rows],
+            s,
+        )
+        for s in range(0, n, rows)
+    ]
 
 
 def default_workers(logits: Tensor) -> int:

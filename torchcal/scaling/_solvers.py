@@ -24,8 +24,20 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-__all__ = ["BracketedResult", "bracketed_newton", "Probe", "NewtonResult", "damped_newton",
-           "active_bounds", "projected_grad_norm", "cholesky_direction", "solve_direction", "OnBound", "LbfgsResult", "lbfgs"]
+__all__ = [
+    "BracketedResult",
+    "bracketed_newton",
+    "Probe",
+    "NewtonResult",
+    "damped_newton",
+    "active_bounds",
+    "projected_grad_norm",
+    "cholesky_direction",
+    "solve_direction",
+    "OnBound",
+    "LbfgsResult",
+    "lbfgs",
+]
 
 
 # ----------------------------------------------------------------------------- 1-D, bracketed
@@ -33,21 +45,29 @@ __all__ = ["BracketedResult", "bracketed_newton", "Probe", "NewtonResult", "damp
 class BracketedResult:
     """Solution of :func:`bracketed_newton` (per problem)."""
 
-    u: Tensor           # the last evaluated point
-    payload: object     # what ``evaluate`` returned with the derivatives at u
-    grad: Tensor        # d(objective)/du per sample, at u
-    curv: Tensor        # d2(objective)/du2 per sample, at u
-    converged: Tensor   # bool
-    at_lower: Tensor    # stopped on the lower bound, the gradient pointing outwards
-    at_upper: Tensor    # stopped on the upper bound, the gradient pointing outwards
-    iterations: int     # Newton iterations (evaluations after the first)
+    u: Tensor  # the last evaluated point
+    payload: object  # what ``evaluate`` returned with the derivatives at u
+    grad: Tensor  # d(objective)/du per sample, at u
+    curv: Tensor  # d2(objective)/du2 per sample, at u
+    converged: Tensor  # bool
+    at_lower: Tensor  # stopped on the lower bound, the gradient pointing outwards
+    at_upper: Tensor  # stopped on the upper bound, the gradient pointing outwards
+    iterations: int  # Newton iterations (evaluations after the first)
 
 
 Evaluation = tuple[object, Tensor, Tensor, Tensor]  # (payload, grad sums, curvature sums, count)
 
 
-def _safeguarded_step(u: Tensor, g: Tensor, h: Tensor, lo: Tensor, hi: Tensor,
-                      lo_eval: Tensor, hi_eval: Tensor, max_step: float) -> Tensor:
+def _safeguarded_step(
+    u: Tensor,
+    g: Tensor,
+    h: Tensor,
+    lo: Tensor,
+    hi: Tensor,
+    lo_eval: Tensor,
+    hi_eval: Tensor,
+    max_step: float,
+) -> Tensor:
     """The Newton step capped at ``max_step``; where it leaves the bracket ``[lo, hi]``, the
     bracket's midpoint (or the bound itself while that side is not an evaluated point)."""
     step = torch.where(h > 0, -g / h.clamp(min=1e-300), -torch.sign(g) * max_step)
@@ -59,10 +79,20 @@ def _safeguarded_step(u: Tensor, g: Tensor, h: Tensor, lo: Tensor, hi: Tensor,
     return torch.where(above, torch.where(hi_eval, mid, hi), un)
 
 
-def bracketed_newton(evaluate: Callable[[Tensor], Evaluation], u: Tensor, first: Evaluation, *,
-                     lower: float, upper: float, grad_tol: float, step_tol: float,
-                     max_iter: int, max_step: float = 2.0, done: Tensor | None = None,
-                     at_upper: Tensor | None = None) -> BracketedResult:
+def bracketed_newton(
+    evaluate: Callable[[Tensor], Evaluation],
+    u: Tensor,
+    first: Evaluation,
+    *,
+    lower: float,
+    upper: float,
+    grad_tol: float,
+    step_tol: float,
+    max_iter: int,
+    max_step: float = 2.0,
+    done: Tensor | None = None,
+    at_upper: Tensor | None = None,
+) -> BracketedResult:
     """Safeguarded Newton on ``G`` independent 1-D convex problems ``u in [lower, upper]``.
 
     ``evaluate(u)`` returns ``(payload, g, h, count)``: the gradient and curvature sums
@@ -116,9 +146,16 @@ def bracketed_newton(evaluate: Callable[[Tensor], Evaluation], u: Tensor, first:
             break
         payload, g, h, count = evaluate(u)
         iterations += 1
-    return BracketedResult(u=u, payload=payload, grad=g / count, curv=h / count,
-                           converged=converged, at_lower=at_lower, at_upper=at_upper,
-                           iterations=iterations)
+    return BracketedResult(
+        u=u,
+        payload=payload,
+        grad=g / count,
+        curv=h / count,
+        converged=converged,
+        at_lower=at_lower,
+        at_upper=at_upper,
+        iterations=iterations,
+    )
 
 
 # ----------------------------------------------------------------------------- n-D, damped
@@ -143,10 +180,10 @@ class NewtonResult:
     """Solution of :func:`damped_newton`."""
 
     x: Tensor
-    probe: Probe        # the objective at x
+    probe: Probe  # the objective at x
     iterations: int
-    at_bound: bool      # stopped with a coordinate on a bound, the gradient pointing outwards
-    grad_norm: float    # norm of the gradient's free part at x (the stopping test's)
+    at_bound: bool  # stopped with a coordinate on a bound, the gradient pointing outwards
+    grad_norm: float  # norm of the gradient's free part at x (the stopping test's)
 
 
 def active_bounds(x: Tensor, g: Tensor, lower: Tensor | None, upper: Tensor | None) -> Tensor:
@@ -198,11 +235,19 @@ def solve_direction(g: Tensor, h: Tensor, free: Tensor) -> Tensor | None:
         return None
 
 
-def damped_newton(evaluate: Callable[[Tensor], Probe], x: Tensor, *,
-                  direction: Callable[[Tensor, Tensor, Tensor], Tensor | None],
-                  grad_tol: float, max_iter: int, lower: Tensor | None = None,
-                  upper: Tensor | None = None, norm: str = "l2", min_step: float = 1e-10,
-                  first: Probe | None = None) -> NewtonResult:
+def damped_newton(
+    evaluate: Callable[[Tensor], Probe],
+    x: Tensor,
+    *,
+    direction: Callable[[Tensor, Tensor, Tensor], Tensor | None],
+    grad_tol: float,
+    max_iter: int,
+    lower: Tensor | None = None,
+    upper: Tensor | None = None,
+    norm: str = "l2",
+    min_step: float = 1e-10,
+    first: Probe | None = None,
+) -> NewtonResult:
     """Projected damped Newton from ``x`` (float64) in the box ``[lower, upper]``.
 
     A coordinate on a bound whose gradient points outwards is fixed for the step; the rest
@@ -248,8 +293,9 @@ def damped_newton(evaluate: Callable[[Tensor], Probe], x: Tensor, *,
             break
         x, probe = x_new, p_new
         iterations += 1
-    return NewtonResult(x=x, probe=probe, iterations=iterations, at_bound=bool(fixed.any()),
-                        grad_norm=pg)
+    return NewtonResult(
+        x=x, probe=probe, iterations=iterations, at_bound=bool(fixed.any()), grad_norm=pg
+    )
 
 
 # ----------------------------------------------------------------------------- LBFGS
@@ -271,10 +317,18 @@ class LbfgsResult:
     on_bound: bool
 
 
-def lbfgs(evaluate: Callable[[Tensor], tuple[Tensor, Tensor]], x0: Tensor, *, max_iter: int,
-          grad_tol: float, history_size: int, max_eval: int | None = None,
-          lower: Tensor | None = None, upper: Tensor | None = None,
-          curvature: Callable[[Tensor], Tensor] | None = None) -> LbfgsResult:
+def lbfgs(
+    evaluate: Callable[[Tensor], tuple[Tensor, Tensor]],
+    x0: Tensor,
+    *,
+    max_iter: int,
+    grad_tol: float,
+    history_size: int,
+    max_eval: int | None = None,
+    lower: Tensor | None = None,
+    upper: Tensor | None = None,
+    curvature: Callable[[Tensor], Tensor] | None = None,
+) -> LbfgsResult:
     """``torch.optim.LBFGS`` (strong-Wolfe line search) on ``evaluate(x) -> (f, grad)``.
 
     ``tolerance_change=0``: near the optimum the objective is flat to float64 resolution, so
@@ -287,9 +341,16 @@ def lbfgs(evaluate: Callable[[Tensor], tuple[Tensor, Tensor]], x0: Tensor, *, ma
     extension's minimum lies inside, so the search comes back.
     """
     xp = x0.detach().clone().requires_grad_(True)
-    opt = torch.optim.LBFGS([xp], lr=1.0, max_iter=max_iter, max_eval=max_eval,
-                            tolerance_grad=grad_tol, tolerance_change=0.0,
-                            history_size=history_size, line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        [xp],
+        lr=1.0,
+        max_iter=max_iter,
+        max_eval=max_eval,
+        tolerance_grad=grad_tol,
+        tolerance_change=0.0,
+        history_size=history_size,
+        line_search_fn="strong_wolfe",
+    )
     bounded = lower is not None and upper is not None
 
     def closure() -> Tensor:
@@ -317,5 +378,9 @@ def lbfgs(evaluate: Callable[[Tensor], tuple[Tensor, Tensor]], x0: Tensor, *, ma
     except OnBound as stop:
         x, on_bound = stop.x, True
     state = opt.state[xp] if xp in opt.state else {}
-    return LbfgsResult(x=x, iterations=int(state.get("n_iter", 0)),
-                       evaluations=int(state.get("func_evals", 0)), on_bound=on_bound)
+    return LbfgsResult(
+        x=x,
+        iterations=int(state.get("n_iter", 0)),
+        evaluations=int(state.get("func_evals", 0)),
+        on_bound=on_bound,
+    )

@@ -65,7 +65,8 @@ class _Objective:
 
     def hessian(self, x: Tensor) -> Tensor:
         pen = torch.autograd.functional.hessian(
-            lambda v: self.scaler._penalty(*self.split(v)), x)  # tiny: no data involved
+            lambda v: self.scaler._penalty(*self.split(v)), x
+        )  # tiny: no data involved
         return self.scaler._nll_hessian(self.z, *self.split(x), self.mask) + pen
 
 
@@ -117,8 +118,9 @@ class _AffineScaler(FittedMixin):
     def _check_state(self, state: Mapping[str, Tensor], prefix: str) -> None:
         check_state_finite(state, prefix, "weight", "bias")
 
-    def _masked_affine(self, z: Tensor, weight: Tensor, bias: Tensor,
-                       mask: Tensor | None) -> Tensor:
+    def _masked_affine(
+        self, z: Tensor, weight: Tensor, bias: Tensor, mask: Tensor | None
+    ) -> Tensor:
         """The affine map of ``z`` (masked entries already 0), masked outputs ``-inf``."""
         return R.masked_affine(self._affine(z, weight, bias), mask)
 
@@ -126,10 +128,15 @@ class _AffineScaler(FittedMixin):
         """Calibrated logits ``(N, C)`` in the dtype of ``logits``; a ``-inf`` (masked) logit
         stays ``-inf`` (probability 0) and contributes nothing to the other classes."""
         self._check_fitted()
-        if not isinstance(logits, Tensor) or not logits.is_floating_point() or \
-                logits.dim() != 2 or logits.shape[1] != self.num_classes:
-            raise ValueError(f"logits: expected a floating-point tensor of shape "
-                             f"(N, {self.num_classes})")
+        if (
+            not isinstance(logits, Tensor)
+            or not logits.is_floating_point()
+            or logits.dim() != 2
+            or logits.shape[1] != self.num_classes
+        ):
+            raise ValueError(
+                f"logits: expected a floating-point tensor of shape (N, {self.num_classes})"
+            )
         check_finite("logits", logits, allow_neg_inf=True)
         w = self.weight.to(device=logits.device, dtype=logits.dtype)
         b = self.bias.to(device=logits.device, dtype=logits.dtype)
@@ -138,8 +145,14 @@ class _AffineScaler(FittedMixin):
             return self._affine(logits, w, b)
         return self._masked_affine(logits.masked_fill(mask, 0.0), w, b, mask)
 
-    def objective(self, logits: Tensor, target: Tensor, weight: Tensor, bias: Tensor,
-                  mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def objective(
+        self,
+        logits: Tensor,
+        target: Tensor,
+        weight: Tensor,
+        bias: Tensor,
+        mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """``(mean NLL + penalty, mean NLL)`` at the given parameters (float64); with
         ``mask``, ``logits`` holds 0 at the masked entries (see :meth:`forward`)."""
         nll = F.cross_entropy(self._masked_affine(logits, weight, bias, mask), target)
@@ -149,8 +162,10 @@ class _AffineScaler(FittedMixin):
         """Fit the weights and biases on multiclass logits ``(N, C)`` and class indices."""
         check_logits_target(logits, target, multiclass_only=True)
         if logits.shape[1] != self.num_classes:
-            raise ValueError(f"logits: expected {self.num_classes} columns (num_classes), got "
-                             f"shape {tuple(logits.shape)}")
+            raise ValueError(
+                f"logits: expected {self.num_classes} columns (num_classes), got "
+                f"shape {tuple(logits.shape)}"
+            )
         check_finite("logits", logits, allow_neg_inf=True)
         check_class_target("target", target, self.num_classes)
         warn_if_probabilities(logits)
@@ -169,40 +184,58 @@ class _AffineScaler(FittedMixin):
             grad_norm = float(torch.linalg.vector_norm(grad))
         msgs = []
         if z.shape[0] < x.numel():
-            msgs.append(f"{type(self).__name__}: fewer samples ({z.shape[0]}) than parameters "
-                        f"({x.numel()}): the map interpolates the fitting set; use more data, "
-                        f"a regulariser, or TemperatureScaler")
+            msgs.append(
+                f"{type(self).__name__}: fewer samples ({z.shape[0]}) than parameters "
+                f"({x.numel()}): the map interpolates the fitting set; use more data, "
+                f"a regulariser, or TemperatureScaler"
+            )
         elif float(nll) <= 1e-8:
-            msgs.append(f"{type(self).__name__}: the fitted map separates the fitting set (NLL "
-                        f"{float(nll):.3g}): a separable set has no finite optimum; the "
-                        f"parameters are where the gradient fell below grad_tol")
+            msgs.append(
+                f"{type(self).__name__}: the fitted map separates the fitting set (NLL "
+                f"{float(nll):.3g}): a separable set has no finite optimum; the "
+                f"parameters are where the gradient fell below grad_tol"
+            )
         if not grad_norm <= max(1e-8, math.sqrt(x.numel()) * self.grad_tol):
-            msgs.append(f"{type(self).__name__}: LBFGS stopped before the tolerance was met "
-                        f"(|grad| = {grad_norm:.3g}); a separable set without regularisation "
-                        f"has no finite optimum")
+            msgs.append(
+                f"{type(self).__name__}: LBFGS stopped before the tolerance was met "
+                f"(|grad| = {grad_norm:.3g}); a separable set without regularisation "
+                f"has no finite optimum"
+            )
         self._store("weight", w.detach())
         self._store("bias", b.detach())
         self._mark_fitted()
-        return FitResult(temperature=None, nll_before=nll_before, nll_after=float(nll.detach()),
-                         grad_norm=grad_norm, iterations=iterations, converged=not msgs,
-                         warnings=warn_all(msgs, stacklevel=3), passes=passes, method=method)
+        return FitResult(
+            temperature=None,
+            nll_before=nll_before,
+            nll_after=float(nll.detach()),
+            grad_norm=grad_norm,
+            iterations=iterations,
+            converged=not msgs,
+            warnings=warn_all(msgs, stacklevel=3),
+            passes=passes,
+            method=method,
+        )
 
-    def _nll_hessian(self, z: Tensor, weight: Tensor, bias: Tensor,
-                     mask: Tensor | None = None) -> Tensor:
+    def _nll_hessian(
+        self, z: Tensor, weight: Tensor, bias: Tensor, mask: Tensor | None = None
+    ) -> Tensor:
         """Exact Hessian of the mean NLL w.r.t. ``cat(weight.flatten(), bias)`` (``z`` holds 0
         at masked entries: their output is constant, ``p = 0`` there)."""
         p = torch.softmax(self._masked_affine(z, weight, bias, mask), dim=1)
         return self._hessian(z, p)
 
-    def _float64_inputs(self, logits: Tensor, target: Tensor
-                        ) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _float64_inputs(
+        self, logits: Tensor, target: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Float64 copies of the inputs, masked entries 0, and the mask (``None``: none)."""
         z = logits.detach().to(torch.float64).clone()
         y = target.detach().to(device=z.device, dtype=torch.long).clone()
         big = float(z.masked_fill(torch.isneginf(z), 0.0).abs().max())
         if big > _MAX_ABS_LOGIT:
-            raise ValueError(f"logits: expected |logits| <= {_MAX_ABS_LOGIT:g} (their squares "
-                             f"enter the float64 Hessian), got {big:g}")
+            raise ValueError(
+                f"logits: expected |logits| <= {_MAX_ABS_LOGIT:g} (their squares "
+                f"enter the float64 Hessian), got {big:g}"
+            )
         neg = torch.isneginf(z)
         if not bool(neg.any()):
             return z, y, None
@@ -213,12 +246,24 @@ class _AffineScaler(FittedMixin):
         """Damped Newton with the exact Hessian up to ``_NEWTON_MAX_PARAMS`` parameters
         (max-abs gradient test, Armijo halving down to ``1e-12``), else full-batch LBFGS."""
         if x.numel() <= _NEWTON_MAX_PARAMS:
-            res = damped_newton(lambda v: _Probe(obj, v), x, direction=solve_direction,
-                                grad_tol=self.grad_tol, max_iter=self.max_iter, norm="max",
-                                min_step=1e-12)
+            res = damped_newton(
+                lambda v: _Probe(obj, v),
+                x,
+                direction=solve_direction,
+                grad_tol=self.grad_tol,
+                max_iter=self.max_iter,
+                norm="max",
+                min_step=1e-12,
+            )
             return res.x.detach(), res.iterations, obj.passes, "newton"
-        run = lbfgs(obj.gradient, x, max_iter=self.max_iter, max_eval=2 * self.max_iter,
-                    grad_tol=self.grad_tol, history_size=50)
+        run = lbfgs(
+            obj.gradient,
+            x,
+            max_iter=self.max_iter,
+            max_eval=2 * self.max_iter,
+            grad_tol=self.grad_tol,
+            history_size=50,
+        )
         return run.x, run.iterations, run.evaluations, "lbfgs"
 
 
@@ -254,13 +299,18 @@ class VectorScaler(_AffineScaler):
     _affine = staticmethod(R.vector_affine)
     _hessian = staticmethod(R.vector_nll_hessian)
 
-    def __init__(self, num_classes: int, *, bias_reg: float = 0.0, grad_tol: float = 1e-10,
-                 max_iter: int = 500) -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        *,
+        bias_reg: float = 0.0,
+        grad_tol: float = 1e-10,
+        max_iter: int = 500,
+    ) -> None:
         super().__init__(num_classes, grad_tol, max_iter)
         self.bias_reg = check_finite_value("bias_reg", bias_reg)
         self.weight = nn.Parameter(torch.ones(num_classes, dtype=torch.float64))
         self.bias = nn.Parameter(torch.zeros(num_classes, dtype=torch.float64))
-
 
     def _penalty(self, weight: Tensor, bias: Tensor) -> Tensor:
         return R.vector_penalty(bias, self.bias_reg, self.num_classes)
@@ -303,14 +353,20 @@ class MatrixScaler(_AffineScaler):
     _affine = staticmethod(R.matrix_affine)
     _hessian = staticmethod(R.matrix_nll_hessian)
 
-    def __init__(self, num_classes: int, *, off_diagonal_reg: float = 1e-2,
-                 bias_reg: float = 1e-2, grad_tol: float = 1e-10, max_iter: int = 500) -> None:
+    def __init__(
+        self,
+        num_classes: int,
+        *,
+        off_diagonal_reg: float = 1e-2,
+        bias_reg: float = 1e-2,
+        grad_tol: float = 1e-10,
+        max_iter: int = 500,
+    ) -> None:
         super().__init__(num_classes, grad_tol, max_iter)
         self.off_diagonal_reg = check_finite_value("off_diagonal_reg", off_diagonal_reg)
         self.bias_reg = check_finite_value("bias_reg", bias_reg)
         self.weight = nn.Parameter(torch.eye(num_classes, dtype=torch.float64))
         self.bias = nn.Parameter(torch.zeros(num_classes, dtype=torch.float64))
-
 
     def _penalty(self, weight: Tensor, bias: Tensor) -> Tensor:
         return R.matrix_penalty(weight, bias, self.off_diagonal_reg, self.bias_reg)

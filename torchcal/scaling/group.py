@@ -75,9 +75,16 @@ class GroupTemperatureScaler(FittedMixin):
     log_temperature: nn.Parameter
     log_temperature_global: Tensor
 
-    def __init__(self, num_groups: int, *, shrinkage: float = 1.0,
-                 bounds: tuple[float, float] = (1e-3, 1e3), grad_tol: float = 1e-10,
-                 step_tol: float = 1e-8, max_iter: int = 100) -> None:
+    def __init__(
+        self,
+        num_groups: int,
+        *,
+        shrinkage: float = 1.0,
+        bounds: tuple[float, float] = (1e-3, 1e3),
+        grad_tol: float = 1e-10,
+        step_tol: float = 1e-8,
+        max_iter: int = 100,
+    ) -> None:
         super().__init__()
         self.num_groups = check_int("num_groups", num_groups, minimum=1)
         self.shrinkage = check_finite_value("shrinkage", float(shrinkage))
@@ -92,8 +99,10 @@ class GroupTemperatureScaler(FittedMixin):
         for name in ("log_temperature", "log_temperature_global"):
             v = state.get(name)
             if v is not None and v.numel() and not float(v.abs().max()) <= 700.0:
-                raise ValueError(f"{prefix}{name}: expected temperatures 0 < T < inf in "
-                                 f"float64 (|log T| <= 700), got {v.flatten()[:8].tolist()}")
+                raise ValueError(
+                    f"{prefix}{name}: expected temperatures 0 < T < inf in "
+                    f"float64 (|log T| <= 700), got {v.flatten()[:8].tolist()}"
+                )
 
     @property
     def temperatures(self) -> Tensor:
@@ -122,9 +131,13 @@ class GroupTemperatureScaler(FittedMixin):
         if not binary:
             target = target.long()
         groups = self._check_groups(groups, logits.shape[0], logits.device)
-        glob = TemperatureScaler(bounds=self.bounds, grad_tol=self.grad_tol,
-                                 step_tol=self.step_tol, max_iter=self.max_iter,
-                                 method="newton")
+        glob = TemperatureScaler(
+            bounds=self.bounds,
+            grad_tol=self.grad_tol,
+            step_tol=self.step_tol,
+            max_iter=self.max_iter,
+            method="newton",
+        )
         res_g = glob.fit(logits, target)
         num_classes = None if binary else logits.shape[1]
         G = self.num_groups
@@ -134,34 +147,52 @@ class GroupTemperatureScaler(FittedMixin):
             center = torch.full((G,), -math.log(glob.temperature), dtype=torch.float64)
 
             def evaluate(u: Tensor, identity: bool) -> Tensor:
-                stats = obj.temperature_pass(chunks, u, binary=binary, num_classes=num_classes,
-                                             num_groups=G, identity=identity, workers=workers,
-                                             check_labels=False)
+                stats = obj.temperature_pass(
+                    chunks,
+                    u,
+                    binary=binary,
+                    num_classes=num_classes,
+                    num_groups=G,
+                    identity=identity,
+                    workers=workers,
+                    check_labels=False,
+                )
                 obj.check_stats(stats, lambda: chunks, binary)
                 return stats
 
             lo, hi = obj.log_bounds(*self.bounds)
-            res = obj.solve_log_beta(evaluate, center.clone(), lower=lo, upper=hi,
-                                     grad_tol=self.grad_tol, step_tol=self.step_tol,
-                                     max_iter=self.max_iter, center=center,
-                                     strength=self.shrinkage, identity_first=True)
+            res = obj.solve_log_beta(
+                evaluate,
+                center.clone(),
+                lower=lo,
+                upper=hi,
+                grad_tol=self.grad_tol,
+                step_tol=self.step_tol,
+                max_iter=self.max_iter,
+                center=center,
+                strength=self.shrinkage,
+                identity_first=True,
+            )
         msgs = list(res_g.warnings)
         empty = torch.nonzero(res.stats[:, obj.COUNT] == 0).flatten().tolist()
         if empty:
             msgs.append(f"groups: no samples in group(s) {empty}; they use the global T")
         msgs += degenerate_messages(res, self.bounds, what="T_g")
-        msgs_t = warn_all(msgs[len(res_g.warnings):], stacklevel=3)
+        msgs_t = warn_all(msgs[len(res_g.warnings) :], stacklevel=3)
         self._store("log_temperature", -res.u)
         self._store("log_temperature_global", math.log(glob.temperature))
         self._mark_fitted()
         n = float(res.stats[:, obj.COUNT].sum())
         assert res.identity_stats is not None
-        return FitResult(temperature=glob.temperature,
-                         nll_before=float(res.identity_stats.sum()) / n,
-                         nll_after=float(res.stats[:, obj.LOSS].sum()) / n,
-                         grad_norm=float(torch.linalg.vector_norm(res.grad)),
-                         iterations=res.iterations,
-                         converged=bool(res.converged.all()) and res_g.converged,
-                         warnings=tuple(res_g.warnings) + msgs_t,
-                         passes=res.passes + res_g.passes, method="newton",
-                         temperatures=tuple(self.temperatures.tolist()))
+        return FitResult(
+            temperature=glob.temperature,
+            nll_before=float(res.identity_stats.sum()) / n,
+            nll_after=float(res.stats[:, obj.LOSS].sum()) / n,
+            grad_norm=float(torch.linalg.vector_norm(res.grad)),
+            iterations=res.iterations,
+            converged=bool(res.converged.all()) and res_g.converged,
+            warnings=tuple(res_g.warnings) + msgs_t,
+            passes=res.passes + res_g.passes,
+            method="newton",
+            temperatures=tuple(self.temperatures.tolist()),
+        )

@@ -91,42 +91,58 @@ class IsotonicCalibrator(FittedMixin):
         if xt is None or yt is None:
             return
         if xt.dim() != 1 or yt.shape != xt.shape:
-            raise ValueError(f"{prefix}y_thresholds: expected the 1-D shape of x_thresholds "
-                             f"{tuple(xt.shape)}, got {tuple(yt.shape)}")
+            raise ValueError(
+                f"{prefix}y_thresholds: expected the 1-D shape of x_thresholds "
+                f"{tuple(xt.shape)}, got {tuple(yt.shape)}"
+            )
         if fitted is not None and bool(fitted) and xt.numel() == 0:
-            raise ValueError(f"{prefix}x_thresholds: a fitted state needs at least one "
-                             f"threshold, got none")
+            raise ValueError(
+                f"{prefix}x_thresholds: a fitted state needs at least one threshold, got none"
+            )
         xd, yd = xt.to(torch.float64), yt.to(torch.float64)
         if not bool(torch.isfinite(xd).all()) or not bool((xd[1:] > xd[:-1]).all()):
-            raise ValueError(f"{prefix}x_thresholds: expected finite, strictly increasing "
-                             f"values in the loaded state")
+            raise ValueError(
+                f"{prefix}x_thresholds: expected finite, strictly increasing "
+                f"values in the loaded state"
+            )
         if not bool(((yd >= 0) & (yd <= 1)).all()) or not bool((yd[1:] >= yd[:-1]).all()):
-            raise ValueError(f"{prefix}y_thresholds: expected a non-decreasing map into "
-                             f"[0, 1] in the loaded state, got values in "
-                             f"[{float(yd.min()):g}, {float(yd.max()):g}]" if yd.numel() else
-                             f"{prefix}y_thresholds: expected values in [0, 1]")
+            raise ValueError(
+                f"{prefix}y_thresholds: expected a non-decreasing map into "
+                f"[0, 1] in the loaded state, got values in "
+                f"[{float(yd.min()):g}, {float(yd.max()):g}]"
+                if yd.numel()
+                else f"{prefix}y_thresholds: expected values in [0, 1]"
+            )
 
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
-                              **kwargs: Any) -> None:
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
         for name in ("x_thresholds", "y_thresholds"):
             value = state_dict.get(prefix + name)
             if isinstance(value, Tensor):
-                setattr(self, name, torch.empty_like(value, dtype=torch.float64,
-                                                     device=getattr(self, name).device))
+                setattr(
+                    self,
+                    name,
+                    torch.empty_like(value, dtype=torch.float64, device=getattr(self, name).device),
+                )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _scores(self, logits: Tensor, target: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """(log-odds score in float64, binary outcome or None)."""
         if self.reading == "binary":
             if logits.dim() != 1:
-                raise ValueError(f"logits: expected (N,) binary logits for reading='binary', "
-                                 f"got shape {tuple(logits.shape)}")
+                raise ValueError(
+                    f"logits: expected (N,) binary logits for reading='binary', "
+                    f"got shape {tuple(logits.shape)}"
+                )
             x = logits.to(torch.float64)
             out = None if target is None else target.to(device=x.device, dtype=torch.float64)
         else:
             if logits.dim() != 2 or logits.shape[1] < 2:
-                raise ValueError(f"logits: expected (N, C) multiclass logits for "
-                                 f"reading='confidence', got shape {tuple(logits.shape)}")
+                raise ValueError(
+                    f"logits: expected (N, C) multiclass logits for "
+                    f"reading='confidence', got shape {tuple(logits.shape)}"
+                )
             x, top = confidence_log_odds(logits)
             out = None if target is None else (top == target.to(x.device)).to(torch.float64)
         return x.clamp(-_BIG, _BIG), out
@@ -135,8 +151,12 @@ class IsotonicCalibrator(FittedMixin):
         """Fit the isotonic map on held-out logits and targets (see the class docstring)."""
         if self.reading == "binary":
             logits, target, _ = as_binary_vector(logits, target)
-        check_logits_target(logits, target, binary_only=self.reading == "binary",
-                            multiclass_only=self.reading == "confidence")
+        check_logits_target(
+            logits,
+            target,
+            binary_only=self.reading == "binary",
+            multiclass_only=self.reading == "confidence",
+        )
         check_finite("logits", logits, allow_neg_inf=True)
         if self.reading == "binary":
             check_binary_target("target", target)
@@ -148,8 +168,9 @@ class IsotonicCalibrator(FittedMixin):
             nll_before = float(binary_nll(x, o).mean())
             xs, order = torch.sort(x, stable=True)
             os_ = o[order]
-            ux, inverse, counts = torch.unique_consecutive(xs, return_inverse=True,
-                                                           return_counts=True)
+            ux, inverse, counts = torch.unique_consecutive(
+                xs, return_inverse=True, return_counts=True
+            )
             sums = torch.zeros(ux.numel(), dtype=torch.float64, device=x.device)
             sums.index_add_(0, inverse, os_)
             fitted, rounds = pool_adjacent_violators(sums.cpu(), counts.cpu().to(torch.float64))
@@ -163,9 +184,16 @@ class IsotonicCalibrator(FittedMixin):
         self.x_thresholds = ux[keep].clone()
         self.y_thresholds = fitted[keep].clone()
         self._mark_fitted()
-        return FitResult(temperature=None, nll_before=nll_before, nll_after=nll_after,
-                         grad_norm=0.0, iterations=rounds, converged=True, passes=1,
-                         method="pav")
+        return FitResult(
+            temperature=None,
+            nll_before=nll_before,
+            nll_after=nll_after,
+            grad_norm=0.0,
+            iterations=rounds,
+            converged=True,
+            passes=1,
+            method="pav",
+        )
 
     def forward(self, logits: Tensor) -> Tensor:
         """Calibrated logits (``logit(p)``, ``p`` clamped to ``[1e-12, 1 - 1e-12]``) in the

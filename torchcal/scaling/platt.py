@@ -107,8 +107,14 @@ class PlattScaler(FittedMixin):
     weight: nn.Parameter
     bias: nn.Parameter
 
-    def __init__(self, *, bounds: tuple[float, float] = (1e-3, 1e3), grad_tol: float = 1e-12,
-                 max_iter: int = 100, smooth_targets: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        bounds: tuple[float, float] = (1e-3, 1e3),
+        grad_tol: float = 1e-12,
+        max_iter: int = 100,
+        smooth_targets: bool = True,
+    ) -> None:
         super().__init__()
         self.bounds = check_temperature_bounds("bounds", bounds)
         self.grad_tol = float(grad_tol)
@@ -124,8 +130,10 @@ class PlattScaler(FittedMixin):
         check_state_finite(state, prefix, "weight", "bias")
         a = state.get("weight")
         if a is not None and a.numel() == 1 and not float(a) > 0:
-            raise ValueError(f"{prefix}weight: expected a slope a > 0 (a map that keeps the "
-                             f"ranking), got {float(a)!r}")
+            raise ValueError(
+                f"{prefix}weight: expected a slope a > 0 (a map that keeps the "
+                f"ranking), got {float(a)!r}"
+            )
 
     def forward(self, logits: Tensor) -> Tensor:
         """``a * logits + b`` (calibrated binary logits, shape and dtype of ``logits``)."""
@@ -148,13 +156,18 @@ class PlattScaler(FittedMixin):
             s = logits.detach().to(torch.float64)
             y = target.detach().to(device=s.device, dtype=torch.float64)
             if bool((y == y[0]).all()):
-                raise ValueError("target: expected both classes 0 and 1 (Platt's offset is "
-                                 "unbounded on a single class)")
+                raise ValueError(
+                    "target: expected both classes 0 and 1 (Platt's offset is "
+                    "unbounded on a single class)"
+                )
             n_pos = float(y.sum())
             n_neg = float(y.numel()) - n_pos
             if self.smooth_targets:
-                t = torch.where(y > 0.5, y.new_tensor((n_pos + 1.0) / (n_pos + 2.0)),
-                                y.new_tensor(1.0 / (n_neg + 2.0)))  # float64, not default
+                t = torch.where(
+                    y > 0.5,
+                    y.new_tensor((n_pos + 1.0) / (n_pos + 2.0)),
+                    y.new_tensor(1.0 / (n_neg + 2.0)),
+                )  # float64, not default
             else:
                 t = y
             a_lo, a_hi = 1.0 / self.bounds[1], 1.0 / self.bounds[0]
@@ -169,8 +182,15 @@ class PlattScaler(FittedMixin):
             max_neg = float(s[y < 0.5].max())
             min_pos = float(s[y > 0.5].min())
             separated = not self.smooth_targets and max_neg <= min_pos
-            res = self._solve(evaluate, a_lo, a_hi, separated, max_neg, min_pos,
-                              math.log((n_pos + 1.0) / (n_neg + 1.0)))
+            res = self._solve(
+                evaluate,
+                a_lo,
+                a_hi,
+                separated,
+                max_neg,
+                min_pos,
+                math.log((n_pos + 1.0) / (n_neg + 1.0)),
+            )
             a, b = float(res.x[0]), float(res.x[1])
             nll_after = float(binary_nll(s * a + b, y).mean())
             g = res.probe.gradient()[1]
@@ -179,32 +199,56 @@ class PlattScaler(FittedMixin):
         at_bound, iterations = res.at_bound, res.iterations
         msgs = []
         if separated:
-            msgs.append(f"a: a perfectly separated set (every negative score <= every positive "
-                        f"one, max {max_neg:g} <= min {min_pos:g}): with 0/1 targets the NLL "
-                        f"keeps decreasing as a grows; a is bounded at 1/t_min = {a_hi:g} "
-                        f"(smooth_targets=True keeps the optimum finite)")
+            msgs.append(
+                f"a: a perfectly separated set (every negative score <= every positive "
+                f"one, max {max_neg:g} <= min {min_pos:g}): with 0/1 targets the NLL "
+                f"keeps decreasing as a grows; a is bounded at 1/t_min = {a_hi:g} "
+                f"(smooth_targets=True keeps the optimum finite)"
+            )
         elif at_bound:
-            side = "t_min (a perfectly separated set, or nearly)" if a >= a_hi else \
-                "t_max (scores no better than, or anti-correlated with, the target)"
-            msgs.append(f"a: the NLL keeps decreasing beyond the slope bound; a is bounded at "
-                        f"1/{side}")
+            side = (
+                "t_min (a perfectly separated set, or nearly)"
+                if a >= a_hi
+                else "t_max (scores no better than, or anti-correlated with, the target)"
+            )
+            msgs.append(
+                f"a: the NLL keeps decreasing beyond the slope bound; a is bounded at 1/{side}"
+            )
         elif pg > self.grad_tol:
             msgs.append(f"a, b: stopped before the tolerance was met (|grad| = {pg:.3g})")
         self._store("weight", a)
         self._store("bias", b)
         self._mark_fitted()
-        return FitResult(temperature=None, nll_before=nll_before, nll_after=nll_after,
-                         grad_norm=pg, iterations=iterations, converged=not msgs,
-                         warnings=warn_all(msgs, stacklevel=3), passes=passes, method="newton")
+        return FitResult(
+            temperature=None,
+            nll_before=nll_before,
+            nll_after=nll_after,
+            grad_norm=pg,
+            iterations=iterations,
+            converged=not msgs,
+            warnings=warn_all(msgs, stacklevel=3),
+            passes=passes,
+            method="newton",
+        )
 
     @staticmethod
     def _box(a_lo: float, a_hi: float) -> tuple[Tensor, Tensor]:
         """Bounds on ``(a, b)``: the slope in ``[a_lo, a_hi]``, the offset free."""
-        return (torch.tensor([a_lo, -math.inf], dtype=torch.float64),
-                torch.tensor([a_hi, math.inf], dtype=torch.float64))
+        return (
+            torch.tensor([a_lo, -math.inf], dtype=torch.float64),
+            torch.tensor([a_hi, math.inf], dtype=torch.float64),
+        )
 
-    def _solve(self, evaluate: Callable[[Tensor], _Point], a_lo: float, a_hi: float,
-               separated: bool, max_neg: float, min_pos: float, b_prior: float) -> NewtonResult:
+    def _solve(
+        self,
+        evaluate: Callable[[Tensor], _Point],
+        a_lo: float,
+        a_hi: float,
+        separated: bool,
+        max_neg: float,
+        min_pos: float,
+        b_prior: float,
+    ) -> NewtonResult:
         """Projected damped Newton on ``(a, b)`` with ``a`` in ``[a_lo, a_hi]``.
 
         Separated (0/1 targets): ``a`` pinned on its upper bound, the threshold starting in
@@ -214,8 +258,7 @@ class PlattScaler(FittedMixin):
         lower, upper = self._box(a_lo, a_hi)
         if separated:
             lower = torch.tensor([a_hi, -math.inf], dtype=torch.float64)  # a pinned
-            x = torch.tensor([a_hi, -a_hi * (0.5 * max_neg + 0.5 * min_pos)],
-                             dtype=torch.float64)
+            x = torch.tensor([a_hi, -a_hi * (0.5 * max_neg + 0.5 * min_pos)], dtype=torch.float64)
             first = None
         else:
             x = torch.tensor([1.0, 0.0], dtype=torch.float64)
@@ -224,5 +267,13 @@ class PlattScaler(FittedMixin):
             second = evaluate(x2)
             if second.f < first.f or not math.isfinite(first.f):
                 x, first = x2, second
-        return damped_newton(evaluate, x, direction=cholesky_direction, grad_tol=self.grad_tol,
-                             max_iter=self.max_iter, lower=lower, upper=upper, first=first)
+        return damped_newton(
+            evaluate,
+            x,
+            direction=cholesky_direction,
+            grad_tol=self.grad_tol,
+            max_iter=self.max_iter,
+            lower=lower,
+            upper=upper,
+            first=first,
+        )

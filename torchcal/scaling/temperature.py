@@ -34,20 +34,27 @@ __all__ = ["TemperatureScaler"]
 _SUBSAMPLE_ELEMENTS = 1 << 24
 
 
-def degenerate_messages(res: obj.LogBetaResult, bounds: tuple[float, float],
-                        what: str = "T") -> list[str]:
+def degenerate_messages(
+    res: obj.LogBetaResult, bounds: tuple[float, float], what: str = "T"
+) -> list[str]:
     """Warnings for a solve that stopped on a bound or at the iteration cap."""
     msgs = []
     if bool(res.at_lower.any()):
-        msgs.append(f"{what}: the NLL keeps decreasing as T grows (logits no better than "
-                    f"uniform, or nearly); T is bounded at t_max={bounds[1]:g}")
+        msgs.append(
+            f"{what}: the NLL keeps decreasing as T grows (logits no better than "
+            f"uniform, or nearly); T is bounded at t_max={bounds[1]:g}"
+        )
     if bool(res.at_upper.any()):
-        msgs.append(f"{what}: the NLL keeps decreasing as T shrinks (a perfectly separated "
-                    f"set, or nearly); T is bounded at t_min={bounds[0]:g}")
+        msgs.append(
+            f"{what}: the NLL keeps decreasing as T shrinks (a perfectly separated "
+            f"set, or nearly); T is bounded at t_min={bounds[0]:g}"
+        )
     stuck = ~(res.converged | res.at_lower | res.at_upper)
     if bool(stuck.any()):
-        msgs.append(f"{what}: stopped (max_iter, or no progress left at float64 resolution) "
-                    f"before the tolerance was met (|grad| = {float(res.grad.abs().max()):.3g})")
+        msgs.append(
+            f"{what}: stopped (max_iter, or no progress left at float64 resolution) "
+            f"before the tolerance was met (|grad| = {float(res.grad.abs().max()):.3g})"
+        )
     return msgs
 
 
@@ -64,9 +71,11 @@ def _stream_chunks(batches: Iterable, kind: dict[str, Any]) -> Iterator[obj.Chun
         if "binary" not in kind:
             kind["binary"], kind["classes"] = binary, c
         elif kind["binary"] != binary or kind["classes"] != c:
-            raise ValueError(f"batches: every chunk must have the same kind and number "
-                             f"of classes; got shape {tuple(lg.shape)} after "
-                             f"{'binary' if kind['binary'] else kind['classes']}")
+            raise ValueError(
+                f"batches: every chunk must have the same kind and number "
+                f"of classes; got shape {tuple(lg.shape)} after "
+                f"{'binary' if kind['binary'] else kind['classes']}"
+            )
         lg = lg.detach()
         tg = tg.detach().to(lg.device)
         if not binary:
@@ -154,8 +163,15 @@ class TemperatureScaler(FittedMixin):
 
     log_temperature: nn.Parameter
 
-    def __init__(self, *, bounds: tuple[float, float] = (1e-3, 1e3), method: str | None = None,
-                 grad_tol: float = 1e-10, step_tol: float = 1e-8, max_iter: int = 100) -> None:
+    def __init__(
+        self,
+        *,
+        bounds: tuple[float, float] = (1e-3, 1e3),
+        method: str | None = None,
+        grad_tol: float = 1e-10,
+        step_tol: float = 1e-8,
+        max_iter: int = 100,
+    ) -> None:
         super().__init__()
         if method not in (None, "newton", "lbfgs"):
             raise ValueError(f"method: expected None, 'newton' or 'lbfgs', got {method!r}")
@@ -173,9 +189,11 @@ class TemperatureScaler(FittedMixin):
         lt = state.get("log_temperature")
         if lt is not None and lt.numel() == 1:
             if not abs(float(lt)) <= 700.0:  # exp() finite and > 0 in float64
-                raise ValueError(f"{prefix}log_temperature: expected a temperature "
-                                 f"0 < exp(log_temperature) < inf in float64, got "
-                                 f"log_temperature = {float(lt)!r}")
+                raise ValueError(
+                    f"{prefix}log_temperature: expected a temperature "
+                    f"0 < exp(log_temperature) < inf in float64, got "
+                    f"log_temperature = {float(lt)!r}"
+                )
 
     @property
     def temperature(self) -> float:
@@ -234,24 +252,49 @@ class TemperatureScaler(FittedMixin):
                     sub = obj.tensor_chunks(logits[::stride], target[::stride])
 
                     def sub_eval(u: Tensor, identity: bool, sub: list = sub) -> Tensor:
-                        stats = obj.temperature_pass(sub, u, binary=binary,
-                                                     num_classes=num_classes, identity=identity,
-                                                     reduce=distributed, workers=workers,
-                                                     check_labels=False)
+                        stats = obj.temperature_pass(
+                            sub,
+                            u,
+                            binary=binary,
+                            num_classes=num_classes,
+                            identity=identity,
+                            reduce=distributed,
+                            workers=workers,
+                            check_labels=False,
+                        )
                         obj.check_stats(stats, lambda: full, binary)
                         return stats
 
-                    warm = obj.solve_log_beta(sub_eval, u0, lower=lo, upper=hi, grad_tol=1e-8,
-                                              step_tol=tol, max_iter=self.max_iter,
-                                              detect_separation=False)
+                    warm = obj.solve_log_beta(
+                        sub_eval,
+                        u0,
+                        lower=lo,
+                        upper=hi,
+                        grad_tol=1e-8,
+                        step_tol=tol,
+                        max_iter=self.max_iter,
+                        detect_separation=False,
+                    )
                     u0 = warm.u
                     pre_passes += warm.passes
-            return self._solve(lambda: full, binary, num_classes, u0, reduce=distributed,
-                               workers=workers, pre_passes=pre_passes, check_labels=False,
-                               method=method)
+            return self._solve(
+                lambda: full,
+                binary,
+                num_classes,
+                u0,
+                reduce=distributed,
+                workers=workers,
+                pre_passes=pre_passes,
+                check_labels=False,
+                method=method,
+            )
 
-    def fit_stream(self, batches: Iterable[tuple[Tensor, Tensor]] | Callable[[], Iterable],
-                   *, distributed: bool | None = None) -> FitResult:
+    def fit_stream(
+        self,
+        batches: Iterable[tuple[Tensor, Tensor]] | Callable[[], Iterable],
+        *,
+        distributed: bool | None = None,
+    ) -> FitResult:
         """Fit T from chunks ``(logits, target)`` in O(chunk) memory (a few passes).
 
         ``batches`` must be re-iterable (a list, a ``DataLoader`` of logits) or a zero-argument
@@ -277,9 +320,11 @@ class TemperatureScaler(FittedMixin):
             factory = batches
         else:
             if iter(batches) is batches:  # type: ignore[arg-type]
-                raise ValueError("batches: expected a re-iterable (list, DataLoader) or a "
-                                 "callable returning a fresh iterable; a one-shot iterator "
-                                 "cannot be read several times")
+                raise ValueError(
+                    "batches: expected a re-iterable (list, DataLoader) or a "
+                    "callable returning a fresh iterable; a one-shot iterator "
+                    "cannot be read several times"
+                )
 
             def factory() -> Iterable:
                 return batches  # type: ignore[return-value]
@@ -299,13 +344,27 @@ class TemperatureScaler(FittedMixin):
             # with zero sums (the other ranks' chunks decide the kind)
             binary = first is not None and first.logits.dim() == 1
             num_classes = None if binary or first is None else first.logits.shape[1]
-            return self._solve(chunks, binary, num_classes, torch.zeros(1, dtype=torch.float64),
-                               reduce=reduce, workers=1, pre_passes=0,
-                               method=self.method or "newton")
+            return self._solve(
+                chunks,
+                binary,
+                num_classes,
+                torch.zeros(1, dtype=torch.float64),
+                reduce=reduce,
+                workers=1,
+                pre_passes=0,
+                method=self.method or "newton",
+            )
 
-    def fit_model(self, model: nn.Module, dataloader: Iterable, *,
-                  cache_dtype: torch.dtype | None = None, input_key: str | None = None,
-                  target_key: str | None = None, distributed: bool = False) -> FitResult:
+    def fit_model(
+        self,
+        model: nn.Module,
+        dataloader: Iterable,
+        *,
+        cache_dtype: torch.dtype | None = None,
+        input_key: str | None = None,
+        target_key: str | None = None,
+        distributed: bool = False,
+    ) -> FitResult:
         """Collect ``model``'s logits over ``dataloader`` once (``eval()``, no grad) and fit.
 
         Batches are ``(input, target)`` or dicts; inputs move to the model's device; the
@@ -325,38 +384,70 @@ class TemperatureScaler(FittedMixin):
             >>> res.nll_after <= res.nll_before, model.training
             (True, True)
         """
-        logits, target = collect_logits(model, dataloader, cache_dtype=cache_dtype,
-                                        input_key=input_key, target_key=target_key)
+        logits, target = collect_logits(
+            model, dataloader, cache_dtype=cache_dtype, input_key=input_key, target_key=target_key
+        )
         return self.fit(logits, target, distributed=distributed)
 
     # ------------------------------------------------------------------ solver
-    def _solve(self, chunks: Callable[[], Sequence[obj.Chunk] | Iterable[obj.Chunk]],
-               binary: bool,
-               num_classes: int | None, u0: Tensor, *, reduce: bool, workers: int,
-               pre_passes: int, check_labels: bool = True, method: str) -> FitResult:
+    def _solve(
+        self,
+        chunks: Callable[[], Sequence[obj.Chunk] | Iterable[obj.Chunk]],
+        binary: bool,
+        num_classes: int | None,
+        u0: Tensor,
+        *,
+        reduce: bool,
+        workers: int,
+        pre_passes: int,
+        check_labels: bool = True,
+        method: str,
+    ) -> FitResult:
         lo, hi = obj.log_bounds(*self.bounds)
 
         def evaluate(u: Tensor, identity: bool) -> Tensor:
-            stats = obj.temperature_pass(chunks(), u, binary=binary, num_classes=num_classes,
-                                         identity=identity, reduce=reduce, workers=workers,
-                                         check_labels=check_labels)
+            stats = obj.temperature_pass(
+                chunks(),
+                u,
+                binary=binary,
+                num_classes=num_classes,
+                identity=identity,
+                reduce=reduce,
+                workers=workers,
+                check_labels=check_labels,
+            )
             obj.check_stats(stats, chunks, binary)
             return stats
 
         if method == "lbfgs":
             return self._solve_lbfgs(evaluate, lo, hi, u0, pre_passes)
-        res = obj.solve_log_beta(evaluate, u0, lower=lo, upper=hi, grad_tol=self.grad_tol,
-                                 step_tol=self.step_tol, max_iter=self.max_iter,
-                                 identity_first=True)
+        res = obj.solve_log_beta(
+            evaluate,
+            u0,
+            lower=lo,
+            upper=hi,
+            grad_tol=self.grad_tol,
+            step_tol=self.step_tol,
+            max_iter=self.max_iter,
+            identity_first=True,
+        )
         n = float(res.stats[0, obj.COUNT])
         if n == 0:
             raise ValueError("batches: every rank's shard is empty")
         assert res.identity_stats is not None
-        return self._result(res, float(res.identity_stats[0]) / n, method="newton",
-                            pre_passes=pre_passes)
+        return self._result(
+            res, float(res.identity_stats[0]) / n, method="newton", pre_passes=pre_passes
+        )
 
-    def _result(self, res: obj.LogBetaResult, nll_before: float, *, method: str,
-                pre_passes: int, stacklevel: int = 5) -> FitResult:
+    def _result(
+        self,
+        res: obj.LogBetaResult,
+        nll_before: float,
+        *,
+        method: str,
+        pre_passes: int,
+        stacklevel: int = 5,
+    ) -> FitResult:
         """Store T, warn about bounds / stops, and report (both solvers)."""
         msgs = degenerate_messages(res, self.bounds)
         converged = bool(res.converged[0])
@@ -365,19 +456,33 @@ class TemperatureScaler(FittedMixin):
         flat = not msgs and float(res.stats[0, obj.D2LOSS]) == 0.0
         if flat:
             converged = False
-            msgs.append(f"T: the NLL does not depend on T (every row's logits are equal: no "
-                        f"better than uniform); T is left at {math.exp(-float(res.u[0])):g}")
+            msgs.append(
+                f"T: the NLL does not depend on T (every row's logits are equal: no "
+                f"better than uniform); T is left at {math.exp(-float(res.u[0])):g}"
+            )
         msgs_t = warn_all(msgs, stacklevel=stacklevel)
         self._store("log_temperature", -float(res.u[0]))
         self._mark_fitted()
-        return FitResult(temperature=self.temperature, nll_before=nll_before,
-                         nll_after=float(res.stats[0, obj.LOSS]) / float(res.stats[0, obj.COUNT]),
-                         grad_norm=abs(float(res.grad[0])), iterations=res.iterations,
-                         converged=converged, warnings=msgs_t,
-                         passes=res.passes + pre_passes, method=method)
+        return FitResult(
+            temperature=self.temperature,
+            nll_before=nll_before,
+            nll_after=float(res.stats[0, obj.LOSS]) / float(res.stats[0, obj.COUNT]),
+            grad_norm=abs(float(res.grad[0])),
+            iterations=res.iterations,
+            converged=converged,
+            warnings=msgs_t,
+            passes=res.passes + pre_passes,
+            method=method,
+        )
 
-    def _solve_lbfgs(self, evaluate: Callable[[Tensor, bool], Tensor], lo: float,
-                     hi: float, u0: Tensor, pre_passes: int) -> FitResult:
+    def _solve_lbfgs(
+        self,
+        evaluate: Callable[[Tensor, bool], Tensor],
+        lo: float,
+        hi: float,
+        u0: Tensor,
+        pre_passes: int,
+    ) -> FitResult:
         """:func:`~torchcal.scaling._solvers.lbfgs` on ``log T = -u`` within the bounds, over
         the same float64 sums as Newton, judged by the same tests at the returned point.
 
@@ -412,18 +517,23 @@ class TemperatureScaler(FittedMixin):
             f, g, _ = derivatives(-float(log_t))
             return torch.tensor(f, dtype=torch.float64), torch.tensor(-g, dtype=torch.float64)
 
-        separated = float(first[0, obj.MISRANKED]) == 0 and \
-            float(stats_at(hi)[0, obj.LOSS]) < float(first[0, obj.LOSS])
+        separated = float(first[0, obj.MISRANKED]) == 0 and float(
+            stats_at(hi)[0, obj.LOSS]
+        ) < float(first[0, obj.LOSS])
         iterations = 0
         if separated:
             u = hi
         else:
-            run = lbfgs(on_log_t, torch.full((), -start, dtype=torch.float64),
-                        max_iter=self.max_iter, grad_tol=self.grad_tol, history_size=10,
-                        lower=torch.tensor(-hi, dtype=torch.float64),
-                        upper=torch.tensor(-lo, dtype=torch.float64),
-                        curvature=lambda x: torch.tensor(derivatives(-float(x))[2],
-                                                         dtype=torch.float64))
+            run = lbfgs(
+                on_log_t,
+                torch.full((), -start, dtype=torch.float64),
+                max_iter=self.max_iter,
+                grad_tol=self.grad_tol,
+                history_size=10,
+                lower=torch.tensor(-hi, dtype=torch.float64),
+                upper=torch.tensor(-lo, dtype=torch.float64),
+                curvature=lambda x: torch.tensor(derivatives(-float(x))[2], dtype=torch.float64),
+            )
             iterations = run.iterations
             if run.on_bound:
                 u = -float(run.x)
@@ -433,11 +543,19 @@ class TemperatureScaler(FittedMixin):
                 near = [v for v in cache if loss[v] <= f_min + 8e-16 * max(1.0, abs(f_min))]
                 u = min(near, key=lambda v: abs(derivatives(v)[1]))
         res = self._judge(u, stats_at(u), n, lo, hi, separated, iterations, len(cache))
-        return self._result(res, nll_before, method="lbfgs", pre_passes=pre_passes,
-                            stacklevel=6)
+        return self._result(res, nll_before, method="lbfgs", pre_passes=pre_passes, stacklevel=6)
 
-    def _judge(self, u: float, stats: Tensor, n: float, lo: float, hi: float, separated: bool,
-               iterations: int, passes: int) -> obj.LogBetaResult:
+    def _judge(
+        self,
+        u: float,
+        stats: Tensor,
+        n: float,
+        lo: float,
+        hi: float,
+        separated: bool,
+        iterations: int,
+        passes: int,
+    ) -> obj.LogBetaResult:
         """The LBFGS point judged by Newton's tests (bounds, gradient, Newton step)."""
         ut = torch.tensor([u], dtype=torch.float64)
         _, g, h = obj.u_derivatives(stats, ut)
@@ -445,7 +563,16 @@ class TemperatureScaler(FittedMixin):
         at_lower = (ut <= lo) & (g > 0)
         at_upper = ((ut >= hi) & (g < 0)) | torch.tensor([separated])
         converged = ~(at_lower | at_upper) & (
-            (g.abs() <= self.grad_tol) | ((h > 0) & ((g / h).abs() <= self.step_tol)))
-        return obj.LogBetaResult(u=ut, stats=stats, grad=g, curv=h, converged=converged,
-                                 at_lower=at_lower, at_upper=at_upper, iterations=iterations,
-                                 passes=passes)
+            (g.abs() <= self.grad_tol) | ((h > 0) & ((g / h).abs() <= self.step_tol))
+        )
+        return obj.LogBetaResult(
+            u=ut,
+            stats=stats,
+            grad=g,
+            curv=h,
+            converged=converged,
+            at_lower=at_lower,
+            at_upper=at_upper,
+            iterations=iterations,
+            passes=passes,
+        )

@@ -17,14 +17,17 @@ from torchcal.functional.calibration.binning import (
 from torchcal.functional.calibration.estimators import NORMS
 from torchcal.functional.calibration.readings import CalibrationSamples
 
-__all__ = ["ece_sweep_from_samples", "ece_sweep_from_stats",
-           "equal_mass_calibration_error_from_samples",
-           "equal_mass_calibration_error_from_stats"]
+__all__ = [
+    "ece_sweep_from_samples",
+    "ece_sweep_from_stats",
+    "equal_mass_calibration_error_from_samples",
+    "equal_mass_calibration_error_from_stats",
+]
 
 
-
-def _equal_mass_sums(cum_n: Tensor, cum_c: Tensor, cum_o: Tensor, n_bins: int
-                     ) -> tuple[Tensor, Tensor, Tensor]:
+def _equal_mass_sums(
+    cum_n: Tensor, cum_c: Tensor, cum_o: Tensor, n_bins: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """Sums of conf and outcome in ``n_bins`` equal-mass bins of a piecewise-linear
     cumulative distribution (knots ``cum_n``, values ``cum_c``/``cum_o``)."""
     N = cum_n[-1]
@@ -45,8 +48,7 @@ def _norm_of(n: Tensor, gap_sum: Tensor, norm: str) -> Tensor:
         return gap_sum.abs().sum() / N
     ok = n > 0
     if norm == "l2":
-        return torch.sqrt(torch.where(ok, gap_sum * gap_sum / n.clamp_min(1e-300), 0.0).sum()
-                          / N)
+        return torch.sqrt(torch.where(ok, gap_sum * gap_sum / n.clamp_min(1e-300), 0.0).sum() / N)
     return torch.where(ok, gap_sum.abs() / n.clamp_min(1e-300), -math.inf).max()
 
 
@@ -87,8 +89,9 @@ def _sweep(cum: tuple[Tensor, Tensor, Tensor], norm: str, max_bins: int) -> Tens
     return best
 
 
-def equal_mass_calibration_error_from_stats(fine: BinnedStats, n_bins: int = 15, *,
-                                            norm: str = "l1") -> Tensor:
+def equal_mass_calibration_error_from_stats(
+    fine: BinnedStats, n_bins: int = 15, *, norm: str = "l1"
+) -> Tensor:
     """Equal-mass (adaptive) ECE from a fine histogram (Nguyen & O'Connor 2015; Roelofs et
     al. 2022).
 
@@ -114,8 +117,9 @@ def equal_mass_calibration_error_from_stats(fine: BinnedStats, n_bins: int = 15,
     return _equal_mass(_cumulative(fine), n_bins, norm)
 
 
-def equal_mass_calibration_error_from_samples(samples: CalibrationSamples, n_bins: int = 15, *,
-                                              norm: str = "l1") -> Tensor:
+def equal_mass_calibration_error_from_samples(
+    samples: CalibrationSamples, n_bins: int = 15, *, norm: str = "l1"
+) -> Tensor:
     """Sort-based equal-mass ECE (the exact reference; same rank convention as
     :func:`equal_mass_calibration_error_from_stats`, a fractional rank boundary splits one
     sample).
@@ -136,8 +140,9 @@ def equal_mass_calibration_error_from_samples(samples: CalibrationSamples, n_bin
     return _equal_mass(_sorted_cumulative(samples), n_bins, norm)
 
 
-def ece_sweep_from_stats(fine: BinnedStats, *, norm: str = "l1",
-                         max_bins: int | None = None) -> Tensor:
+def ece_sweep_from_stats(
+    fine: BinnedStats, *, norm: str = "l1", max_bins: int | None = None
+) -> Tensor:
     """ECE_sweep (Roelofs et al. 2022) from a fine histogram: equal-mass ECE at the largest
     number of bins ``b`` such that the bin accuracies of ``1 .. b`` bins were all monotone
     non-decreasing (the sweep stops at the first non-monotone ``b``). ``max_bins`` defaults
@@ -156,13 +161,13 @@ def ece_sweep_from_stats(fine: BinnedStats, *, norm: str = "l1",
     fine = require_single_slot(fine, "ECE_sweep")
     require_nonempty(fine)
     N = int(fine.count.sum())
-    limit = min(N, fine.n_bins) if max_bins is None else check_int("max_bins", max_bins,
-                                                                   minimum=1)
+    limit = min(N, fine.n_bins) if max_bins is None else check_int("max_bins", max_bins, minimum=1)
     return _sweep(_cumulative(fine), norm, limit)
 
 
-def ece_sweep_from_samples(samples: CalibrationSamples, *, norm: str = "l1",
-                           max_bins: int | None = None) -> Tensor:
+def ece_sweep_from_samples(
+    samples: CalibrationSamples, *, norm: str = "l1", max_bins: int | None = None
+) -> Tensor:
     """Sort-based ECE_sweep (Roelofs et al. 2022); ``max_bins`` defaults to ``N``.
 
     Example:

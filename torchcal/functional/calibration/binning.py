@@ -16,8 +16,16 @@ from torch import Tensor
 from torchcal.functional._validation import check_int
 from torchcal.functional.calibration.readings import PreparedInputs, prepare_checked
 
-__all__ = ["BinnedStats", "accumulate", "bin_ids", "bin_index", "binned_statistics",
-           "require_nonempty", "require_single_slot"]
+__all__ = [
+    "BinnedStats",
+    "accumulate",
+    "bin_ids",
+    "bin_index",
+    "binned_statistics",
+    "require_nonempty",
+    "require_single_slot",
+]
+
 
 @dataclass(frozen=True)
 class BinnedStats:
@@ -54,8 +62,9 @@ class BinnedStats:
     def zeros(cls, *shape: int, device: torch.device | str | None = None) -> BinnedStats:
         """All-zero statistics of shape ``shape`` (last entry: number of bins)."""
         z = torch.zeros(shape, dtype=torch.float64, device=device)
-        return cls(torch.zeros(shape, dtype=torch.int64, device=device), z, z.clone(),
-                   z.clone(), z.clone())
+        return cls(
+            torch.zeros(shape, dtype=torch.int64, device=device), z, z.clone(), z.clone(), z.clone()
+        )
 
     def map(self, fn: Any) -> BinnedStats:
         return BinnedStats(*(fn(getattr(self, f.name)) for f in fields(self)))
@@ -64,10 +73,11 @@ class BinnedStats:
         if not isinstance(other, BinnedStats):
             return NotImplemented
         if other.count.shape != self.count.shape:
-            raise ValueError(f"other: expected statistics of shape {tuple(self.count.shape)}, "
-                             f"got {tuple(other.count.shape)}")
-        return BinnedStats(*(getattr(self, f.name) + getattr(other, f.name)
-                             for f in fields(self)))
+            raise ValueError(
+                f"other: expected statistics of shape {tuple(self.count.shape)}, "
+                f"got {tuple(other.count.shape)}"
+            )
+        return BinnedStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
     @property
     def n_bins(self) -> int:
@@ -174,15 +184,23 @@ def accumulate(prep: PreparedInputs, n_bins: int) -> BinnedStats:
     s_co = wsum(c * o)
     if count.numel() != size:  # only with validation off and out-of-range groups
         raise ValueError(f"groups: expected group ids in [0, {G - 1}]")
-    return BinnedStats(count.view(shape), s_c.view(shape), s_o.view(shape), s_cc.view(shape),
-                       s_co.view(shape))
+    return BinnedStats(
+        count.view(shape), s_c.view(shape), s_o.view(shape), s_cc.view(shape), s_co.view(shape)
+    )
 
 
-def binned_statistics(preds: Tensor, target: Tensor, *, n_bins: int = 15,
-                      reading: str = "confidence", input: str = "logits",
-                      num_classes: int | None = None, groups: Tensor | None = None,
-                      num_groups: int | None = None, ignore_index: int | None = None
-                      ) -> BinnedStats:
+def binned_statistics(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    n_bins: int = 15,
+    reading: str = "confidence",
+    input: str = "logits",
+    num_classes: int | None = None,
+    groups: Tensor | None = None,
+    num_groups: int | None = None,
+    ignore_index: int | None = None,
+) -> BinnedStats:
     """Binned sufficient statistics of shape ``(G, K, n_bins)`` (see :class:`BinnedStats`).
 
     Example:
@@ -193,24 +211,36 @@ def binned_statistics(preds: Tensor, target: Tensor, *, n_bins: int = 15,
         ([[[1, 2]]], [[[0.0, 2.0]]])
     """
     n_bins = check_int("n_bins", n_bins, minimum=1)
-    prep = prepare_checked(preds, target, reading=reading, input=input, num_classes=num_classes,
-                    groups=groups, num_groups=num_groups, ignore_index=ignore_index)
+    prep = prepare_checked(
+        preds,
+        target,
+        reading=reading,
+        input=input,
+        num_classes=num_classes,
+        groups=groups,
+        num_groups=num_groups,
+        ignore_index=ignore_index,
+    )
     return accumulate(prep, n_bins)
 
 
 def require_nonempty(stats: BinnedStats) -> None:
     if int(stats.count.sum()) == 0:
-        raise ValueError("stats: no samples were accumulated (empty input, or compute() before "
-                         "any update())")
+        raise ValueError(
+            "stats: no samples were accumulated (empty input, or compute() before any update())"
+        )
 
 
 def require_single_slot(stats: BinnedStats, what: str) -> BinnedStats:
     if stats.count.dim() == 2:
         if stats.count.shape[0] != 1:
-            raise ValueError(f"reading: {what} is defined for reading='binary' or 'confidence' "
-                             f"(one slot), got statistics with {stats.count.shape[0]} slots")
+            raise ValueError(
+                f"reading: {what} is defined for reading='binary' or 'confidence' "
+                f"(one slot), got statistics with {stats.count.shape[0]} slots"
+            )
         stats = stats.map(lambda t: t[0])
     if stats.count.dim() != 1:
-        raise ValueError(f"stats: expected (B,) or (1, B) statistics, got "
-                         f"{tuple(stats.count.shape)}")
+        raise ValueError(
+            f"stats: expected (B,) or (1, B) statistics, got {tuple(stats.count.shape)}"
+        )
     return stats

@@ -12,8 +12,9 @@ from torchcal.functional.calibration.readings import PreparedInputs
 __all__ = ["bootstrap_statistics", "ece_bootstrap_from_stats"]
 
 
-def bootstrap_statistics(prep: PreparedInputs, n_bins: int, replicates: int,
-                         generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+def bootstrap_statistics(
+    prep: PreparedInputs, n_bins: int, replicates: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor, Tensor]:
     """Poisson(1)-weighted binned sums for ``replicates`` bootstrap replicates, pooled over
     groups: weighted counts, confidence sums and outcome sums, each ``(R, K * B)`` float64.
 
@@ -38,24 +39,24 @@ def bootstrap_statistics(prep: PreparedInputs, n_bins: int, replicates: int,
     if prep.lead is not None:
         idx = idx + (prep.lead % K) * n_bins
     size = K * n_bins
-    rate = torch.ones(c.numel() // prep.per_sample, replicates, dtype=torch.float64,
-                      device=c.device)
+    rate = torch.ones(
+        c.numel() // prep.per_sample, replicates, dtype=torch.float64, device=c.device
+    )
     w = torch.poisson(rate, generator=generator)  # (samples, R)
     if prep.per_sample > 1:
         w = w.repeat_interleave(prep.per_sample, dim=0)  # (M, R)
     cell = (idx.unsqueeze(1) + torch.arange(replicates, device=c.device) * size).reshape(-1)
     o = prep.outcome.to(torch.float64)
     wn = torch.bincount(cell, weights=w.reshape(-1), minlength=replicates * size)
-    wc = torch.bincount(cell, weights=(w * c.unsqueeze(1)).reshape(-1),
-                        minlength=replicates * size)
-    wo = torch.bincount(cell, weights=(w * o.unsqueeze(1)).reshape(-1),
-                        minlength=replicates * size)
+    wc = torch.bincount(cell, weights=(w * c.unsqueeze(1)).reshape(-1), minlength=replicates * size)
+    wo = torch.bincount(cell, weights=(w * o.unsqueeze(1)).reshape(-1), minlength=replicates * size)
     shape = (replicates, size)
     return wn.view(shape), wc.view(shape), wo.view(shape)
 
 
-def ece_bootstrap_from_stats(wn: Tensor, wc: Tensor, wo: Tensor, *, level: float = 0.95
-                             ) -> tuple[Tensor, Tensor]:
+def ece_bootstrap_from_stats(
+    wn: Tensor, wc: Tensor, wo: Tensor, *, level: float = 0.95
+) -> tuple[Tensor, Tensor]:
     """Percentile interval of the L1 ECE over bootstrap replicates ``(R, cells)``.
 
     The ECE of a replicate is ``sum_cells |wc - wo| / sum_cells wn`` in every reading: for
@@ -76,8 +77,10 @@ def ece_bootstrap_from_stats(wn: Tensor, wc: Tensor, wo: Tensor, *, level: float
     total = wn.sum(-1)
     used = total > 0  # a replicate whose weights are all 0 has no ECE: dropped
     if int(used.sum()) < 2:
-        raise ValueError(f"replicates: only {int(used.sum())} of {wn.shape[0]} bootstrap "
-                         f"replicates drew a sample; use more samples or more replicates")
+        raise ValueError(
+            f"replicates: only {int(used.sum())} of {wn.shape[0]} bootstrap "
+            f"replicates drew a sample; use more samples or more replicates"
+        )
     ece = ((wc - wo).abs().sum(-1) / total)[used]
     a = (1 - level) / 2
     q = torch.quantile(ece, torch.tensor([a, 1 - a], dtype=torch.float64, device=ece.device))

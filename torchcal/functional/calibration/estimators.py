@@ -13,15 +13,20 @@ from torchcal.functional._validation import check_option
 from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.calibration.readings import READINGS
 
-__all__ = ["NORMS", "brier_decomposition_from_stats", "calibration_error_from_stats",
-           "class_mean", "debiased_calibration_error_from_stats"]
+__all__ = [
+    "NORMS",
+    "brier_decomposition_from_stats",
+    "calibration_error_from_stats",
+    "class_mean",
+    "debiased_calibration_error_from_stats",
+]
 
 NORMS = ("l1", "l2", "max")
 
 
-
-def calibration_error_from_stats(stats: BinnedStats, *, norm: str = "l1",
-                                 reading: str = "confidence") -> Tensor:
+def calibration_error_from_stats(
+    stats: BinnedStats, *, norm: str = "l1", reading: str = "confidence"
+) -> Tensor:
     """Equal-width ECE (``norm="l1"``), RMSCE (``"l2"``) or MCE (``"max"``) of ``(..., K, B)``
     statistics; returns shape ``(...)`` (``NaN`` where a leading entry has no samples).
 
@@ -74,8 +79,9 @@ def class_mean(err: Tensor, norm: str) -> Tensor:
     return err.amax(-1)
 
 
-def debiased_calibration_error_from_stats(stats: BinnedStats, *,
-                                          reading: str = "confidence") -> Tensor:
+def debiased_calibration_error_from_stats(
+    stats: BinnedStats, *, reading: str = "confidence"
+) -> Tensor:
     """Debiased L2 calibration error of Kumar, Liang & Ma (2019), shape ``(...)``.
 
     Per non-empty bin the plug-in ``(conf_b - acc_b)^2`` minus the variance of the bin's
@@ -108,8 +114,9 @@ def debiased_calibration_error_from_stats(stats: BinnedStats, *,
     return torch.sqrt(sq.clamp_min(0))
 
 
-def brier_decomposition_from_stats(stats: BinnedStats, *, reading: str = "confidence"
-                                   ) -> dict[str, Tensor]:
+def brier_decomposition_from_stats(
+    stats: BinnedStats, *, reading: str = "confidence"
+) -> dict[str, Tensor]:
     """Brier score and its exact Murphy decomposition from ``(..., K, B)`` statistics.
 
     ``brier = reliability - resolution + uncertainty + within_bin_variance

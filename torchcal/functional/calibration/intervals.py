@@ -18,8 +18,9 @@ def z_of_level(level: float) -> float:
     return float(torch.special.ndtri(torch.tensor(0.5 + level / 2, dtype=torch.float64)))
 
 
-def wilson_interval(successes: Tensor, trials: Tensor, level: float = 0.95
-                    ) -> tuple[Tensor, Tensor]:
+def wilson_interval(
+    successes: Tensor, trials: Tensor, level: float = 0.95
+) -> tuple[Tensor, Tensor]:
     """Wilson (1927) score interval for a binomial proportion (no continuity correction).
 
     ``NaN`` where ``trials == 0``. Matches ``scipy.stats.binomtest(k, n)
@@ -46,8 +47,9 @@ def wilson_interval(successes: Tensor, trials: Tensor, level: float = 0.95
     return torch.where(n > 0, lo, math.nan), torch.where(n > 0, hi, math.nan)
 
 
-def clopper_pearson_interval(successes: Tensor, trials: Tensor, level: float = 0.95
-                             ) -> tuple[Tensor, Tensor]:
+def clopper_pearson_interval(
+    successes: Tensor, trials: Tensor, level: float = 0.95
+) -> tuple[Tensor, Tensor]:
     """Clopper & Pearson (1934) exact interval: beta quantiles
     ``B^-1(a/2; k, n-k+1)`` and ``B^-1(1-a/2; k+1, n-k)``.
 
@@ -74,6 +76,7 @@ def clopper_pearson_interval(successes: Tensor, trials: Tensor, level: float = 0
     nn = n.numpy()
     with torch.no_grad():
         import numpy as np
+
         with np.errstate(invalid="ignore", divide="ignore"):
             lo = torch.from_numpy(np.where(kk > 0, betaincinv(kk, nn - kk + 1, a / 2), 0.0))
             hi = torch.from_numpy(np.where(kk < nn, betaincinv(kk + 1, nn - kk, 1 - a / 2), 1.0))

@@ -35,12 +35,19 @@ from torchcal.functional.calibration.readings import (
     rows_look_like_probs,
 )
 
-__all__ = ["as_float64", "logits_look_like_probs", "negative_log_likelihood", "nll_items",
-           "nll_sum", "nll_terms"]
+__all__ = [
+    "as_float64",
+    "logits_look_like_probs",
+    "negative_log_likelihood",
+    "nll_items",
+    "nll_sum",
+    "nll_terms",
+]
 
 
-def _nll(preds: Tensor, target: Tensor, input: str, ignore_index: int | None,
-         multilabel: bool) -> tuple[Tensor, Tensor | None]:
+def _nll(
+    preds: Tensor, target: Tensor, input: str, ignore_index: int | None, multilabel: bool
+) -> tuple[Tensor, Tensor | None]:
     """Per-item NLL in the dtype of ``preds`` (the shape of the items) and the mask of the
     items kept (``None``: all kept); ignored items hold 0."""
     check_option("input", input, INPUTS)
@@ -51,8 +58,12 @@ def _nll(preds: Tensor, target: Tensor, input: str, ignore_index: int | None,
     check_nonempty("preds", preds)
     has_classes = preds.dim() >= 2
     class_shape = preds.shape[:1] + preds.shape[2:]
-    if has_classes and preds.shape[1] == 1 and not multilabel and target.shape in (
-            preds.shape, class_shape):
+    if (
+        has_classes
+        and preds.shape[1] == 1
+        and not multilabel
+        and target.shape in (preds.shape, class_shape)
+    ):
         return _nll_binary(preds.reshape(target.shape), target, input, ignore_index)
     if target.shape == preds.shape and (multilabel or not has_classes):
         return _nll_binary(preds, target, input, ignore_index)
@@ -65,13 +76,16 @@ def _nll(preds: Tensor, target: Tensor, input: str, ignore_index: int | None,
     elif multilabel:
         expected = f"{tuple(preds.shape)} (multi-label 0/1 labels)"
     else:
-        expected = (f"{tuple(class_shape)} (class indices) or {tuple(preds.shape)} (float "
-                    f"class probabilities) for preds (N, C, *)")
+        expected = (
+            f"{tuple(class_shape)} (class indices) or {tuple(preds.shape)} (float "
+            f"class probabilities) for preds (N, C, *)"
+        )
     raise ValueError(f"target: expected shape {expected}, got {tuple(target.shape)}")
 
 
-def _nll_binary(preds: Tensor, target: Tensor, input: str, ignore_index: int | None
-                ) -> tuple[Tensor, Tensor | None]:
+def _nll_binary(
+    preds: Tensor, target: Tensor, input: str, ignore_index: int | None
+) -> tuple[Tensor, Tensor | None]:
     check_binary_target("target", target, ignore_index=ignore_index)
     keep = None if ignore_index is None else target != ignore_index
     y = target.to(preds.dtype)
@@ -99,17 +113,21 @@ def _check_rows_finite(items: Tensor, preds: Tensor) -> None:
     if values_checked():
         bad = torch.isnan(items)
         if bool(bad.any()):
-            raise ValueError(f"preds: expected at least one finite score per row, row "
-                             f"{first_bad_position(bad)} is entirely -inf")
+            raise ValueError(
+                f"preds: expected at least one finite score per row, row "
+                f"{first_bad_position(bad)} is entirely -inf"
+            )
 
 
 def _nll_soft(preds: Tensor, target: Tensor, input: str) -> Tensor:
     if not target.is_floating_point():
-        raise ValueError(f"target: expected class indices of shape "
-                         f"{tuple(preds.shape[:1] + preds.shape[2:])} or float class "
-                         f"probabilities of the shape of preds, got dtype {target.dtype} of "
-                         f"shape {tuple(target.shape)}; for independent sigmoids pass "
-                         f"multilabel=True")
+        raise ValueError(
+            f"target: expected class indices of shape "
+            f"{tuple(preds.shape[:1] + preds.shape[2:])} or float class "
+            f"probabilities of the shape of preds, got dtype {target.dtype} of "
+            f"shape {tuple(target.shape)}; for independent sigmoids pass "
+            f"multilabel=True"
+        )
     check_probability_rows("target", target)
     q = target.to(preds.dtype)
     if input == "logits":
@@ -121,8 +139,9 @@ def _nll_soft(preds: Tensor, target: Tensor, input: str) -> Tensor:
     return log_score_items(preds, q, "soft", input="probs")
 
 
-def _nll_indices(preds: Tensor, target: Tensor, input: str, ignore_index: int | None
-                 ) -> tuple[Tensor, Tensor | None]:
+def _nll_indices(
+    preds: Tensor, target: Tensor, input: str, ignore_index: int | None
+) -> tuple[Tensor, Tensor | None]:
     check_class_target("target", target, preds.shape[1], ignore_index=ignore_index)
     keep = None if ignore_index is None else target != ignore_index
     t = target if keep is None else torch.where(keep, target, 0)
@@ -135,8 +154,14 @@ def _nll_indices(preds: Tensor, target: Tensor, input: str, ignore_index: int | 
     return log_score_items(preds, t, "indices", input="probs", used=keep), keep
 
 
-def nll_items(preds: Tensor, target: Tensor, *, input: str = "logits",
-              ignore_index: int | None = None, multilabel: bool = False) -> Tensor:
+def nll_items(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    input: str = "logits",
+    ignore_index: int | None = None,
+    multilabel: bool = False,
+) -> Tensor:
     """Per-prediction negative log-likelihood, in the input dtype, shape of the items.
 
     Layouts (as :mod:`torchcal.functional.scoring`; decided by shapes, dtypes and the
@@ -170,8 +195,14 @@ def nll_items(preds: Tensor, target: Tensor, *, input: str = "logits",
     return items
 
 
-def nll_sum(preds: Tensor, target: Tensor, *, input: str = "logits",
-            ignore_index: int | None = None, multilabel: bool = False) -> tuple[Tensor, int]:
+def nll_sum(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    input: str = "logits",
+    ignore_index: int | None = None,
+    multilabel: bool = False,
+) -> tuple[Tensor, int]:
     """Summed negative log-likelihood and the number of items used (ignored items excluded).
 
     The link runs in float64 (``preds`` are upcast before ``log_softmax``/``softplus``), so
@@ -183,17 +214,23 @@ def nll_sum(preds: Tensor, target: Tensor, *, input: str = "logits",
         >>> round(float(s), 4), n
         (1.3863, 2)
     """
-    items, keep = nll_terms(preds, target, input=input, ignore_index=ignore_index,
-                            multilabel=multilabel)
+    items, keep = nll_terms(
+        preds, target, input=input, ignore_index=ignore_index, multilabel=multilabel
+    )
     if input == "logits" and not multilabel and logits_look_like_probs(preds):
         warnings.warn(PROBS_AS_LOGITS, UserWarning, stacklevel=2)
     n = items.numel() if keep is None else int(keep.sum())
     return items.sum(dtype=torch.float64), n
 
 
-def nll_terms(preds: Tensor, target: Tensor, *, input: str = "logits",
-              ignore_index: int | None = None, multilabel: bool = False
-              ) -> tuple[Tensor, Tensor | None]:
+def nll_terms(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    input: str = "logits",
+    ignore_index: int | None = None,
+    multilabel: bool = False,
+) -> tuple[Tensor, Tensor | None]:
     """Per-item NLL linked in float64 (``preds`` upcast first) and the mask of the items kept
     (``None``: all kept; ignored items hold 0): the update step of :func:`nll_sum` and of
     :class:`~torchcal.metrics.NegativeLogLikelihood` (no warning here)."""
@@ -202,13 +239,21 @@ def nll_terms(preds: Tensor, target: Tensor, *, input: str = "logits",
 
 def as_float64(preds: Tensor) -> Tensor:
     """``preds`` upcast to float64 if floating (left alone otherwise: the checks name it)."""
-    return preds.to(torch.float64) if isinstance(preds, Tensor) and preds.is_floating_point() \
+    return (
+        preds.to(torch.float64)
+        if isinstance(preds, Tensor) and preds.is_floating_point()
         else preds
+    )
 
 
-def negative_log_likelihood(preds: Tensor, target: Tensor, *, input: str = "logits",
-                            ignore_index: int | None = None,
-                            multilabel: bool = False) -> Tensor:
+def negative_log_likelihood(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    input: str = "logits",
+    ignore_index: int | None = None,
+    multilabel: bool = False,
+) -> Tensor:
     """Mean negative log-likelihood (the log score; Good 1952) in float64 over the items
     not ignored (layouts as :func:`nll_items`; ``ValueError`` if every item is ignored).
     Multiclass ``input="logits"`` whose rows all lie in [0, 1] and sum to 1 warn
@@ -219,9 +264,9 @@ def negative_log_likelihood(preds: Tensor, target: Tensor, *, input: str = "logi
         >>> round(float(negative_log_likelihood(torch.zeros(4, 2), torch.tensor([0, 1, 0, 1]))), 4)
         0.6931
     """
-    s, n = nll_sum(preds, target, input=input, ignore_index=ignore_index,
-                   multilabel=multilabel)
+    s, n = nll_sum(preds, target, input=input, ignore_index=ignore_index, multilabel=multilabel)
     if n == 0:
-        raise ValueError(f"target: every target equals ignore_index={ignore_index}, nothing "
-                         f"to measure")
+        raise ValueError(
+            f"target: every target equals ignore_index={ignore_index}, nothing to measure"
+        )
     return s / n

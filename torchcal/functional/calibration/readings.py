@@ -34,12 +34,23 @@ from torchcal.functional._validation import (
     values_checked,
 )
 
-__all__ = ["INPUTS", "PROBS_AS_LOGITS", "READINGS", "CalibrationSamples", "PreparedInputs",
-           "confidence_reading", "prepare_checked", "prepare_inputs", "rows_look_like_probs",
-           "samples_from", "warn_probs_as_logits"]
+__all__ = [
+    "INPUTS",
+    "PROBS_AS_LOGITS",
+    "READINGS",
+    "CalibrationSamples",
+    "PreparedInputs",
+    "confidence_reading",
+    "prepare_checked",
+    "prepare_inputs",
+    "rows_look_like_probs",
+    "samples_from",
+    "warn_probs_as_logits",
+]
 
 READINGS = ("binary", "confidence", "top_label", "classwise")
 INPUTS = ("logits", "probs")
+
 
 @dataclass(frozen=True)
 class PreparedInputs:
@@ -110,8 +121,9 @@ def _check_logits_via(name: str, x: Tensor, derived: Tensor) -> None:
     if bool(bad.any()):
         check_finite(name, x, allow_neg_inf=True)
         row = first_bad_position(bad)
-        raise ValueError(f"{name}: expected at least one finite score per row, row {row} is "
-                         f"entirely -inf")
+        raise ValueError(
+            f"{name}: expected at least one finite score per row, row {row} is entirely -inf"
+        )
 
 
 def _raise_bad_prob_rows(x: Tensor, total: Tensor, tol: float) -> None:
@@ -120,9 +132,11 @@ def _raise_bad_prob_rows(x: Tensor, total: Tensor, tol: float) -> None:
     bad = (total.to(torch.float64) - 1).abs() > tol
     row = first_bad_position(bad)
     val = float(total.reshape(-1)[int(torch.nonzero(bad.reshape(-1))[0, 0])])
-    raise ValueError(f"preds: expected probabilities whose sum over the classes (dim 1) is 1 "
-                     f"(tolerance {tol:.3g}), got {val!r} in row {row}; pass input='logits' "
-                     f"for unnormalised scores")
+    raise ValueError(
+        f"preds: expected probabilities whose sum over the classes (dim 1) is 1 "
+        f"(tolerance {tol:.3g}), got {val!r} in row {row}; pass input='logits' "
+        f"for unnormalised scores"
+    )
 
 
 def rows_look_like_probs(x: Tensor) -> bool:
@@ -194,8 +208,9 @@ def _prob_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     return top, top.squeeze(1) <= (1 + 2 * tol) / 2
 
 
-def confidence_reading(preds: Tensor, target: Tensor | None = None, *, input: str = "logits"
-                       ) -> tuple[Tensor, Tensor | None]:
+def confidence_reading(
+    preds: Tensor, target: Tensor | None = None, *, input: str = "logits"
+) -> tuple[Tensor, Tensor | None]:
     """The confidence reading of rows ``(M, C)``: ``(conf, correct)``.
 
     ``conf`` is the largest class probability (max softmax for ``input="logits"``, computed
@@ -218,8 +233,7 @@ def confidence_reading(preds: Tensor, target: Tensor | None = None, *, input: st
     return conf, correct
 
 
-def _confidence_rows(x: Tensor, t: Tensor | None, input: str
-                     ) -> tuple[Tensor, Tensor | None, bool]:
+def _confidence_rows(x: Tensor, t: Tensor | None, input: str) -> tuple[Tensor, Tensor | None, bool]:
     """:func:`confidence_reading` of rows ``x`` ``(M, C)``, ``M >= 1``, and whether logits
     look like probabilities (the one implementation of the reading)."""
     looks = False
@@ -236,10 +250,17 @@ def _confidence_rows(x: Tensor, t: Tensor | None, input: str
     return conf, _first_max_hit(x.detach(), t, top.detach(), maybe_tie), looks
 
 
-def prepare_inputs(preds: Tensor, target: Tensor, *, reading: str = "confidence",
-                   input: str = "logits", num_classes: int | None = None,
-                   groups: Tensor | None = None, num_groups: int | None = None,
-                   ignore_index: int | None = None) -> PreparedInputs:
+def prepare_inputs(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    reading: str = "confidence",
+    input: str = "logits",
+    num_classes: int | None = None,
+    groups: Tensor | None = None,
+    num_groups: int | None = None,
+    ignore_index: int | None = None,
+) -> PreparedInputs:
     """Validate ``preds``/``target`` and turn them into per-element (confidence, outcome, cell).
 
     Shapes: ``reading="binary"``: ``preds`` and ``target`` of the same shape, ``target`` in
@@ -288,12 +309,14 @@ def prepare_inputs(preds: Tensor, target: Tensor, *, reading: str = "confidence"
         conf, outcome, slot, looks = _class_elements(x, t, reading, input)
         K = C if reading in ("top_label", "classwise") else 1
     lead, group_counts = _cells(g, G, K, slot, t.numel(), reading, t.device)
-    return PreparedInputs(conf, outcome, lead, G, K, group_counts,
-                          K if reading == "classwise" else 1, looks)
+    return PreparedInputs(
+        conf, outcome, lead, G, K, group_counts, K if reading == "classwise" else 1, looks
+    )
 
 
-def _drop_ignored(x: Tensor, t: Tensor, g: Tensor | None, ignore_index: int | None
-                  ) -> tuple[Tensor, Tensor, Tensor | None]:
+def _drop_ignored(
+    x: Tensor, t: Tensor, g: Tensor | None, ignore_index: int | None
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """Drop the elements whose target equals ``ignore_index`` (rows of ``x``, ``t``, ``g``)."""
     if ignore_index is not None:
         keep = t != ignore_index
@@ -303,16 +326,23 @@ def _drop_ignored(x: Tensor, t: Tensor, g: Tensor | None, ignore_index: int | No
     return x, t, g
 
 
-def _binary_elements(preds: Tensor, target: Tensor, input: str, ignore_index: int | None,
-                     g: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+def _binary_elements(
+    preds: Tensor, target: Tensor, input: str, ignore_index: int | None, g: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``reading="binary"``: (P(y=1), outcome, kept targets, kept group ids), flat."""
-    if (preds.shape != target.shape and preds.dim() == 2 and preds.shape[1] == 1
-            and target.shape == preds.shape[:1]):
+    if (
+        preds.shape != target.shape
+        and preds.dim() == 2
+        and preds.shape[1] == 1
+        and target.shape == preds.shape[:1]
+    ):
         preds = preds.reshape(target.shape)  # a binary head (B, 1) with (B,) targets
     if preds.shape != target.shape:
-        raise ValueError(f"target: expected the shape of preds {tuple(preds.shape)} for "
-                         f"reading='binary' (or (B,) for a (B, 1) binary head), got "
-                         f"{tuple(target.shape)}")
+        raise ValueError(
+            f"target: expected the shape of preds {tuple(preds.shape)} for "
+            f"reading='binary' (or (B,) for a (B, 1) binary head), got "
+            f"{tuple(target.shape)}"
+        )
     check_binary_target("target", target, ignore_index=ignore_index)
     p, t, g = _drop_ignored(preds.reshape(-1), target.reshape(-1), g, ignore_index)
     if input == "logits":
@@ -322,38 +352,48 @@ def _binary_elements(preds: Tensor, target: Tensor, input: str, ignore_index: in
     return p, t, t, g
 
 
-def _check_class_shapes(preds: Tensor, target: Tensor, reading: str,
-                        num_classes: int | None) -> int:
+def _check_class_shapes(
+    preds: Tensor, target: Tensor, reading: str, num_classes: int | None
+) -> int:
     """Multiclass readings: ``preds`` ``(N, C, *)``, ``C >= 2``, ``target`` ``(N, *)``;
     returns ``C``."""
     if preds.dim() < 2:
-        raise ValueError(f"preds: expected scores of shape (N, C, *) for reading={reading!r}, "
-                         f"got shape {tuple(preds.shape)}; use reading='binary' for one "
-                         f"probability per sample")
+        raise ValueError(
+            f"preds: expected scores of shape (N, C, *) for reading={reading!r}, "
+            f"got shape {tuple(preds.shape)}; use reading='binary' for one "
+            f"probability per sample"
+        )
     C = preds.shape[1]
     if C < 2:
-        raise ValueError(f"preds: expected C >= 2 classes in dim 1 for reading={reading!r}, "
-                         f"got shape {tuple(preds.shape)}; a single score per sample is "
-                         f"binary: use reading='binary'")
+        raise ValueError(
+            f"preds: expected C >= 2 classes in dim 1 for reading={reading!r}, "
+            f"got shape {tuple(preds.shape)}; a single score per sample is "
+            f"binary: use reading='binary'"
+        )
     if num_classes is not None and num_classes != C:
-        raise ValueError(f"preds: expected {num_classes} classes (num_classes) in dim 1, "
-                         f"got {C}")
+        raise ValueError(f"preds: expected {num_classes} classes (num_classes) in dim 1, got {C}")
     expected = (preds.shape[0],) + tuple(preds.shape[2:])
     if tuple(target.shape) != expected:
-        raise ValueError(f"target: expected shape {expected} for preds of shape "
-                         f"{tuple(preds.shape)}, got {tuple(target.shape)}")
+        raise ValueError(
+            f"target: expected shape {expected} for preds of shape "
+            f"{tuple(preds.shape)}, got {tuple(target.shape)}"
+        )
     return C
 
 
-def _class_elements(x: Tensor, t: Tensor, reading: str, input: str
-                    ) -> tuple[Tensor, Tensor, Tensor | None, bool]:
+def _class_elements(
+    x: Tensor, t: Tensor, reading: str, input: str
+) -> tuple[Tensor, Tensor, Tensor | None, bool]:
     """Rows ``x`` ``(M, C)`` under a multiclass reading: (confidences, outcomes, slots,
     looks-like-probabilities), flat (``classwise``: one element per (sample, class))."""
     C = x.shape[1]
     if t.numel() == 0:  # everything ignored
-        return (torch.zeros(0, dtype=torch.float64, device=x.device),
-                torch.zeros(0, dtype=torch.bool, device=x.device),
-                torch.zeros(0, dtype=torch.int64, device=x.device), False)
+        return (
+            torch.zeros(0, dtype=torch.float64, device=x.device),
+            torch.zeros(0, dtype=torch.bool, device=x.device),
+            torch.zeros(0, dtype=torch.int64, device=x.device),
+            False,
+        )
     if reading == "classwise":
         looks = False
         if input == "logits":  # every class's probability is binned: float64 link
@@ -363,8 +403,12 @@ def _class_elements(x: Tensor, t: Tensor, reading: str, input: str
             _prob_rows(x)
             probs = x
         outcome = (t.unsqueeze(1) == torch.arange(C, device=t.device)).reshape(-1)
-        return probs.reshape(-1), outcome, torch.arange(C, device=t.device).repeat(
-            t.shape[0]), looks
+        return (
+            probs.reshape(-1),
+            outcome,
+            torch.arange(C, device=t.device).repeat(t.shape[0]),
+            looks,
+        )
     if reading == "top_label":
         conf, _, looks = _confidence_rows(x, None, input)
         slot = x.max(dim=1).indices
@@ -373,8 +417,15 @@ def _class_elements(x: Tensor, t: Tensor, reading: str, input: str
     return conf, outcome, None, looks
 
 
-def _cells(g: Tensor | None, G: int, K: int, slot: Tensor | None, n_samples: int,
-           reading: str, device: torch.device) -> tuple[Tensor | None, Tensor]:
+def _cells(
+    g: Tensor | None,
+    G: int,
+    K: int,
+    slot: Tensor | None,
+    n_samples: int,
+    reading: str,
+    device: torch.device,
+) -> tuple[Tensor | None, Tensor]:
     """Flat (group, slot) cell of each element and the samples per group."""
     if g is not None:
         group_counts = torch.bincount(g.clamp(0, G - 1), minlength=G)
@@ -387,10 +438,12 @@ def _cells(g: Tensor | None, G: int, K: int, slot: Tensor | None, n_samples: int
     return slot, group_counts
 
 
-PROBS_AS_LOGITS = ("preds: every row lies in [0, 1] and sums to 1: these look like probabilities "
-                   "passed with input='logits' (the default), which softmaxes them again and "
-                   "gives a wrong calibration error; pass input='probs' if they are "
-                   "probabilities")
+PROBS_AS_LOGITS = (
+    "preds: every row lies in [0, 1] and sums to 1: these look like probabilities "
+    "passed with input='logits' (the default), which softmaxes them again and "
+    "gives a wrong calibration error; pass input='probs' if they are "
+    "probabilities"
+)
 
 
 def warn_probs_as_logits(prep: PreparedInputs, stacklevel: int = 3) -> None:
@@ -406,15 +459,18 @@ def prepare_checked(preds: Tensor, target: Tensor, **kw: Any) -> PreparedInputs:
     prep = prepare_inputs(preds, target, **kw)
     warn_probs_as_logits(prep, stacklevel=4)
     if prep.conf.numel() == 0:
-        raise ValueError(f"target: every target equals ignore_index={kw.get('ignore_index')}, "
-                         f"nothing to measure")
+        raise ValueError(
+            f"target: every target equals ignore_index={kw.get('ignore_index')}, nothing to measure"
+        )
     return prep
 
 
 def samples_from(prep: PreparedInputs) -> CalibrationSamples:
     if prep.num_slots != 1:
-        raise ValueError("exact: kept samples are supported for reading='binary' or "
-                         "'confidence'")
-    g = (prep.lead if prep.lead is not None
-         else torch.zeros(prep.conf.numel(), dtype=torch.int64, device=prep.conf.device))
+        raise ValueError("exact: kept samples are supported for reading='binary' or 'confidence'")
+    g = (
+        prep.lead
+        if prep.lead is not None
+        else torch.zeros(prep.conf.numel(), dtype=torch.int64, device=prep.conf.device)
+    )
     return CalibrationSamples(prep.conf.to(torch.float64), prep.outcome.to(torch.float64), g)

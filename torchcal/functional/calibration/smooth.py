@@ -44,13 +44,13 @@ def _reflected_smooth(values: Tensor, sigma: float) -> Tensor:
     """Convolve grid values with a Gaussian reflected at 0 and 1 (FFT, float64)."""
     E = values.numel()
     t = torch.linspace(0, 1, E, dtype=torch.float64)
-    ker = torch.exp(-(t - 0.5) ** 2 / (2 * sigma * sigma)) / (math.sqrt(2 * math.pi) * sigma)
+    ker = torch.exp(-((t - 0.5) ** 2) / (2 * sigma * sigma)) / (math.sqrt(2 * math.pi) * sigma)
     ext = torch.cat([values.flip(0)[:-1], values, values.flip(0)[1:]])
     L = ext.numel()
     size = L + E - 1
     full = torch.fft.irfft(torch.fft.rfft(ext, size) * torch.fft.rfft(ker, size), size)
-    valid = full[E - 1:L]
-    return valid[E // 2:E // 2 + E]
+    valid = full[E - 1 : L]
+    return valid[E // 2 : E // 2 + E]
 
 
 def _interp_grid(values: Tensor, t: Tensor) -> Tensor:
@@ -95,8 +95,7 @@ def _smooth_ece(deposit: Any, sigma: float | None, eps: float = 1e-3) -> Tensor:
     return torch.tensor(_smooth_ece_at(deposit, width), dtype=torch.float64)
 
 
-def smooth_calibration_error_from_stats(fine: BinnedStats, *, sigma: float | None = None
-                                        ) -> Tensor:
+def smooth_calibration_error_from_stats(fine: BinnedStats, *, sigma: float | None = None) -> Tensor:
     """Smooth ECE (Blasiok & Nakkiran 2023) from a fine histogram.
 
     The residuals ``f - y`` and the sample density are spread on a grid by linear
@@ -125,14 +124,14 @@ def smooth_calibration_error_from_stats(fine: BinnedStats, *, sigma: float | Non
     s_fr = fine.conf2.cpu() - fine.conf_acc.cpu()
 
     def deposit(points: int) -> tuple[Tensor, Tensor]:
-        return (_deposit_stats(n, s_f, s_r, s_fr, points),
-                _deposit_stats(n, s_f, n, s_f, points))
+        return (_deposit_stats(n, s_f, s_r, s_fr, points), _deposit_stats(n, s_f, n, s_f, points))
 
     return _smooth_ece(deposit, sigma)
 
 
-def smooth_calibration_error_from_samples(samples: CalibrationSamples, *,
-                                          sigma: float | None = None) -> Tensor:
+def smooth_calibration_error_from_samples(
+    samples: CalibrationSamples, *, sigma: float | None = None
+) -> Tensor:
     """Smooth ECE (Blasiok & Nakkiran 2023) from kept samples (see
     :func:`smooth_calibration_error_from_stats`).
 

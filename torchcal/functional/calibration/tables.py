@@ -18,8 +18,9 @@ from torchcal.report import ReliabilityTable
 __all__ = ["reliability_table_from_stats"]
 
 
-def _tables(stats: BinnedStats, interval: str, level: float, reading: str
-            ) -> list[ReliabilityTable]:
+def _tables(
+    stats: BinnedStats, interval: str, level: float, reading: str
+) -> list[ReliabilityTable]:
     """One table per row of ``(K, B)`` statistics, with every column computed in one pass."""
     B = stats.n_bins
     edges = torch.arange(B + 1, dtype=torch.float64) / B
@@ -31,14 +32,30 @@ def _tables(stats: BinnedStats, interval: str, level: float, reading: str
         acc = s_acc / n
         fn = wilson_interval if interval == "wilson" else clopper_pearson_interval
         lo, hi = fn(s_acc, n, level)
-    return [ReliabilityTable(edges[:-1], edges[1:], count[k], conf[k], acc[k], lo[k], hi[k],
-                             float(level), interval, reading)
-            for k in range(count.shape[0])]
+    return [
+        ReliabilityTable(
+            edges[:-1],
+            edges[1:],
+            count[k],
+            conf[k],
+            acc[k],
+            lo[k],
+            hi[k],
+            float(level),
+            interval,
+            reading,
+        )
+        for k in range(count.shape[0])
+    ]
 
 
-def reliability_table_from_stats(stats: BinnedStats, *, interval: str = "wilson",
-                                 level: float = 0.95, reading: str = "confidence"
-                                 ) -> ReliabilityTable:
+def reliability_table_from_stats(
+    stats: BinnedStats,
+    *,
+    interval: str = "wilson",
+    level: float = 0.95,
+    reading: str = "confidence",
+) -> ReliabilityTable:
     """:class:`~torchcal.report.ReliabilityTable` of statistics ``(K, B)`` (or ``(B,)``).
 
     For ``K > 1`` (``top_label``/``classwise``) the table pools the classes bin by bin and

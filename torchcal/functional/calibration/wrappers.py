@@ -42,33 +42,53 @@ from torchcal.functional.calibration.smooth import (
 from torchcal.functional.calibration.tables import reliability_table_from_stats
 from torchcal.report import GroupedResult, ReliabilityTable
 
-__all__ = ["ESTIMATORS", "FINE_ESTIMATORS", "brier_decomposition", "calibration_error",
-           "calibration_error_bootstrap", "check_estimator", "estimate", "per_group",
-           "reliability_table", "stack_scalars"]
+__all__ = [
+    "ESTIMATORS",
+    "FINE_ESTIMATORS",
+    "brier_decomposition",
+    "calibration_error",
+    "calibration_error_bootstrap",
+    "check_estimator",
+    "estimate",
+    "per_group",
+    "reliability_table",
+    "stack_scalars",
+]
 
 ESTIMATORS = ("binned", "debiased", "equal_mass", "sweep", "smooth")
 #: estimators that need the fine histogram (or the samples with ``exact=True``)
 FINE_ESTIMATORS = ("equal_mass", "sweep", "smooth")
 
 
-
-def check_estimator(estimator: str, norm: str, reading: str,
-                     allowed: tuple[str, ...] = ESTIMATORS) -> None:
+def check_estimator(
+    estimator: str, norm: str, reading: str, allowed: tuple[str, ...] = ESTIMATORS
+) -> None:
     """Validate an (estimator, norm, reading) combination (functional and metrics)."""
     check_option("estimator", estimator, allowed)
     check_option("norm", norm, NORMS)
     check_option("reading", reading, READINGS)
     if estimator == "debiased" and norm != "l2":
-        raise ValueError(f"norm: the debiased estimator is an L2 error, expected norm='l2', "
-                         f"got {norm!r}")
+        raise ValueError(
+            f"norm: the debiased estimator is an L2 error, expected norm='l2', got {norm!r}"
+        )
     if estimator in FINE_ESTIMATORS and reading not in ("binary", "confidence"):
-        raise ValueError(f"estimator: {estimator!r} is defined for reading='binary' or "
-                         f"'confidence', got reading={reading!r}")
+        raise ValueError(
+            f"estimator: {estimator!r} is defined for reading='binary' or "
+            f"'confidence', got reading={reading!r}"
+        )
 
 
-def estimate(estimator: str, *, stats: BinnedStats, fine: BinnedStats | None,
-              samples: CalibrationSamples | None, n_bins: int, norm: str, reading: str,
-              sigma: float | None = None) -> Tensor:
+def estimate(
+    estimator: str,
+    *,
+    stats: BinnedStats,
+    fine: BinnedStats | None,
+    samples: CalibrationSamples | None,
+    n_bins: int,
+    norm: str,
+    reading: str,
+    sigma: float | None = None,
+) -> Tensor:
     """One estimate from ``(K, B)`` statistics (and fine ``(K, F)`` or kept samples); the
     combination was checked by :func:`check_estimator`."""
     if estimator == "binned":
@@ -89,8 +109,13 @@ def estimate(estimator: str, *, stats: BinnedStats, fine: BinnedStats | None,
     return smooth_calibration_error_from_stats(fine, sigma=sigma)
 
 
-def per_group(fn: Any, stats: BinnedStats, fine: BinnedStats | None,
-               samples: CalibrationSamples | None, counts: Tensor) -> GroupedResult:
+def per_group(
+    fn: Any,
+    stats: BinnedStats,
+    fine: BinnedStats | None,
+    samples: CalibrationSamples | None,
+    counts: Tensor,
+) -> GroupedResult:
     """Evaluate ``fn(stats, fine, samples)`` pooled and for each group."""
     pooled = fn(stats.pooled(), None if fine is None else fine.pooled(), samples)
     per = []
@@ -111,13 +136,23 @@ def stack_scalars(res: GroupedResult) -> GroupedResult:
     return GroupedResult(res.pooled, torch.tensor(vals, dtype=torch.float64), res.counts)
 
 
-def calibration_error(preds: Tensor, target: Tensor, *, n_bins: int = 15, norm: str = "l1",
-                      reading: str = "confidence", input: str = "logits",
-                      estimator: str = "binned", num_classes: int | None = None,
-                      groups: Tensor | None = None, num_groups: int | None = None,
-                      fine_bins: int = 4096, exact: bool = False,
-                      sigma: float | None = None, ignore_index: int | None = None
-                      ) -> Tensor | GroupedResult:
+def calibration_error(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    n_bins: int = 15,
+    norm: str = "l1",
+    reading: str = "confidence",
+    input: str = "logits",
+    estimator: str = "binned",
+    num_classes: int | None = None,
+    groups: Tensor | None = None,
+    num_groups: int | None = None,
+    fine_bins: int = 4096,
+    exact: bool = False,
+    sigma: float | None = None,
+    ignore_index: int | None = None,
+) -> Tensor | GroupedResult:
     """Calibration error of ``preds`` against ``target``.
 
     Args:
@@ -155,8 +190,16 @@ def calibration_error(preds: Tensor, target: Tensor, *, n_bins: int = 15, norm: 
     """
     n_bins = check_int("n_bins", n_bins, minimum=1)
     check_estimator(estimator, norm, reading)
-    prep = prepare_checked(preds, target, reading=reading, input=input, num_classes=num_classes,
-                    groups=groups, num_groups=num_groups, ignore_index=ignore_index)
+    prep = prepare_checked(
+        preds,
+        target,
+        reading=reading,
+        input=input,
+        num_classes=num_classes,
+        groups=groups,
+        num_groups=num_groups,
+        ignore_index=ignore_index,
+    )
     stats = accumulate(prep, n_bins)
     fine = samples = None
     if estimator in FINE_ESTIMATORS:
@@ -166,20 +209,36 @@ def calibration_error(preds: Tensor, target: Tensor, *, n_bins: int = 15, norm: 
             fine = accumulate(prep, check_int("fine_bins", fine_bins, minimum=1))
 
     def fn(s: BinnedStats, f: BinnedStats | None, smp: CalibrationSamples | None) -> Tensor:
-        return estimate(estimator, stats=s, fine=f, samples=smp, n_bins=n_bins, norm=norm,
-                         reading=reading, sigma=sigma)
+        return estimate(
+            estimator,
+            stats=s,
+            fine=f,
+            samples=smp,
+            n_bins=n_bins,
+            norm=norm,
+            reading=reading,
+            sigma=sigma,
+        )
 
     if groups is None:
         return fn(stats.pooled(), None if fine is None else fine.pooled(), samples)
     return stack_scalars(per_group(fn, stats, fine, samples, prep.group_counts))
 
 
-def reliability_table(preds: Tensor, target: Tensor, *, n_bins: int = 15,
-                      reading: str = "confidence", input: str = "logits",
-                      interval: str = "wilson", level: float = 0.95,
-                      num_classes: int | None = None, groups: Tensor | None = None,
-                      num_groups: int | None = None, ignore_index: int | None = None
-                      ) -> ReliabilityTable | GroupedResult:
+def reliability_table(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    n_bins: int = 15,
+    reading: str = "confidence",
+    input: str = "logits",
+    interval: str = "wilson",
+    level: float = 0.95,
+    num_classes: int | None = None,
+    groups: Tensor | None = None,
+    num_groups: int | None = None,
+    ignore_index: int | None = None,
+) -> ReliabilityTable | GroupedResult:
     """Equal-width :class:`~torchcal.report.ReliabilityTable` with per-bin counts and
     accuracy intervals (``interval="wilson" | "clopper_pearson"`` at ``level``).
 
@@ -196,8 +255,16 @@ def reliability_table(preds: Tensor, target: Tensor, *, n_bins: int = 15,
     n_bins = check_int("n_bins", n_bins, minimum=1)
     check_option("interval", interval, INTERVALS)
     z_of_level(level)
-    prep = prepare_checked(preds, target, reading=reading, input=input, num_classes=num_classes,
-                    groups=groups, num_groups=num_groups, ignore_index=ignore_index)
+    prep = prepare_checked(
+        preds,
+        target,
+        reading=reading,
+        input=input,
+        num_classes=num_classes,
+        groups=groups,
+        num_groups=num_groups,
+        ignore_index=ignore_index,
+    )
     stats = accumulate(prep, n_bins)
 
     def fn(s: BinnedStats, f: Any, smp: Any) -> ReliabilityTable:
@@ -208,11 +275,18 @@ def reliability_table(preds: Tensor, target: Tensor, *, n_bins: int = 15,
     return per_group(fn, stats, None, None, prep.group_counts)
 
 
-def brier_decomposition(preds: Tensor, target: Tensor, *, n_bins: int = 15,
-                        reading: str = "binary", input: str = "logits",
-                        num_classes: int | None = None, groups: Tensor | None = None,
-                        num_groups: int | None = None, ignore_index: int | None = None
-                        ) -> dict[str, Tensor] | GroupedResult:
+def brier_decomposition(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    n_bins: int = 15,
+    reading: str = "binary",
+    input: str = "logits",
+    num_classes: int | None = None,
+    groups: Tensor | None = None,
+    num_groups: int | None = None,
+    ignore_index: int | None = None,
+) -> dict[str, Tensor] | GroupedResult:
     """Brier score with its exact binned Murphy decomposition (see
     :func:`brier_decomposition_from_stats`): a dict with ``brier``, ``reliability``,
     ``resolution``, ``uncertainty``, ``within_bin_variance`` and ``within_bin_covariance``
@@ -235,8 +309,16 @@ def brier_decomposition(preds: Tensor, target: Tensor, *, n_bins: int = 15,
         0.175
     """
     n_bins = check_int("n_bins", n_bins, minimum=1)
-    prep = prepare_checked(preds, target, reading=reading, input=input, num_classes=num_classes,
-                    groups=groups, num_groups=num_groups, ignore_index=ignore_index)
+    prep = prepare_checked(
+        preds,
+        target,
+        reading=reading,
+        input=input,
+        num_classes=num_classes,
+        groups=groups,
+        num_groups=num_groups,
+        ignore_index=ignore_index,
+    )
     stats = accumulate(prep, n_bins)
     pooled = brier_decomposition_from_stats(stats.pooled(), reading=reading)
     if groups is None:
@@ -245,12 +327,19 @@ def brier_decomposition(preds: Tensor, target: Tensor, *, n_bins: int = 15,
     return GroupedResult(pooled, per, prep.group_counts.cpu())
 
 
-def calibration_error_bootstrap(preds: Tensor, target: Tensor, *, n_bins: int = 15,
-                                reading: str = "confidence", input: str = "logits",
-                                num_classes: int | None = None, replicates: int = 200,
-                                level: float = 0.95, seed: int = 0,
-                                ignore_index: int | None = None
-                                ) -> tuple[Tensor, Tensor, Tensor]:
+def calibration_error_bootstrap(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    n_bins: int = 15,
+    reading: str = "confidence",
+    input: str = "logits",
+    num_classes: int | None = None,
+    replicates: int = 200,
+    level: float = 0.95,
+    seed: int = 0,
+    ignore_index: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Equal-width L1 ECE with a seeded Poisson-bootstrap percentile interval:
     ``(ece, low, high)``. Needs at least 2 samples; replicates that drew no sample are
     dropped (see :func:`ece_bootstrap_from_stats`).
@@ -267,8 +356,14 @@ def calibration_error_bootstrap(preds: Tensor, target: Tensor, *, n_bins: int = 
     """
     n_bins = check_int("n_bins", n_bins, minimum=1)
     replicates = check_int("replicates", replicates, minimum=2)
-    prep = prepare_checked(preds, target, reading=reading, input=input, num_classes=num_classes,
-                    ignore_index=ignore_index)
+    prep = prepare_checked(
+        preds,
+        target,
+        reading=reading,
+        input=input,
+        num_classes=num_classes,
+        ignore_index=ignore_index,
+    )
     n = prep.conf.numel() // prep.per_sample
     if n < 2:
         raise ValueError(f"preds: a bootstrap interval needs at least 2 samples, got {n}")
