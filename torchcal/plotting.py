@@ -55,16 +55,32 @@ def reliability_diagram(table: ReliabilityTable, ax: Any = None) -> Any:
     """
     twin = ax is not None
     ax, ax_h = _diagram_axes(ax)
-    from matplotlib.ticker import MaxNLocator
-
     idx = table.nonempty.numpy()
     lo, hi = table.lo.numpy(), table.hi.numpy()
     width, count, acc = hi - lo, table.count.numpy(), table.acc.numpy()[idx]
+    centers = (lo + hi)[idx] / 2
     ax.plot([0, 1], [0, 1], "--", color="gray", lw=1, label="perfect calibration")
+    _draw_bins(ax, table, idx, lo[idx], width[idx], centers, acc)
+    if table.n_bins <= 20:
+        _write_hits(ax, centers, acc, count[idx])
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{table.reading}: ECE {table.ece:.4f}, n={table.n}")
+    ax.legend(loc="best", fontsize="x-small" if twin else "small", framealpha=0.9)
+    _draw_counts(ax, ax_h, lo, width, count, twin)
+    return ax
+
+
+def _draw_bins(
+    ax: Any, table: ReliabilityTable, idx: Any, left: Any, width: Any, centers: Any, acc: Any
+) -> None:
+    """The non-empty bins (``idx``): accuracy bars from ``left``, the per-bin interval as
+    whiskers at the ``centers``, and the (mean confidence, accuracy) points."""
     ax.bar(
-        lo[idx],
+        left,
         acc,
-        width=width[idx],
+        width=width,
         align="edge",
         color="tab:blue",
         alpha=0.6,
@@ -72,7 +88,6 @@ def reliability_diagram(table: ReliabilityTable, ax: Any = None) -> Any:
         lw=0.6,
         label="accuracy",
     )
-    centers = (lo + hi)[idx] / 2
     yerr = [
         (acc - table.ci_low.numpy()[idx]).clip(min=0),
         (table.ci_high.numpy()[idx] - acc).clip(min=0),
@@ -95,24 +110,29 @@ def reliability_diagram(table: ReliabilityTable, ax: Any = None) -> Any:
         color="tab:red",
         label="(mean confidence, accuracy)",
     )
-    if table.n_bins <= 20:
-        hits = (acc * count[idx]).round().astype(int)
-        for x, k, n in zip(centers, hits, count[idx]):
-            ax.text(
-                x,
-                0.015,
-                f"{k}/{n}",
-                rotation=90,
-                ha="center",
-                va="bottom",
-                fontsize=7,
-                bbox={"boxstyle": "square,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7},
-            )
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("accuracy")
-    ax.set_title(f"{table.reading}: ECE {table.ece:.4f}, n={table.n}")
-    ax.legend(loc="best", fontsize="x-small" if twin else "small", framealpha=0.9)
+
+
+def _write_hits(ax: Any, centers: Any, acc: Any, count: Any) -> None:
+    """``k/n`` (right / samples) written upright at the foot of each non-empty bin."""
+    hits = (acc * count).round().astype(int)
+    for x, k, n in zip(centers, hits, count):
+        ax.text(
+            x,
+            0.015,
+            f"{k}/{n}",
+            rotation=90,
+            ha="center",
+            va="bottom",
+            fontsize=7,
+            bbox={"boxstyle": "square,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7},
+        )
+
+
+def _draw_counts(ax: Any, ax_h: Any, lo: Any, width: Any, count: Any, twin: bool) -> None:
+    """The count histogram of every bin on ``ax_h`` (scaled into the bottom quarter of the
+    twin axis when ``twin``), and the ``confidence`` label on the lower axis."""
+    from matplotlib.ticker import MaxNLocator
+
     ax_h.bar(lo, count, width=width, align="edge", color="tab:gray", alpha=0.25 if twin else 0.6)
     ax_h.yaxis.set_major_locator(MaxNLocator(nbins=3, integer=True))
     ax_h.set_ylabel("count")
@@ -121,7 +141,6 @@ def reliability_diagram(table: ReliabilityTable, ax: Any = None) -> Any:
         ax.set_xlabel("confidence")
     else:
         ax_h.set_xlabel("confidence")
-    return ax
 
 
 def table_figure(table: ReliabilityTable) -> Any:

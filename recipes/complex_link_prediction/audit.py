@@ -36,6 +36,15 @@ import torch
 from torch import Tensor
 
 import torchcal.functional as TF
+from recipes.complex_link_prediction._audit_metrics import (
+    MIN_RELATION_ITEMS as MIN_RELATION_ITEMS,
+)
+from recipes.complex_link_prediction._audit_metrics import (
+    calibration_metrics,
+    per_relation,
+    reliability_tables,
+    true_label_ece,
+)
 from recipes.complex_link_prediction.datasets import KGData, with_reciprocals
 from recipes.complex_link_prediction.evaluation import (
     TripleFilter,
@@ -60,7 +69,6 @@ __all__ = [
     "triple_audit",
 ]
 
-MIN_RELATION_ITEMS = 50
 #: The widest original gap (float64 ulps) between two scores that ``x / T`` may merge into a
 #: tie. One correctly rounded division (or multiplication by ``1 / T``) merges only
 #: neighbours less than 2 ulps apart (the exact quotients then differ by less than one ulp
@@ -116,84 +124,14 @@ def auc(scores: Tensor, labels: Tensor) -> float:
     return float(u / (n_pos * n_neg))
 
 
-def _calibration_metrics(
-    logits: Tensor, target: Tensor, reading: str, n_bins: int
-) -> dict[str, float]:
-    """ECE (L1, binned), debiased ECE (L2) and the Brier decomposition, all from torchcal on
-    the logits themselves: ``reading="confidence"`` for ``(N, E)`` tail logits (max softmax
-    against argmax == target; ``-inf`` masks allowed), ``"binary"`` for triple logits."""
-    kw = {"n_bins": n_bins, "reading": reading, "input": "logits"}
-    out = {
-        "ece": float(TF.calibration_error(logits, target, **kw)),
-        "ece_debiased": float(
-            TF.calibration_error(logits, target, estimator="debiased", norm="l2", **kw)
-        ),
-    }
-    dec = TF.brier_decomposition(logits, target, **kw)
-    for key in ("brier", "reliability", "resolution", "uncertainty"):
-        out[key] = float(dec[key])
-    return out
-
-
 def _binary_metrics(logits: Tensor, labels: Tensor, n_bins: int) -> dict[str, float]:
-    """The triple audit's rows for one column of binary logits: :func:`_calibration_metrics`
+    """The triple audit's rows for one column of binary logits: :func:`calibration_metrics`
     plus NLL, AUC and the accuracy of the decision at logit 0."""
-    out = _calibration_metrics(logits, labels, "binary", n_bins)
+    out = calibration_metrics(logits, labels, "binary", n_bins)
     out["nll"] = float(TF.log_score(logits, labels))
     out["auc"] = auc(logits, labels)
     out["acc"] = float(((logits > 0).double() == labels).double().mean())
     return out
-
-
-def _per_relation(
-    logits_before: Tensor,
-    logits_after: Tensor,
-    target: Tensor,
-    rel: Tensor,
-    relations: list[str],
-    reading: str,
-    n_bins: int,
-) -> list[dict[str, object]]:
-    """ECE before/after per relation (torchcal's ``groups``), for relations with at least
-    :data:`MIN_RELATION_ITEMS` items."""
-    kw = {
-        "n_bins": n_bins,
-        "reading": reading,
-        "input": "logits",
-        "groups": rel,
-        "num_groups": len(relations),
-    }
-    before = TF.calibration_error(logits_before, target, **kw)
-    after = TF.calibration_error(logits_after, target, **kw)
-    return [
-        {
-            "relation": relations[r],
-            "n": int(before.counts[r]),
-            "ece_before": float(before.per_group[r]),
-            "ece_after": float(after.per_group[r]),
-        }
-        for r in torch.nonzero(before.counts >= MIN_RELATION_ITEMS).flatten().tolist()
-    ]
-
-
-def _true_label_ece(
-    logits_before: Tensor, logits_after: Tensor, true_target: Tensor, reading: str, n_bins: int
-) -> dict[str, float]:
-    """ECE before/after against the true labels (hidden true triples count as true)."""
-    kw = {"n_bins": n_bins, "reading": reading, "input": "logits"}
-    return {
-        "ece_true_before": float(TF.calibration_error(logits_before, true_target, **kw)),
-        "ece_true_after": float(TF.calibration_error(logits_after, true_target, **kw)),
-    }
-
-
-def _tables(
-    logits: dict[str, Tensor], target: Tensor, reading: str, n_bins: int
-) -> dict[str, ReliabilityTable]:
-    return {
-        key: TF.reliability_table(x, target, n_bins=n_bins, reading=reading, input="logits")
-        for key, x in logits.items()
-    }
 
 
 def named_invariants(check: MonotoneMapCheck, decisions: bool) -> dict[str, bool]:
@@ -247,7 +185,7 @@ def _tail_hidden_truth(
     hidden = TripleFilter(with_reciprocals(data.hidden, R), data.num_entities, 2 * R)
     hit_hidden = hidden.contains(queries[:, 0], queries[:, 1], pred)
     true_target = torch.where(hit_hidden, pred, queries[:, 2])[ev]
-    out = _true_label_ece(lg_ev, sc_ev, true_target, "confidence", n_bins)
+    out = true_label_ece(lg_ev, sc_ev, true_target, "confidence", n_bins)
     out["hits1_true"] = float((pred[ev] == true_target).double().mean())
     return out
 
@@ -284,8 +222,8 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
     # whether the argmax is the true tail (torchcal computes both)
     rel = queries[:, 1] % R
     lg_ev, sc_ev, t_ev = logits[ev], scaled[ev], target[ev]
-    before = _calibration_metrics(lg_ev, t_ev, "confidence", n_bins)
-    after = _calibration_metrics(sc_ev, t_ev, "confidence", n_bins)
+    before = calibration_metrics(lg_ev, t_ev, "confidence", n_bins)
+    after = calibration_metrics(sc_ev, t_ev, "confidence", n_bins)
     summary: dict[str, object] = {
         "temperature": fit.temperature,
         "fit_converged": fit.converged,
@@ -316,8 +254,8 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
             "hidden truth: a top-1 answer that is a hidden true triple counts as "
             "wrong against observed labels and right against true labels."
         )
-    per_rel = _per_relation(lg_ev, sc_ev, t_ev, rel[ev], data.relations, "confidence", n_bins)
-    tables = _tables({"before": lg_ev, "after": sc_ev}, t_ev, "confidence", n_bins)
+    per_rel = per_relation(lg_ev, sc_ev, t_ev, rel[ev], data.relations, "confidence", n_bins)
+    tables = reliability_tables({"before": lg_ev, "after": sc_ev}, t_ev, "confidence", n_bins)
     return AuditResult("tail", summary, invariants, tables, per_rel, notes)
 
 
@@ -382,7 +320,7 @@ def _triple_hidden_truth(
         items.head[:, None], items.relation[:, None], items.tails
     )
     out: dict[str, object] = dict(
-        _true_label_ece(
+        true_label_ece(
             columns["before"],
             columns["after"],
             true_labels[~items.cal].reshape(-1).double(),
@@ -410,6 +348,38 @@ def _triple_checks(
         max(check.max_tie_gap_ulps, per_query.max_tie_gap_ulps) <= MAX_TIE_GAP_ULPS
     )
     return check, per_query, invariants
+
+
+def _score_columns(
+    logits: Tensor, scaled: Tensor, platt: PlattScaler, ev: Tensor, k: int
+) -> dict[str, Tensor]:
+    """The triple audit's four score columns on the evaluation half, flattened: as trained,
+    after T, after Platt (information) and the base rate (a constant 1/(1+k), the no-skill
+    reference)."""
+    lg_ev = logits[ev].reshape(-1)
+    return {
+        "before": lg_ev,
+        "after": scaled[ev].reshape(-1),
+        "platt": platt(lg_ev),
+        "base_rate": torch.full_like(lg_ev, -math.log(k)),
+    }
+
+
+def _column_metrics(
+    columns: dict[str, Tensor], labels: Tensor, n_bins: int, platt_scale: float
+) -> dict[str, object]:
+    """Every metric of every score column (``<metric>_<column>``) and ``nll_improved``."""
+    out: dict[str, object] = {}
+    for col, x in columns.items():
+        for key, v in _binary_metrics(x, labels, n_bins).items():
+            out[f"{key}_{col}"] = v
+    # AUC is a ranking metric: from the model's scores, which T (and Platt, slope > 0) do
+    # not reorder beyond the ties the invariants check
+    out["auc_after"] = out["auc_before"]
+    if platt_scale > 0:
+        out["auc_platt"] = out["auc_before"]
+    out["nll_improved"] = out["nll_after"] < out["nll_before"]
+    return out
 
 
 @torch.no_grad()
@@ -444,16 +414,8 @@ def triple_audit(
     platt_fit = platt.fit(logits[cal].reshape(-1), labels[cal].reshape(-1))
 
     check, per_query, invariants = _triple_checks(logits, scaled)
-    # every metric on the evaluation half, for four score columns: as trained, after T, after
-    # Platt (information) and the base rate (a constant 1/(1+k), the no-skill reference)
     y_ev = labels[ev].reshape(-1)
-    lg_ev = logits[ev].reshape(-1)
-    columns = {
-        "before": lg_ev,
-        "after": scaled[ev].reshape(-1),
-        "platt": platt(lg_ev),
-        "base_rate": torch.full_like(lg_ev, -math.log(k)),
-    }
+    columns = _score_columns(logits, scaled, platt, ev, k)
     summary: dict[str, object] = {
         "k": k,
         "base_rate": 1.0 / (1 + k),
@@ -470,15 +432,7 @@ def triple_audit(
         "ties_created_within_queries": per_query.ties_created,
         "invariants_ok": all(invariants.values()),
     }
-    for col, x in columns.items():
-        for key, v in _binary_metrics(x, y_ev, n_bins).items():
-            summary[f"{key}_{col}"] = v
-    # AUC is a ranking metric: from the model's scores, which T (and Platt, slope > 0) do
-    # not reorder beyond the ties checked above
-    summary["auc_after"] = summary["auc_before"]
-    if summary["platt_scale"] > 0:
-        summary["auc_platt"] = summary["auc_before"]
-    summary["nll_improved"] = summary["nll_after"] < summary["nll_before"]
+    summary.update(_column_metrics(columns, y_ev, n_bins, summary["platt_scale"]))
     notes = _triple_notes(len(data.test), len(h), k, trained_mode, trained_k, summary)
     if len(data.hidden):
         summary.update(_triple_hidden_truth(data, items, columns, n_bins))
@@ -487,10 +441,12 @@ def triple_audit(
             "against observed labels and 1 against true labels."
         )
     rel = (r[:, None] % R).expand_as(logits)[ev].reshape(-1)
-    per_rel = _per_relation(
+    per_rel = per_relation(
         columns["before"], columns["after"], y_ev, rel, data.relations, "binary", n_bins
     )
-    tables = _tables({k: columns[k] for k in ("before", "after", "platt")}, y_ev, "binary", n_bins)
+    tables = reliability_tables(
+        {k: columns[k] for k in ("before", "after", "platt")}, y_ev, "binary", n_bins
+    )
     return AuditResult("triple", summary, invariants, tables, per_rel, notes)
 
 

@@ -259,11 +259,37 @@ def _ranking(model: Any, data: Any, batch_size: int) -> dict[str, float]:
     return out
 
 
+def _fit(cfg: Any, module: Any, datamodule: Any, output_dir: str) -> tuple[Any, Any, float]:
+    """Train with the recipe's Trainer (an epoch timer, and the calibration monitor when
+    ``--monitor``): ``(trainer, timer, train_seconds)``."""
+    from recipes.complex_link_prediction.model import EpochTimer
+
+    timer = EpochTimer()
+    callbacks: list = [timer]
+    if cfg.monitor:
+        callbacks.append(_calibration_monitor(cfg.audit.n_bins, bool(cfg.trainer.logger)))
+    trainer = build_trainer(output_dir, callbacks, **_options(build_trainer, cfg.trainer))
+    t_fit = time.perf_counter()
+    trainer.fit(module, datamodule=datamodule)
+    return trainer, timer, time.perf_counter() - t_fit
+
+
+def _sizes(data: Any) -> dict[str, int]:
+    """The dataset's vocabulary and split sizes, for the report."""
+    return {
+        "num_entities": data.num_entities,
+        "num_relations": data.num_relations,
+        "num_train": len(data.train),
+        "num_valid": len(data.valid),
+        "num_test": len(data.test),
+        "num_hidden": len(data.hidden),
+    }
+
+
 def _run(cfg: Any) -> tuple[dict, list]:
     import lightning as L
 
     from recipes.complex_link_prediction.audit import run_audits
-    from recipes.complex_link_prediction.model import EpochTimer
     from recipes.complex_link_prediction.report import write_reports
 
     t_start = time.perf_counter()
@@ -275,14 +301,7 @@ def _run(cfg: Any) -> tuple[dict, list]:
     L.seed_everything(cfg.seed, verbose=False)
     data, k, counts, module, datamodule = _prepare(cfg)
     output_dir = cfg.output_dir or os.path.join("runs", "complex", data.name)
-    timer = EpochTimer()
-    callbacks: list = [timer]
-    if cfg.monitor:
-        callbacks.append(_calibration_monitor(cfg.audit.n_bins, bool(cfg.trainer.logger)))
-    trainer = build_trainer(output_dir, callbacks, **_options(build_trainer, cfg.trainer))
-    t_fit = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule)
-    train_seconds = time.perf_counter() - t_fit
+    trainer, timer, train_seconds = _fit(cfg, module, datamodule, output_dir)
 
     module.eval().cpu()
     ranking = _ranking(module.model, data, cfg.data.eval_batch_size)
@@ -301,12 +320,7 @@ def _run(cfg: Any) -> tuple[dict, list]:
         "dataset": data.name,
         "seed": cfg.seed,
         "mode": cfg.mode,
-        "num_entities": data.num_entities,
-        "num_relations": data.num_relations,
-        "num_train": len(data.train),
-        "num_valid": len(data.valid),
-        "num_test": len(data.test),
-        "num_hidden": len(data.hidden),
+        **_sizes(data),
         **counts,
         "epochs": trainer.current_epoch,
         "config": {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from recipes.complex_link_prediction.audit import MIN_RELATION_ITEMS, AuditResult
 
@@ -109,6 +109,68 @@ def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def _ranking_rows(result: dict) -> list[list[str]]:
+    """The filtered ranking table's rows: realistic, pessimistic and (when some triples are
+    hidden) realistic against the true filter."""
+    rows = [("realistic", ""), ("pessimistic", "_pessimistic")]
+    if "mrr_true" in result:
+        rows.append(("realistic, true filter", "_true"))
+    keys = ("mrr", "hits@1", "hits@3", "hits@10")
+    return [[label] + [_f(result[f"{key}{suffix}"]) for key in keys] for label, suffix in rows]
+
+
+def _audit_section(
+    a: AuditResult, table: Callable[..., str], markdown: bool, plots: bool
+) -> list[str]:
+    """One audit's lines: heading, metric table, invariants and ties, per-relation ECE,
+    notes, diagrams (markdown) and reliability tables."""
+    out = [
+        ("## " if markdown else "") + _audit_heading(a).replace("\n", "\n\n" if markdown else "\n"),
+        "",
+    ]
+    header, rows = _audit_rows(a)
+    out += [table(header, rows), ""]
+    checks = ", ".join(f"{k}: {'ok' if v else 'FAILED'}" for k, v in a.invariants.items())
+    s = a.summary
+    out += [
+        f"exact invariants under T: {checks}",
+        "",
+        f"ties created by / T: {s['ties_created']} (largest original gap "
+        f"{s['max_tie_gap_ulps']} ulps, bound {s['max_tie_gap_bound_ulps']}; x / T is "
+        "only weakly monotone in floating point); strict inversions "
+        f"{s['strict_inversions']}, broken ties {s['ties_broken']}. Ranking metrics "
+        "(MRR, Hits@k, AUC) come from the model's own scores.",
+        "",
+    ]
+    if a.per_relation:
+        out += [
+            f"per-relation ECE (relations with >= {MIN_RELATION_ITEMS} evaluation items):",
+            "",
+        ]
+        out.append(
+            table(
+                ["relation", "n", "ECE before", "ECE after"],
+                [
+                    [p["relation"], str(p["n"]), _f(p["ece_before"]), _f(p["ece_after"])]
+                    for p in a.per_relation
+                ],
+            )
+        )
+        out.append("")
+    out += [("- " if markdown else "") + note for note in a.notes]
+    out.append("")
+    if markdown and plots:
+        out += [
+            f"![{a.name} before](reliability_{a.name}_before.png) "
+            f"![{a.name} after](reliability_{a.name}_after.png)",
+            "",
+        ]
+    for key, tab in a.tables.items():
+        out += [f"reliability ({a.name}, {key}):", ""]
+        out += [tab.to_markdown() if markdown else tab.to_text(), ""]
+    return out
+
+
 def _render(
     result: dict,
     audits: Sequence[AuditResult],
@@ -126,40 +188,7 @@ def _render(
         "",
     ]
     out += [f"{h2}Filtered ranking (test, both directions)", ""]
-    out.append(
-        table(
-            ["ties", "MRR", "Hits@1", "Hits@3", "Hits@10"],
-            [
-                [
-                    "realistic",
-                    _f(result["mrr"]),
-                    _f(result["hits@1"]),
-                    _f(result["hits@3"]),
-                    _f(result["hits@10"]),
-                ],
-                [
-                    "pessimistic",
-                    _f(result["mrr_pessimistic"]),
-                    _f(result["hits@1_pessimistic"]),
-                    _f(result["hits@3_pessimistic"]),
-                    _f(result["hits@10_pessimistic"]),
-                ],
-            ]
-            + (
-                [
-                    [
-                        "realistic, true filter",
-                        _f(result["mrr_true"]),
-                        _f(result["hits@1_true"]),
-                        _f(result["hits@3_true"]),
-                        _f(result["hits@10_true"]),
-                    ]
-                ]
-                if "mrr_true" in result
-                else []
-            ),
-        )
-    )
+    out.append(table(["ties", "MRR", "Hits@1", "Hits@3", "Hits@10"], _ranking_rows(result)))
     out += [
         "",
         f"training: {result['epochs']} epochs, {result['train_seconds']:.2f} s "
@@ -167,47 +196,7 @@ def _render(
         "",
     ]
     for a in audits:
-        out += [f"{h2}" + _audit_heading(a).replace("\n", "\n\n" if markdown else "\n"), ""]
-        header, rows = _audit_rows(a)
-        out += [table(header, rows), ""]
-        checks = ", ".join(f"{k}: {'ok' if v else 'FAILED'}" for k, v in a.invariants.items())
-        s = a.summary
-        out += [
-            f"exact invariants under T: {checks}",
-            "",
-            f"ties created by / T: {s['ties_created']} (largest original gap "
-            f"{s['max_tie_gap_ulps']} ulps, bound {s['max_tie_gap_bound_ulps']}; x / T is "
-            "only weakly monotone in floating point); strict inversions "
-            f"{s['strict_inversions']}, broken ties {s['ties_broken']}. Ranking metrics "
-            "(MRR, Hits@k, AUC) come from the model's own scores.",
-            "",
-        ]
-        if a.per_relation:
-            out += [
-                f"per-relation ECE (relations with >= {MIN_RELATION_ITEMS} evaluation items):",
-                "",
-            ]
-            out.append(
-                table(
-                    ["relation", "n", "ECE before", "ECE after"],
-                    [
-                        [p["relation"], str(p["n"]), _f(p["ece_before"]), _f(p["ece_after"])]
-                        for p in a.per_relation
-                    ],
-                )
-            )
-            out.append("")
-        out += [("- " if markdown else "") + note for note in a.notes]
-        out.append("")
-        if markdown and plots:
-            out += [
-                f"![{a.name} before](reliability_{a.name}_before.png) "
-                f"![{a.name} after](reliability_{a.name}_after.png)",
-                "",
-            ]
-        for key, tab in a.tables.items():
-            out += [f"reliability ({a.name}, {key}):", ""]
-            out += [tab.to_markdown() if markdown else tab.to_text(), ""]
+        out += _audit_section(a, table, markdown, plots)
     status = "all invariants hold" if result["invariants_ok"] else "AN INVARIANT FAILED"
     out.append(f"{'**' if markdown else ''}{status}{'**' if markdown else ''}")
     return "\n".join(out) + "\n"

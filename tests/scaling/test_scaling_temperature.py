@@ -259,8 +259,8 @@ def test_works_inside_inference_mode():
 
 
 def test_deterministic_across_thread_counts():
-    """Bit-identical T for repeated calls and any torch thread count (DESIGN: seeds give
-    byte-identical reports), on data spanning many chunks."""
+    """Bit-identical T for repeated calls and any torch thread count (docs/design.md section
+    3: seeds give byte-identical reports), on data spanning many chunks."""
     logits, target = sample_multiclass(20_000, 100, 2.0, seed=13)
     prev = torch.get_num_threads()
     temps = []

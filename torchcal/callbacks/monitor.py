@@ -9,7 +9,7 @@ statistics -> scalars and tables, :mod:`torchcal.callbacks._compose`), log
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -21,9 +21,9 @@ from typing_extensions import override
 from torchcal.callbacks import _sinks
 from torchcal.callbacks._compose import EpochReport, brier_name, compose, metric_names
 from torchcal.callbacks._history import HistoryCallback
+from torchcal.callbacks._monitor_options import SINKS, Sink, check_reading_options, check_sinks
 from torchcal.callbacks._outputs import check_extract_fn, check_key, read_outputs
-from torchcal.functional import calibration as C
-from torchcal.functional._validation import check_int, check_open_unit, check_option
+from torchcal.functional._validation import check_int
 from torchcal.metrics import NegativeLogLikelihood, ReliabilityDiagram
 from torchcal.plotting import history_figure, table_figure
 
@@ -32,23 +32,6 @@ __all__ = ["SINKS", "CalibrationMonitor"]
 #: Scalars logged per stage (and dataloader), in this order, for the default reading
 #: (``confidence``); see :func:`~torchcal.callbacks._compose.metric_names` for the others.
 METRICS = metric_names("confidence")
-#: Where the monitor's results can go (``sinks=``): ``"loggers"`` (tables, and with
-#: ``"figures"`` the diagrams, to the attached loggers), ``"figures"`` (draw the reliability
-#: diagram each epoch for the image loggers, and the calibration-over-epochs figure at fit
-#: end), ``"csv"`` (append the tables to the CSV files), ``"prog_bar"`` (``ece`` in the
-#: progress bar).
-SINKS = ("loggers", "figures", "csv", "prog_bar")
-Sink = Literal["loggers", "figures", "csv", "prog_bar"]
-
-
-def check_sinks(sinks: Any) -> frozenset[str]:
-    """``sinks``: one of :data:`SINKS` or a collection of them."""
-    items = (sinks,) if isinstance(sinks, str) else sinks
-    if not isinstance(items, Collection):
-        raise ValueError(f"sinks: expected a collection of {SINKS!r}, got {type(sinks).__name__}")
-    for s in items:
-        check_option("sinks", s, SINKS)
-    return frozenset(items)
 
 
 class CalibrationMonitor(HistoryCallback):
@@ -176,21 +159,17 @@ class CalibrationMonitor(HistoryCallback):
         dataloader_idx: int = 0,
     ) -> None:
         super().__init__()
-        self.n_bins = check_int("n_bins", n_bins, minimum=1)
-        check_option("reading", reading, C.READINGS)
-        check_option("input", input, C.INPUTS)
-        check_option("interval", interval, C.INTERVALS)
-        check_open_unit("level", level)
-        if reading in ("top_label", "classwise") and num_classes is None:
-            raise ValueError(
-                f"num_classes: expected the number of classes for reading={reading!r}, got None"
-            )
-        if num_classes is not None:
-            check_int("num_classes", num_classes, minimum=2)
-        if num_groups is not None:
-            check_int("num_groups", num_groups, minimum=1)
-        if not isinstance(name, str) or name.strip("/") != name:
-            raise ValueError(f"name: expected a string without leading/trailing '/', got {name!r}")
+        check_reading_options(
+            n_bins=n_bins,
+            reading=reading,
+            input=input,
+            interval=interval,
+            level=level,
+            num_classes=num_classes,
+            num_groups=num_groups,
+            name=name,
+        )
+        self.n_bins = n_bins
         self.reading = reading
         self.input = input
         self.preds_key = check_key("preds_key", input if preds_key is None else preds_key)

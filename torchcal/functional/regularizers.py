@@ -4,13 +4,13 @@ DCA, MDCA and the confidence penalty.
 None of these is a strictly proper scoring rule (their minimiser over forecasts is not
 the true distribution); they are meant as training objectives or as penalties added to
 a proper score. Layouts, ``ignore_index`` and validation follow
-:mod:`torchcal.functional.scoring`: binary (``target`` of the logits' shape, 0/1 floats;
-a binary head ``(N, 1, *)`` is binary too), multiclass (``logits`` ``(N, C, *)``, integer
-class indices ``(N, *)``) or, only with ``multilabel=True``, independent sigmoids over
-``(N, C, *)`` 0/1 float targets (every element one binary item). A float target of the
-logits' shape without ``multilabel=True`` means class probabilities: :func:`mdca` and
-:func:`confidence_penalty` accept it, the others raise ``ValueError`` (their readings need
-a class label; they never fall back to independent sigmoids).
+:mod:`torchcal.functional.scoring`: binary (``target`` of the logits' shape, 0/1 labels,
+float, integer or bool; a binary head ``(N, 1, *)`` is binary too), multiclass (``logits``
+``(N, C, *)``, integer class indices ``(N, *)``) or, only with ``multilabel=True``,
+independent sigmoids over ``(N, C, *)`` 0/1 float targets (every element one binary item).
+A float target of the logits' shape without ``multilabel=True`` means class probabilities:
+:func:`mdca` and :func:`confidence_penalty` accept it, the others raise ``ValueError`` (their
+readings need a class label; they never fall back to independent sigmoids).
 
 Gradients are finite everywhere, also at a value of 0 (a saturated all-correct batch):
 roots (:func:`mmce`, :func:`soft_binned_ece`) take the subgradient 0 there. The smooth

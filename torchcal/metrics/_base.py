@@ -1,5 +1,5 @@
 """The shared machinery of the calibration Metrics (an internal module; docs/design.md
-section 4): configuration-checked merging and DDP sync, float64 states under dtype
+section 3): configuration-checked merging and DDP sync, float64 states under dtype
 conversions, the one-time probabilities warning, and the binned ``(G, K, B)`` state with
 its public synced accessor :meth:`BinnedMetric.statistics`."""
 

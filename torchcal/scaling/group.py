@@ -24,7 +24,8 @@ from torchcal.scaling._base import (
     check_state_finite,
     warn_all,
 )
-from torchcal.scaling.temperature import TemperatureScaler, degenerate_messages
+from torchcal.scaling._temperature_solve import degenerate_messages
+from torchcal.scaling.temperature import TemperatureScaler
 
 __all__ = ["GroupTemperatureScaler"]
 
@@ -140,38 +141,13 @@ class GroupTemperatureScaler(FittedMixin):
         )
         res_g = glob.fit(logits, target)
         num_classes = None if binary else logits.shape[1]
-        G = self.num_groups
-        workers = obj.default_workers(logits)
         with torch.inference_mode(False), torch.no_grad():
-            chunks = obj.tensor_chunks(logits, target, groups)
-            center = torch.full((G,), -math.log(glob.temperature), dtype=torch.float64)
-
-            def evaluate(u: Tensor, identity: bool) -> Tensor:
-                stats = obj.temperature_pass(
-                    chunks,
-                    u,
-                    binary=binary,
-                    num_classes=num_classes,
-                    num_groups=G,
-                    identity=identity,
-                    workers=workers,
-                    check_labels=False,
-                )
-                obj.check_stats(stats, lambda: chunks, binary)
-                return stats
-
-            lo, hi = obj.log_bounds(*self.bounds)
-            res = obj.solve_log_beta(
-                evaluate,
-                center.clone(),
-                lower=lo,
-                upper=hi,
-                grad_tol=self.grad_tol,
-                step_tol=self.step_tol,
-                max_iter=self.max_iter,
-                center=center,
-                strength=self.shrinkage,
-                identity_first=True,
+            res = self._solve_groups(
+                obj.tensor_chunks(logits, target, groups),
+                binary,
+                num_classes,
+                -math.log(glob.temperature),
+                workers=obj.default_workers(logits),
             )
         msgs = list(res_g.warnings)
         empty = torch.nonzero(res.stats[:, obj.COUNT] == 0).flatten().tolist()
@@ -195,4 +171,46 @@ class GroupTemperatureScaler(FittedMixin):
             passes=res.passes + res_g.passes,
             method="newton",
             temperatures=tuple(self.temperatures.tolist()),
+        )
+
+    def _solve_groups(
+        self,
+        chunks: list[obj.Chunk],
+        binary: bool,
+        num_classes: int | None,
+        u_global: float,
+        *,
+        workers: int,
+    ) -> obj.LogBetaResult:
+        """The penalised per-group solve, all groups at once, from and toward ``u_global``
+        (``log beta`` of the global T)."""
+        G = self.num_groups
+        center = torch.full((G,), u_global, dtype=torch.float64)
+
+        def evaluate(u: Tensor, identity: bool) -> Tensor:
+            stats = obj.temperature_pass(
+                chunks,
+                u,
+                binary=binary,
+                num_classes=num_classes,
+                num_groups=G,
+                identity=identity,
+                workers=workers,
+                check_labels=False,
+            )
+            obj.check_stats(stats, lambda: chunks, binary)
+            return stats
+
+        lo, hi = obj.log_bounds(*self.bounds)
+        return obj.solve_log_beta(
+            evaluate,
+            center.clone(),
+            lower=lo,
+            upper=hi,
+            grad_tol=self.grad_tol,
+            step_tol=self.step_tol,
+            max_iter=self.max_iter,
+            center=center,
+            strength=self.shrinkage,
+            identity_first=True,
         )

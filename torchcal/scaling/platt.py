@@ -51,6 +51,16 @@ class _Point:
         return self.h
 
 
+def _smoothed_targets(y: Tensor, n_pos: float, n_neg: float) -> Tensor:
+    """Platt's regularised targets: ``(N+ + 1) / (N+ + 2)`` for positives, ``1 / (N- + 2)``
+    for negatives (float64, like ``y``)."""
+    return torch.where(
+        y > 0.5,
+        y.new_tensor((n_pos + 1.0) / (n_pos + 2.0)),
+        y.new_tensor(1.0 / (n_neg + 2.0)),
+    )
+
+
 class PlattScaler(FittedMixin):
     r"""Platt scaling of binary logits: ``forward(s) = a * s + b`` (calibrated logits).
 
@@ -162,14 +172,7 @@ class PlattScaler(FittedMixin):
                 )
             n_pos = float(y.sum())
             n_neg = float(y.numel()) - n_pos
-            if self.smooth_targets:
-                t = torch.where(
-                    y > 0.5,
-                    y.new_tensor((n_pos + 1.0) / (n_pos + 2.0)),
-                    y.new_tensor(1.0 / (n_neg + 2.0)),
-                )  # float64, not default
-            else:
-                t = y
+            t = _smoothed_targets(y, n_pos, n_neg) if self.smooth_targets else y
             a_lo, a_hi = 1.0 / self.bounds[1], 1.0 / self.bounds[0]
             passes = 0  # objective evaluations, each one pass over the data
 
@@ -196,7 +199,27 @@ class PlattScaler(FittedMixin):
             g = res.probe.gradient()[1]
             fixed = active_bounds(res.x, g, *self._box(a_lo, a_hi))
         pg = projected_grad_norm(g, fixed)
-        at_bound, iterations = res.at_bound, res.iterations
+        msgs = self._messages(res, pg, separated=separated, max_neg=max_neg, min_pos=min_pos)
+        self._store("weight", a)
+        self._store("bias", b)
+        self._mark_fitted()
+        return FitResult(
+            temperature=None,
+            nll_before=nll_before,
+            nll_after=nll_after,
+            grad_norm=pg,
+            iterations=res.iterations,
+            converged=not msgs,
+            warnings=warn_all(msgs, stacklevel=3),
+            passes=passes,
+            method="newton",
+        )
+
+    def _messages(
+        self, res: NewtonResult, pg: float, *, separated: bool, max_neg: float, min_pos: float
+    ) -> list[str]:
+        """Warnings for a fit that stopped on the slope bound or before the tolerance."""
+        a, a_hi = float(res.x[0]), 1.0 / self.bounds[0]
         msgs = []
         if separated:
             msgs.append(
@@ -205,7 +228,7 @@ class PlattScaler(FittedMixin):
                 f"keeps decreasing as a grows; a is bounded at 1/t_min = {a_hi:g} "
                 f"(smooth_targets=True keeps the optimum finite)"
             )
-        elif at_bound:
+        elif res.at_bound:
             side = (
                 "t_min (a perfectly separated set, or nearly)"
                 if a >= a_hi
@@ -216,20 +239,7 @@ class PlattScaler(FittedMixin):
             )
         elif pg > self.grad_tol:
             msgs.append(f"a, b: stopped before the tolerance was met (|grad| = {pg:.3g})")
-        self._store("weight", a)
-        self._store("bias", b)
-        self._mark_fitted()
-        return FitResult(
-            temperature=None,
-            nll_before=nll_before,
-            nll_after=nll_after,
-            grad_norm=pg,
-            iterations=iterations,
-            converged=not msgs,
-            warnings=warn_all(msgs, stacklevel=3),
-            passes=passes,
-            method="newton",
-        )
+        return msgs
 
     @staticmethod
     def _box(a_lo: float, a_hi: float) -> tuple[Tensor, Tensor]:

@@ -25,65 +25,17 @@ from torchcal.scaling._base import (
     warn_all,
     warn_if_probabilities,
 )
-from torchcal.scaling._solvers import lbfgs
+from torchcal.scaling._temperature_solve import (
+    degenerate_messages,
+    solve_lbfgs,
+    stream_chunks,
+)
 
 __all__ = ["TemperatureScaler"]
 
 # Above this many logits the in-memory fit first solves on strided subsamples (1/64, then 1/8
 # of the rows), so that the full passes start within ~1e-2 of the optimum.
 _SUBSAMPLE_ELEMENTS = 1 << 24
-
-
-def degenerate_messages(
-    res: obj.LogBetaResult, bounds: tuple[float, float], what: str = "T"
-) -> list[str]:
-    """Warnings for a solve that stopped on a bound or at the iteration cap."""
-    msgs = []
-    if bool(res.at_lower.any()):
-        msgs.append(
-            f"{what}: the NLL keeps decreasing as T grows (logits no better than "
-            f"uniform, or nearly); T is bounded at t_max={bounds[1]:g}"
-        )
-    if bool(res.at_upper.any()):
-        msgs.append(
-            f"{what}: the NLL keeps decreasing as T shrinks (a perfectly separated "
-            f"set, or nearly); T is bounded at t_min={bounds[0]:g}"
-        )
-    stuck = ~(res.converged | res.at_lower | res.at_upper)
-    if bool(stuck.any()):
-        msgs.append(
-            f"{what}: stopped (max_iter, or no progress left at float64 resolution) "
-            f"before the tolerance was met (|grad| = {float(res.grad.abs().max()):.3g})"
-        )
-    return msgs
-
-
-def _stream_chunks(batches: Iterable, kind: dict[str, Any]) -> Iterator[obj.Chunk]:
-    """Cache-sized :class:`Chunk` views of ``(logits, target)`` pairs with global offsets;
-    ``kind`` (kept across passes) holds the first pair's kind, which every pair must share."""
-    offset = 0
-    for item in batches:
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise ValueError("batches: expected (logits, target) pairs")
-        lg, tg, _ = as_binary_vector(*item)
-        binary = check_logits_target(lg, tg)
-        c = None if binary else lg.shape[1]
-        if "binary" not in kind:
-            kind["binary"], kind["classes"] = binary, c
-        elif kind["binary"] != binary or kind["classes"] != c:
-            raise ValueError(
-                f"batches: every chunk must have the same kind and number "
-                f"of classes; got shape {tuple(lg.shape)} after "
-                f"{'binary' if kind['binary'] else kind['classes']}"
-            )
-        lg = lg.detach()
-        tg = tg.detach().to(lg.device)
-        if not binary:
-            tg = tg.long()
-        for piece in obj.tensor_chunks(lg, tg):  # cache-sized slices, no copies
-            piece.offset += offset
-            yield piece
-        offset += tg.shape[0]
 
 
 class TemperatureScaler(FittedMixin):
@@ -239,44 +191,9 @@ class TemperatureScaler(FittedMixin):
             # labels once, up front (O(N)); logits only if a pass comes out non-finite
             obj.validate_labels(obj.Chunk(logits, target), binary, num_classes)
             full = obj.tensor_chunks(logits, target)
-            u0 = torch.zeros(1, dtype=torch.float64)
-            numel = torch.tensor([float(logits.numel())], dtype=torch.float64)
-            if distributed:
-                obj.all_reduce_(numel)
-            pre_passes = 0
-            if float(numel) > _SUBSAMPLE_ELEMENTS:
-                # warm start on every 64th, then every 8th row, each only to the accuracy its
-                # sampling error allows; the full passes then start within ~1e-2 in log T
-                lo, hi = obj.log_bounds(*self.bounds)
-                for stride, tol in ((64, 1e-2), (8, 1e-3)):
-                    sub = obj.tensor_chunks(logits[::stride], target[::stride])
-
-                    def sub_eval(u: Tensor, identity: bool, sub: list = sub) -> Tensor:
-                        stats = obj.temperature_pass(
-                            sub,
-                            u,
-                            binary=binary,
-                            num_classes=num_classes,
-                            identity=identity,
-                            reduce=distributed,
-                            workers=workers,
-                            check_labels=False,
-                        )
-                        obj.check_stats(stats, lambda: full, binary)
-                        return stats
-
-                    warm = obj.solve_log_beta(
-                        sub_eval,
-                        u0,
-                        lower=lo,
-                        upper=hi,
-                        grad_tol=1e-8,
-                        step_tol=tol,
-                        max_iter=self.max_iter,
-                        detect_separation=False,
-                    )
-                    u0 = warm.u
-                    pre_passes += warm.passes
+            u0, pre_passes = self._warm_start(
+                logits, target, full, binary, num_classes, distributed=distributed, workers=workers
+            )
             return self._solve(
                 lambda: full,
                 binary,
@@ -288,6 +205,61 @@ class TemperatureScaler(FittedMixin):
                 check_labels=False,
                 method=method,
             )
+
+    def _warm_start(
+        self,
+        logits: Tensor,
+        target: Tensor,
+        full: list[obj.Chunk],
+        binary: bool,
+        num_classes: int | None,
+        *,
+        distributed: bool,
+        workers: int,
+    ) -> tuple[Tensor, int]:
+        """Start point ``u0 = log beta`` of the full fit and the passes spent finding it.
+
+        Above ``_SUBSAMPLE_ELEMENTS`` logits (over all ranks): a warm start on every 64th,
+        then every 8th row, each only to the accuracy its sampling error allows; the full
+        passes then start within ~1e-2 in log T. Else ``u0 = 0`` (``T = 1``).
+        """
+        u0 = torch.zeros(1, dtype=torch.float64)
+        numel = torch.tensor([float(logits.numel())], dtype=torch.float64)
+        if distributed:
+            obj.all_reduce_(numel)
+        pre_passes = 0
+        if float(numel) > _SUBSAMPLE_ELEMENTS:
+            lo, hi = obj.log_bounds(*self.bounds)
+            for stride, tol in ((64, 1e-2), (8, 1e-3)):
+                sub = obj.tensor_chunks(logits[::stride], target[::stride])
+
+                def sub_eval(u: Tensor, identity: bool, sub: list = sub) -> Tensor:
+                    stats = obj.temperature_pass(
+                        sub,
+                        u,
+                        binary=binary,
+                        num_classes=num_classes,
+                        identity=identity,
+                        reduce=distributed,
+                        workers=workers,
+                        check_labels=False,
+                    )
+                    obj.check_stats(stats, lambda: full, binary)
+                    return stats
+
+                warm = obj.solve_log_beta(
+                    sub_eval,
+                    u0,
+                    lower=lo,
+                    upper=hi,
+                    grad_tol=1e-8,
+                    step_tol=tol,
+                    max_iter=self.max_iter,
+                    detect_separation=False,
+                )
+                u0 = warm.u
+                pre_passes += warm.passes
+        return u0, pre_passes
 
     def fit_stream(
         self,
@@ -333,7 +305,7 @@ class TemperatureScaler(FittedMixin):
         kind: dict[str, Any] = {}
 
         def chunks() -> Iterator[obj.Chunk]:
-            return _stream_chunks(factory(), kind)
+            return stream_chunks(factory(), kind)
 
         with torch.inference_mode(False), torch.no_grad():
             # The first pass validates and learns the kind; peek it from the first chunk.
@@ -420,7 +392,16 @@ class TemperatureScaler(FittedMixin):
             return stats
 
         if method == "lbfgs":
-            return self._solve_lbfgs(evaluate, lo, hi, u0, pre_passes)
+            res, nll_before = solve_lbfgs(
+                evaluate,
+                lo,
+                hi,
+                u0,
+                max_iter=self.max_iter,
+                grad_tol=self.grad_tol,
+                step_tol=self.step_tol,
+            )
+            return self._result(res, nll_before, method="lbfgs", pre_passes=pre_passes)
         res = obj.solve_log_beta(
             evaluate,
             u0,
@@ -446,9 +427,9 @@ class TemperatureScaler(FittedMixin):
         *,
         method: str,
         pre_passes: int,
-        stacklevel: int = 5,
     ) -> FitResult:
-        """Store T, warn about bounds / stops, and report (both solvers)."""
+        """Store T, warn about bounds / stops, and report (both solvers; called from
+        :meth:`_solve`, so the warnings point at the caller of ``fit`` / ``fit_stream``)."""
         msgs = degenerate_messages(res, self.bounds)
         converged = bool(res.converged[0])
         # zero curvature inside the bounds: Var_p[z] = 0 in every row, i.e. every row's logits
@@ -460,7 +441,7 @@ class TemperatureScaler(FittedMixin):
                 f"T: the NLL does not depend on T (every row's logits are equal: no "
                 f"better than uniform); T is left at {math.exp(-float(res.u[0])):g}"
             )
-        msgs_t = warn_all(msgs, stacklevel=stacklevel)
+        msgs_t = warn_all(msgs, stacklevel=5)
         self._store("log_temperature", -float(res.u[0]))
         self._mark_fitted()
         return FitResult(
@@ -473,106 +454,4 @@ class TemperatureScaler(FittedMixin):
             warnings=msgs_t,
             passes=res.passes + pre_passes,
             method=method,
-        )
-
-    def _solve_lbfgs(
-        self,
-        evaluate: Callable[[Tensor, bool], Tensor],
-        lo: float,
-        hi: float,
-        u0: Tensor,
-        pre_passes: int,
-    ) -> FitResult:
-        """:func:`~torchcal.scaling._solvers.lbfgs` on ``log T = -u`` within the bounds, over
-        the same float64 sums as Newton, judged by the same tests at the returned point.
-
-        A perfectly separated set goes to ``t_min`` at once (see
-        :func:`~torchcal.scaling._objective.solve_log_beta`). LBFGS's last point is not always
-        its best: near the optimum the NLL is flat to a few ulps, its line search rejects
-        steps on rounding noise and the final point can sit further out than one already
-        evaluated. Among the evaluated points whose NLL is within rounding of the lowest, the
-        one with the smallest gradient is returned (the gradient sums stay accurate where the
-        NLL is flat).
-        """
-        cache: dict[float, Tensor] = {}  # u -> sums: LBFGS re-evaluates points; passes = len
-
-        def stats_at(u: float, identity: bool = False) -> Tensor:
-            if u not in cache:
-                cache[u] = evaluate(torch.tensor([u], dtype=torch.float64), identity)
-            return cache[u]
-
-        def derivatives(u: float) -> tuple[float, float, float]:
-            """Mean NLL, d/du and d2/du2 at ``u``."""
-            f, g, h = obj.u_derivatives(stats_at(u), torch.tensor([u], dtype=torch.float64))
-            return float(f[0]) / n, float(g[0]) / n, float(h[0]) / n
-
-        start = min(max(float(u0[0]), lo), hi)
-        first = stats_at(start, True)
-        n = float(first[0, obj.COUNT])
-        if n == 0:
-            raise ValueError("batches: every rank's shard is empty")
-        nll_before = float(first[0, obj.LOSS_IDENTITY]) / n
-
-        def on_log_t(log_t: Tensor) -> tuple[Tensor, Tensor]:
-            f, g, _ = derivatives(-float(log_t))
-            return torch.tensor(f, dtype=torch.float64), torch.tensor(-g, dtype=torch.float64)
-
-        separated = float(first[0, obj.MISRANKED]) == 0 and float(
-            stats_at(hi)[0, obj.LOSS]
-        ) < float(first[0, obj.LOSS])
-        iterations = 0
-        if separated:
-            u = hi
-        else:
-            run = lbfgs(
-                on_log_t,
-                torch.full((), -start, dtype=torch.float64),
-                max_iter=self.max_iter,
-                grad_tol=self.grad_tol,
-                history_size=10,
-                lower=torch.tensor(-hi, dtype=torch.float64),
-                upper=torch.tensor(-lo, dtype=torch.float64),
-                curvature=lambda x: torch.tensor(derivatives(-float(x))[2], dtype=torch.float64),
-            )
-            iterations = run.iterations
-            if run.on_bound:
-                u = -float(run.x)
-            else:
-                loss = {v: float(st[0, obj.LOSS]) / n for v, st in cache.items()}
-                f_min = min(loss.values())
-                near = [v for v in cache if loss[v] <= f_min + 8e-16 * max(1.0, abs(f_min))]
-                u = min(near, key=lambda v: abs(derivatives(v)[1]))
-        res = self._judge(u, stats_at(u), n, lo, hi, separated, iterations, len(cache))
-        return self._result(res, nll_before, method="lbfgs", pre_passes=pre_passes, stacklevel=6)
-
-    def _judge(
-        self,
-        u: float,
-        stats: Tensor,
-        n: float,
-        lo: float,
-        hi: float,
-        separated: bool,
-        iterations: int,
-        passes: int,
-    ) -> obj.LogBetaResult:
-        """The LBFGS point judged by Newton's tests (bounds, gradient, Newton step)."""
-        ut = torch.tensor([u], dtype=torch.float64)
-        _, g, h = obj.u_derivatives(stats, ut)
-        g, h = g / n, h / n
-        at_lower = (ut <= lo) & (g > 0)
-        at_upper = ((ut >= hi) & (g < 0)) | torch.tensor([separated])
-        converged = ~(at_lower | at_upper) & (
-            (g.abs() <= self.grad_tol) | ((h > 0) & ((g / h).abs() <= self.step_tol))
-        )
-        return obj.LogBetaResult(
-            u=ut,
-            stats=stats,
-            grad=g,
-            curv=h,
-            converged=converged,
-            at_lower=at_lower,
-            at_upper=at_upper,
-            iterations=iterations,
-            passes=passes,
         )
