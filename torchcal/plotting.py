@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from torchcal.report import ReliabilityTable
 
-__all__ = ["figure_rgb", "history_figure", "reliability_diagram", "table_figure"]
+__all__ = ["figure_rgb", "history_figure", "pit_figure", "reliability_diagram", "table_figure"]
 
 
 def _pyplot() -> Any:
@@ -200,3 +200,76 @@ def figure_rgb(fig: Any) -> Any:
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+# --- regression (L) ---
+def pit_figure(
+    counts: Sequence[int] | Any,
+    *,
+    levels: Sequence[float] | None = None,
+    coverage: Sequence[float] | None = None,
+    stderr: Sequence[float] | None = None,
+    title: str = "PIT histogram",
+) -> Any:
+    """The PIT histogram of binned ``counts`` as densities (``count_b / N * B``; 1 = flat =
+    calibrated, U-shaped = intervals too narrow, a hump = too wide, a tilt = a biased mean)
+    with the band ``1 +- 2 sqrt((B - 1) / N)`` that a uniform PIT stays in about 95 % of the
+    time per bin; with ``levels`` and ``coverage`` a second panel of observed against
+    nominal central-interval coverage (whiskers: ``+- 2 stderr``). Returns a pyplot-free
+    ``Figure`` (drawn by :class:`~torchcal.callbacks.RegressionMonitor` each epoch).
+
+    Example:
+        >>> from torchcal.plotting import pit_figure
+        >>> fig = pit_figure([9, 11, 10, 10], levels=[0.5, 0.9], coverage=[0.48, 0.9])
+        >>> len(fig.axes)
+        2
+    """
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    c = np.asarray(counts, dtype=float).reshape(-1)
+    b, n = c.size, max(float(c.sum()), 1.0)
+    panels = 2 if levels is not None and coverage is not None else 1
+    fig = Figure(figsize=(4.5 * panels, 3.6), dpi=80)
+    ax = fig.add_subplot(1, panels, 1)
+    ax.bar(
+        np.arange(b) / b,
+        c / n * b,
+        width=1.0 / b,
+        align="edge",
+        color="tab:blue",
+        alpha=0.6,
+        edgecolor="black",
+        lw=0.6,
+        label="PIT density",
+    )
+    band = 2.0 * np.sqrt((b - 1) / n)
+    ax.axhspan(1 - band, 1 + band, color="gray", alpha=0.2, label="uniform +- 2 sd")
+    ax.axhline(1.0, color="gray", ls="--", lw=1)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("PIT")
+    ax.set_ylabel("density")
+    ax.set_title(f"{title} (n={int(c.sum())})")
+    ax.legend(loc="best", fontsize="x-small")
+    if panels == 2:
+        _coverage_panel(fig.add_subplot(1, 2, 2), levels, coverage, stderr)
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.15, top=0.88, wspace=0.3)
+    return fig
+
+
+def _coverage_panel(
+    ax: Any, levels: Sequence[float], coverage: Sequence[float], stderr: Sequence[float] | None
+) -> None:
+    """Observed against nominal coverage, with ``+- 2 stderr`` whiskers."""
+    import numpy as np
+
+    lv, cov = np.asarray(levels, dtype=float), np.asarray(coverage, dtype=float)
+    ax.plot([0, 1], [0, 1], "--", color="gray", lw=1, label="nominal")
+    err = None if stderr is None else 2.0 * np.asarray(stderr, dtype=float)
+    ax.errorbar(lv, cov, yerr=err, fmt="o-", color="tab:red", capsize=3, label="observed")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("nominal coverage")
+    ax.set_ylabel("observed coverage")
+    ax.set_title("central intervals")
+    ax.legend(loc="best", fontsize="x-small")

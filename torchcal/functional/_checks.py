@@ -126,6 +126,15 @@ def check_finite(name: str, x: Tensor, *, allow_neg_inf: bool = False) -> None:
     """``x`` must hold no NaN and no +-Inf (``-inf`` allowed as a mask if asked)."""
     if not _VALUE_CHECKS or not x.is_floating_point():
         return
+    # Fast path, one reduction: a NaN or an infinity makes the sum non-finite (and a NaN or +inf
+    # makes the max NaN or +inf), so a finite sum (a max below +inf) proves every value finite
+    # (below +inf). The element-wise scan below runs only when this fails (a bad value, or a sum
+    # of finite values that overflows), to decide and to name the position.
+    if allow_neg_inf:
+        if not x.numel() or bool(x.amax() < float("inf")):  # False for NaN and +inf
+            return
+    elif bool(torch.isfinite(x.sum())):
+        return
     if allow_neg_inf:
         bad = torch.isnan(x) | (x == float("inf"))
         what = "NaN or +Inf"

@@ -313,3 +313,81 @@ def check_group_index(
             f"{int(groups[pos])} at position {pos}"
         )
     return groups
+
+
+# --- regression (P) ---
+def check_level_grid(name: str, levels: Tensor | Sequence[float]) -> Tensor:
+    """Nominal ``levels``: a non-empty 1-d floating tensor (or a sequence, read as float64),
+    finite, strictly inside (0, 1) and strictly increasing; returned as a tensor."""
+    if not isinstance(levels, Tensor):
+        try:
+            levels = torch.as_tensor(list(levels), dtype=torch.float64)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"{name}: expected a 1-d tensor or a sequence of floats, got {type(levels).__name__}"
+            ) from None
+    check_floating(name, levels)
+    if levels.dim() != 1 or levels.numel() == 0:
+        raise ValueError(
+            f"{name}: expected a non-empty 1-d tensor of levels, got shape {tuple(levels.shape)}"
+        )
+    check_finite(name, levels)
+    check_open_unit(name, levels)
+    if values_checked() and levels.numel() > 1:
+        bad = levels[1:] <= levels[:-1]
+        if bool(bad.any()):
+            k = int(torch.nonzero(bad)[0, 0])
+            raise ValueError(
+                f"{name}: expected strictly increasing levels, got {levels[k].item()!r} then "
+                f"{levels[k + 1].item()!r} at positions {k}, {k + 1}"
+            )
+    return levels
+
+
+def check_sorted_last(name: str, x: Tensor) -> None:
+    """``x`` must be non-decreasing along its last dim (quantiles that do not cross)."""
+    if not values_checked() or x.shape[-1] < 2:
+        return
+    bad = x[..., 1:] < x[..., :-1]  # NaN is caught by the finiteness check before
+    if bool(bad.any()):
+        raise ValueError(
+            f"{name}: expected values non-decreasing along the last dim (quantiles in the order "
+            f"of their levels, not crossing), got a decrease at position {first_bad_position(bad)}"
+        )
+
+
+def check_interval_bounds(lower: Tensor, upper: Tensor) -> None:
+    """``lower <= upper`` everywhere (after broadcasting); the message names ``upper``, as
+    :func:`torchcal.functional.interval_score` does."""
+    if not values_checked():
+        return
+    bad = lower > upper
+    if bool(bad.any()):
+        raise ValueError(
+            f"upper: expected upper >= lower, got upper < lower at position "
+            f"{first_bad_position(bad)}"
+        )
+
+
+def check_interval_side(name: str, x: Tensor, *, unbounded: float) -> None:
+    """An interval bound: no NaN, and infinite only on its own side (``unbounded = -inf``
+    for a lower bound, ``+inf`` for an upper bound: no bound on that side)."""
+    if not values_checked():
+        return
+    bad = torch.isnan(x) | (torch.isinf(x) & (x != unbounded))
+    if bool(bad.any()):
+        raise ValueError(
+            f"{name}: expected finite values or {unbounded} (no bound), found "
+            f"{first_bad_value(x, bad).item()!r} at position {first_bad_position(bad)}"
+        )
+
+
+def values_within(x: Tensor, low: float, high: float, *, strict_low: bool = False) -> bool:
+    """Whether every value of the floating ``x`` lies in ``[low, high]`` (``(low, high]`` with
+    ``strict_low``; NaN never does), in one ``aminmax`` pass: the fast path of the value
+    checks, about 15x cheaper than the elementwise masks; the caller runs the full check (for
+    its message) only when this says no. True for an empty ``x`` and with validation off."""
+    if not values_checked() or x.numel() == 0:
+        return True
+    lo, hi = torch.aminmax(x.detach())
+    return bool(((lo > low) if strict_low else (lo >= low)) & (hi <= high))

@@ -44,10 +44,10 @@ from torchcal.functional._validation import (
     check_alpha,
     check_bool,
     check_floating,
+    check_interval_bounds,
     check_levels,
     check_reduction,
     check_tensor,
-    first_bad_position,
     reduce,
     values_checked,
 )
@@ -77,6 +77,85 @@ _LOG_2PI = math.log(2.0 * math.pi)
 # ------------------------------------------------------------------- interval and quantile
 
 
+def interval_inputs(
+    lower: Tensor, upper: Tensor, target: Tensor, alpha: float | Tensor
+) -> tuple[Tensor, Tensor, Tensor, float | Tensor]:
+    """Checked and cast ``(lower, upper, target, alpha)`` of :func:`interval_score` (shapes,
+    finite values, ``alpha`` in (0, 1)); for ``K`` levels at once (bounds ``(..., K)``,
+    ``alpha`` ``(K,)``, target ``(...)``) the target comes back as ``(..., 1)``. The
+    ``lower <= upper`` check is :func:`check_interval_width`."""
+    alpha = check_alpha(alpha)
+    for name, x in (("lower", lower), ("upper", upper), ("target", target)):
+        check_tensor(name, x)
+    options = [("alpha", alpha)] if isinstance(alpha, Tensor) else []
+    forecast = [("lower", lower.shape), ("upper", upper.shape)] + [(n, x.shape) for n, x in options]
+    if (
+        isinstance(alpha, Tensor)
+        and alpha.dim() == 1
+        and target.shape != broadcast_or_none([s for _, s in forecast] + [target.shape])
+    ):
+        # K levels at once: bounds (..., K), alpha (K,), target (...), as quantile_score
+        check_target_shape(target.shape, [(n, s[:-1]) for n, s in forecast[:2]])
+        for n, s in forecast[:2]:
+            if s.numel() and (len(s) == 0 or s[-1] != alpha.shape[0]):
+                raise ValueError(
+                    f"{n}: expected shape (..., K) with K = {alpha.shape[0]} "
+                    f"(the number of alpha levels) for a target of shape "
+                    f"{tuple(target.shape)}, got {tuple(s)}"
+                )
+        target = target.unsqueeze(-1)
+    else:
+        check_target_shape(target.shape, forecast)
+    named = [("lower", lower), ("upper", upper), ("target", target)]
+    tensors = cast_forecast(named, options)
+    return tensors[0], tensors[1], tensors[2], tensors[3] if options else alpha
+
+
+def check_interval_width(width: Tensor, lower: Tensor, upper: Tensor) -> None:
+    """``lower <= upper``, read from ``width = upper - lower`` (or from block minima of it):
+    :math:`u - l < 0` exactly when :math:`u < l` (IEEE subtraction keeps the sign), one
+    ``amin`` pass; where it fails, the full check names the position
+    (``ValueError('upper: ...')``). Off with the value checks."""
+    if values_checked() and width.numel() and not bool(width.amin() >= 0):
+        check_interval_bounds(lower, upper)
+
+
+def interval_parts(lower: Tensor, upper: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Width and penalty of intervals, the two parts of the interval score and the
+    coverage (one place for both; bounds and target already checked and cast, ``lower <=
+    upper`` checked with :func:`check_interval_width`).
+
+    ``width`` :math:`u - l` (the bounds' broadcast shape) and ``penalty``, the distance
+    :math:`|y - \mathrm{clamp}(y, l, u)| = (l - y)\,1\{y < l\} + (y - u)\,1\{y > u\}`
+    from the target to the interval (the shape of all three broadcast), in the inputs'
+    dtype (for ``lower <= upper``; unchecked ``lower > upper`` clamps to ``upper``).
+    ``penalty == 0`` exactly when :math:`l \le y \le u` (IEEE subtraction of two different
+    floats is never 0 without flush-to-zero), so the coverage is read from it.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional.continuous import interval_parts
+        >>> l, u = torch.tensor([0.0, 0.0, 0.0]), torch.tensor([1.0, 1.0, 1.0])
+        >>> width, penalty = interval_parts(l, u, torch.tensor([-0.5, 1.0, 3.0]))
+        >>> width.tolist(), penalty.tolist()
+        ([1.0, 1.0, 1.0], [0.5, 0.0, 2.0])
+    """
+    width = upper - lower
+    shape = torch.broadcast_shapes(lower.shape, upper.shape, target.shape)
+    if target.shape != shape:  # e.g. (N, 1) against (N, K) bounds: contiguous loops are faster
+        target = target.expand(shape).contiguous()
+    # the nearest point of [l, u] is y itself inside, so y - y = 0 there (in-place: one buffer)
+    penalty = torch.clamp(target, lower, upper).sub_(target).abs_()
+    return width, penalty
+
+
+def interval_score_from_parts(width: Tensor, penalty: Tensor, alpha: float | Tensor) -> Tensor:
+    r"""The interval score from its parts (:func:`interval_parts`):
+    :math:`\mathrm{width} + \frac{2}{\alpha}\,\mathrm{penalty}`; linear, so it also turns
+    summed widths and penalties into a summed score."""
+    return width + (2.0 / alpha) * penalty
+
+
 def interval_score(
     lower: Tensor, upper: Tensor, target: Tensor, *, alpha: float | Tensor, reduction: str = "mean"
 ) -> Tensor:
@@ -104,42 +183,10 @@ def interval_score(
         [1.0, 5.0]
     """
     check_reduction(reduction)
-    alpha = check_alpha(alpha)
-    for name, x in (("lower", lower), ("upper", upper), ("target", target)):
-        check_tensor(name, x)
-    options = [("alpha", alpha)] if isinstance(alpha, Tensor) else []
-    forecast = [("lower", lower.shape), ("upper", upper.shape)] + [(n, x.shape) for n, x in options]
-    if (
-        isinstance(alpha, Tensor)
-        and alpha.dim() == 1
-        and target.shape != broadcast_or_none([s for _, s in forecast] + [target.shape])
-    ):
-        # K levels at once: bounds (..., K), alpha (K,), target (...), as quantile_score
-        check_target_shape(target.shape, [(n, s[:-1]) for n, s in forecast[:2]])
-        for n, s in forecast[:2]:
-            if s.numel() and (len(s) == 0 or s[-1] != alpha.shape[0]):
-                raise ValueError(
-                    f"{n}: expected shape (..., K) with K = {alpha.shape[0]} "
-                    f"(the number of alpha levels) for a target of shape "
-                    f"{tuple(target.shape)}, got {tuple(s)}"
-                )
-        target = target.unsqueeze(-1)
-    else:
-        check_target_shape(target.shape, forecast)
-    named = [("lower", lower), ("upper", upper), ("target", target)]
-    tensors = cast_forecast(named, options)
-    lower, upper, target = tensors[:3]
-    if isinstance(alpha, Tensor):
-        alpha = tensors[3]
-    if values_checked():
-        bad = lower > upper
-        if bool(bad.any()):
-            raise ValueError(
-                f"upper: expected upper >= lower, got upper < lower at position "
-                f"{first_bad_position(bad)}"
-            )
-    penalty = torch.relu(lower - target) + torch.relu(target - upper)
-    return reduce((upper - lower) + (2.0 / alpha) * penalty, reduction)
+    lower, upper, target, alpha = interval_inputs(lower, upper, target, alpha)
+    width, penalty = interval_parts(lower, upper, target)
+    check_interval_width(width, lower, upper)
+    return reduce(interval_score_from_parts(width, penalty, alpha), reduction)
 
 
 def quantile_score(

@@ -23,6 +23,7 @@ import math
 import torch
 from torch import Tensor
 
+from torchcal.functional._ensemble import SharedLayout, shared_layout
 from torchcal.functional._forecast import (
     cast_forecast,
     check_location_scale,
@@ -261,6 +262,30 @@ class _CRPSEnsemble(torch.autograd.Function):
         return grad_x, grad_y, None
 
 
+def _crps_shared(x: Tensor, target: Tensor, layout: SharedLayout, denom: int) -> Tensor:
+    """Ensemble CRPS of members ``x`` (..., M) each shared by several targets (``layout``).
+
+    Float64 on the sorted members ``x_(1..M)`` (centred on their mean) with prefix sums
+    ``P_k``: ``sum_i |x_i - y| = (k y - P_k) + (P_M - P_k) - (M - k) y`` with
+    ``k = #{x_i <= y}`` by binary search, the pair sum ``sum_i (2i - M - 1) x_(i)`` once per
+    ensemble. Differentiable by plain autograd (the score is piecewise linear).
+    """
+    m = x.shape[-1]
+    rows = layout.member_rows(x).to(torch.float64)
+    centre = rows.detach().mean(dim=-1, keepdim=True)
+    xs = torch.sort(rows - centre, dim=-1).values
+    y = layout.target_rows(target.to(torch.float64)) - centre
+    prefix = torch.cat([xs.new_zeros(*xs.shape[:-1], 1), torch.cumsum(xs, dim=-1)], dim=-1)
+    k = torch.searchsorted(xs.detach().contiguous(), y.detach(), right=True)
+    pk = prefix.gather(-1, k)
+    below = k * y - pk
+    above = (prefix[..., -1:] - pk) - (m - k) * y
+    w = torch.arange(1 - m, m, 2, dtype=torch.float64, device=x.device)  # 2i - M - 1
+    half_pairs = (xs * w).sum(dim=-1, keepdim=True)  # = (1/2) sum_ij |x_i - x_j|
+    score = (below + above) / m - half_pairs / denom
+    return layout.to_target(score).to(x.dtype)
+
+
 def crps_ensemble(
     samples: Tensor,
     target: Tensor,
@@ -284,13 +309,21 @@ def crps_ensemble(
     one ordering. On CPU the sort uses numpy's argsort (much faster than ``torch.sort``
     for many short rows), elsewhere ``torch.sort``.
 
+    An ensemble shared by several targets (its batch shape broadcasts to the target's, e.g.
+    members ``(M,)`` for a target ``(N,)``: a climatology) is sorted once, in float64:
+    :math:`\sum_i|x_i - y|` from the number of members :math:`\le y` (binary search) and
+    prefix sums of the sorted members, the pair sum once, O((M + N) log M) instead of
+    O(N M log M); equal to the expanded computation within float64 rounding (1e-12 relative,
+    tested), gradients by autograd.
+
     Use the default ``'fair'`` for training: the ``'nrg'`` estimator is biased towards
     under-dispersed ensembles (fitting the spread of a 4-member Gaussian ensemble to
     N(0, 1) data with it learns sigma ~ 0.64; with ``'fair'`` it learns 1).
 
     Args:
         samples: ensemble members, ``ensemble_dim`` holds the ``M`` members; without that
-            dim, broadcastable to the target's shape (e.g. ``(N, M)`` for ``(N,)``).
+            dim, broadcastable to the target's shape (e.g. ``(N, M)``, or one shared
+            ``(M,)``, for ``(N,)``).
         target: observations, never broadcast: shape ``(N,)`` for samples ``(N, M)``.
         estimator: ``'fair'`` (default, needs ``M >= 2``) or ``'nrg'``.
         ensemble_dim: the dimension of ``samples`` that indexes members (default last).
@@ -322,11 +355,14 @@ def crps_ensemble(
     check_nonempty("target", target)
     check_target_shape(target.shape, [("samples without ensemble_dim", x.shape[:-1])])
     (x, target) = cast_forecast([("samples", x), ("target", target.unsqueeze(-1))])
+    denom = m * (m - 1) if estimator == "fair" else m * m
+    layout = shared_layout(x.shape[:-1], target.shape[:-1])
+    if layout is not None:  # one sort per shared ensemble, not one per target
+        return reduce(_crps_shared(x, target.squeeze(-1), layout, denom), reduction)
     x = x.expand(*torch.broadcast_shapes(x.shape[:-1], target.shape[:-1]), m)
 
     x, y = _centred(x, target, -1)
     y = y.expand(*x.shape[:-1], 1)
-    denom = m * (m - 1) if estimator == "fair" else m * m
     return reduce(_CRPSEnsemble.apply(x, y, denom), reduction)
 
 

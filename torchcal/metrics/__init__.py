@@ -8,6 +8,8 @@ from torchcal.metrics.calibration import (
     NegativeLogLikelihood,
     ReliabilityDiagram,
 )
+from torchcal.metrics.regression import IntervalCoverage, PITHistogram, QuantileCalibrationError
+from torchcal.metrics.regression_scores import CRPS, GaussianNLL, IntervalScore
 
 __all__ = [
     "BrierDecomposition",
@@ -16,4 +18,10 @@ __all__ = [
     "MetricStatistics",
     "NegativeLogLikelihood",
     "ReliabilityDiagram",
+    "CRPS",
+    "GaussianNLL",
+    "IntervalCoverage",
+    "IntervalScore",
+    "PITHistogram",
+    "QuantileCalibrationError",
 ]

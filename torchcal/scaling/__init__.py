@@ -7,6 +7,13 @@
   Kull et al., 2019).
 - :class:`IsotonicCalibrator` -- pool-adjacent-violators (Zadrozny & Elkan, 2002).
 
+Regression (predictive distributions and intervals):
+
+- :class:`VarianceScaler` -- one factor on the predicted scale, fitted by NLL or CRPS.
+- :class:`QuantileRecalibrator` -- isotonic map of the PIT (Kuleshov et al., 2018).
+- :class:`SplitConformal`, :class:`ConformalQuantileRegression` -- split conformal and CQR
+  intervals with the exact finite-sample quantile, optionally per group (Mondrian).
+
 Every calibrator is an ``nn.Module`` whose ``fit`` returns a :class:`FitResult`, whose state
 (including a ``fitted`` flag) round-trips through ``state_dict`` and
 ``torch.load(weights_only=True)``, and whose ``forward`` raises :class:`NotFittedError` before
@@ -15,10 +22,19 @@ it is fitted.
 
 from torchcal.scaling._base import CalibrationWarning, FitResult, NotFittedError
 from torchcal.scaling.affine import MatrixScaler, VectorScaler
+from torchcal.scaling.conformal import (
+    ConformalFit,
+    ConformalQuantileRegression,
+    SplitConformal,
+    conformal_quantile,
+    conformal_rank,
+)
 from torchcal.scaling.group import GroupTemperatureScaler
 from torchcal.scaling.isotonic import IsotonicCalibrator
 from torchcal.scaling.platt import PlattScaler
+from torchcal.scaling.quantile import QuantileRecalibrator
 from torchcal.scaling.temperature import TemperatureScaler
+from torchcal.scaling.variance import VarianceScaler
 
 __all__ = [
     "CalibrationWarning",
@@ -30,4 +46,11 @@ __all__ = [
     "PlattScaler",
     "TemperatureScaler",
     "VectorScaler",
+    "VarianceScaler",
+    "QuantileRecalibrator",
+    "SplitConformal",
+    "ConformalQuantileRegression",
+    "ConformalFit",
+    "conformal_quantile",
+    "conformal_rank",
 ]
