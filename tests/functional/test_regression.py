@@ -445,3 +445,22 @@ def test_everything_is_exported():
         "sharpness",
     ):
         assert name in TF.__all__ and callable(getattr(TF, name))
+
+
+@pytest.mark.parametrize(
+    ("family", "ppf"),
+    [
+        ("normal", stats.norm.ppf),
+        ("laplace", stats.laplace.ppf),
+        ("logistic", stats.logistic.ppf),
+    ],
+)
+def test_central_interval_factor_is_the_standard_quantile(family, ppf):
+    levels = torch.tensor([0.1, 0.5, 0.8, 0.9, 0.95, 0.999], dtype=torch.float64)
+    want = torch.from_numpy(ppf((1 + levels.numpy()) / 2))
+    got = TF.central_interval_factor(family, levels)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="^family"):
+        TF.central_interval_factor("cauchy", levels)
+    with pytest.raises(ValueError, match="^levels"):
+        TF.central_interval_factor(family, [0.5, 1.0])

@@ -30,7 +30,6 @@ __all__ = [
     "FAMILIES",
     "OUTPUT_KEYS",
     "Accumulator",
-    "central_factor",
     "coverage_rows",
     "level_key",
     "metric_names",
@@ -72,18 +71,6 @@ def metric_names(family: str, levels: Sequence[float]) -> tuple[str, ...]:
     for lv in levels:
         names += [f"coverage_{level_key(lv)}", f"width_{level_key(lv)}"]
     return tuple(names)
-
-
-def central_factor(family: str, levels: Tensor) -> Tensor:
-    """``c`` with ``[loc - c scale, loc + c scale]`` the central interval of nominal coverage
-    ``levels`` (float64): the standard family's quantile at ``(1 + level) / 2``; normal
-    ``Phi^{-1}((1 + l) / 2)``, Laplace ``-log(1 - l)``, logistic ``log((1 + l) / (1 - l))``."""
-    lv = levels.to(torch.float64)
-    if family == "normal":
-        return torch.special.ndtri((1.0 + lv) / 2.0)
-    if family == "laplace":
-        return -torch.log1p(-lv)
-    return torch.log1p(lv) - torch.log1p(-lv)
 
 
 def quantile_columns(
@@ -172,7 +159,7 @@ class Accumulator:
         loc, scale, target = (x.to(torch.float64) for x in (loc, scale, target))
         pit = getattr(F, _PIT[self.family])(loc, scale, target)  # validates the forecast
         loc, scale = (torch.broadcast_to(x, target.shape).reshape(-1) for x in (loc, scale))
-        half = scale[:, None] * central_factor(self.family, self.levels).to(scale.device)
+        half = scale[:, None] * F.central_interval_factor(self.family, self.levels).to(scale.device)
         self._intervals(pit, loc[:, None] - half, loc[:, None] + half, target)
         self.score.update(loc, scale, target.reshape(-1))
         if self.nll is not None:

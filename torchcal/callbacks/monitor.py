@@ -20,7 +20,7 @@ from typing_extensions import override
 
 from torchcal.callbacks import _sinks
 from torchcal.callbacks._compose import EpochReport, brier_name, compose, metric_names
-from torchcal.callbacks._history import HistoryCallback
+from torchcal.callbacks._history import StageMonitor
 from torchcal.callbacks._monitor_options import SINKS, Sink, check_reading_options, check_sinks
 from torchcal.callbacks._outputs import check_extract_fn, check_key, read_outputs
 from torchcal.functional._validation import check_int
@@ -34,7 +34,7 @@ __all__ = ["SINKS", "CalibrationMonitor"]
 METRICS = metric_names("confidence")
 
 
-class CalibrationMonitor(HistoryCallback):
+class CalibrationMonitor(StageMonitor):
     """Track calibration epoch by epoch from the outputs of ``validation_step``/``test_step``.
 
     The monitor never runs a forward pass of its own: it reads the predictions the step
@@ -257,8 +257,15 @@ class CalibrationMonitor(HistoryCallback):
             )
         return got[0], got[1], got[2] if self.num_groups else None
 
+    @override
     def _update(
-        self, stage: str, pl_module: LightningModule, outputs: Any, batch: Any, dataloader_idx: int
+        self,
+        stage: str,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        dataloader_idx: int,
     ) -> None:
         # the sanity check's batches too: a wrong output fails before any training (its sums
         # are dropped at the next epoch start and never emitted)
@@ -267,67 +274,7 @@ class CalibrationMonitor(HistoryCallback):
         rd.update(preds, target, groups)  # validates (NaN/+inf, all -inf rows, labels)
         nll.update(preds, target)  # the same tensors, already validated: no second check
 
-    def _start(self, stage: str, n_loaders: int) -> None:
-        """Drop the stage's sums (the sanity check's too) and check ``dataloader_idx``."""
-        for key in [k for k in self._accs if k[0] == stage]:
-            del self._accs[key]
-        if n_loaders > 1 and self.dataloader_idx >= n_loaders:
-            raise ValueError(
-                f"dataloader_idx: expected one of the {n_loaders} {stage} "
-                f"dataloaders (0 to {n_loaders - 1}), got {self.dataloader_idx}"
-            )
-
     @override
-    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._start("val", len(trainer.num_val_batches))
-
-    @override
-    def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._start("test", len(trainer.num_test_batches))
-
-    @override
-    def on_validation_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._update("val", pl_module, outputs, batch, dataloader_idx)
-
-    @override
-    def on_test_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._update("test", pl_module, outputs, batch, dataloader_idx)
-
-    # ------------------------------------------------------------------ epoch end
-    @override
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not trainer.sanity_checking:
-            self._emit("val", trainer, pl_module, len(trainer.num_val_batches))
-
-    @override
-    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._emit("test", trainer, pl_module, len(trainer.num_test_batches))
-
-    def _names(self, stage: str, idx: int, several: bool) -> tuple[str, str]:
-        """(namespace, suffix) for metric names: ``val[/name]``, ``[/dataloader_idx_i]``
-        (no suffix for the chosen ``dataloader_idx``)."""
-        ns = f"{stage}/{self.name}" if self.name else stage
-        return ns, (f"/dataloader_idx_{idx}" if self._suffixed(idx, several) else "")
-
-    def _suffixed(self, idx: int, several: bool) -> bool:
-        return several and idx != self.dataloader_idx
-
     def _emit(
         self, stage: str, trainer: Trainer, pl_module: LightningModule, n_loaders: int
     ) -> None:
@@ -351,35 +298,23 @@ class CalibrationMonitor(HistoryCallback):
                 num_groups=self.num_groups,
             )
             self._log(pl_module, report, ns, sfx)
-            entry = {
-                "stage": stage,
-                "dataloader_idx": idx,
-                "epoch": int(trainer.current_epoch),
-                "step": int(trainer.global_step),
-                "n": report.n,
+            entry = self._record(
+                stage,
+                trainer,
+                idx,
+                n=report.n,
                 **{k: float(report.values[k]) for k in self.metrics},
-                "group_ece": report.group_ece,
-            }
-            self.history.append(entry)
+                group_ece=report.group_ece,
+            )
             if trainer.is_global_zero:
                 self._write(stage, trainer, idx, several, report, entry)
 
     def _log(self, pl_module: LightningModule, report: EpochReport, ns: str, sfx: str) -> None:
-        """``pl_module.log`` the scalars (then the per-group ECEs) on every rank; the values
-        are already all-reduced, so the ``sync_dist`` mean averages equal numbers."""
+        """``pl_module.log`` the scalars, then the per-group ECEs, on every rank (already
+        all-reduced values)."""
+        self._log_scalars(pl_module, report.values, ns, sfx)
         dev = pl_module.device
         dtype = torch.float32 if dev.type == "mps" else torch.float64  # no float64 on mps
-        prog_bar = "prog_bar" in self.sinks
-        for key in self.metrics:
-            pl_module.log(
-                f"{ns}/{key}{sfx}",
-                report.values[key].to(dev, dtype),
-                on_step=False,
-                on_epoch=True,
-                sync_dist=True,
-                add_dataloader_idx=False,
-                prog_bar=prog_bar and key == "ece",
-            )
         for g, ge in report.group_values.items():
             pl_module.log(
                 f"{ns}/group_{g}/ece{sfx}",

@@ -20,7 +20,7 @@ from typing_extensions import override
 
 from torchcal.callbacks import _regression_parts as P
 from torchcal.callbacks import _sinks
-from torchcal.callbacks._history import HistoryCallback
+from torchcal.callbacks._history import StageMonitor
 from torchcal.callbacks._monitor_options import Sink, check_sinks
 from torchcal.callbacks._outputs import check_extract_fn, read_outputs
 from torchcal.functional import validation_enabled
@@ -32,7 +32,7 @@ __all__ = ["RegressionMonitor"]
 Family = Literal["normal", "laplace", "logistic", "quantiles", "ensemble"]
 
 
-class RegressionMonitor(HistoryCallback):
+class RegressionMonitor(StageMonitor):
     """Track the calibration of predictive distributions from ``validation_step``/``test_step``.
 
     The monitor never runs a forward pass: it reads what the step returns, by ``family``:
@@ -195,6 +195,7 @@ class RegressionMonitor(HistoryCallback):
             extract_fn=self.extract_fn,
         )
 
+    @override
     def _update(
         self,
         stage: str,
@@ -209,64 +210,7 @@ class RegressionMonitor(HistoryCallback):
         with validation_enabled(self.validate_args):
             acc.update(values)
 
-    def _start(self, stage: str, n_loaders: int) -> None:
-        """Drop the stage's sums (the sanity check's too) and check ``dataloader_idx``."""
-        for key in [k for k in self._accs if k[0] == stage]:
-            del self._accs[key]
-        if n_loaders > 1 and self.dataloader_idx >= n_loaders:
-            raise ValueError(
-                f"dataloader_idx: expected one of the {n_loaders} {stage} "
-                f"dataloaders (0 to {n_loaders - 1}), got {self.dataloader_idx}"
-            )
-
     @override
-    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._start("val", len(trainer.num_val_batches))
-
-    @override
-    def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._start("test", len(trainer.num_test_batches))
-
-    @override
-    def on_validation_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._update("val", trainer, pl_module, outputs, batch, dataloader_idx)
-
-    @override
-    def on_test_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._update("test", trainer, pl_module, outputs, batch, dataloader_idx)
-
-    # ------------------------------------------------------------------ epoch end
-    @override
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not trainer.sanity_checking:
-            self._emit("val", trainer, pl_module, len(trainer.num_val_batches))
-
-    @override
-    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._emit("test", trainer, pl_module, len(trainer.num_test_batches))
-
-    def _names(self, stage: str, idx: int, several: bool) -> tuple[str, str]:
-        """(namespace, suffix): ``val[/name]``, ``[/dataloader_idx_i]``."""
-        ns = f"{stage}/{self.name}" if self.name else stage
-        suffixed = several and idx != self.dataloader_idx
-        return ns, (f"/dataloader_idx_{idx}" if suffixed else "")
-
     def _emit(
         self, stage: str, trainer: Trainer, pl_module: LightningModule, n_loaders: int
     ) -> None:
@@ -282,17 +226,15 @@ class RegressionMonitor(HistoryCallback):
             res = acc.compute()  # all-reduced (collectives)
             ns, sfx = self._names(stage, idx, several)
             values = self._values(res)
-            self._log(pl_module, values, ns, sfx)
-            entry = {
-                "stage": stage,
-                "dataloader_idx": idx,
-                "epoch": int(trainer.current_epoch),
-                "step": int(trainer.global_step),
-                "n": int(res["coverage"]["n"]),
+            self._log_scalars(pl_module, values, ns, sfx)
+            entry = self._record(
+                stage,
+                trainer,
+                idx,
+                n=int(res["coverage"]["n"]),
                 **{k: float(values[k]) for k in self.metrics},
-                "pit_counts": [int(c) for c in res["pit"]["counts"].reshape(-1).tolist()],
-            }
-            self.history.append(entry)
+                pit_counts=[int(c) for c in res["pit"]["counts"].reshape(-1).tolist()],
+            )
             if trainer.is_global_zero:
                 self._write(stage, trainer, ns, sfx, res, entry)
 
@@ -307,24 +249,6 @@ class RegressionMonitor(HistoryCallback):
             values[f"coverage_{key}"] = cov["coverage"].reshape(-1)[i]
             values[f"width_{key}"] = cov["width"].reshape(-1)[i]
         return values
-
-    def _log(
-        self, pl_module: LightningModule, values: dict[str, Tensor], ns: str, sfx: str
-    ) -> None:
-        """``pl_module.log`` the scalars on every rank; they are already all-reduced, so the
-        ``sync_dist`` mean averages equal numbers."""
-        dev = pl_module.device
-        dtype = torch.float32 if dev.type == "mps" else torch.float64  # no float64 on mps
-        for key in self.metrics:
-            pl_module.log(
-                f"{ns}/{key}{sfx}",
-                torch.as_tensor(values[key]).to(dev, dtype),
-                on_step=False,
-                on_epoch=True,
-                sync_dist=True,
-                add_dataloader_idx=False,
-                prog_bar="prog_bar" in self.sinks and key == self.metrics[0],
-            )
 
     def _write(
         self,

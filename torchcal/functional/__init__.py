@@ -25,6 +25,7 @@ from torchcal.functional.invariants import (
     ulp_distance,
 )
 from torchcal.functional.regression import (
+    central_interval_factor,
     frequency_calibration_error,
     interval_coverage,
     observed_frequencies,
@@ -98,4 +99,5 @@ __all__ = [
     "frequency_calibration_error",
     "quantile_calibration_error",
     "sharpness",
+    "central_interval_factor",
 ]

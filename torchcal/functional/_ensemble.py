@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["SharedLayout", "counts_below_and_at", "shared_layout"]
+from torchcal.functional._validation import check_floating, check_int, check_nonempty, check_tensor
+
+__all__ = ["SharedLayout", "counts_below_and_at", "members_last", "shared_layout"]
 
 
 @dataclass(frozen=True)
@@ -92,3 +94,18 @@ def counts_below_and_at(
     at_or_below = torch.searchsorted(rows, y, right=True)
     below = layout.to_target(below.to(torch.float64))
     return below, layout.to_target(at_or_below.to(torch.float64)) - below
+
+
+def members_last(samples: Tensor, ensemble_dim: int) -> Tensor:
+    """``samples`` (checked: a non-empty floating tensor with a valid ``ensemble_dim``) with the
+    members' dim moved last; the one check of every ensemble entry point."""
+    check_tensor("samples", samples)
+    check_int("ensemble_dim", ensemble_dim)
+    if samples.dim() == 0 or not -samples.dim() <= ensemble_dim < samples.dim():
+        raise ValueError(
+            f"ensemble_dim: expected a dimension of samples (shape "
+            f"{tuple(samples.shape)}), got {ensemble_dim}"
+        )
+    check_floating("samples", samples)
+    check_nonempty("samples", samples)
+    return samples.movedim(ensemble_dim, -1)

@@ -23,7 +23,7 @@ import math
 import torch
 from torch import Tensor
 
-from torchcal.functional._ensemble import SharedLayout, shared_layout
+from torchcal.functional._ensemble import SharedLayout, members_last, shared_layout
 from torchcal.functional._forecast import (
     cast_forecast,
     check_location_scale,
@@ -33,7 +33,6 @@ from torchcal.functional._validation import (
     check_ensemble_size,
     check_estimator,
     check_floating,
-    check_int,
     check_nonempty,
     check_reduction,
     check_tensor,
@@ -339,16 +338,7 @@ def crps_ensemble(
     """
     check_reduction(reduction)
     check_estimator(estimator)
-    check_tensor("samples", samples)
-    check_int("ensemble_dim", ensemble_dim)
-    if samples.dim() == 0 or not -samples.dim() <= ensemble_dim < samples.dim():
-        raise ValueError(
-            f"ensemble_dim: expected a dimension of samples (shape "
-            f"{tuple(samples.shape)}), got {ensemble_dim}"
-        )
-    check_floating("samples", samples)
-    check_nonempty("samples", samples)
-    x = samples.movedim(ensemble_dim, -1)
+    x = members_last(samples, ensemble_dim)
     m = x.shape[-1]
     check_ensemble_size(m, estimator)
     check_floating("target", target)

@@ -32,13 +32,14 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from torchcal.functional._ensemble import counts_below_and_at, shared_layout
+from torchcal.functional._ensemble import counts_below_and_at, members_last, shared_layout
 from torchcal.functional._forecast import cast_forecast, check_location_scale, check_target_shape
 from torchcal.functional._validation import (
     check_bool,
     check_floating,
-    check_int,
+    check_level_grid,
     check_nonempty,
+    check_option,
     check_tensor,
     validation_enabled,
     values_checked,
@@ -71,6 +72,7 @@ __all__ = [
     "frequency_calibration_error",
     "quantile_calibration_error",
     "sharpness",
+    "central_interval_factor",
 ]
 
 _SQRT1_2 = 0.7071067811865476  # 1 / sqrt(2)
@@ -204,20 +206,6 @@ def pit_logistic(loc: Tensor, scale: Tensor, target: Tensor) -> Tensor:
     return torch.sigmoid(z)
 
 
-def _members_last(samples: Tensor, ensemble_dim: int) -> Tensor:
-    """``samples`` with the members' dim moved last (checked)."""
-    check_tensor("samples", samples)
-    check_int("ensemble_dim", ensemble_dim)
-    if samples.dim() == 0 or not -samples.dim() <= ensemble_dim < samples.dim():
-        raise ValueError(
-            f"ensemble_dim: expected a dimension of samples (shape "
-            f"{tuple(samples.shape)}), got {ensemble_dim}"
-        )
-    check_floating("samples", samples)
-    check_nonempty("samples", samples)
-    return samples.movedim(ensemble_dim, -1)
-
-
 def pit_ensemble(
     samples: Tensor,
     target: Tensor,
@@ -261,7 +249,7 @@ def pit_ensemble(
         >>> pit_ensemble(x[0], torch.tensor([-1.0, 1.0, 9.0]), randomized=False) * 10
         tensor([1., 4., 9.])
     """
-    x = _members_last(samples, ensemble_dim)
+    x = members_last(samples, ensemble_dim)
     check_bool("randomized", randomized)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator)}")
@@ -332,3 +320,23 @@ def pit_quantiles(quantiles: Tensor, levels: Tensor | Sequence[float], target: T
     high = 1.0 - (1.0 - lv[-1]) * torch.exp(-(y - q[..., -1:]).clamp(min=0.0) * rate_hi)
     out = torch.where(i == 0, low, torch.where(i == k, high, inner))
     return out.squeeze(-1).clamp(0.0, 1.0)
+
+
+def central_interval_factor(family: str, levels: Tensor | Sequence[float]) -> Tensor:
+    r"""``c`` such that ``[loc - c scale, loc + c scale]`` is the central interval of nominal
+    coverage ``levels`` for a location-scale ``family`` (float64): the standard quantile at
+    :math:`(1 + l) / 2`. Normal :math:`\Phi^{-1}((1 + l)/2)`, Laplace :math:`-\log(1 - l)`,
+    logistic :math:`\log((1 + l)/(1 - l))` (the same parameterisation as :func:`pit_normal`,
+    :func:`pit_laplace`, :func:`pit_logistic`).
+
+    Example:
+        >>> round(float(central_interval_factor("normal", [0.9])[0]), 4)
+        1.6449
+    """
+    check_option("family", family, ("normal", "laplace", "logistic"))
+    lv = check_level_grid("levels", levels).to(torch.float64)
+    if family == "normal":
+        return torch.special.ndtri((1.0 + lv) / 2.0)
+    if family == "laplace":
+        return -torch.log1p(-lv)
+    return torch.log1p(lv) - torch.log1p(-lv)
