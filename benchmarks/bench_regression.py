@@ -90,6 +90,19 @@ def bench_updates(n: int, repeats: int) -> None:
                 f"validate_args={validate!s:5}  {t_both:8.2f} ms  "
                 f"ratio {ratio:5.2f}x  (PITHistogram alone {t_pit:.2f} ms)"
             )
+            # the forecast itself (loc, scale): every level's interval in one pass
+            fast = IntervalCoverage(levels, forecast="normal", validate_args=validate)
+
+            def both_fast(pit_m=pit_m, fast=fast) -> None:
+                pit_m.update(u)
+                fast.update(loc, scale, y)
+
+            t_fast = timed(both_fast, repeats)
+            ratio = timed_against(both_fast, normal_cdf, repeats)
+            print(
+                f"  PITHistogram + IntervalCoverage(L={len(levels)}, forecast='normal') "
+                f"validate_args={validate!s:5}  {t_fast:8.2f} ms  ratio {ratio:5.2f}x"
+            )
 
 
 def bench_variance_scaler(n: int, repeats: int) -> None:

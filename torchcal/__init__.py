@@ -6,9 +6,17 @@ Sub-packages: :mod:`torchcal.functional` (the math), :mod:`torchcal.losses`
 (Lightning callbacks, imported on demand).
 """
 
-from torchcal import functional, losses, metrics, scaling
+from torchcal import functional, losses, metrics, rewards, scaling
 from torchcal.report import ReliabilityTable
 
 __version__ = "0.1.0"
 
-__all__ = ["ReliabilityTable", "functional", "losses", "metrics", "scaling", "__version__"]
+__all__ = [
+    "ReliabilityTable",
+    "functional",
+    "losses",
+    "metrics",
+    "rewards",
+    "scaling",
+    "__version__",
+]

@@ -19,16 +19,15 @@ environment of a run.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Literal, Optional
 
-import torch
+from recipes._common import environment, options
 
 __all__ = ["audit_line", "build_parser", "build_trainer", "main", "run"]
 
@@ -140,26 +139,13 @@ def build_parser() -> Any:
     return parser
 
 
-def _options(fn: Callable, group: Any) -> dict[str, Any]:
-    """The options of a parsed group that ``fn`` takes (a group may feed two callables)."""
-    names = inspect.signature(fn).parameters
-    return {k: v for k, v in vars(group).items() if k in names}
-
-
 @contextlib.contextmanager
 def _recipe_environment(threads: int) -> Iterator[None]:
     """Threads, determinism, warning filters and log levels for one run, restored after it
     (the recipe also runs inside other processes: tests, the benchmark)."""
-    if threads < 1:
-        raise ValueError(f"threads: expected an int >= 1, got {threads}")
     names = ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda")
     levels = [logging.getLogger(n).level for n in names]
-    old_threads = torch.get_num_threads()
-    old_det = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-    )
-    with warnings.catch_warnings():
+    with environment(threads), warnings.catch_warnings():
         # torch 2.13 + lightning 2.6 emit this FutureWarning on every fit (docs/design.md
         # section 5).
         warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
@@ -168,13 +154,9 @@ def _recipe_environment(threads: int) -> Iterator[None]:
         warnings.filterwarnings("ignore", message=r".*number of training batches.*")
         for n in names:
             logging.getLogger(n).setLevel(logging.WARNING)
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(True, warn_only=True)
         try:
             yield
         finally:
-            torch.set_num_threads(old_threads)
-            torch.use_deterministic_algorithms(old_det[0], warn_only=old_det[1])
             for n, lvl in zip(names, levels):
                 logging.getLogger(n).setLevel(lvl)
 
@@ -204,7 +186,7 @@ def _prepare(cfg: Any) -> tuple[Any, int, dict[str, Any], Any, Any]:
     from recipes.complex_link_prediction.items import check_audit_data
     from recipes.complex_link_prediction.model import ComplExModule
 
-    data = load_dataset(**_options(load_dataset, cfg.data), seed=cfg.seed)
+    data = load_dataset(**options(load_dataset, cfg.data), seed=cfg.seed)
     k = cfg.audit.k if cfg.audit.k is not None else cfg.model.num_negatives
     counts = check_audit_data(data, k, cfg.seed)
     in_train = int(
@@ -232,9 +214,9 @@ def _prepare(cfg: Any) -> tuple[Any, int, dict[str, Any], Any, Any]:
         data.known(),
         mode=cfg.mode,
         seed=cfg.seed,
-        **_options(ComplExModule, cfg.model),
+        **options(ComplExModule, cfg.model),
     )
-    datamodule = KGDataModule(data, seed=cfg.seed, **_options(KGDataModule, cfg.data))
+    datamodule = KGDataModule(data, seed=cfg.seed, **options(KGDataModule, cfg.data))
     return data, k, {**counts, "num_test_in_train": in_train}, module, datamodule
 
 
@@ -268,7 +250,7 @@ def _fit(cfg: Any, module: Any, datamodule: Any, output_dir: str) -> tuple[Any, 
     callbacks: list = [timer]
     if cfg.monitor:
         callbacks.append(_calibration_monitor(cfg.audit.n_bins, bool(cfg.trainer.logger)))
-    trainer = build_trainer(output_dir, callbacks, **_options(build_trainer, cfg.trainer))
+    trainer = build_trainer(output_dir, callbacks, **options(build_trainer, cfg.trainer))
     t_fit = time.perf_counter()
     trainer.fit(module, datamodule=datamodule)
     return trainer, timer, time.perf_counter() - t_fit

@@ -4,31 +4,15 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable, Sequence
 
+from recipes._common import json_ready
 from recipes.complex_link_prediction.audit import MIN_RELATION_ITEMS, AuditResult
 
-__all__ = ["TIMING_KEYS", "json_ready", "write_reports"]
+__all__ = ["TIMING_KEYS", "write_reports"]
 
 TIMING_KEYS = ("train_seconds", "epoch_seconds", "audit_seconds", "total_seconds")
-SIGNIFICANT_DIGITS = 10
-
-
-def json_ready(obj: object) -> object:
-    """Floats rounded to 10 significant digits (NaN/inf -> None), tuples -> lists."""
-    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
-        return obj
-    if isinstance(obj, float):
-        if not math.isfinite(obj):
-            return None
-        return float(f"{obj:.{SIGNIFICANT_DIGITS}g}")
-    if isinstance(obj, dict):
-        return {str(k): json_ready(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_ready(v) for v in obj]
-    raise TypeError(f"not JSON-ready: {type(obj).__name__}")
 
 
 def _f(x: object, digits: int = 4) -> str:

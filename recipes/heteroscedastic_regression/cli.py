@@ -11,17 +11,14 @@ callable that takes them: ``--data.*`` from
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import math
 import os
-import sys
 import time
-from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 import torch
 
+from recipes._common import TIMING_KEY, environment, options, run_cli, write_timed
 from recipes.heteroscedastic_regression.data import (
     RegressionData,
     make_data,
@@ -38,7 +35,7 @@ from recipes.heteroscedastic_regression.forecasts import (
     evaluate,
 )
 from recipes.heteroscedastic_regression.model import train_mlp
-from recipes.heteroscedastic_regression.report import TIMING_KEY, write_reports
+from recipes.heteroscedastic_regression.report import write_reports
 
 __all__ = ["build_parser", "main", "reference_forecasts", "run", "run_forecasts"]
 
@@ -73,30 +70,6 @@ def build_parser() -> Any:
         write_reports, "report", as_group=False, skip={"output_dir", "report"}
     )
     return parser
-
-
-def _options(fn: Callable, group: Any) -> dict[str, Any]:
-    names = inspect.signature(fn).parameters
-    return {k: v for k, v in vars(group).items() if k in names}
-
-
-@contextlib.contextmanager
-def _environment(threads: int) -> Iterator[None]:
-    """Threads and deterministic algorithms for one run, restored after it."""
-    if not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads: expected an int >= 1, got {threads!r}")
-    old = (
-        torch.get_num_threads(),
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-    )
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old[0])
-        torch.use_deterministic_algorithms(old[1], warn_only=old[2])
 
 
 def reference_forecasts(data: RegressionData) -> dict[str, Forecast]:
@@ -195,7 +168,7 @@ def run_forecasts(
 
 def _run(cfg: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
-    data = make_data(cfg.seed, **_options(make_data, cfg.data))
+    data = make_data(cfg.seed, **options(make_data, cfg.data))
     networks, training = {}, {}
     for i, objective in enumerate(OBJECTIVES):
         model, losses = train_mlp(
@@ -203,13 +176,13 @@ def _run(cfg: Any) -> dict[str, Any]:
             objective,
             seed=cfg.seed + 100 * i,
             progress=cfg.progress,
-            **_options(train_mlp, cfg.model),
+            **options(train_mlp, cfg.model),
         )
         networks[objective] = model
         training[f"mlp_{objective}"] = {"final_loss": losses[-1], "epochs": len(losses)}
     t_train = time.perf_counter() - t0
     numbers, curves, recal = run_forecasts(
-        data, networks, cfg.seed, **_options(run_forecasts, cfg.report)
+        data, networks, cfg.seed, **options(run_forecasts, cfg.report)
     )
     report = {
         "seed": cfg.seed,
@@ -231,22 +204,17 @@ def _run(cfg: Any) -> dict[str, Any]:
 def run(cfg: Any) -> dict[str, Any]:
     """Simulate, train, recalibrate, score and write the reports; returns the report (with
     ``output_dir``). ``cfg`` is the parsed namespace of :func:`build_parser`."""
-    with _environment(cfg.threads):
+    with environment(cfg.threads):
         report = _run(cfg)
         output_dir = cfg.output_dir or os.path.join("runs", "regression", "heteroscedastic")
-        t = time.perf_counter()
-        write_reports(output_dir, report, **_options(write_reports, cfg.report))
-        report[TIMING_KEY]["report_seconds"] = time.perf_counter() - t
+        write_timed(write_reports, output_dir, report, **options(write_reports, cfg.report))
     return {**report, "output_dir": output_dir}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status: 0, or 2 on bad options."""
-    cfg = build_parser().parse_args(argv)
-    try:
-        report = run(cfg)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    report = run_cli(build_parser(), run, argv)
+    if report is None:
         return 2
     f = report["forecasts"]
     for name, r in f.items():

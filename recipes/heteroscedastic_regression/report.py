@@ -4,16 +4,15 @@ by ``x``, and the reliability curve of the quantiles."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable
 
-__all__ = ["TIMING_KEY", "json_ready", "render", "table_rows", "write_reports"]
+from recipes._common import TIMING_KEY, cell, md_table, text_table, write_text_reports
 
-TIMING_KEY = "timing"
+__all__ = ["TIMING_KEY", "render", "table_rows", "write_reports"]
+
 PLOTS = ("pit", "coverage_by_x", "quantile_reliability")
-SIGNIFICANT_DIGITS = 10
 
 COLUMNS = (
     ("coverage90", "cov90"),
@@ -28,32 +27,6 @@ COLUMNS = (
 )
 
 
-def json_ready(obj: object) -> object:
-    """Floats rounded to 10 significant digits (NaN/inf -> None), tuples -> lists.
-
-    Example:
-        >>> json_ready({"a": (1.0 / 3, float("nan"))})
-        {'a': [0.3333333333, None]}
-    """
-    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
-        return obj
-    if isinstance(obj, float):
-        return float(f"{obj:.{SIGNIFICANT_DIGITS}g}") if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): json_ready(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_ready(v) for v in obj]
-    raise TypeError(f"not JSON-ready: {type(obj).__name__}")
-
-
-def _cell(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, list):
-        return " ".join(f"{v:.3f}" for v in value)
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
-
-
 def table_rows(forecasts: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
     """The comparison table: a header and one row per forecast (``-`` where undefined).
 
@@ -63,30 +36,14 @@ def table_rows(forecasts: dict[str, dict]) -> tuple[list[str], list[list[str]]]:
         (['forecast', 'cov90', 'x<1/3'], ['f', '-'])
     """
     header = ["forecast"] + [label for _, label in COLUMNS]
-    rows = [[name] + [_cell(f[key]) for key, _ in COLUMNS] for name, f in forecasts.items()]
+    rows = [[name] + [cell(f[key]) for key, _ in COLUMNS] for name, f in forecasts.items()]
     return header, rows
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def _text_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def fmt(r: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
-        )
-
-    return "\n".join([fmt(header), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows])
 
 
 def render(report: dict, markdown: bool = False, plots: bool = False) -> str:
     """The report as text or markdown (with links to the PNGs when ``plots``): setting,
     table, recalibration and timing lines."""
-    table: Callable = _md_table if markdown else _text_table
+    table: Callable = md_table if markdown else text_table
     h1, h2 = ("# ", "## ") if markdown else ("", "")
     sizes = report["sizes"]
     out = [
@@ -177,14 +134,9 @@ def write_reports(output_dir: str, report: dict, plots: bool = True) -> dict[str
         report: the run's numbers.
         plots: draw the PNGs (PIT histograms, coverage by x, quantile reliability).
     """
-    os.makedirs(output_dir, exist_ok=True)
-    paths = {ext: os.path.join(output_dir, f"report.{ext}") for ext in ("json", "txt", "md")}
-    with open(paths["json"], "w", encoding="utf-8") as fh:
-        json.dump(json_ready(report), fh, indent=2)
-        fh.write("\n")
-    for ext in ("txt", "md"):
-        with open(paths[ext], "w", encoding="utf-8") as fh:
-            fh.write(render(report, markdown=ext == "md", plots=plots))
+    paths = write_text_reports(
+        output_dir, report, lambda markdown: render(report, markdown=markdown, plots=plots)
+    )
     if plots:
         import matplotlib
 

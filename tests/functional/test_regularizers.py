@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _properness import Q, argmin_forecast, entropy, expected
 from torch.autograd import gradcheck
 
 from torchcal.functional import (
@@ -521,63 +522,26 @@ def test_confidence_penalty_module_scales_by_beta_and_equals_functional():
 # ---------------------------------------------------------------- properness harness
 
 
-def _argmin_forecast(expected_score, num_classes: int) -> torch.Tensor:
-    """argmin over p = softmax(z) of ``expected_score(z)`` (a scalar), by LBFGS."""
-    z = torch.zeros(num_classes, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS(
-        [z],
-        max_iter=500,
-        tolerance_grad=1e-12,
-        tolerance_change=1e-20,
-        history_size=20,
-        line_search_fn="strong_wolfe",
-    )
-
-    def closure():
-        opt.zero_grad()
-        loss = expected_score(z)
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    return torch.softmax(z.detach(), 0)
-
-
-def _expected(per_item, q: torch.Tensor):
-    """E_{y~q} per_item(z[None], y) for a single forecast z."""
-    labels = [torch.tensor([c]) for c in range(q.numel())]
-    return lambda z: sum(q[c] * per_item(z[None], labels[c]) for c in range(q.numel()))
-
-
-Q = torch.tensor([0.6, 0.25, 0.15], dtype=torch.float64)
-
-
-def _entropy(p: torch.Tensor) -> float:
-    return -(p * p.log()).sum().item()
-
-
 def test_regularisers_are_not_proper():
-    nll = _expected(lambda z, y: log_score(z, y), Q)
-    torch.testing.assert_close(_argmin_forecast(nll, 3), Q, rtol=0, atol=1e-6)  # harness ok
+    nll = expected(lambda z, y: log_score(z, y), Q)
+    torch.testing.assert_close(argmin_forecast(nll, 3), Q, rtol=0, atol=1e-6)  # harness ok
     # confidence penalty: flatter than q, at the stationary point of
     # sum_c q_c (-log p_c) + beta sum_c p_c log p_c on the simplex:
     # -q_c / p_c + beta log p_c is the same for every class
     beta = 0.5
-    p = _argmin_forecast(lambda z: nll(z) + confidence_penalty(z[None], beta=beta), 3)
+    p = argmin_forecast(lambda z: nll(z) + confidence_penalty(z[None], beta=beta), 3)
     stationarity = -Q / p + beta * p.log()
     assert (stationarity - stationarity.mean()).abs().max() < 1e-6
-    assert _entropy(p) > _entropy(Q) + 0.05 and (p - Q).abs().max() > 0.05
+    assert entropy(p) > entropy(Q) + 0.05 and (p - Q).abs().max() > 0.05
     # DCA and MDCA per item: the expected penalty rewards max p, so the argmin is sharper
     for fn in (dca, mdca):
-        reg = _expected(lambda z, y, fn=fn: fn(z, y), Q)
-        p = _argmin_forecast(lambda z, reg=reg: nll(z) + 2.0 * reg(z), 3)
+        reg = expected(lambda z, y, fn=fn: fn(z, y), Q)
+        p = argmin_forecast(lambda z, reg=reg: nll(z) + 2.0 * reg(z), 3)
         assert p[0] > Q[0] + 0.05, fn.__name__
     # MDCA at batch level (label frequencies = q, one shared forecast) vanishes at q,
     # so log score + MDCA of such a batch is minimised by q
     t = torch.tensor([0] * 12 + [1] * 5 + [2] * 3)
-    p = _argmin_forecast(
-        lambda z: log_score(z.expand(20, 3), t) + 2.0 * mdca(z.expand(20, 3), t), 3
-    )
+    p = argmin_forecast(lambda z: log_score(z.expand(20, 3), t) + 2.0 * mdca(z.expand(20, 3), t), 3)
     torch.testing.assert_close(
         p, torch.tensor([0.6, 0.25, 0.15], dtype=torch.float64), rtol=0, atol=1e-5
     )
@@ -585,9 +549,9 @@ def test_regularisers_are_not_proper():
 
 def test_label_smoothing_is_not_proper():
     eps = 0.3
-    smoothed = _expected(lambda z, y: log_score(z, y, label_smoothing=eps), Q)
+    smoothed = expected(lambda z, y: log_score(z, y, label_smoothing=eps), Q)
     torch.testing.assert_close(
-        _argmin_forecast(smoothed, 3), (1 - eps) * Q + eps / 3, rtol=0, atol=1e-6
+        argmin_forecast(smoothed, 3), (1 - eps) * Q + eps / 3, rtol=0, atol=1e-6
     )
 
 

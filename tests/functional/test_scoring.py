@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _properness import argmin_forecast, lbfgs_minimise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.autograd import gradcheck, gradgradcheck
@@ -485,52 +486,27 @@ def test_masked_class_zero_on_an_ignored_row_is_allowed(rule):
 
 
 def minimise_expected_score(score_fn, q: torch.Tensor) -> torch.Tensor:
-    """argmin_p E_{y~q} S(p, y) over p = softmax(z) (or sigmoid for a 2-vector binary q)."""
+    """argmin_p E_{y~q} S(p, y) over p = softmax(z): the expected score as the class-weighted
+    sum (weight = q) over one row per class."""
     num_classes = q.numel()
-    z = torch.zeros(num_classes, dtype=torch.float64, requires_grad=True)
     classes = torch.arange(num_classes)
-    opt = torch.optim.LBFGS(
-        [z],
-        lr=1,
+    return argmin_forecast(
+        lambda z: score_fn(z.expand(num_classes, num_classes), classes, weight=q, reduction="sum"),
+        num_classes,
         max_iter=200,
-        tolerance_grad=1e-12,
-        tolerance_change=1e-20,
-        history_size=20,
-        line_search_fn="strong_wolfe",
     )
-
-    def closure():
-        opt.zero_grad()
-        # expected score as the class-weighted sum: weight = q
-        loss = score_fn(z.expand(num_classes, num_classes), classes, weight=q, reduction="sum")
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    return torch.softmax(z.detach(), 0)
 
 
 def minimise_expected_binary_score(score_fn, q1: float) -> float:
-    z = torch.zeros(1, dtype=torch.float64, requires_grad=True)
+    """argmin_p E_{y~Bernoulli(q1)} S(p, y) over p = sigmoid(z)."""
     y = torch.tensor([0.0, 1.0], dtype=torch.float64)
     w = torch.tensor([1 - q1, q1], dtype=torch.float64)
-    opt = torch.optim.LBFGS(
-        [z],
-        lr=1,
+    z = lbfgs_minimise(
+        lambda z: score_fn(z.expand(2), y, weight=w, reduction="sum"),
+        torch.zeros(1, dtype=torch.float64),
         max_iter=200,
-        tolerance_grad=1e-12,
-        tolerance_change=1e-20,
-        line_search_fn="strong_wolfe",
     )
-
-    def closure():
-        opt.zero_grad()
-        loss = score_fn(z.expand(2), y, weight=w, reduction="sum")
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    return torch.sigmoid(z.detach()).item()
+    return torch.sigmoid(z).item()
 
 
 def _p_y_squared_error(logits, target, *, weight, reduction):

@@ -116,3 +116,54 @@ def test_regression_config_at_its_real_settings(config, tmp_path):
     assert abs(truth["coverage90"] - 0.9) < 3 * truth["coverage90_se"]
     for name in ("mlp_nll", "mlp_crps"):
         assert abs(rep["forecasts"][name]["crps"] - truth["crps"]) < 0.005 * truth["crps"]
+
+
+BAKEOFF_CONFIGS = sorted((ROOT / "configs" / "bakeoff").glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [c for c in BAKEOFF_CONFIGS if c.stem != "tiny"],
+    ids=[c.stem for c in BAKEOFF_CONFIGS if c.stem != "tiny"],
+)
+def test_bakeoff_config_at_reduced_settings(config, tmp_path):
+    """``python -m recipes.loss_bakeoff --config X`` in a fresh process with one seed, two
+    losses and 3 epochs (its data, test size and metrics as written; the tiny config runs
+    in tests/recipes/test_loss_bakeoff.py): exit 0 and a row per loss."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "recipes.loss_bakeoff", "--config", str(config),
+            "--output_dir", str(out), "--progress", "false", "--report.plots", "false",
+            "--seeds", "[0]", "--losses", "[log_score,focal_gamma3]", "--model.epochs", "3",
+        ],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rep = json.loads((out / "report.json").read_text())
+    assert [r["loss"] for r in rep["rows"]] == ["log_score", "focal_gamma3"]
+    truth = rep["rows"][0]["true_ce"]["before"]["mean"]
+    assert (truth is not None) == (rep["dataset"] == "synthetic")
+
+
+RL_CONFIGS = sorted((ROOT / "configs" / "rl").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", RL_CONFIGS, ids=[c.stem for c in RL_CONFIGS])
+def test_rl_config_at_reduced_steps(config, tmp_path):
+    """``python -m recipes.calibrated_rewards --config X`` at 300 steps (a few seconds):
+    exit 0, the proper arm calibrated, the improper one over-confident."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "recipes.calibrated_rewards", "--config", str(config),
+            "--out", str(out), "--progress", "false", "--plots", "false",
+            "--train.steps", "300", "--train.batch_size", "1000", "--eval.per_context", "2000",
+        ],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    arms = json.loads((out / "report.json").read_text())["arms"]
+    assert arms["correctness_brier"]["ece"] <= 0.05 < 0.2 <= arms["improper"]["ece"]

@@ -177,3 +177,105 @@ def test_bad_input_names_the_argument():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         vs.fit(loc, b, y)  # a clean fit warns nothing
+
+
+# ------------------------------------------------- closed-form scale derivatives (CRPS fit)
+@pytest.mark.parametrize("family", ["normal", "laplace", "logistic"])
+def test_crps_scale_sums_match_autograd_of_the_closed_forms(family, monkeypatch):
+    """Weighted sums of the CRPS and of d/ds, s d2/ds2 from crps_scale_sums == the closed-form
+    CRPS and its double backward (an independent path: the custom backward, differentiated by
+    autograd), across several blocks (a small block size) and extreme residuals."""
+    import torchcal.functional.crps as C
+    from torchcal.functional import crps_laplace, crps_logistic, crps_normal
+
+    monkeypatch.setattr(C, "SCALE_BLOCK", 6)  # 13 values: a last block of one
+    crps = {"normal": crps_normal, "laplace": crps_laplace, "logistic": crps_logistic}[family]
+    r = torch.tensor(
+        [-30.0, -3.0, -1.0, -0.2, 0.0, 0.1, 0.7, 2.0, 5.0, 40.0, 1e-3, -7.5, 0.33],
+        dtype=torch.float64,
+    )
+    w = torch.linspace(0.2, 3.0, r.numel(), dtype=torch.float64)
+    for s0 in (0.3, 1.0, 2.5):
+        s = torch.full_like(r, s0, requires_grad=True)
+        per = crps(torch.zeros_like(r), s, r, reduction="none")
+        (g,) = torch.autograd.grad((per * w).sum(), s, create_graph=True)
+        (h,) = torch.autograd.grad(g.sum(), s)
+        f, d, c = C.crps_scale_sums(family, r, s0, w)
+        assert f == pytest.approx(float((per * w).sum().detach()), rel=1e-13)
+        assert d == pytest.approx(float(g.sum().detach()), rel=1e-11, abs=1e-13)
+        assert c == pytest.approx(float(s0 * h.sum()), rel=1e-10, abs=1e-13)
+    huge = torch.tensor([1e200, -1e300], dtype=torch.float64)
+    f, d, c = C.crps_scale_sums(family, huge, 1.0, torch.ones(2, dtype=torch.float64))
+    assert math.isfinite(d) and c == 0.0
+    with pytest.raises(ValueError, match="^family"):
+        C.crps_scale_sums("gamma", r, 1.0, w)
+
+
+@pytest.mark.parametrize("family", ["normal", "laplace", "logistic"])
+def test_crps_fit_matches_a_bounded_scalar_minimiser(family):
+    """The Newton fit on closed-form derivatives lands on the argmin of the mean CRPS found by
+    scipy's bounded Brent on log s (float64), with per-row scales."""
+    from scipy.optimize import minimize_scalar
+
+    from torchcal.functional import crps_laplace, crps_logistic, crps_normal
+
+    crps = {"normal": crps_normal, "laplace": crps_laplace, "logistic": crps_logistic}[family]
+    g = torch.Generator().manual_seed(3)
+    loc = torch.randn(5000, generator=g, dtype=torch.float64)
+    scale = 0.2 + torch.rand(5000, generator=g, dtype=torch.float64)
+    y = loc + 1.7 * scale * torch.randn(5000, generator=g, dtype=torch.float64)
+
+    def mean_crps(u: float) -> float:
+        return float(crps(loc, math.exp(u) * scale, y))
+
+    ref = minimize_scalar(mean_crps, bounds=(-3, 3), method="bounded", options={"xatol": 1e-10})
+    res = VarianceScaler(objective="crps", family=family).fit(loc, scale, y)
+    assert res.converged and res.method == "newton_crps"
+    assert abs(math.log(res.temperature) - ref.x) < 1e-7
+    assert res.nll_after == pytest.approx(ref.fun, rel=1e-12, abs=0)
+    assert res.nll_before == pytest.approx(mean_crps(0.0), rel=1e-12)
+
+
+@pytest.mark.parametrize("family", ["normal", "laplace", "logistic"])
+def test_crps_one_newton_step_uses_the_exact_log_scale_derivatives(family):
+    """max_iter=1: the fit takes one Newton step u1 = u0 - F'(u0) / F''(u0) on u = log s from
+    u0 = log(rms(r) / sd of the unit family), F the summed CRPS, F' and F'' by autograd (double
+    backward) of the closed form; grad_norm is |d mean CRPS / d log s| at u1 (scales with mean
+    about 5, so a sum over scales is not confused with a count)."""
+    from torchcal.functional import crps_laplace, crps_logistic, crps_normal
+
+    crps = {"normal": crps_normal, "laplace": crps_laplace, "logistic": crps_logistic}[family]
+    unit_sd = {"normal": 1.0, "laplace": math.sqrt(2.0), "logistic": math.pi / math.sqrt(3.0)}
+    other = {"normal": "laplace", "laplace": "normal", "logistic": "laplace"}[family]
+    loc, b, y = forecast(3000, 12, factor=3.0, family=other)  # the start is not the optimum
+    b = 5.0 * b
+
+    def derivatives(u0: float) -> tuple[float, float]:
+        u = torch.tensor(u0, dtype=torch.float64, requires_grad=True)
+        f = crps(loc, torch.exp(u) * b, y, reduction="sum")
+        (g,) = torch.autograd.grad(f, u, create_graph=True)
+        (h,) = torch.autograd.grad(g, u)
+        return float(g.detach()), float(h)
+
+    u0 = math.log(float(((y - loc) / b).square().mean().sqrt()) / unit_sd[family])
+    g0, h0 = derivatives(u0)
+    assert 1e-6 < abs(g0 / h0) < 1.0  # a real step, inside the step cap
+    with pytest.warns(CalibrationWarning, match="^scale_factor: the CRPS fit stopped after 1"):
+        res = VarianceScaler(objective="crps", family=family, max_iter=1).fit(loc, b, y)
+    assert res.iterations == 1 and not res.converged
+    u1 = u0 - g0 / h0
+    assert math.log(res.temperature) == pytest.approx(u1, rel=1e-12, abs=1e-13)
+    g1, _ = derivatives(u1)
+    assert res.grad_norm == pytest.approx(abs(g1) / y.numel(), rel=1e-8)
+    assert res.nll_after == pytest.approx(float(crps(loc, res.temperature * b, y)), rel=1e-12)
+    # quadratic convergence from there: a handful of steps, whatever the start
+    for factor in (0.01, 2.0, 300.0):
+        loc, b, y = forecast(3000, 13, factor=factor, family=family)
+        assert VarianceScaler(objective="crps", family=family).fit(loc, b, y).iterations <= 4
+
+
+def test_crps_optimum_above_the_upper_bound_stops_there_with_a_warning():
+    loc, b, y = forecast(2000, 14, factor=2.0)
+    with pytest.warns(CalibrationWarning, match="^scale_factor: the CRPS optimum lies outside"):
+        res = VarianceScaler(objective="crps", bounds=(1e-3, 1.5)).fit(loc, b, y)
+    assert res.temperature == pytest.approx(1.5, rel=1e-14) and not res.converged

@@ -1,7 +1,8 @@
 """The Lightning-free parts of :class:`~torchcal.callbacks.RegressionMonitor`: what a forecast
 family needs from the step's outputs, the central intervals it implies, the per-(stage,
-dataloader) accumulator over the regression metrics, the PIT and coverage tables (text,
-markdown, CSV rows) and their writers for the loggers.
+dataloader) accumulator over the regression metrics (pooled, and per group with
+``num_groups``), the PIT and coverage tables (text, markdown, CSV rows; per group with a
+leading ``group`` column) and their writers for the loggers.
 
 No score or calibration formula lives here: the PIT values come from
 :mod:`torchcal.functional` (``pit_normal``, ``pit_ensemble``, ...), the sums from the
@@ -22,15 +23,21 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from torchcal import functional as F
+from torchcal.functional._validation import check_group_ids
 from torchcal.metrics import CRPS, GaussianNLL, IntervalCoverage, PITHistogram
 from torchcal.metrics._base import PooledPlotMetric
+from torchcal.report import GroupedResult
 
 __all__ = [
     "CLOSED_FORMS",
     "FAMILIES",
     "OUTPUT_KEYS",
     "Accumulator",
+    "check_groups",
     "coverage_rows",
+    "group_metric_names",
+    "group_rows",
+    "group_values",
     "level_key",
     "metric_names",
     "pit_rows",
@@ -54,6 +61,8 @@ _PIT = {"normal": "pit_normal", "laplace": "pit_laplace", "logistic": "pit_logis
 #: Quantile levels of a step's output match a needed interval end within this tolerance (or
 #: two ulps of 1 in the levels' dtype, so float32 levels such as 0.05 match).
 LEVEL_TOL = 1e-9
+#: The columns of a coverage table after ``level``.
+COVERAGE_COLUMNS = ("coverage", "stderr", "width", "interval_score")
 
 
 def level_key(level: float) -> str:
@@ -71,6 +80,24 @@ def metric_names(family: str, levels: Sequence[float]) -> tuple[str, ...]:
     for lv in levels:
         names += [f"coverage_{level_key(lv)}", f"width_{level_key(lv)}"]
     return tuple(names)
+
+
+def group_metric_names(levels: Sequence[float]) -> tuple[str, ...]:
+    """The scalars logged per group (``{stage}/group_{g}/{name}``): ``pit_ece``, then
+    ``coverage_{p}`` and ``width_{p}`` per level."""
+    return metric_names("", levels)[1:]
+
+
+def check_groups(key: str, groups: Tensor, shape: torch.Size, num_groups: int) -> Tensor:
+    """The step's group ids under ``key``: integer, one per target value (``shape``), in
+    ``[0, num_groups)`` (the range only when value checks are on); ``ValueError`` naming
+    ``key``."""
+    try:
+        check_group_ids(groups, shape, num_groups)
+    except ValueError as e:
+        msg = str(e).removeprefix("groups: ")
+        raise ValueError(f"{key}: {msg} (RegressionMonitor(num_groups={num_groups}))") from None
+    return groups.reshape(shape)
 
 
 def quantile_columns(
@@ -118,22 +145,34 @@ class PinballMean(PooledPlotMetric):
 
 
 class Accumulator:
-    """The metrics of one (stage, dataloader): PIT histogram, interval coverage, the proper
-    score, the Gaussian NLL (normal only). Inputs are read in float64."""
+    """The metrics of one (stage, dataloader): PIT histogram, interval coverage (both per
+    group too with ``num_groups``), the proper score, the Gaussian NLL (normal only). Inputs
+    are read in float64."""
 
     def __init__(
-        self, family: str, levels: Tensor, n_bins: int, generator: torch.Generator | None
+        self,
+        family: str,
+        levels: Tensor,
+        n_bins: int,
+        generator: torch.Generator | None,
+        num_groups: int | None = None,
     ) -> None:
         self.family = family
         self.levels = levels.to(torch.float64)
-        self.pit = PITHistogram(n_bins)
-        self.coverage = IntervalCoverage(levels=tuple(self.levels.tolist()))
+        self.pit = PITHistogram(n_bins, num_groups=num_groups)
+        # closed forms: the metric builds the central intervals itself, in one pass for all levels
+        self.coverage = IntervalCoverage(
+            levels=tuple(self.levels.tolist()),
+            forecast=family if family in CLOSED_FORMS else "bounds",
+            num_groups=num_groups,
+        )
         if family == "quantiles":  # mean pinball loss over the step's levels
             self.score: Metric = PinballMean()
         else:
             self.score = CRPS(family=family)
         self.nll = GaussianNLL() if family == "normal" else None
         self.generator = generator
+        self.groups: Tensor | None = None  # the current batch's flat group ids
         self.quantile_levels: Tensor | None = None
         self.columns: tuple[Tensor, Tensor] | None = None
         self.n = 0  # samples on this rank
@@ -146,8 +185,10 @@ class Accumulator:
             m.to(device)
         return self
 
-    def update(self, values: Sequence[Tensor]) -> None:
-        """One batch: ``values`` in the order of :data:`OUTPUT_KEYS` for the family."""
+    def update(self, values: Sequence[Tensor], groups: Tensor | None = None) -> None:
+        """One batch: ``values`` in the order of :data:`OUTPUT_KEYS` for the family and, with
+        ``num_groups``, the group ids (the target's shape, checked by :func:`check_groups`)."""
+        self.groups = None if groups is None else groups.reshape(-1)
         if self.family in CLOSED_FORMS:
             self._closed_form(*values)
         elif self.family == "quantiles":
@@ -159,8 +200,7 @@ class Accumulator:
         loc, scale, target = (x.to(torch.float64) for x in (loc, scale, target))
         pit = getattr(F, _PIT[self.family])(loc, scale, target)  # validates the forecast
         loc, scale = (torch.broadcast_to(x, target.shape).reshape(-1) for x in (loc, scale))
-        half = scale[:, None] * F.central_interval_factor(self.family, self.levels).to(scale.device)
-        self._intervals(pit, loc[:, None] - half, loc[:, None] + half, target)
+        self._intervals(pit, loc, scale, target)
         self.score.update(loc, scale, target.reshape(-1))
         if self.nll is not None:
             self.nll.update(loc, scale, target.reshape(-1))
@@ -194,15 +234,23 @@ class Accumulator:
         self._intervals(pit, q[:, :k], q[:, k:], target)
         self.score.update(samples, target)
 
-    def _intervals(self, pit: Tensor, lower: Tensor, upper: Tensor, target: Tensor) -> None:
-        self.pit.update(pit.reshape(-1))
-        self.coverage.update(lower, upper, target.reshape(-1))
+    def _intervals(self, pit: Tensor, first: Tensor, second: Tensor, target: Tensor) -> None:
+        """PIT and coverage of one batch: ``first, second`` are the bounds ``(N, L)``, or
+        ``loc, scale`` ``(N,)`` for a closed form (the coverage metric's ``forecast``)."""
+        self.pit.update(pit.reshape(-1), self.groups)
+        self.coverage.update(first, second, target.reshape(-1), self.groups)
         self.n += target.numel()
 
     def compute(self) -> dict[str, Any]:
-        """Every metric's ``compute()`` (collectives: call on every rank)."""
-        out = {"pit": self.pit.compute(), "coverage": self.coverage.compute()}
-        out["score"] = self.score.compute()
+        """Every metric's ``compute()`` (collectives: call on every rank): the pooled
+        ``pit`` and ``coverage`` dicts, ``score``, ``nll`` and ``groups`` (``None``, or the
+        per-group ``pit`` and ``coverage`` dicts and the counts ``n``)."""
+        pit, cov = self.pit.compute(), self.coverage.compute()
+        out: dict[str, Any] = {"groups": None}
+        if isinstance(pit, GroupedResult) and isinstance(cov, GroupedResult):
+            out["groups"] = {"pit": pit.per_group, "coverage": cov.per_group, "n": cov.counts}
+            pit, cov = pit.pooled, cov.pooled
+        out.update(pit=pit, coverage=cov, score=self.score.compute())
         out["nll"] = None if self.nll is None else self.nll.compute()
         return out
 
@@ -230,12 +278,43 @@ def pit_rows(counts: Tensor) -> list[dict[str, Any]]:
 
 def coverage_rows(levels: Tensor, cov: dict[str, Tensor]) -> list[dict[str, Any]]:
     """One row per nominal level: ``level, coverage, stderr, width, interval_score``."""
-    cols = ("coverage", "stderr", "width", "interval_score")
-    vals = {c: cov[c].reshape(-1).tolist() for c in cols}
+    vals = {c: cov[c].reshape(-1).tolist() for c in COVERAGE_COLUMNS}
     return [
-        {"level": float(lv), **{c: vals[c][i] for c in cols}}
+        {"level": float(lv), **{c: vals[c][i] for c in COVERAGE_COLUMNS}}
         for i, lv in enumerate(levels.tolist())
     ]
+
+
+def group_values(levels: Tensor, groups: dict[str, Any]) -> dict[int, dict[str, Tensor]]:
+    """Per non-empty group ``g``: the scalars of :func:`group_metric_names` (float64 0-dim
+    tensors) from the per-group results of :meth:`Accumulator.compute`."""
+    n = groups["n"].reshape(-1)
+    ece = groups["pit"]["pit_ece"].reshape(-1)
+    cov = {c: groups["coverage"][c].reshape(n.numel(), -1) for c in ("coverage", "width")}
+    out = {}
+    for g in torch.nonzero(n > 0).reshape(-1).tolist():
+        vals = {"pit_ece": ece[g]}
+        for i, lv in enumerate(levels.tolist()):
+            vals[f"coverage_{level_key(lv)}"] = cov["coverage"][g, i]
+            vals[f"width_{level_key(lv)}"] = cov["width"][g, i]
+        out[g] = vals
+    return out
+
+
+def group_rows(
+    levels: Tensor, groups: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The PIT and coverage tables of every non-empty group, stacked with a leading ``group``
+    column (the coverage rows also carry the group's ``n``)."""
+    n = groups["n"].reshape(-1)
+    counts = groups["pit"]["counts"].reshape(n.numel(), -1)
+    cov = {c: groups["coverage"][c].reshape(n.numel(), -1) for c in COVERAGE_COLUMNS}
+    pit, coverage = [], []
+    for g in torch.nonzero(n > 0).reshape(-1).tolist():
+        pit += [{"group": g, **r} for r in pit_rows(counts[g])]
+        rows = coverage_rows(levels, {c: v[g] for c, v in cov.items()})
+        coverage += [{"group": g, "n": int(n[g]), **r} for r in rows]
+    return pit, coverage
 
 
 def _fmt(v: Any) -> str:

@@ -22,7 +22,7 @@ from torchcal.callbacks import _regression_parts as P
 from torchcal.callbacks import _sinks
 from torchcal.callbacks._history import StageMonitor
 from torchcal.callbacks._monitor_options import Sink, check_sinks
-from torchcal.callbacks._outputs import check_extract_fn, read_outputs
+from torchcal.callbacks._outputs import check_extract_fn, check_key, read_outputs
 from torchcal.functional import validation_enabled
 from torchcal.functional._validation import check_int, check_level_grid, check_option
 from torchcal.plotting import pit_figure
@@ -72,6 +72,17 @@ class RegressionMonitor(StageMonitor):
       ``..._dataloader_idx_{i}.csv`` for the others);
     * records the scalars in :attr:`history` (kept in checkpoints).
 
+    Per group (``num_groups=G``; the step then returns a group id per target value under
+    ``group_key``, integers in ``[0, G)`` of the target's shape, checked from the first
+    batch): marginal coverage can hide a group whose intervals fail, so each non-empty group
+    also gets ``{stage}/group_{g}/pit_ece``, ``{stage}/group_{g}/coverage_90`` and
+    ``{stage}/group_{g}/width_90`` (as ``CalibrationMonitor``'s ``{stage}/group_{g}/ece``),
+    its PIT and coverage tables (with a leading ``group`` column, the coverage table also
+    ``n`` and the per-group ``stderr``) in ``pit_groups.csv`` and ``coverage_groups.csv``
+    and the loggers (tags ``{stage}/pit_groups`` and ``{stage}/coverage_groups``), and the
+    ``group_metrics`` of :attr:`history` (one dict per group, ``n`` and the per-group
+    scalars; ``None`` for an empty group). The pooled metrics are unchanged.
+
     Args:
         levels: nominal coverages of the central intervals, strictly increasing in (0, 1).
         n_bins: bins of the PIT histogram.
@@ -83,6 +94,9 @@ class RegressionMonitor(StageMonitor):
         extract_fn: ``fn(pl_module, batch, outputs)`` returning a dict with the family's
             keys or a tuple in their order (replaces the dict lookup).
         name: optional sub-namespace (``name="head"`` logs ``val/head/crps``).
+        num_groups: the number of groups ``G`` for per-group results (``None``: none).
+        group_key: the key of the group ids in the step's output dict (after the family's
+            keys in an ``extract_fn`` tuple).
         seed: seed of the randomised ensemble PIT (reseeded at every epoch start, plus the
             global rank; ties and the ends randomised, see
             :func:`torchcal.functional.pit_ensemble`).
@@ -122,6 +136,8 @@ class RegressionMonitor(StageMonitor):
         verbose: bool = False,
         extract_fn: Callable[[LightningModule, Any, Any], Any] | None = None,
         name: str = "",
+        num_groups: int | None = None,
+        group_key: str = "group",
         seed: int = 0,
         validate_args: bool = True,
     ) -> None:
@@ -138,12 +154,24 @@ class RegressionMonitor(StageMonitor):
         if not isinstance(name, str) or name.strip("/") != name:
             raise ValueError(f"name: expected a string without leading/trailing '/', got {name!r}")
         self.name = name
+        self.num_groups = (
+            None if num_groups is None else check_int("num_groups", num_groups, minimum=1)
+        )
+        self.group_key = check_key("group_key", group_key)
+        if self.group_key in P.OUTPUT_KEYS[self.family]:
+            raise ValueError(
+                f"group_key: expected a key other than the family's "
+                f"{P.OUTPUT_KEYS[self.family]}, got {group_key!r}"
+            )
         self.seed = check_int("seed", seed, minimum=0)
         self.validate_args = bool(validate_args)
         #: The scalars logged per stage and dataloader (the keys of :attr:`history`).
         self.metrics = P.metric_names(self.family, self.levels.tolist())
+        #: The scalars logged per non-empty group (``{stage}/group_{g}/{name}``).
+        self.group_metrics = P.group_metric_names(self.levels.tolist())
         #: One dict per (stage, dataloader) and epoch: ``stage, dataloader_idx, epoch, step,
-        #: n``, the scalars of :attr:`metrics` and ``pit_counts`` (a list of ints).
+        #: n``, the scalars of :attr:`metrics`, ``pit_counts`` (a list of ints) and
+        #: ``group_metrics`` (``None`` without groups).
         self.history: list[dict[str, Any]] = []
         self._accs: dict[tuple[str, int], P.Accumulator] = {}
         self._warnings = WarningCache()
@@ -151,11 +179,14 @@ class RegressionMonitor(StageMonitor):
     @property
     @override
     def state_key(self) -> str:
+        # num_groups only when set: an ungrouped monitor keeps the key of earlier checkpoints
+        extra = {} if self.num_groups is None else {"num_groups": self.num_groups}
         return self._generate_state_key(
             levels=tuple(self.levels.tolist()),
             n_bins=self.n_bins,
             family=self.family,
             name=self.name,
+            **extra,
         )
 
     # ------------------------------------------------------------------ accumulation
@@ -165,35 +196,52 @@ class RegressionMonitor(StageMonitor):
             gen = None
             if self.family == "ensemble":
                 gen = torch.Generator(device=device).manual_seed(self.seed + rank)
-            acc = P.Accumulator(self.family, self.levels, self.n_bins, gen)
+            acc = P.Accumulator(self.family, self.levels, self.n_bins, gen, self.num_groups)
             self._accs[(stage, idx)] = acc.to(device)
         return self._accs[(stage, idx)]
 
     def _read(
         self, stage: str, pl_module: LightningModule, batch: Any, outputs: Any
-    ) -> list[Tensor]:
+    ) -> tuple[list[Tensor], Tensor | None]:
+        """The family's tensors and the group ids (``None`` without ``num_groups``)."""
         keys = P.OUTPUT_KEYS[self.family]
-        if (
-            self.extract_fn is None
-            and isinstance(outputs, Mapping)
-            and any(k not in outputs for k in keys)
-        ):
-            for fam, fam_keys in P.OUTPUT_KEYS.items():
-                if all(k in outputs for k in fam_keys) and fam_keys != keys:
-                    raise ValueError(
-                        f"family: the step returned the keys {sorted(map(str, outputs))} of "
-                        f"family={fam!r} forecasts, but the monitor was built with "
-                        f"family={self.family!r}; pass RegressionMonitor(family={fam!r})"
-                    )
-        return read_outputs(
+        if self.extract_fn is None and isinstance(outputs, Mapping):
+            self._check_keys(outputs, keys)
+        grouped = self.num_groups is not None
+        values = read_outputs(
             "RegressionMonitor",
             stage,
             pl_module,
             batch,
             outputs,
-            keys=keys,
+            keys=keys + ((self.group_key,) if grouped else ()),
             extract_fn=self.extract_fn,
         )
+        return (values[:-1], values[-1]) if grouped else (values, None)
+
+    def _check_keys(self, outputs: Mapping[str, Any], keys: tuple[str, ...]) -> None:
+        """A step output dict with another family's keys, or without the group ids (or with
+        group ids the monitor ignores: one warning)."""
+        got = sorted(map(str, outputs))
+        if any(k not in outputs for k in keys):
+            for fam, fam_keys in P.OUTPUT_KEYS.items():
+                if all(k in outputs for k in fam_keys) and fam_keys != keys:
+                    raise ValueError(
+                        f"family: the step returned the keys {got} of family={fam!r} "
+                        f"forecasts, but the monitor was built with family={self.family!r}; "
+                        f"pass RegressionMonitor(family={fam!r})"
+                    )
+        elif self.num_groups is not None and self.group_key not in outputs:
+            raise ValueError(
+                f"{self.group_key}: RegressionMonitor(num_groups={self.num_groups}) needs a "
+                f"group id per target value under the key {self.group_key!r}, but the step "
+                f"returned the keys {got}; return it (or set group_key=...)"
+            )
+        elif self.num_groups is None and self.group_key in outputs:
+            self._warnings.warn(
+                f"RegressionMonitor: the step output carries {self.group_key!r} but "
+                f"num_groups is not set; pass num_groups=G for per-group results"
+            )
 
     @override
     def _update(
@@ -205,10 +253,12 @@ class RegressionMonitor(StageMonitor):
         batch: Any,
         idx: int,
     ) -> None:
-        values = self._read(stage, pl_module, batch, outputs)
+        values, groups = self._read(stage, pl_module, batch, outputs)
         acc = self._acc(stage, idx, values[0].device, trainer.global_rank)
         with validation_enabled(self.validate_args):
-            acc.update(values)
+            if groups is not None and self.num_groups is not None:
+                groups = P.check_groups(self.group_key, groups, values[-1].shape, self.num_groups)
+            acc.update(values, groups)
 
     @override
     def _emit(
@@ -227,6 +277,7 @@ class RegressionMonitor(StageMonitor):
             ns, sfx = self._names(stage, idx, several)
             values = self._values(res)
             self._log_scalars(pl_module, values, ns, sfx)
+            per_group = self._log_groups(pl_module, res["groups"], ns, sfx)
             entry = self._record(
                 stage,
                 trainer,
@@ -234,9 +285,38 @@ class RegressionMonitor(StageMonitor):
                 n=int(res["coverage"]["n"]),
                 **{k: float(values[k]) for k in self.metrics},
                 pit_counts=[int(c) for c in res["pit"]["counts"].reshape(-1).tolist()],
+                group_metrics=per_group,
             )
             if trainer.is_global_zero:
                 self._write(stage, trainer, ns, sfx, res, entry)
+
+    def _log_groups(
+        self, pl_module: LightningModule, groups: dict[str, Any] | None, ns: str, sfx: str
+    ) -> list[dict[str, float] | None] | None:
+        """``pl_module.log`` every non-empty group's scalars (already all-reduced; every
+        rank); returns the history's ``group_metrics``."""
+        if groups is None:
+            return None
+        dev = pl_module.device
+        dtype = torch.float32 if dev.type == "mps" else torch.float64  # no float64 on mps
+        per_group = P.group_values(self.levels, groups)
+        for g, vals in per_group.items():
+            for key in self.group_metrics:
+                pl_module.log(
+                    f"{ns}/group_{g}/{key}{sfx}",
+                    vals[key].to(dev, dtype),
+                    on_step=False,
+                    on_epoch=True,
+                    sync_dist=True,
+                    add_dataloader_idx=False,
+                )
+        n = groups["n"].reshape(-1).tolist()
+        return [
+            {"n": int(n[g]), **{k: float(v) for k, v in per_group[g].items()}}
+            if g in per_group
+            else None
+            for g in range(len(n))
+        ]
 
     def _values(self, res: dict[str, Any]) -> dict[str, Tensor]:
         """The scalars of :attr:`metrics` from the computed results."""
@@ -261,28 +341,32 @@ class RegressionMonitor(StageMonitor):
     ) -> None:
         """Rank 0: the text tables (``verbose``), the CSV files, the loggers and the figure."""
         epoch, step = entry["epoch"], entry["step"]
-        pit_rows = P.pit_rows(res["pit"]["counts"])
-        cov_rows = P.coverage_rows(self.levels, res["coverage"])
+        tables = {
+            "pit": P.pit_rows(res["pit"]["counts"]),
+            "coverage": P.coverage_rows(self.levels, res["coverage"]),
+        }
+        if res["groups"] is not None:
+            tables["pit_groups"], tables["coverage_groups"] = P.group_rows(
+                self.levels, res["groups"]
+            )
         if self.verbose:
             rank_zero_info(
                 f"[RegressionMonitor] {ns}{sfx} epoch {epoch} step {step}: "
                 + ", ".join(f"{k}={entry[k]:.4f}" for k in self.metrics)
             )
-            rank_zero_info(P.rows_text(pit_rows, bar="density") + "\n" + P.rows_text(cov_rows))
+            text = [P.rows_text(tables["pit"], bar="density"), P.rows_text(tables["coverage"])]
+            if tables.get("coverage_groups"):
+                text.append(P.rows_text(tables["coverage_groups"]))
+            rank_zero_info("\n".join(text))
+        tables = {what: rows for what, rows in tables.items() if rows}  # no empty table
         if "csv" in self.sinks:
             stem = self._file(ns, stage, sfx)
             base = _sinks.log_dir_of(trainer)
-            P.write_rows(
-                os.path.join(base, stem.format("pit") + ".csv"), pit_rows, epoch=epoch, step=step
-            )
-            P.write_rows(
-                os.path.join(base, stem.format("coverage") + ".csv"),
-                cov_rows,
-                epoch=epoch,
-                step=step,
-            )
+            for what, rows in tables.items():
+                path = os.path.join(base, stem.format(what) + ".csv")
+                P.write_rows(path, rows, epoch=epoch, step=step)
         if "loggers" in self.sinks and trainer.loggers:
-            for what, rows in (("pit", pit_rows), ("coverage", cov_rows)):
+            for what, rows in tables.items():
                 tag = f"{ns}/{what}{sfx}"
                 art = f"calibration/{tag.replace('/', '_')}_epoch={epoch}_step={step}.json"
                 P.send_text_table(
@@ -292,7 +376,8 @@ class RegressionMonitor(StageMonitor):
                 self._figure(trainer, f"{ns}/pit_histogram{sfx}", res, step)
 
     def _file(self, ns: str, stage: str, sfx: str) -> str:
-        """The CSV file stem with a ``{}`` for ``pit``/``coverage``: ``[test_][name_]{}`` and
+        """The CSV file stem with a ``{}`` for ``pit``, ``coverage``, ``pit_groups`` or
+        ``coverage_groups``: ``[test_][name_]{}`` and
         ``_dataloader_idx_{i}``."""
         parts = ([] if stage == "val" else [stage]) + (
             [self.name.replace("/", "_")] if self.name else []

@@ -5,8 +5,10 @@ from torchcal.functional.calibration import (
     brier_decomposition,
     calibration_error,
     calibration_error_bootstrap,
+    kl_to_truth,
     negative_log_likelihood,
     reliability_table,
+    true_calibration_error,
 )
 from torchcal.functional.continuous import (
     crps_ensemble,
@@ -18,6 +20,14 @@ from torchcal.functional.continuous import (
     gaussian_nll,
     interval_score,
     quantile_score,
+)
+from torchcal.functional.decision import (
+    cost_threshold_from_stats,
+    drift_from_summaries,
+    ece_interval_from_stats,
+    probs_to_logits,
+    threshold_window,
+    window_gap_from_stats,
 )
 from torchcal.functional.invariants import (
     MonotoneMapCheck,
@@ -49,6 +59,12 @@ from torchcal.functional.regularizers import (
     mmce,
     soft_binned_ece,
 )
+from torchcal.functional.rewards import (
+    brier_reward,
+    correctness_brier_reward,
+    log_reward,
+    spherical_reward,
+)
 from torchcal.functional.scoring import (
     brier_score,
     log_score,
@@ -57,10 +73,18 @@ from torchcal.functional.scoring import (
 )
 
 __all__ = [
+    "cost_threshold_from_stats",
+    "drift_from_summaries",
+    "ece_interval_from_stats",
+    "probs_to_logits",
+    "threshold_window",
+    "window_gap_from_stats",
     "brier_decomposition",
     "brier_score",
     "calibration_error",
     "calibration_error_bootstrap",
+    "true_calibration_error",
+    "kl_to_truth",
     "crps_ensemble",
     "crps_laplace",
     "crps_logistic",
@@ -100,4 +124,8 @@ __all__ = [
     "quantile_calibration_error",
     "sharpness",
     "central_interval_factor",
+    "brier_reward",
+    "log_reward",
+    "spherical_reward",
+    "correctness_brier_reward",
 ]

@@ -336,3 +336,85 @@ def sharpness(scale: Tensor) -> Tensor:
     check_nonempty("scale", scale)
     check_positive("scale", scale)
     return scale.to(torch.float64).square().mean().sqrt()
+
+
+#: values per block of :func:`central_interval_sums` (its float64 temporaries stay in cache)
+COVERAGE_BLOCK = 1 << 16
+
+
+def central_interval_sums(
+    loc: Tensor,
+    scale: Tensor,
+    target: Tensor,
+    factors: Tensor,
+    *,
+    groups: Tensor | None = None,
+    num_groups: int = 1,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""Misses, width and penalty sums of the central intervals ``loc -+ k_l scale`` of ``L``
+    levels of a location-scale forecast, read from ``(loc, scale)`` without building bounds.
+
+    ``factors`` are the ``k_l`` of the levels (from
+    :func:`~torchcal.functional.central_interval_factor`). With :math:`a = |y - \mu|`, the
+    target misses level ``l`` when its penalty (distance to the interval, the second part of
+    :func:`~torchcal.functional.interval_score`) :math:`\max(a - k_l s, 0)` is positive, and
+    every width is :math:`2 k_l s`. So per group: misses :math:`m_l = \#\{a > k_l s\}`,
+    width :math:`W_l = 2 k_l \sum s`, penalty :math:`P_l = \sum \max(a - k_l s, 0)`: one fused
+    ``a - k s`` per level and column sums, in blocks of :data:`COVERAGE_BLOCK` values on the
+    CPU (temporaries that stay in cache; a loop over blocks, not over samples). As everywhere
+    in torchcal, each element is computed in the inputs' dtype (at least float32; the interval
+    ends are those of that dtype, as :func:`~torchcal.functional.interval_coverage` given
+    bounds computed in it) and every sum is accumulated in float64 (the 0/1 hits of a block
+    exactly in the compute dtype: a block holds fewer than 2^24 values). Checked input is
+    the caller's job (same shapes after broadcasting, ``scale > 0``, finite; a NaN,
+    unchecked, counts as a miss). Returns ``(misses, width_sum,
+    penalty_sum, rows)``: int64 ``(G, L)``, float64 ``(G, L)`` twice, int64 ``(G,)``.
+
+    Example:
+        >>> import torch
+        >>> k = torch.tensor([1.0, 2.0], dtype=torch.float64)
+        >>> y = torch.tensor([0.5, 1.5, 3.0])
+        >>> m, w, p, n = central_interval_sums(torch.zeros(3), torch.ones(3), y, k)
+        >>> m.tolist(), w.tolist(), p.tolist(), n.tolist()
+        ([[2, 1]], [[6.0, 12.0]], [[2.5, 1.0]], [3])
+    """
+    loc, scale, target = (x.reshape(-1) for x in torch.broadcast_tensors(loc, scale, target))
+    device = target.device
+    dtype = torch.promote_types(torch.promote_types(loc.dtype, scale.dtype), target.dtype)
+    dtype = torch.promote_types(dtype, torch.float32)
+    ks = factors.to(torch.float64).tolist()
+    L = len(ks)
+    step = COVERAGE_BLOCK if device.type == "cpu" else max(target.numel(), 1)
+    m = min(target.numel(), step)
+    a = torch.empty(m, dtype=dtype, device=device)
+    # per block: rows [s, penalties (L)] summed in float64, rows of 0/1 hits (L) summed as is
+    cols = torch.empty((1 + L, m), dtype=dtype, device=device)
+    wide = cols if dtype == torch.float64 else torch.empty_like(cols, dtype=torch.float64)
+    hits = torch.empty((L, m), dtype=dtype, device=device)
+    acc = torch.zeros((1 + 2 * L, num_groups), dtype=torch.float64, device=device)
+    g = None if groups is None else groups.reshape(-1).to(device=device, dtype=torch.int64)
+    for start in range(0, target.numel(), step):
+        part = slice(start, start + step)
+        n = target[part].numel()
+        ab, cb, hb = a[:n], cols[:, :n], hits[:, :n]
+        torch.sub(target[part], loc[part], out=ab).abs_()  # |y - loc|
+        sb = cb[0].copy_(scale[part])
+        for j, k in enumerate(ks):  # the penalty max(|y - loc| - k s, 0); a miss where > 0
+            torch.sub(ab, sb, alpha=k, out=cb[1 + j]).clamp_(min=0.0)
+        # 0/1 hits (penalty 0); a NaN (unchecked input) covers nothing, as in the bounds path
+        torch.le(cb[1:], 0.0, out=hb)
+        cw = wide[:, :n].copy_(cb) if wide is not cols else cb
+        if g is None:
+            acc[: 1 + L].add_(cw.sum(dim=1, keepdim=True))
+            acc[1 + L :].add_(hb.sum(dim=1, keepdim=True))
+        else:
+            acc[: 1 + L].index_add_(1, g[part], cw)
+            acc[1 + L :].index_add_(1, g[part], hb.to(torch.float64))
+    k = factors.to(device=device, dtype=torch.float64)
+    rows = torch.bincount(g, minlength=num_groups) if g is not None else None
+    if rows is None:
+        rows = torch.tensor([target.numel()], dtype=torch.int64, device=device)
+    acc = acc.T  # (G, 1 + 2L)
+    width = 2.0 * k * acc[:, :1]
+    misses = rows.unsqueeze(-1) - acc[:, 1 + L :].round().to(torch.int64)
+    return misses, width, acc[:, 1 : 1 + L], rows

@@ -41,6 +41,7 @@ class _ClassScoreLoss(KeepBufferDtype):
 
     weight: Tensor | None
     _score: staticmethod  # the functional rule, set by each subclass
+    is_proper: str = "strict"  # "strict" | "proper" | "no" (see each subclass)
 
     def __init__(
         self,
@@ -87,6 +88,9 @@ class LogScoreLoss(_ClassScoreLoss):
     ``reduction`` and ``label_smoothing`` as in ``nn.CrossEntropyLoss`` (``weight`` is a
     buffer). ``label_smoothing > 0`` (multiclass only) is not a proper score.
 
+    ``is_proper``: ``"strict"``, or ``"no"`` when ``label_smoothing > 0`` (the expected
+    score is then minimised by ``(1 - eps) q + eps / C``, not by ``q``).
+
     Example:
         >>> import torch
         >>> from torchcal.losses import LogScoreLoss
@@ -113,6 +117,10 @@ class LogScoreLoss(_ClassScoreLoss):
         )
         self.label_smoothing = check_label_smoothing(label_smoothing)
 
+    @property
+    def is_proper(self) -> str:  # type: ignore[override]
+        return "no" if self.label_smoothing > 0 else "strict"
+
     def _options(self) -> dict[str, object]:
         return {"label_smoothing": self.label_smoothing}
 
@@ -127,6 +135,7 @@ class BrierLoss(_ClassScoreLoss):
     r"""Brier score as a loss (:func:`torchcal.functional.brier_score`).
 
     Multiclass ``sum_c (p_c - y_c)^2``; binary ``(p - y)^2`` (half the 2-class value).
+    ``is_proper = "strict"``.
 
     Example:
         >>> import torch
@@ -140,6 +149,8 @@ class BrierLoss(_ClassScoreLoss):
 
 class SphericalLoss(_ClassScoreLoss):
     r"""Spherical score ``1 - p_y / ||p||_2`` as a loss (:func:`torchcal.functional.spherical_score`).
+
+    ``is_proper = "strict"``.
 
     Example:
         >>> import torch
@@ -156,6 +167,7 @@ class RPSLoss(_ClassScoreLoss):
 
     See :func:`torchcal.functional.ranked_probability_score` (not normalised by
     ``C - 1``; the class order along ``dim=1`` is the ordinal order).
+    ``is_proper = "strict"``.
 
     Example:
         >>> import torch
@@ -171,6 +183,7 @@ class FocalLoss(_ClassScoreLoss):
     r"""Focal loss, or FLSD-53 with ``gamma='adaptive'`` (:func:`torchcal.functional.focal_loss`).
 
     Not a proper scoring rule: a training objective that tends to reduce over-confidence.
+    ``is_proper``: ``"strict"`` only at ``gamma == 0`` (the log score), else ``"no"``.
 
     Example:
         >>> import torch
@@ -195,6 +208,10 @@ class FocalLoss(_ClassScoreLoss):
         )
         self.gamma = check_gamma(gamma)
 
+    @property
+    def is_proper(self) -> str:  # type: ignore[override]
+        return "strict" if self.gamma == 0 else "no"
+
     def _options(self) -> dict[str, object]:
         return {"gamma": self.gamma}
 
@@ -205,9 +222,14 @@ class FocalLoss(_ClassScoreLoss):
 class MMCELoss(KeepBufferDtype):
     r"""MMCE calibration penalty of a batch (:func:`torchcal.functional.mmce`).
 
-    Usually added to a proper score: ``loss = log_score + lam * mmce``. Defaults to the
-    smooth form ``squared=True`` (``MMCE^2``, as Kumar et al. train with): the root has an
-    infinite slope at 0, where ``squared=False`` takes the subgradient 0.
+    Usually added to a proper score. Kumar, Sarawagi & Jain 2018 train
+    ``NLL + lambda * MMCE`` with the root, ``MMCE = (MMCE^2)^(1/2)`` (their released code
+    returns ``sqrt(mmd + 1e-10)``; they use the weighted MMCE_w): that is ``squared=False``
+    here. The default ``squared=True`` is torchcal's smooth form ``MMCE^2`` (the root has an
+    infinite slope at 0, where ``squared=False`` takes the subgradient 0). With every item
+    in one context, ``MMCE^2 = (mean(o) - r)^2`` is minimised in expectation at the true
+    probability of being right; the root ``|mean(o) - r|`` is not.
+    ``is_proper = "no"`` (a calibration penalty, not a scoring rule).
 
     Example:
         >>> import torch
@@ -218,6 +240,8 @@ class MMCELoss(KeepBufferDtype):
         >>> round(MMCELoss(squared=False)(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
         0.1647
     """
+
+    is_proper = "no"
 
     def __init__(
         self,
@@ -251,6 +275,7 @@ class SoftBinnedECELoss(KeepBufferDtype):
 
     Defaults to the smooth form ``root=False``: ``SB-ECE_p^p``, whose gradient is finite
     and continuous at 0; ``root=True`` returns ``SB-ECE_p`` (subgradient 0 at 0).
+    ``is_proper = "no"`` (a calibration penalty, not a scoring rule).
 
     Example:
         >>> import torch
@@ -261,6 +286,8 @@ class SoftBinnedECELoss(KeepBufferDtype):
         >>> round(SoftBinnedECELoss(root=True)(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
         0.3192
     """
+
+    is_proper = "no"
 
     def __init__(
         self,
@@ -304,6 +331,7 @@ class ConfidencePenaltyLoss(KeepBufferDtype):
     Pereyra et al. 2017: add it to a proper score, ``loss = log_score + penalty``; it is
     ``<= 0`` and rewards entropy. ``forward(logits, target=None)``: without a target the
     logits are multiclass ``(N, C, *)``; a target selects the layout and ``ignore_index``.
+    ``is_proper = "no"`` (alone or added to the log score: the minimiser is flatter than q).
 
     Example:
         >>> import torch
@@ -311,6 +339,8 @@ class ConfidencePenaltyLoss(KeepBufferDtype):
         >>> round(ConfidencePenaltyLoss(beta=0.5)(torch.zeros(2, 4)).item(), 4)  # -0.5 log 4
         -0.6931
     """
+
+    is_proper = "no"
 
     def __init__(
         self,
@@ -343,6 +373,7 @@ class _BatchPenaltyLoss(KeepBufferDtype):
     """Shared shell of the batch-level penalties: ``beta * fn(logits, target)``."""
 
     _penalty: staticmethod
+    is_proper = "no"
 
     def __init__(
         self, beta: float = 1.0, ignore_index: int = -100, multilabel: bool = False
@@ -365,7 +396,7 @@ class DCALoss(_BatchPenaltyLoss):
     r"""``beta * DCA`` of a batch (:func:`torchcal.functional.dca`, Liang et al. 2020).
 
     ``beta`` multiplies the output (the paper's ``log_score + beta * DCA``); add the
-    result to a proper score.
+    result to a proper score. ``is_proper = "no"``.
 
     Example:
         >>> import torch
@@ -382,6 +413,7 @@ class MDCALoss(_BatchPenaltyLoss):
     r"""``beta * MDCA`` of a batch (:func:`torchcal.functional.mdca`, Hebbalaguppe et al. 2022).
 
     ``beta`` multiplies the output (the paper's ``log_score + beta * MDCA``).
+    ``is_proper = "no"`` (per item; a batch penalty, not a scoring rule).
 
     Example:
         >>> import torch

@@ -43,6 +43,7 @@ class CRPSLoss(KeepBufferDtype):
       ``'nrg'`` estimator under-disperses trained ensembles).
 
     ``estimator`` and ``ensemble_dim`` are used only with ``'ensemble'``.
+    ``is_proper = "strict"`` (CRPS is strictly proper for distributions with a finite mean).
 
     Example:
         >>> import torch
@@ -54,6 +55,8 @@ class CRPSLoss(KeepBufferDtype):
         >>> round(ens(torch.tensor([[0.0, 1.0, 2.0, 3.0]]), torch.tensor([1.5])).item(), 4)
         0.1667
     """
+
+    is_proper = "strict"
 
     def __init__(
         self,
@@ -107,6 +110,7 @@ class EnergyScoreLoss(KeepBufferDtype):
     r"""Energy score of a multivariate ensemble as a loss (:func:`torchcal.functional.energy_score`).
 
     ``forward(samples, target)`` with ``samples`` ``(..., M, D)`` and ``target`` ``(..., D)``.
+    ``is_proper = "strict"`` (for distributions with a finite mean).
 
     Example:
         >>> import torch
@@ -115,6 +119,8 @@ class EnergyScoreLoss(KeepBufferDtype):
         >>> EnergyScoreLoss(estimator="nrg")(x, torch.tensor([[0.0, 0.0]])).item()
         1.25
     """
+
+    is_proper = "strict"
 
     def __init__(self, *, estimator: str = "fair", reduction: str = "mean") -> None:
         super().__init__()
@@ -133,6 +139,8 @@ class IntervalScoreLoss(KeepBufferDtype):
 
     ``alpha`` is a float in (0, 1) or a tensor of levels (kept as a buffer, so it moves
     with ``.to(device)``). ``forward(lower, upper, target)``.
+    ``is_proper = "proper"``: minimised by the true ``alpha/2`` and ``1 - alpha/2``
+    quantiles, but every distribution sharing them scores the same.
 
     Example:
         >>> import torch
@@ -143,6 +151,8 @@ class IntervalScoreLoss(KeepBufferDtype):
     """
 
     alpha: Tensor | float
+
+    is_proper = "proper"
 
     def __init__(self, alpha: float | Tensor, *, reduction: str = "mean") -> None:
         super().__init__()
@@ -167,6 +177,8 @@ class QuantileLoss(KeepBufferDtype):
     ``quantiles`` (``Q`` levels in (0, 1)) are stored as a float64 buffer;
     ``forward(pred, target)`` with ``pred`` ``(..., Q)`` and ``target`` ``(...)``.
     1x convention (level 0.5 gives half the absolute error), as scoringrules.
+    ``is_proper = "proper"``: it elicits the true quantiles at the given levels, not the
+    whole distribution (any distribution with those quantiles scores the same).
 
     Example:
         >>> import torch
@@ -177,6 +189,8 @@ class QuantileLoss(KeepBufferDtype):
     """
 
     quantiles: Tensor
+
+    is_proper = "proper"
 
     def __init__(
         self, quantiles: Tensor | list[float] | tuple[float, ...], *, reduction: str = "mean"
@@ -203,6 +217,7 @@ class GaussianNLLLoss(KeepBufferDtype):
     ``spread`` is the variance by default (as in torch), the standard deviation with
     ``spread='scale'``. ``full=True`` by default (the true log score) and no ``eps`` clamp
     of the variance (non-positive spreads raise).
+    ``is_proper = "strict"`` (the log score of the normal forecast).
 
     Example:
         >>> import torch
@@ -210,6 +225,8 @@ class GaussianNLLLoss(KeepBufferDtype):
         >>> round(GaussianNLLLoss()(torch.zeros(2), torch.ones(2), torch.zeros(2)).item(), 5)
         0.91894
     """
+
+    is_proper = "strict"
 
     def __init__(self, *, full: bool = True, spread: str = "var", reduction: str = "mean") -> None:
         super().__init__()
@@ -230,6 +247,8 @@ class DawidSebastianiLoss(KeepBufferDtype):
     r"""Dawid-Sebastiani score as a loss (:func:`torchcal.functional.dawid_sebastiani_score`).
 
     ``forward(loc, scale, target)`` with ``scale`` the predictive standard deviation.
+    ``is_proper = "proper"``: it depends on the forecast's mean and variance only, so
+    every distribution with the true mean and variance scores the same.
 
     Example:
         >>> import torch
@@ -237,6 +256,8 @@ class DawidSebastianiLoss(KeepBufferDtype):
         >>> DawidSebastianiLoss()(torch.zeros(1), torch.ones(1), torch.full((1,), 2.0)).item()
         4.0
     """
+
+    is_proper = "proper"
 
     def __init__(self, *, reduction: str = "mean") -> None:
         super().__init__()

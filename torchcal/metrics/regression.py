@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from torchcal.functional._forecast import check_location_scale
 from torchcal.functional._validation import (
     check_group_ids,
     check_int,
@@ -38,7 +39,9 @@ from torchcal.functional.continuous import (
     interval_parts,
     interval_score_from_parts,
 )
+from torchcal.functional.coverage import central_interval_sums
 from torchcal.functional.regression import (
+    central_interval_factor,
     frequency_calibration_error,
     observed_frequencies,
     pit_calibration_error_from_counts,
@@ -56,6 +59,7 @@ def level_tuple(name: str, levels: Tensor | Sequence[float]) -> tuple[float, ...
         return tuple(float(v) for v in check_level_grid(name, levels).tolist())
 
 
+_FORECASTS = ("bounds", "normal", "laplace", "logistic")
 #: elements per float64 partial sum on the CPU (see :func:`float64_column_sums`)
 _CHUNK = 1 << 16
 #: values per block of :meth:`IntervalCoverage.update` (4 MB of float32)
@@ -248,8 +252,17 @@ class IntervalCoverage(RegressionMetric):
     With ``num_groups`` a :class:`~torchcal.report.GroupedResult` (``per_group``: ``(G, L)``;
     conditional coverage, e.g. by input range or by predicted spread, is a group id).
 
+    **Location-scale forecasts.** With ``forecast="normal" | "laplace" | "logistic"``,
+    ``update(loc, scale, target, groups=None)`` takes the forecast itself (``loc`` and ``scale``
+    broadcast to the target's shape) and scores its central intervals
+    ``loc -+ central_interval_factor(forecast, c) * scale`` at every level in one pass whose cost
+    does not grow with the number of levels (:func:`~torchcal.functional.coverage.
+    central_interval_sums`; per element in the inputs' dtype, sums in float64, as with bounds).
+
     Args:
         levels: nominal coverages ``c`` in (0, 1), strictly increasing.
+        forecast: ``"bounds"`` (default: ``update(lower, upper, target)``) or a location-scale
+            family (``update(loc, scale, target)``).
         num_groups: per-group results (``update`` then needs ``groups`` of ``target``'s shape).
         validate_args: run the value checks (NaN, ``lower <= upper``, group ids).
 
@@ -265,21 +278,27 @@ class IntervalCoverage(RegressionMetric):
         ([0.5, 1.0], [2.0, 4.0])
         >>> r["interval_score"].tolist()  # level 0.5: (2 + (2 + 2 / 0.5 * 0.5)) / 2
         [3.0, 4.0]
+        >>> m = IntervalCoverage(levels=(0.5, 0.9), forecast="normal")
+        >>> m.update(torch.zeros(3), torch.ones(3), torch.tensor([0.1, -1.0, 2.0]))
+        >>> m.compute()["coverage"].tolist()
+        [0.3333333333333333, 0.6666666666666666]
     """
 
     higher_is_better = None
-    _CONFIG = ("levels", "num_groups")
+    _CONFIG = ("levels", "forecast", "num_groups")
 
     def __init__(
         self,
         levels: Sequence[float] | Tensor = (0.5, 0.8, 0.9, 0.95),
         *,
+        forecast: str = "bounds",
         num_groups: int | None = None,
         validate_args: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(num_groups=num_groups, validate_args=validate_args, **kwargs)
         self.levels = level_tuple("levels", levels)
+        self.forecast = check_option("forecast", forecast, _FORECASTS)
         shape = (self._G, len(self.levels))
         self.add_state("hits", torch.zeros(shape, dtype=torch.int64), dist_reduce_fx="sum")
         for name in ("width_sum", "score_sum"):
@@ -299,9 +318,13 @@ class IntervalCoverage(RegressionMetric):
     def update(
         self, lower: Tensor, upper: Tensor, target: Tensor, groups: Tensor | None = None
     ) -> None:
-        """Accumulate a batch: bounds ``(..., L)``, target ``(...)``, groups ``(...)``."""
+        """Accumulate a batch: bounds ``(..., L)``, target ``(...)``, groups ``(...)``; with a
+        location-scale ``forecast``: ``update(loc, scale, target, groups)``."""
         if not isinstance(target, Tensor):
             raise TypeError(f"target: expected a Tensor, got {type(target).__name__}")
+        if self.forecast != "bounds":
+            self._update_location_scale(lower, upper, target, groups)
+            return
         self._check_bounds(lower, upper, target)
         ids = self._group_ids(groups, target.shape)
         alpha = 1.0 - torch.tensor(self.levels, dtype=torch.float64, device=target.device)
@@ -316,6 +339,23 @@ class IntervalCoverage(RegressionMetric):
         self.width_sum.add_(width_sum.to(device))
         # the score is linear in its parts: the summed score from the float64 sums
         self.score_sum.add_(interval_score_from_parts(width_sum, penalty_sum, alpha).to(device))
+        self.hits.add_((rows.unsqueeze(-1) - misses).to(device))
+        self.n.add_(rows.to(device))
+
+    def _update_location_scale(
+        self, loc: Tensor, scale: Tensor, target: Tensor, groups: Tensor | None
+    ) -> None:
+        ids = self._group_ids(groups, target.shape)
+        with validation_enabled(self.validate_args):
+            loc, scale, target = check_location_scale(loc, scale, target)
+        factors = central_interval_factor(self.forecast, self.levels)
+        misses, width, penalty, rows = central_interval_sums(
+            loc, scale, target, factors, groups=ids, num_groups=self._G
+        )
+        alpha = 1.0 - torch.tensor(self.levels, dtype=torch.float64, device=target.device)
+        device = self.n.device
+        self.width_sum.add_(width.to(device))
+        self.score_sum.add_(interval_score_from_parts(width, penalty, alpha).to(device))
         self.hits.add_((rows.unsqueeze(-1) - misses).to(device))
         self.n.add_(rows.to(device))
 

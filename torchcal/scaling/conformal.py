@@ -176,8 +176,18 @@ class _Conformal(FittedMixin):
                 f"{'non-negative' if self._nonnegative else 'finite or +inf'} quantiles "
                 f"(no NaN) in the loaded state"
             )
-        if n is not None and (n.shape != q.shape or bool((n < 0).any())):
-            raise ValueError(f"{prefix}counts: expected {tuple(q.shape)} counts >= 0")
+        if n is not None and (
+            n.shape != q.shape
+            or n.is_floating_point()
+            or n.dtype == torch.bool
+            or bool((n < 0).any())
+        ):
+            raise ValueError(f"{prefix}counts: expected {tuple(q.shape)} integer counts >= 0")
+        fitted = state.get("fitted")
+        if fitted is not None and bool(fitted) and q.numel() == 0:
+            raise ValueError(
+                f"{prefix}score_quantiles: a fitted state needs at least one, got none"
+            )
 
     def _load_from_state_dict(
         self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any

@@ -105,13 +105,20 @@ class QuantileRecalibrator(FittedMixin):
         xk, yk, fitted = (state.get(k) for k in ("x_knots", "y_knots", "fitted"))
         if xk is None or yk is None:
             return
-        if xk.dim() != 1 or yk.shape != xk.shape:
+        if xk.dim() != 1:
+            raise ValueError(f"{prefix}x_knots: expected a 1-D tensor, got shape {tuple(xk.shape)}")
+        if yk.shape != xk.shape:
             raise ValueError(
                 f"{prefix}y_knots: expected the 1-D shape of x_knots {tuple(xk.shape)}, "
                 f"got {tuple(yk.shape)}"
             )
         if fitted is not None and bool(fitted) and xk.numel() == 0:
             raise ValueError(f"{prefix}x_knots: a fitted state needs at least one knot, got none")
+        if xk.numel() and not (float(xk[0]) == 0.0 and float(xk[-1]) == 1.0):
+            raise ValueError(  # fit() always anchors R at both ends: R maps [0, 1] onto itself
+                f"{prefix}x_knots: expected knots from 0 to 1 in the loaded state, got "
+                f"{xk[:1].tolist()} ... {xk[-1:].tolist()}"
+            )
         for name, v in (("x_knots", xk), ("y_knots", yk)):
             v = v.to(torch.float64)
             inside = bool(((v >= 0) & (v <= 1)).all())  # NaN fails

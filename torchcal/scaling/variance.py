@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
 
-from torchcal.functional._forecast import check_location_scale
+from torchcal.functional._forecast import broadcast_or_none, check_location_scale
 from torchcal.functional._validation import (
     check_finite,
     check_finite_value,
     check_floating,
+    check_int,
     check_option,
     check_positive,
     check_temperature_bounds,
     check_tensor,
-    validation_enabled,
 )
-from torchcal.functional.crps import crps_laplace, crps_logistic, crps_normal
+from torchcal.functional.crps import crps_scale_sums
 from torchcal.scaling._base import FitResult, FittedMixin, check_state_finite, warn_all
 from torchcal.scaling._solvers import bracketed_newton
 
@@ -27,11 +27,6 @@ __all__ = ["VarianceScaler"]
 
 _OBJECTIVES = ("nll", "crps")
 _FAMILIES = ("normal", "laplace", "logistic")
-_CRPS: dict[str, Callable[..., Tensor]] = {
-    "normal": crps_normal,
-    "laplace": crps_laplace,
-    "logistic": crps_logistic,
-}
 # the standard deviation of the unit-scale family (a start point of the CRPS fit)
 _UNIT_SD = {"normal": 1.0, "laplace": math.sqrt(2.0), "logistic": math.pi / math.sqrt(3.0)}
 
@@ -53,8 +48,9 @@ class VarianceScaler(FittedMixin):
     - ``objective="crps"``: the mean CRPS of the family (:func:`~torchcal.functional.crps_normal`
       and its Laplace/logistic twins). ``CRPS(s) = sum_i scale_i CRPS_0(s, r_i)`` is convex in
       ``s`` (a perspective of a convex function); a bracketed Newton iteration on ``log s``
-      (``scaling/_solvers.py``) with exact first and second derivatives (the CRPS's own
-      closed-form gradients, differentiated once more) stops on ``grad_tol``.
+      (``scaling/_solvers.py``) reads its exact gradient and curvature from one pass per step
+      (:func:`~torchcal.functional.crps.crps_scale_sums`, closed forms, no autograd) and
+      stops on ``grad_tol``.
 
     All sums are float64. The fitted state ``log_scale_factor`` is a float64 buffer that keeps
     its dtype under ``.to(dtype)`` and is validated on load (finite, ``|log s| <= 700``).
@@ -113,7 +109,7 @@ class VarianceScaler(FittedMixin):
         self.family = family
         self.bounds = check_temperature_bounds("bounds", bounds)
         self.grad_tol = check_finite_value("grad_tol", grad_tol, strict=True)
-        self.max_iter = int(max_iter)
+        self.max_iter = check_int("max_iter", max_iter, minimum=1)
         self.register_buffer("log_scale_factor", torch.zeros((), dtype=torch.float64))
         self._init_fitted()
 
@@ -135,6 +131,8 @@ class VarianceScaler(FittedMixin):
     @scale_factor.setter
     def scale_factor(self, value: float) -> None:
         v = check_finite_value("scale_factor", value, strict=True)
+        if not abs(math.log(v)) <= 700.0:  # the range a loaded state may hold
+            raise ValueError(f"scale_factor: expected exp(-700) <= s <= exp(700), got {v!r}")
         self._store("log_scale_factor", math.log(v))
         self._mark_fitted()
 
@@ -153,6 +151,11 @@ class VarianceScaler(FittedMixin):
         check_finite("loc", loc)
         check_floating("scale", check_tensor("scale", scale))
         check_positive("scale", scale)
+        if broadcast_or_none([loc.shape, scale.shape]) not in (loc.shape, scale.shape):
+            raise ValueError(  # e.g. (N,) and (N, 1): an (N, N) forecast, never meant
+                f"scale: expected loc's shape {tuple(loc.shape)} or one of the shapes that "
+                f"broadcast to it (or loc's to scale's), got {tuple(scale.shape)}"
+            )
         s = torch.exp(self.log_scale_factor).to(scale.device)
         return loc, (scale.to(torch.float64) * s).to(scale.dtype)
 
@@ -170,7 +173,6 @@ class VarianceScaler(FittedMixin):
             r.view(shape).sub_(loc.detach()).div_(scale.detach())
             if self.objective == "nll":
                 return self._fit_nll(r, b)
-        with torch.inference_mode(False), torch.enable_grad():
             return self._fit_crps(r, b)
 
     def _clamp(self, s: float, msgs: list[str]) -> float:
@@ -207,27 +209,31 @@ class VarianceScaler(FittedMixin):
             s, before, after, abs(1.0 - stat * inv), 0, not msgs, msgs, method="closed_form_nll"
         )
 
-    def _crps_sum(self, r: Tensor, b: Tensor, u: Tensor) -> Tensor:
-        """``sum_i b_i CRPS(0, e^u, r_i)`` = the summed CRPS at ``s = e^u`` (differentiable)."""
-        s = torch.exp(u).expand(r.shape)
-        with validation_enabled(False):
-            per = _CRPS[self.family](torch.zeros_like(r), s, r, reduction="none")
-        return (per * b).sum()
+    def _crps_sum(self, r: Tensor, b: Tensor, u: float) -> float:
+        """``sum_i b_i CRPS(0, e^u, r_i)`` = the summed CRPS at ``s = e^u``."""
+        return crps_scale_sums(self.family, r, math.exp(u), b)[0]
 
     def _fit_crps(self, r: Tensor, b: Tensor) -> FitResult:
         n = r.numel()
-        b_mean = float(b.mean())
-        count = torch.full((1,), float(n) * b_mean, dtype=torch.float64)
+        b_sum = float(b.sum())
+        b_mean = b_sum / n
+        count = torch.full((1,), b_sum, dtype=torch.float64)
         lo, hi = (math.log(v) for v in self.bounds)
 
-        def evaluate(u: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-            uu = u.detach().clone().reshape(()).requires_grad_(True)
-            f = self._crps_sum(r, b, uu)
-            (g,) = torch.autograd.grad(f, uu, create_graph=True)
-            (h,) = torch.autograd.grad(g, uu)
-            return f.detach(), g.detach().reshape(1), h.detach().reshape(1), count
+        def evaluate(u: Tensor) -> tuple[float, Tensor, Tensor, Tensor]:
+            # F(u) = sum_i b_i CRPS(0, e^u, r_i): dF/du = s sum b d_i, d2F/du2 = dF/du + s sum b c_i
+            # (d_i = dCRPS/ds, c_i = s d2CRPS/ds2, closed forms)
+            s = math.exp(float(u[0]))
+            f, d, c = crps_scale_sums(self.family, r, s, b)
+            g = s * d
+            return (
+                f,
+                torch.tensor([g], dtype=torch.float64),
+                torch.tensor([g + s * c], dtype=torch.float64),
+                count,
+            )
 
-        sd = float((r * r).mean().sqrt()) / _UNIT_SD[self.family]
+        sd = math.sqrt(float(torch.dot(r, r)) / n) / _UNIT_SD[self.family]
         u0 = torch.tensor([min(max(math.log(max(sd, 1e-300)), lo), hi)], dtype=torch.float64)
         res = bracketed_newton(
             evaluate,
@@ -248,8 +254,7 @@ class VarianceScaler(FittedMixin):
         elif not bool(res.converged[0]):
             msgs.append(f"scale_factor: the CRPS fit stopped after {self.max_iter} iterations")
         u = float(res.u[0])
-        with torch.no_grad():
-            before = float(self._crps_sum(r, b, torch.zeros((), dtype=torch.float64))) / n
+        before = self._crps_sum(r, b, 0.0) / n
         after = float(res.payload) / n  # type: ignore[arg-type]
         g_mean = abs(float(res.grad[0])) * b_mean  # d mean CRPS / d log s
         return self._result(
@@ -261,6 +266,7 @@ class VarianceScaler(FittedMixin):
             not msgs,
             msgs,
             method="newton_crps",
+            passes=res.iterations + 2,  # the start, each step, and the value at s = 1
         )
 
     def _result(
@@ -274,6 +280,7 @@ class VarianceScaler(FittedMixin):
         msgs: list[str],
         *,
         method: str,
+        passes: int = 1,
     ) -> FitResult:
         self._store("log_scale_factor", math.log(s))
         self._mark_fitted()
@@ -285,6 +292,6 @@ class VarianceScaler(FittedMixin):
             iterations=iterations,
             converged=converged,
             warnings=warn_all(msgs, stacklevel=4),
-            passes=iterations + 1,
+            passes=passes,
             method=method,
         )

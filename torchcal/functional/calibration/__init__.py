@@ -110,6 +110,7 @@ from torchcal.functional.calibration.smooth import (
 from torchcal.functional.calibration.tables import (
     reliability_table_from_stats,
 )
+from torchcal.functional.calibration.truth import kl_to_truth, true_calibration_error
 from torchcal.functional.calibration.wrappers import (
     ESTIMATORS,
     FINE_ESTIMATORS,
@@ -172,6 +173,8 @@ __all__ = [
     "smooth_calibration_error_from_samples",
     "smooth_calibration_error_from_stats",
     "stack_scalars",
+    "true_calibration_error",
+    "kl_to_truth",
     "warn_probs_as_logits",
     "wilson_interval",
     "z_of_level",

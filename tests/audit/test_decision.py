@@ -1,0 +1,194 @@
+"""torchcal.functional.decision against numpy/scipy float64 references and brute force."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import logit
+from scipy.stats import binomtest
+
+from torchcal.functional.calibration import (
+    binned_statistics,
+    bootstrap_statistics,
+    calibration_error_from_stats,
+    ece_bootstrap_from_stats,
+    prepare_inputs,
+)
+from torchcal.functional.decision import (
+    LOGIT_LIMIT,
+    cost_threshold_from_stats,
+    drift_from_summaries,
+    ece_interval_from_stats,
+    probs_to_logits,
+    threshold_window,
+    window_gap_from_stats,
+)
+
+
+def _data(n: int, seed: int, power: float = 1.5) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    p = torch.rand(n, generator=g, dtype=torch.float64)
+    y = (torch.rand(n, generator=g, dtype=torch.float64) < p**power).long()
+    return p, y
+
+
+def _stats(p: torch.Tensor, y: torch.Tensor, B: int = 10):
+    return binned_statistics(p, y, n_bins=B, reading="binary", input="probs").pooled()
+
+
+@pytest.mark.parametrize("B", [5, 10, 13])
+def test_threshold_window_is_the_bin_and_its_lower_neighbour(B: int) -> None:
+    for t in np.linspace(0, 1, 41):
+        lo, hi = threshold_window(float(t), B)
+        k = min(int(np.floor(t * B)), B - 1)
+        assert (lo, hi) == (max(k - 1, 0) / B, (k + 1) / B)
+        assert lo <= t <= hi
+    assert threshold_window(0.8, 10) == (0.7, 0.9)
+    assert threshold_window(1.0, 10) == (0.8, 1.0)
+
+
+def test_window_gap_matches_numpy_and_scipy_wilson() -> None:
+    p, y = _data(3000, 0)
+    s = _stats(p, y)
+    w = window_gap_from_stats(s, 0.7, 0.9)
+    pn, yn = p.numpy(), y.numpy()
+    m = (pn >= 0.7) & (pn < 0.9)
+    assert int(w["n"]) == m.sum()
+    assert float(w["confidence"]) == pytest.approx(pn[m].mean(), rel=1e-12)
+    assert float(w["accuracy"]) == pytest.approx(yn[m].mean(), rel=1e-12)
+    assert float(w["gap"]) == pytest.approx(pn[m].mean() - yn[m].mean(), abs=1e-12)
+    ci = binomtest(int(yn[m].sum()), int(m.sum())).proportion_ci(0.95, method="wilson")
+    assert w["accuracy_ci"].tolist() == pytest.approx([ci.low, ci.high], abs=1e-10)
+    last = window_gap_from_stats(_stats(torch.tensor([1.0, 0.95]), torch.tensor([1, 0])), 0.8, 1.0)
+    assert int(last["n"]) == 2  # 1.0 is in the last (closed) bin
+    with pytest.raises(ValueError, match="^lo, hi"):
+        window_gap_from_stats(s, 0.75, 0.9)
+
+
+def _brute_cost(p: np.ndarray, y: np.ndarray, B: int, ce: float, cx: float):
+    best = None
+    for t in [k / B for k in range(B)] + [1.0]:
+        auto = (p >= t) if t < 1.0 else np.zeros_like(p, dtype=bool)
+        cost = ce * np.sum(auto & (y == 0)) + cx * np.sum(~auto)
+        if best is None or cost <= best[1]:  # ties: the highest t (visited last)
+            best = (t, cost, auto.sum(), np.sum(auto & (y == 0)))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize(("ce", "cx"), [(10.0, 1.0), (3.0, 1.0), (1.0, 1.0), (1.0, 5.0)])
+def test_cost_threshold_equals_brute_force(seed: int, ce: float, cx: float) -> None:
+    p, y = _data(500, seed, power=1.0 + seed / 2)
+    B = 10
+    r = cost_threshold_from_stats(_stats(p, y, B), ce, cx)
+    t, cost, n_auto, errors = _brute_cost(p.numpy(), y.numpy(), B, ce, cx)
+    assert float(r["threshold"]) == t
+    assert int(r["n_automated"]) == n_auto
+    assert float(r["cost_per_item"]) == pytest.approx(cost / 500, rel=1e-12)
+    assert float(r["naive_threshold"]) == pytest.approx(1 - cx / ce)
+    if n_auto:
+        assert float(r["error_rate"]) == pytest.approx(errors / n_auto)
+        ci = binomtest(int(errors), int(n_auto)).proportion_ci(0.95, method="wilson")
+        assert r["error_rate_ci"].tolist() == pytest.approx([ci.low, ci.high], abs=1e-10)
+    else:
+        assert math.isnan(float(r["error_rate"]))
+
+
+def test_cost_threshold_groups_and_argument_errors() -> None:
+    p, y = _data(600, 1)
+    grp = torch.arange(600) % 3
+    s = binned_statistics(p, y, n_bins=10, reading="binary", input="probs", groups=grp)
+    r = cost_threshold_from_stats(s, 4.0, 1.0)
+    for gi in range(3):
+        m = (grp == gi).numpy()
+        t = _brute_cost(p.numpy()[m], y.numpy()[m], 10, 4.0, 1.0)[0]
+        assert float(r["threshold"][gi]) == t
+    for bad in (0.0, -1.0, math.inf):
+        with pytest.raises(ValueError, match="^cost_error"):
+            cost_threshold_from_stats(s, bad, 1.0)
+        with pytest.raises(ValueError, match="^cost_escalation"):
+            cost_threshold_from_stats(s, 1.0, bad)
+
+
+def _numpy_interval(s, R: int, seed: int, level: float = 0.95):
+    """The same moment-matched replicates in numpy from the same normal draws."""
+    n = s.count.flatten().numpy().astype(np.float64)
+    d = (s.conf - s.acc).flatten().numpy()
+    v = (s.conf2 - 2 * s.conf_acc + s.acc).flatten().numpy()
+    g = torch.Generator().manual_seed(seed)
+    z1 = torch.randn((R, n.size), generator=g, dtype=torch.float64).numpy()
+    z2 = torch.randn((R, n.size), generator=g, dtype=torch.float64).numpy()
+    safe = np.maximum(n, 1)
+    nst = n + np.sqrt(n) * z1
+    dst = d + d / np.sqrt(safe) * z1 + np.sqrt(np.maximum(v - d * d / safe, 0)) * z2
+    ece = np.abs(dst).sum(1) / nst.sum(1)
+    a = (1 - level) / 2
+    return np.quantile(ece, [a, 1 - a])
+
+
+def test_ece_interval_reference_determinism_and_the_poisson_bootstrap() -> None:
+    p, y = _data(2000, 3, power=1.3)
+    s = _stats(p, y)
+    lo, hi = ece_interval_from_stats(s, replicates=500, seed=7)
+    assert [float(lo), float(hi)] == pytest.approx(_numpy_interval(s, 500, 7).tolist(), rel=1e-12)
+    # the moments: V_b is sum (c - y)^2 per bin, as numpy computes it from the samples
+    pn, yn = p.numpy(), y.numpy()
+    b = np.minimum(np.floor(pn * 10), 9).astype(int)
+    v = np.bincount(b, weights=(pn - yn) ** 2, minlength=10)
+    assert (s.conf2 - 2 * s.conf_acc + s.acc).flatten().numpy() == pytest.approx(v, rel=1e-10)
+    again = ece_interval_from_stats(s, replicates=500, seed=7)
+    assert torch.equal(lo, again[0]) and torch.equal(hi, again[1])
+    assert not torch.equal(lo, ece_interval_from_stats(s, replicates=500, seed=8)[0])
+    ece = calibration_error_from_stats(s, reading="binary")
+    assert lo <= ece <= hi
+    # agrees with the per-row Poisson bootstrap (2000 replicates each)
+    prep = prepare_inputs(p, y, reading="binary", input="probs")
+    w = bootstrap_statistics(prep, 10, 2000, torch.Generator().manual_seed(0))
+    plo, phi = ece_bootstrap_from_stats(*w)
+    mlo, mhi = ece_interval_from_stats(s, replicates=2000)
+    width = float(phi - plo)
+    assert abs(float(mlo - plo)) < 0.1 * width and abs(float(mhi - phi)) < 0.1 * width
+    with pytest.raises(ValueError, match="^replicates"):
+        ece_interval_from_stats(s, replicates=1)
+
+
+def test_drift_hand_worked_and_errors() -> None:
+    d = drift_from_summaries(
+        {"value": 0.02, "ci": [0.01, 0.03]}, {"value": 0.08, "ci": [0.06, 0.1]}
+    )
+    half = 1.96 * math.sqrt((0.01 / 1.96) ** 2 + (0.02 / 1.96) ** 2)
+    assert d["delta"] == pytest.approx(0.06)
+    assert d["delta_ci"] == pytest.approx([0.06 - half, 0.06 + half])
+    assert d["worse"] is True
+    same = drift_from_summaries(
+        {"value": 0.05, "ci": [0.03, 0.07]}, {"value": 0.06, "ci": [0.04, 0.08]}
+    )
+    assert same["worse"] is False and same["delta_ci"][0] < 0 < same["delta_ci"][1]
+    better = drift_from_summaries(
+        {"value": 0.2, "ci": [0.18, 0.22]}, {"value": 0.02, "ci": [0.01, 0.03]}
+    )
+    assert better["worse"] is False
+    assert (
+        drift_from_summaries({"value": None, "ci": None}, {"value": 0.1, "ci": [0, 0.2]})["delta"]
+        is None
+    )
+    with pytest.raises(ValueError, match="^old"):
+        drift_from_summaries({"value": 0.1}, {"value": 0.1, "ci": [0, 0.2]})
+    with pytest.raises(ValueError, match="^new"):
+        drift_from_summaries({"value": 0.1, "ci": [0, 0.2]}, {"value": 0.1, "ci": [0.3, 0.2]})
+
+
+def test_probs_to_logits_matches_scipy_and_counts_the_clamped() -> None:
+    p = torch.tensor([0.0, 0.1, 0.5, 0.9, 1.0], dtype=torch.float64)
+    z, n = probs_to_logits(p, binary=True)
+    assert n == 2
+    assert z[1:4].numpy() == pytest.approx(logit(p[1:4].numpy()), rel=1e-14)
+    assert z[0] == -LOGIT_LIMIT and z[4] == LOGIT_LIMIT
+    assert LOGIT_LIMIT == pytest.approx(logit(1 - 2.0**-53), rel=1e-12)
+    rows = torch.tensor([[0.2, 0.8, 0.0], [1 / 3, 1 / 3, 1 / 3]], dtype=torch.float64)
+    zm, nm = probs_to_logits(rows, binary=False)
+    assert nm == 1 and zm[0, 2] == -LOGIT_LIMIT
+    assert zm[1].numpy() == pytest.approx(np.log(np.full(3, 1 / 3)))
