@@ -4,7 +4,9 @@
    the PIT values and the ``(N, L)`` interval bounds computed beforehand, as a validation loop
    has them) against one ``torch.distributions.Normal(loc, scale).cdf(y)`` pass on the same
    tensors (target: the updates within 2x of it). Rows for one level and for the default four
-   levels, with and without the value checks (``validate_args``).
+   levels, with and without the value checks (``validate_args``), for bounds given as
+   ``(N, L)`` tensors and for ``IntervalCoverage(forecast="normal")``, which reads ``(loc,
+   scale)`` and scores every level's central interval in one pass.
 2. ``VarianceScaler`` fit (``objective="nll"``, the closed form, and ``"crps"``) on 1M points
    on one thread (target < 50 ms), if torchcal.scaling has it.
 

@@ -153,3 +153,22 @@ def test_unchecked_nan_covers_nothing_as_in_the_bounds_path():
     slow.update(-k.expand(3, 2), k.expand(3, 2), y)
     assert fast.compute()["coverage"].tolist() == slow.compute()["coverage"].tolist()
     assert fast.compute()["coverage"].tolist() == [1 / 3, 2 / 3]
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [("loc", float("nan")), ("loc", float("inf")), ("target", -float("inf")), ("scale", 0.0)],
+)
+def test_non_finite_forecast_or_target_raises_before_the_state_moves(name, bad):
+    """loc/target finiteness is read from the pass's own sums; the error still names the
+    argument and nothing is added to the state."""
+    m = IntervalCoverage(LEVELS, forecast="normal", num_groups=2)
+    good = {"loc": torch.zeros(6), "scale": torch.ones(6), "target": torch.linspace(-2, 2, 6)}
+    m.update(good["loc"], good["scale"], good["target"], torch.tensor([0, 1, 0, 1, 0, 1]))
+    before = [s.clone() for s in (m.hits, m.width_sum, m.score_sum, m.n)]
+    args = {k: v.clone() for k, v in good.items()}
+    args[name][4] = bad
+    with pytest.raises(ValueError, match=f"^{name}"):
+        m.update(args["loc"], args["scale"], args["target"], torch.tensor([0, 1, 0, 1, 0, 1]))
+    after = [m.hits, m.width_sum, m.score_sum, m.n]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))

@@ -63,12 +63,17 @@ def check_target_shape(
 
 
 def cast_forecast(
-    named: Sequence[tuple[str, Tensor]], options: Sequence[tuple[str, Tensor]] = ()
+    named: Sequence[tuple[str, Tensor]],
+    options: Sequence[tuple[str, Tensor]] = (),
+    *,
+    finite: Sequence[str] | None = None,
 ) -> list[Tensor]:
     """Validate floating, non-empty, finite, mutually broadcastable tensors; cast them.
 
     The compute dtype is torch's promotion of the ``named`` tensors, at least float32;
     ``options`` (e.g. levels) are validated alike and cast to it without promoting it.
+    ``finite`` names the tensors whose finiteness is checked here (default: all; a caller that
+    reads non-finite values from its own result checks the others after it).
     Returns the cast tensors (not broadcast), ``named`` first.
     """
     everything = list(named) + list(options)
@@ -86,7 +91,8 @@ def cast_forecast(
                 f"{tuple(shape)}, got {tuple(x.shape)}"
             ) from None
     for name, x in everything:
-        check_finite(name, x)
+        if finite is None or name in finite:
+            check_finite(name, x)
     dtype = named[0][1].dtype
     for _, x in named[1:]:
         dtype = torch.promote_types(dtype, x.dtype)
@@ -95,13 +101,21 @@ def cast_forecast(
 
 
 def check_location_scale(
-    loc: Tensor, scale: Tensor, target: Tensor, scale_name: str = "scale"
+    loc: Tensor,
+    scale: Tensor,
+    target: Tensor,
+    scale_name: str = "scale",
+    *,
+    finite_after: bool = False,
 ) -> list[Tensor]:
     """Validate and cast ``(loc, scale, target)`` of a location-scale forecast, target last;
-    ``scale`` must be > 0."""
+    ``scale`` must be > 0 (and finite). With ``finite_after`` the finiteness of ``loc`` and
+    ``target`` is left to the caller, who reads it from its own result (a NaN or an infinity
+    makes it non-finite) and then calls :func:`check_finite` on them: one pass less over each."""
     for name, x in (("loc", loc), (scale_name, scale), ("target", target)):
         check_tensor(name, x)
-    out = cast_forecast([("loc", loc), (scale_name, scale), ("target", target)])
+    named = [("loc", loc), (scale_name, scale), ("target", target)]
+    out = cast_forecast(named, finite=[] if finite_after else None)  # scale: check_positive
     check_target_shape(target.shape, [("loc", loc.shape), (scale_name, scale.shape)])
     check_positive(scale_name, out[1])
     return out

@@ -34,7 +34,7 @@ from torchcal.functional._validation import (
     compute_dtype,
     values_within,
 )
-from torchcal.functional.calibration.binning import bin_ids
+from torchcal.functional.calibration.binning import bin_counts, bin_ids
 from torchcal.functional.continuous import check_interval_width, interval_parts
 
 __all__ = [
@@ -111,8 +111,9 @@ def pit_histogram(
     else:
         g = check_group_ids(groups, pit.shape, num_groups)
         ids = groups.reshape(-1).to(device=pit.device, dtype=torch.int64)
-    b = bin_ids(pit.reshape(-1), n_bins)
-    flat = b if ids is None else ids * n_bins + b
+    if ids is None:
+        return bin_counts(pit, n_bins).reshape(1, n_bins)
+    flat = ids * n_bins + bin_ids(pit.reshape(-1), n_bins)
     return torch.bincount(flat, minlength=g * n_bins).reshape(g, n_bins)
 
 

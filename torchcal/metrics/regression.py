@@ -26,6 +26,7 @@ from torch import Tensor
 
 from torchcal.functional._forecast import check_location_scale
 from torchcal.functional._validation import (
+    check_finite,
     check_group_ids,
     check_int,
     check_level_grid,
@@ -347,11 +348,15 @@ class IntervalCoverage(RegressionMetric):
     ) -> None:
         ids = self._group_ids(groups, target.shape)
         with validation_enabled(self.validate_args):
-            loc, scale, target = check_location_scale(loc, scale, target)
-        factors = central_interval_factor(self.forecast, self.levels)
-        misses, width, penalty, rows = central_interval_sums(
-            loc, scale, target, factors, groups=ids, num_groups=self._G
-        )
+            loc, scale, target = check_location_scale(loc, scale, target, finite_after=True)
+            factors = central_interval_factor(self.forecast, self.levels)
+            misses, width, penalty, rows = central_interval_sums(
+                loc, scale, target, factors, groups=ids, num_groups=self._G
+            )
+            # a NaN or an infinity in loc or target makes a penalty sum non-finite: name it
+            if values_checked() and not bool(torch.isfinite(penalty).all()):
+                check_finite("loc", loc)
+                check_finite("target", target)
         alpha = 1.0 - torch.tensor(self.levels, dtype=torch.float64, device=target.device)
         device = self.n.device
         self.width_sum.add_(width.to(device))

@@ -19,6 +19,7 @@ from torchcal.functional.calibration.readings import PreparedInputs, prepare_che
 __all__ = [
     "BinnedStats",
     "accumulate",
+    "bin_counts",
     "bin_ids",
     "bin_index",
     "binned_statistics",
@@ -140,6 +141,32 @@ def bin_ids(conf: Tensor, n_bins: int) -> Tensor:
         b = buf[: x.numel()].copy_(x).mul_(n_bins).floor_()
         out[start : start + x.numel()].copy_(b).clamp_(0, n_bins - 1)
     return out.view(conf.shape)
+
+
+def bin_counts(conf: Tensor, n_bins: int) -> Tensor:
+    """int64 ``(n_bins,)`` counts of :func:`bin_ids` (a histogram by the one bin rule).
+
+    On the CPU with ``n_bins <= 256``: per reused float64 block, the same ``floor(c * B)``
+    clamped to ``[0, B - 1]`` (NaN, possible only with validation off, to bin 0), stored as
+    ``uint8`` ids, whose ``bincount`` is about twice as fast as on int64 ids.
+
+    Example:
+        >>> import torch
+        >>> bin_counts(torch.tensor([0.0, 0.1, 0.5, 0.99, 1.0]), 10).tolist()
+        [1, 1, 0, 0, 0, 1, 0, 0, 0, 2]
+    """
+    if conf.device.type != "cpu" or n_bins > 256:
+        return torch.bincount(bin_ids(conf, n_bins).reshape(-1), minlength=n_bins)
+    flat = conf.reshape(-1)
+    counts = torch.zeros(n_bins, dtype=torch.int64)
+    m = min(flat.numel(), _BIN_BLOCK)
+    buf = torch.empty(m, dtype=torch.float64)
+    ids = torch.empty(m, dtype=torch.uint8)
+    for start in range(0, flat.numel(), _BIN_BLOCK):
+        x = flat[start : start + _BIN_BLOCK]
+        b = buf[: x.numel()].copy_(x).mul_(n_bins).floor_().clamp_(0, n_bins - 1).nan_to_num_(0.0)
+        counts.add_(torch.bincount(ids[: x.numel()].copy_(b), minlength=n_bins))
+    return counts
 
 
 #: elements per block of the float64 per-bin sums (see :func:`_blocked_bincount`)
