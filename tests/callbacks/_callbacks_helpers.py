@@ -135,6 +135,33 @@ class TinyModule(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
+class LocScaleNet(L.LightningModule):
+    """A (loc, scale) network on one feature trained with the Gaussian NLL; the regression
+    monitor tests subclass it with their validation steps (``seen`` collects each epoch's
+    outputs, ``trained`` counts training steps)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(1, 2)
+        self.seen: dict[int, list[dict[str, torch.Tensor]]] = {}
+        self.trained = 0
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc, raw = self.net(x).unbind(-1)
+        return loc, F.softplus(raw) + 0.05
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.trained += 1
+        loc, scale = self(batch[0])
+        return F.gaussian_nll_loss(loc, batch[1], scale**2)
+
+    def on_validation_epoch_start(self) -> None:
+        self.seen = {}
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=0.05)
+
+
 def trainer(tmp_path: Any, **kw: Any) -> L.Trainer:
     """A fast single-process CPU trainer."""
     opts: dict[str, Any] = dict(

@@ -13,7 +13,7 @@ import numpy as np
 import properscoring as ps
 import pytest
 import torch
-from _callbacks_helpers import info_log, quiet_warnings, trainer
+from _callbacks_helpers import LocScaleNet, info_log, quiet_warnings, trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from scipy import stats
@@ -45,31 +45,16 @@ def loader(ds: TensorDataset) -> DataLoader:
     return DataLoader(ds, batch_size=BATCH, shuffle=False)
 
 
-class Reg(L.LightningModule):
+class Reg(LocScaleNet):
     """A (loc, scale) network trained with the Gaussian NLL; its validation step returns the
     forecast as ``kind`` says and records every output of the epoch in ``seen``."""
 
     def __init__(self, kind: str = "normal", bad: str = "") -> None:
         super().__init__()
         self.kind, self.bad = kind, bad
-        self.net = torch.nn.Linear(1, 2)
         self.register_buffer(
             "eps", torch.randn(BATCH, M, generator=torch.Generator().manual_seed(5))
         )
-        self.seen: dict[int, list[dict[str, torch.Tensor]]] = {}
-        self.trained = 0
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        loc, raw = self.net(x).unbind(-1)
-        return loc, torch.nn.functional.softplus(raw) + 0.05
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        self.trained += 1
-        loc, scale = self(batch[0])
-        return torch.nn.functional.gaussian_nll_loss(loc, batch[1], scale**2)
-
-    def on_validation_epoch_start(self) -> None:
-        self.seen = {}
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
         loc, scale = self(batch[0])
@@ -94,9 +79,6 @@ class Reg(L.LightningModule):
 
     def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
         return self.validation_step(batch, batch_idx, dataloader_idx)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=0.05)
 
 
 def corrupt(out: dict[str, torch.Tensor], bad: str) -> dict[str, Any]:

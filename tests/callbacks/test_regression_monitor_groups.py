@@ -13,7 +13,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from _callbacks_helpers import info_log, quiet_warnings, trainer
+from _callbacks_helpers import LocScaleNet, info_log, quiet_warnings, trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from scipy import stats
@@ -46,28 +46,13 @@ def loader(ds: TensorDataset, batch_size: int = 32) -> DataLoader:
     return DataLoader(ds, batch_size=batch_size, shuffle=False)
 
 
-class Reg(L.LightningModule):
+class Reg(LocScaleNet):
     """A (loc, scale) network; the step returns the group ids under ``key`` (``bad`` corrupts
     them) and records every output of the epoch in ``seen``."""
 
     def __init__(self, kind: str = "normal", bad: str = "", key: str = "group") -> None:
         super().__init__()
         self.kind, self.bad, self.key = kind, bad, key
-        self.net = torch.nn.Linear(1, 2)
-        self.seen: dict[int, list[dict[str, torch.Tensor]]] = {}
-        self.trained = 0
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        loc, raw = self.net(x).unbind(-1)
-        return loc, torch.nn.functional.softplus(raw) + 0.05
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        self.trained += 1
-        loc, scale = self(batch[0])
-        return torch.nn.functional.gaussian_nll_loss(loc, batch[1], scale**2)
-
-    def on_validation_epoch_start(self) -> None:
-        self.seen = {}
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
         loc, scale = self(batch[0])
@@ -93,9 +78,6 @@ class Reg(L.LightningModule):
             {k: v.detach().clone() for k, v in out.items()}
         )
         return out
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=0.05)
 
 
 def cat(seen: list[dict[str, torch.Tensor]], key: str) -> torch.Tensor:
