@@ -177,31 +177,45 @@ def run(cfg: Any) -> tuple[dict, list]:
         return _run(cfg)
 
 
+def _warn_leaks(data: Any) -> None:
+    """Warn about test triples that also occur in train or repeat within test (counted in
+    ``data.leaks``; ``--data.drop_leaked true`` drops them)."""
+    leaks = data.leaks
+    dropped = leaks.get("num_test_dropped", 0) > 0
+    n = len(data.test) + leaks.get("num_test_dropped", 0)
+    fate = "dropped (--data.drop_leaked)" if dropped else "kept: --data.drop_leaked true drops them"
+    in_train, dup = leaks.get("num_test_in_train", 0), leaks.get("num_test_duplicates", 0)
+    if in_train:
+        warnings.warn(
+            f"data.test: {in_train} of {n} test triples also occur in the training "
+            f"triples ({2 * in_train} of {2 * n} queries, both directions); their ranks "
+            "and audit items measure memory, not generalisation (the report counts them "
+            f"as num_test_in_train); {fate}",
+            UserWarning,
+            stacklevel=4,
+        )
+    if dup:
+        warnings.warn(
+            f"data.test: {dup} of {n} test triples repeat an earlier test triple "
+            f"({2 * dup} of {2 * n} queries, both directions, counted twice; the report "
+            f"counts them as num_test_duplicates); {fate}",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 def _prepare(cfg: Any) -> tuple[Any, int, dict[str, Any], Any, Any]:
     """Data, the audit's k, the pre-training checks (every unusable input fails here, before
     training) and the module and datamodule: ``(data, k, counts, module, datamodule)``."""
     from recipes.complex_link_prediction.data import KGDataModule
     from recipes.complex_link_prediction.datasets import load_dataset
-    from recipes.complex_link_prediction.evaluation import TripleFilter
     from recipes.complex_link_prediction.items import check_audit_data
     from recipes.complex_link_prediction.model import ComplExModule
 
     data = load_dataset(**options(load_dataset, cfg.data), seed=cfg.seed)
     k = cfg.audit.k if cfg.audit.k is not None else cfg.model.num_negatives
     counts = check_audit_data(data, k, cfg.seed)
-    in_train = int(
-        TripleFilter(data.train, data.num_entities, data.num_relations)
-        .contains(data.test[:, 0], data.test[:, 1], data.test[:, 2])
-        .sum()
-    )
-    if in_train:
-        warnings.warn(
-            f"data.test: {in_train} of {len(data.test)} test triples also occur in "
-            "the training triples; their ranks and audit items measure memory, not "
-            "generalisation (the report counts them as num_test_in_train)",
-            UserWarning,
-            stacklevel=3,
-        )
+    _warn_leaks(data)
     if cfg.data.group_queries and cfg.mode != "one_to_n":
         raise ValueError(
             f"data.group_queries: only mode 'one_to_n' trains on grouped queries, "
@@ -217,7 +231,7 @@ def _prepare(cfg: Any) -> tuple[Any, int, dict[str, Any], Any, Any]:
         **options(ComplExModule, cfg.model),
     )
     datamodule = KGDataModule(data, seed=cfg.seed, **options(KGDataModule, cfg.data))
-    return data, k, {**counts, "num_test_in_train": in_train}, module, datamodule
+    return data, k, {**counts, **data.leaks}, module, datamodule
 
 
 def _ranking(model: Any, data: Any, batch_size: int) -> dict[str, float]:

@@ -38,6 +38,7 @@ __all__ = [
     "load_pykeen_dataset",
     "load_tsv_dataset",
     "read_tsv_triples",
+    "find_test_leaks",
     "with_reciprocals",
 ]
 
@@ -60,6 +61,9 @@ class KGData:
     valid: Tensor
     test: Tensor
     hidden: Tensor = field(default_factory=lambda: torch.empty(0, 3, dtype=torch.long))
+    #: the test split's leak counts as loaded (:func:`load_dataset` fills it):
+    #: ``num_test_in_train``, ``num_test_duplicates``, ``num_test_dropped``
+    leaks: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_entities(self) -> int:
@@ -245,6 +249,7 @@ def load_dataset(
     generations: int = 5,
     valid_fraction: float = 0.1,
     test_fraction: float = 0.1,
+    drop_leaked: bool = False,
     seed: int = 0,
 ) -> KGData:
     """One entry point: ``"family"`` (generated), ``"nations"``/``"kinships"``/``"umls"``
@@ -265,6 +270,9 @@ def load_dataset(
         generations: generations of the family KG.
         valid_fraction: share of the family KG's triples in the validation split.
         test_fraction: share of the family KG's triples in the test split (the audits' data).
+        drop_leaked: drop the test triples that also occur in train and the repeats of an
+            earlier test triple (they are always counted and warned about:
+            ``KGData.leaks``, :func:`find_test_leaks`).
         seed: seed of the family KG and of the splits.
 
     Example:
@@ -286,7 +294,8 @@ def load_dataset(
                 "that leave at least 10 % of the triples for training, got "
                 f"{valid_fraction}/{test_fraction} with hide={hide}"
             )
-        return _family_dataset(num_families, generations, hide, valid_fraction, test_fraction, seed)
+        data = _family_dataset(num_families, generations, hide, valid_fraction, test_fraction, seed)
+        return _check_leaks(data, drop_leaked)
     if key in PYKEEN_DATASETS:
         data = load_pykeen_dataset(key)
     elif key == "tsv":
@@ -307,6 +316,49 @@ def load_dataset(
             parts.append((split[keep], split[~keep]))
         data.valid, data.test = parts[0][0], parts[1][0]
         data.hidden = torch.cat([parts[0][1], parts[1][1]])
+    return _check_leaks(data, drop_leaked)
+
+
+def find_test_leaks(data: KGData) -> tuple[Tensor, Tensor]:
+    """Boolean masks over ``data.test``: ``(in_train, duplicate)``. ``in_train``: the triple
+    also occurs in the training triples (every copy counts); ``duplicate``: the triple repeats
+    an earlier test row (the first copy is not a duplicate). Either way its two queries (tail
+    and reciprocal head prediction) measure memory or count twice.
+
+    Example:
+        >>> import torch
+        >>> d = KGData("x", ["a", "b", "c"], ["r"], torch.tensor([[0, 0, 1]]),
+        ...            torch.empty(0, 3, dtype=torch.long),
+        ...            torch.tensor([[0, 0, 1], [1, 0, 2], [1, 0, 2], [0, 0, 1]]))
+        >>> [m.tolist() for m in find_test_leaks(d)]
+        [[True, False, False, True], [False, False, True, True]]
+    """
+    E, R = data.num_entities, data.num_relations
+
+    def keys(x: Tensor) -> Tensor:
+        return (x[:, 0] * R + x[:, 1]) * E + x[:, 2]
+
+    key = keys(data.test)
+    in_train = torch.isin(key, keys(data.train))
+    order = torch.argsort(key, stable=True)
+    sk = key[order]
+    duplicate = torch.zeros(len(key), dtype=torch.bool)
+    duplicate[order[1:]] = sk[1:] == sk[:-1]
+    return in_train, duplicate
+
+
+def _check_leaks(data: KGData, drop: bool) -> KGData:
+    """Count (and with ``drop`` remove) the leaked and duplicate test triples, into
+    ``data.leaks``."""
+    in_train, duplicate = find_test_leaks(data)
+    bad = in_train | duplicate
+    data.leaks = {
+        "num_test_in_train": int(in_train.sum()),
+        "num_test_duplicates": int(duplicate.sum()),
+        "num_test_dropped": int(bad.sum()) if drop else 0,
+    }
+    if drop:
+        data.test = data.test[~bad]
     return data
 
 

@@ -155,6 +155,25 @@ def _audit_section(
     return out
 
 
+def _leak_line(result: dict) -> str:
+    """Test triples that also occur in train or repeat within test: counts (triples and
+    queries, both directions) and whether they were dropped."""
+    in_train = result.get("num_test_in_train", 0)
+    dup = result.get("num_test_duplicates", 0)
+    dropped = result.get("num_test_dropped", 0)
+    n = result.get("num_test", 0) + dropped
+    line = (
+        f"test leakage: {in_train} of {n} test triples also occur in train, {dup} repeat an "
+        f"earlier test triple ({2 * in_train} and {2 * dup} of {2 * n} queries, both "
+        "directions)"
+    )
+    if dropped:
+        return line + f"; {dropped} dropped (--data.drop_leaked), {n - dropped} kept"
+    if in_train or dup:
+        return line + "; kept (--data.drop_leaked true drops them)"
+    return line
+
+
 def _render(
     result: dict,
     audits: Sequence[AuditResult],
@@ -169,6 +188,8 @@ def _render(
         f"(seed {result['seed']}, mode {result['mode']})",
         "",
         data_summary,
+        "",
+        _leak_line(result),
         "",
     ]
     out += [f"{h2}Filtered ranking (test, both directions)", ""]

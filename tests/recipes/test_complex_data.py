@@ -9,8 +9,10 @@ import torch
 
 from recipes.complex_link_prediction.datasets import (
     FAMILY_RELATIONS,
+    KGData,
     apply_family_rules,
     family_kg,
+    find_test_leaks,
     generate_family,
     load_dataset,
     load_tsv_dataset,
@@ -120,3 +122,19 @@ def test_pykeen_datasets_read_from_package():
     assert (data.num_entities, data.num_relations) == (135, 46)
     assert (len(data.train), len(data.valid), len(data.test)) == (5216, 652, 661)
     assert torch.equal(data.known()[: len(data.train)], data.train)
+
+
+def test_find_test_leaks_matches_brute_force():
+    g = torch.Generator().manual_seed(0)
+    train = torch.randint(0, 3, (30, 3), generator=g)
+    test = torch.randint(0, 3, (40, 3), generator=g)
+    data = KGData("x", ["a", "b", "c"], ["p", "q", "r"], train, train[:0], test)
+    in_train, dup = find_test_leaks(data)
+    rows = [tuple(x) for x in test.tolist()]
+    seen_train = {tuple(x) for x in train.tolist()}
+    assert in_train.tolist() == [x in seen_train for x in rows]
+    assert dup.tolist() == [x in rows[:i] for i, x in enumerate(rows)]
+    assert 0 < int(in_train.sum()) < 40 and 0 < int(dup.sum()) < 40
+    # load_dataset counts them (nothing leaks in the family KG's splits)
+    fam = load_dataset("family", num_families=3, generations=4)
+    assert fam.leaks == {"num_test_in_train": 0, "num_test_duplicates": 0, "num_test_dropped": 0}

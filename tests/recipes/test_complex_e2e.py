@@ -372,8 +372,12 @@ def test_test_triples_in_train_warn_and_are_counted(tmp_path, capsys):
     ):
         assert main(args) == 0
     rep = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert rep["num_test_in_train"] == 2
+    assert rep["num_test_in_train"] == 2 and rep["num_test_duplicates"] == 0
+    assert rep["num_test_dropped"] == 0 and rep["num_test"] == 6
     assert "invariants ok" in capsys.readouterr().out
+    text = (tmp_path / "out" / "report.txt").read_text()
+    assert "test leakage: 2 of 6 test triples also occur in train, 0 repeat" in text
+    assert "(4 and 0 of 12 queries, both directions); kept" in text
     # and without the leak: no warning, a count of 0
     import warnings
 
@@ -385,3 +389,33 @@ def test_test_triples_in_train_warn_and_are_counted(tmp_path, capsys):
         )
     assert not [w for w in caught if str(w.message).startswith("data.test")]
     assert json.loads((tmp_path / "out" / "report.json").read_text())["num_test_in_train"] == 0
+
+
+def test_duplicate_and_leaked_test_triples_dropped_on_request(tmp_path, capsys):
+    """Two leaked rows and one repeated row (the repeat of a leaked row counts in both):
+    warned and counted; ``--data.drop_leaked true`` drops the three, the audits run on the
+    rest."""
+    rows = TEST_ROWS + [TEST_ROWS[4], TEST_ROWS[0]]  # a clean repeat and a leaked repeat
+    base = _world(tmp_path, rows, extra_train=TEST_ROWS[:2])
+    base += ["--trainer.max_epochs", "2", "--audit.k", "3"]
+    with pytest.warns(UserWarning) as rec:
+        assert main(base) == 0
+    msgs = [str(w.message) for w in rec if str(w.message).startswith("data.test")]
+    assert msgs[0].startswith("data.test: 3 of 8 test triples also occur in the training")
+    assert msgs[1].startswith("data.test: 2 of 8 test triples repeat an earlier test triple")
+    assert all(m.endswith("kept: --data.drop_leaked true drops them") for m in msgs)
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert (rep["num_test_in_train"], rep["num_test_duplicates"]) == (3, 2)
+    assert (rep["num_test_dropped"], rep["num_test"]) == (0, 8)
+    with pytest.warns(UserWarning) as rec:
+        assert main(base + ["--data.drop_leaked", "true"]) == 0
+    msgs = [str(w.message) for w in rec if str(w.message).startswith("data.test")]
+    assert len(msgs) == 2 and all(m.endswith("dropped (--data.drop_leaked)") for m in msgs)
+    rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert (rep["num_test_in_train"], rep["num_test_duplicates"]) == (3, 2)
+    # dropped: the 3 copies of the 2 leaked triples and the repeat of a clean one
+    assert (rep["num_test_dropped"], rep["num_test"]) == (4, 4)
+    assert rep["audits"]["tail"]["n_calibration"] + rep["audits"]["tail"]["n_evaluation"] == 8
+    text = (tmp_path / "out" / "report.txt").read_text()
+    assert "; 4 dropped (--data.drop_leaked), 4 kept" in text
+    assert "invariants ok" in capsys.readouterr().out
