@@ -63,6 +63,7 @@ __all__ = [
     "AuditResult",
     "all_tail_logits",
     "auc",
+    "guarded_temperature",
     "named_invariants",
     "run_audits",
     "tail_audit",
@@ -132,6 +133,47 @@ def _binary_metrics(logits: Tensor, labels: Tensor, n_bins: int) -> dict[str, fl
     out["auc"] = auc(logits, labels)
     out["acc"] = float(((logits > 0).double() == labels).double().mean())
     return out
+
+
+def guarded_temperature(scaler: object, logits: Tensor, target: Tensor) -> dict[str, object]:
+    """Fit ``scaler`` (a temperature scaler) on the fit split and keep its ``T`` only if it
+    does not raise the NLL of that split above ``T = 1``'s: a correctly fitted temperature
+    cannot (``T = 1`` is a candidate), so a higher NLL means the fit failed (KGE Calibrator's
+    temperature scaling raises NLL on average, see docs/recipes/complex.md), and the audit
+    falls back to ``T = 1`` and says so. Both NLLs are computed here from ``logits / T``, not
+    read from the fit's own report.
+
+    Returns ``fit`` (the scaler's result) and the report keys: ``temperature`` (the one
+    used), ``temperature_fitted``, ``temperature_fallback``, ``nll_fit_split_identity``
+    (T = 1) and ``nll_fit_split_fitted``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.scaling import TemperatureScaler
+        >>> g = torch.Generator().manual_seed(0)
+        >>> z = 5 * torch.randn(500, 4, generator=g, dtype=torch.float64)
+        >>> y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
+        >>> out = guarded_temperature(TemperatureScaler(bounds=(2.0, 3.0)), z, y)
+        >>> out["temperature"], out["temperature_fitted"], out["temperature_fallback"]
+        (1.0, 2.0, True)
+    """
+    fit = scaler.fit(logits, target)  # type: ignore[attr-defined]
+    t = float(fit.temperature)
+    nll_one = float(TF.log_score(logits, target))
+    nll_t = float(TF.log_score(logits / t, target))
+    fallback = not nll_t <= nll_one
+    return {
+        "fit": fit,
+        "temperature": 1.0 if fallback else t,
+        "temperature_fitted": t,
+        "temperature_fallback": fallback,
+        "nll_fit_split_identity": nll_one,
+        "nll_fit_split_fitted": nll_t,
+    }
+
+
+def _guard_keys(guard: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in guard.items() if k != "fit"}
 
 
 def named_invariants(check: MonotoneMapCheck, decisions: bool) -> dict[str, bool]:
@@ -209,8 +251,9 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
     target = queries[:, 2]
 
     scaler = TemperatureScaler()
-    fit = scaler.fit(logits[cal], target[cal])
-    scaled = scaler(logits)
+    guard = guarded_temperature(scaler, logits[cal], target[cal])
+    fit = guard["fit"]
+    scaled = logits.clone() if guard["temperature_fallback"] else scaler(logits)
 
     check = check_monotone_map(logits, scaled, decisions=False, max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
     invariants = named_invariants(check, decisions=False)
@@ -225,7 +268,7 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
     before = calibration_metrics(lg_ev, t_ev, "confidence", n_bins)
     after = calibration_metrics(sc_ev, t_ev, "confidence", n_bins)
     summary: dict[str, object] = {
-        "temperature": fit.temperature,
+        **_guard_keys(guard),
         "fit_converged": fit.converged,
         "n_calibration": int(cal.sum()),
         "n_evaluation": int(ev.sum()),
@@ -408,8 +451,9 @@ def triple_audit(
     ev = ~cal
 
     scaler = TemperatureScaler()
-    fit = scaler.fit(logits[cal].reshape(-1), labels[cal].reshape(-1))
-    scaled = scaler(logits)
+    guard = guarded_temperature(scaler, logits[cal].reshape(-1), labels[cal].reshape(-1))
+    fit = guard["fit"]
+    scaled = logits.clone() if guard["temperature_fallback"] else scaler(logits)
     platt = PlattScaler()
     platt_fit = platt.fit(logits[cal].reshape(-1), labels[cal].reshape(-1))
 
@@ -419,7 +463,7 @@ def triple_audit(
     summary: dict[str, object] = {
         "k": k,
         "base_rate": 1.0 / (1 + k),
-        "temperature": fit.temperature,
+        **_guard_keys(guard),
         "fit_converged": fit.converged,
         "n_calibration": int(cal.sum()) * (1 + k),
         "n_evaluation": int(ev.sum()) * (1 + k),

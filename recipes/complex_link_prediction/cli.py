@@ -344,8 +344,13 @@ def audit_line(a: Any, mode: str) -> str:
     s = a.summary
     ties = s["ties_created"]
     gap = s["max_tie_gap_ulps"]
+    fallback = (
+        f" (fallback: the fitted T = {s['temperature_fitted']:.4f} raised the fit split's NLL)"
+        if s.get("temperature_fallback")
+        else ""
+    )
     line = (
-        f"audit {a.name}: T = {s['temperature']:.4f}, ECE {s['ece_before']:.4f} -> "
+        f"audit {a.name}: T = {s['temperature']:.4f}{fallback}, ECE {s['ece_before']:.4f} -> "
         f"{s['ece_after']:.4f}, NLL {s['nll_before']:.4f} -> {s['nll_after']:.4f}, "
         f"invariants {'ok' if a.invariants_ok else 'FAILED'} ({ties} tie"
         f"{'' if ties == 1 else 's'} created by / T"

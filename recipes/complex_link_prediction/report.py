@@ -73,9 +73,20 @@ def _audit_heading(a: AuditResult) -> str:
     extra = ""
     if a.name == "triple":
         extra = f"; Platt: scale {_f(s['platt_scale'])}, offset {_f(s['platt_offset'])}"
+    if s.get("temperature_fallback"):
+        fitted = (
+            f"T = 1 (fallback: the fitted T = {s['temperature_fitted']:.4f} raised the "
+            f"calibration half's NLL from {s['nll_fit_split_identity']:.4f} to "
+            f"{s['nll_fit_split_fitted']:.4f})"
+        )
+    else:
+        fitted = (
+            f"fitted T = {s['temperature']:.4f} (calibration-half NLL "
+            f"{s['nll_fit_split_identity']:.4f} at T = 1 -> {s['nll_fit_split_fitted']:.4f})"
+        )
     return (
         f"Audit '{a.name}': {what}\n"
-        f"fitted T = {s['temperature']:.4f} on {s['n_calibration']} calibration items; "
+        f"{fitted} on {s['n_calibration']} calibration items; "
         f"reported on {s['n_evaluation']} evaluation items{extra}"
     )
 

@@ -256,3 +256,36 @@ def test_triple_audit_true_labels_and_base_rate_column(world):
     entropy = -(b * math.log(b) + (1 - b) * math.log(1 - b))
     assert s["nll_base_rate"] == pytest.approx(entropy, abs=1e-12)
     assert a.tables["before"].reading == "binary"
+
+
+@pytest.mark.parametrize(
+    ("audit", "bounds"),
+    [("tail", (50.0, 60.0)), ("triple", (1e-3, 2e-3))],
+)
+def test_a_temperature_that_raises_the_fit_nll_falls_back_to_one(world, monkeypatch, audit, bounds):
+    """A constructed failed fit (T boxed far from the optimum, on the side away from T = 1):
+    its calibration-half NLL is above T = 1's, so the audit uses T = 1 (the "after" column
+    is the model's own) and says so; a correct fit keeps its T, whose NLL is not higher."""
+    data, model = world
+    run = tail_audit if audit == "tail" else lambda m, d: triple_audit(m, d, k=5)
+    ok = run(model, data).summary
+    assert ok["temperature_fallback"] is False and ok["temperature"] == ok["temperature_fitted"]
+    assert ok["nll_fit_split_fitted"] <= ok["nll_fit_split_identity"]
+    # the boxed interval lies on the far side of the optimum from 1
+    t_opt = ok["temperature"]
+    assert (t_opt < 1 < bounds[0]) or (bounds[1] < 1 < t_opt)
+
+    real = audit_mod.TemperatureScaler
+    monkeypatch.setattr(audit_mod, "TemperatureScaler", lambda: real(bounds=bounds))
+    with pytest.warns(UserWarning):  # the boxed solver says it stopped on a bound
+        s = run(model, data).summary
+    assert s["temperature_fallback"] is True and s["temperature"] == 1.0
+    assert bounds[0] * (1 - 1e-12) <= s["temperature_fitted"] <= bounds[1] * (1 + 1e-12)
+    assert s["nll_fit_split_fitted"] > s["nll_fit_split_identity"]
+    assert s["nll_fit_split_identity"] == ok["nll_fit_split_identity"]
+    assert (s["ece_after"], s["nll_after"]) == (s["ece_before"], s["nll_before"])
+    assert s["ties_created"] == 0 and s["invariants_ok"]
+    from recipes.complex_link_prediction.cli import audit_line
+
+    line = audit_line(types.SimpleNamespace(name=audit, summary=s, invariants_ok=True), "x")
+    assert line.startswith("audit ") and "T = 1.0000 (fallback: the fitted T = " in line
