@@ -5,9 +5,9 @@ r"""Split conformal intervals and conformalised quantile regression, optionally 
 "Distribution-free predictive inference for regression"), i.e. the empirical quantile at level
 ``k / n``, not ``1 - alpha`` (too narrow) nor ``ceil((n + 1)(1 - alpha)) / n`` read through an
 interpolating or "higher" quantile of the ``n + 1`` augmented scores (one order statistic too
-many). ``k`` is computed in integers, ``k = (n + 1) - floor((n + 1) alpha)`` with ``alpha`` as
-the closest fraction of denominator at most ``1e9`` (so ``alpha = 0.7`` gives the same ``k`` as
-``7 / 10``, where ``(n + 1) * (1 - 0.7)`` in floating point would not). Where ``k > n`` (fewer
+many). ``k`` is computed in integers from ``alpha`` read as the simplest fraction that rounds to
+it (:func:`torchcal.functional.conformal.conformal_rank`: ``0.7`` is ``7 / 10``, ``1 - 1e-10``
+stays below 1, ``np.float32(0.1)`` is ``1 / 10``). Where ``k > n`` (fewer
 than ``1 / alpha - 1`` points) the score quantile, hence the interval, is infinite, with a
 :class:`~torchcal.scaling.CalibrationWarning`.
 
@@ -23,14 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from torchcal.functional._validation import (
-    check_alpha,
     check_finite,
     check_floating,
     check_group_ids,
@@ -40,6 +38,7 @@ from torchcal.functional._validation import (
     check_same_shape,
     check_tensor,
 )
+from torchcal.functional.conformal import alpha_fraction, conformal_quantile, conformal_rank
 from torchcal.scaling._base import FittedMixin, warn_all
 
 __all__ = [
@@ -72,66 +71,6 @@ class ConformalFit:
     warnings: tuple[str, ...] = ()
 
 
-def conformal_rank(n: Tensor | int, alpha: float) -> Tensor:
-    """``k = ceil((n + 1)(1 - alpha))`` exactly (int64, ``n``'s shape), see the module docstring.
-
-    Example:
-        >>> from torchcal.scaling import conformal_rank
-        >>> conformal_rank(9, 0.2).item(), conformal_rank(9, 0.7).item(), conformal_rank(9, 0.05).item()
-        (8, 3, 10)
-    """
-    a = float(check_alpha(alpha))  # type: ignore[arg-type]
-    frac = Fraction(a).limit_denominator(10**9)
-    m = torch.as_tensor(n, dtype=torch.int64) + 1
-    return m - (m * frac.numerator) // frac.denominator
-
-
-def conformal_quantile(
-    scores: Tensor, alpha: float, groups: Tensor | None = None, num_groups: int | None = None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The conformal score quantile per group: the ``k``-th smallest score of each group.
-
-    Args:
-        scores: finite conformity scores (any shape).
-        alpha: miscoverage in ``(0, 1)``.
-        groups: integer group ids of ``scores``' shape (``None``: one group).
-        num_groups: the number of groups (``None``: ``max(groups) + 1``).
-
-    Returns:
-        ``(q, n, k)``: float64 quantiles ``(G,)`` (``inf`` where ``k > n``), int64 counts and
-        ranks ``(G,)``. One sort; no loop over groups.
-
-    Example:
-        >>> import torch
-        >>> from torchcal.scaling import conformal_quantile
-        >>> s = torch.tensor([3.0, 1.0, 2.0, 5.0, 4.0, 9.0, 7.0, 8.0, 6.0])
-        >>> q, n, k = conformal_quantile(s, 0.2)           # k = ceil(10 * 0.8) = 8
-        >>> q.tolist(), n.tolist(), k.tolist()
-        ([8.0], [9], [8])
-    """
-    check_floating("scores", check_tensor("scores", scores))
-    check_nonempty("scores", scores)
-    check_finite("scores", scores)
-    x = scores.detach().reshape(-1).to(torch.float64)
-    if groups is None:
-        if num_groups is not None:
-            raise ValueError("num_groups: given without groups")
-        g = torch.zeros(x.shape, dtype=torch.long, device=x.device)
-        G = 1
-    else:
-        G = check_group_ids(groups, scores.shape, num_groups)
-        g = groups.detach().reshape(-1).to(device=x.device, dtype=torch.long)
-    order = torch.argsort(x, stable=True)
-    order = order[torch.argsort(g[order], stable=True)]  # by group, then by score
-    sorted_x = x[order]
-    n = torch.bincount(g, minlength=G)
-    k = conformal_rank(n, alpha).to(x.device)
-    start = torch.cumsum(n, 0) - n
-    idx = (start + k - 1).clamp(0, x.numel() - 1)
-    q = torch.where(k <= n, sorted_x[idx], torch.full_like(sorted_x[idx], float("inf")))
-    return q, n, k
-
-
 def round_outward(lower: Tensor, upper: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """float64 bounds cast to ``dtype``, rounded outwards (the interval never shrinks)."""
     lo, hi = lower.to(dtype), upper.to(dtype)
@@ -155,7 +94,7 @@ class _Conformal(FittedMixin):
 
     def __init__(self, alpha: float) -> None:
         super().__init__()
-        a = float(check_alpha(alpha))  # type: ignore[arg-type]
+        a = float(alpha_fraction(alpha))  # numpy floats too; 0.1 for np.float32(0.1)
         self.register_buffer("alpha", torch.tensor(a, dtype=torch.float64))
         self.register_buffer("score_quantiles", torch.zeros(0, dtype=torch.float64))
         self.register_buffer("counts", torch.zeros(0, dtype=torch.int64))
@@ -200,11 +139,15 @@ class _Conformal(FittedMixin):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _fit_scores(
-        self, scores: Tensor, groups: Tensor | None, num_groups: int | None
+        self,
+        scores: Tensor,
+        groups: Tensor | None,
+        num_groups: int | None,
+        notes: tuple[str, ...] = (),
     ) -> ConformalFit:
         alpha = float(self.alpha)
         q, n, k = conformal_quantile(scores, alpha, groups, num_groups)
-        msgs = []
+        msgs = list(notes)
         if bool(torch.isinf(q).any()):
             bad = torch.nonzero(torch.isinf(q)).reshape(-1)[:5].tolist()
             msgs.append(
@@ -339,10 +282,13 @@ class ConformalQuantileRegression(_Conformal):
     cross (``upper - lower < -2 q``) both ends are set to the band's midpoint (a point, which
     covers a continuous ``y`` with probability 0, as the empty set of the paper does).
 
+    A crossing input band (``lower > upper`` on a row, as independently fitted quantile
+    regressions produce) is sorted per row before scoring and predicting; the guarantee does not
+    need ``lower <= upper`` (any score works), and ``fit`` says how many rows crossed.
+
     ``fit(lower, upper, target, groups=None, num_groups=None)`` returns a
     :class:`ConformalFit`; ``predict(lower, upper, groups=None)`` returns ``(lower, upper)``
-    in the dtype of ``lower`` (rounded outwards). Inputs need ``lower <= upper``, equal
-    shapes, finite values.
+    in the dtype of ``lower`` (rounded outwards). Inputs need equal shapes and finite values.
 
     Example:
         >>> import torch
@@ -362,17 +308,13 @@ class ConformalQuantileRegression(_Conformal):
         super().__init__(alpha)
 
     @staticmethod
-    def _check_band(lower: Tensor, upper: Tensor) -> None:
+    def _sorted_band(lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor, int]:
+        """The band in float64, sorted per row, and the number of crossing rows."""
         check_predictions("lower", lower)
         check_predictions("upper", upper, lower, "lower")
-        bad = lower > upper
-        if bool(bad.any()):
-            pos = int(torch.nonzero(bad.reshape(-1))[0, 0])
-            raise ValueError(
-                f"upper: expected upper >= lower everywhere, got lower > upper at flat "
-                f"position {pos} ({float(lower.reshape(-1)[pos])!r} > "
-                f"{float(upper.reshape(-1)[pos])!r})"
-            )
+        lo, hi = lower.detach().to(torch.float64), upper.detach().to(torch.float64)
+        crossed = int((lo > hi).sum())
+        return torch.minimum(lo, hi), torch.maximum(lo, hi), crossed
 
     def fit(
         self,
@@ -383,19 +325,24 @@ class ConformalQuantileRegression(_Conformal):
         num_groups: int | None = None,
     ) -> ConformalFit:
         """Calibrate on held-out quantile predictions ``(lower, upper)`` and ``target``."""
-        self._check_band(lower, upper)
+        lo, hi, crossed = self._sorted_band(lower, upper)
         check_predictions("target", target, lower, "lower")
-        lo, hi = lower.detach().to(torch.float64), upper.detach().to(torch.float64)
         y = target.detach().to(torch.float64)
-        return self._fit_scores(torch.maximum(lo - y, y - hi), groups, num_groups)
+        note = ()
+        if crossed:
+            note = (
+                f"upper: lower > upper on {crossed} of {lo.numel()} calibration rows; the band "
+                f"was sorted per row (CQR's guarantee does not need lower <= upper)",
+            )
+        return self._fit_scores(torch.maximum(lo - y, y - hi), groups, num_groups, note)
 
     def predict(
         self, lower: Tensor, upper: Tensor, groups: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """``(lower - q, upper + q)``, a crossing band collapsed to its midpoint."""
-        self._check_band(lower, upper)
+        """``(lower - q, upper + q)`` of the per-row sorted band; where a negative ``q`` makes
+        it cross, its midpoint."""
+        lo, hi, _ = self._sorted_band(lower, upper)
         q = self._quantile_at(groups, lower.shape, lower.device)
-        lo, hi = lower.detach().to(torch.float64), upper.detach().to(torch.float64)
         new_lo, new_hi = lo - q, hi + q
         cross = new_lo > new_hi
         mid = 0.5 * lo + 0.5 * hi

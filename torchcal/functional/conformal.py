@@ -1,0 +1,489 @@
+r"""Conformal prediction for classes: the exact finite-sample rank, LAC / APS / RAPS / top-k
+scores and sets, group- and class-conditional thresholds, and conformal risk control.
+
+**The rank.** With ``n`` calibration scores and miscoverage ``alpha``, the threshold is the
+``k``-th smallest score, ``k = ceil((n + 1)(1 - alpha))`` (Vovk et al. 2005; Lei et al. 2018),
+computed in integers from ``alpha`` read as a fraction: the fraction of smallest denominator
+that rounds to the given floating-point ``alpha`` (in its own precision: ``0.7`` is ``7/10``,
+``1/3`` is ``1/3``, ``np.float32(0.1)`` is ``1/10``, ``1 - 1e-10`` is ``9999999999/10^10``);
+a :class:`~fractions.Fraction` or :class:`~decimal.Decimal` is taken as it is. ``(n + 1)(1 -
+alpha)`` in floating point puts ``k`` one order statistic too high in some cells (MAPIE,
+TorchCP at ``alpha = 1/3`` and ``0.7``, crepes); a denominator cap (``limit_denominator``)
+turns ``1 - 1e-10`` into ``1`` and ``k`` into 0. Here ``1 <= k <= n + 1`` always, and ``k = n +
+1`` (``k > n``: fewer than ``1 / alpha - 1`` points) means an infinite threshold.
+
+**The guarantee.** For exchangeable calibration and test points, ``P(score_test <= q_k) >= k /
+(n + 1) >= 1 - alpha``, and, without ties among the scores, ``= k / (n + 1) < 1 - alpha + 1 /
+(n + 1)`` (marginal over the calibration draw and the test point). Per group (Mondrian, Vovk et
+al. 2005: one threshold per group from that group's scores) it holds within each group with
+that group's ``n``; with the true class as the group (class-conditional) it holds per class.
+
+**Scores** (``conformal_score_matrix``: the score of every label, ``(B, C)``; lower = more
+conforming; the set is ``{j : score(x, j) <= q}``), with ``p`` the softmax of ``logits / T``:
+
+- ``"lac"`` (least ambiguous set-valued classifier, Sadinle et al. 2019): ``1 - p_j``.
+- ``"aps"`` (Romano, Sesia & Candes 2020): the mass ranked above ``j`` plus ``u p_j`` with ``u
+  ~ U(0, 1)`` one per row (``randomized=True``, exact coverage, may return the empty set) or
+  plus ``p_j`` (``randomized=False``: conservative, larger sets).
+- ``"raps"`` (Angelopoulos et al. 2021): APS plus ``lam * max(0, rank_j - k_reg)`` (rank
+  1-based), which stops the long tail of an over-confident model.
+- ``"topk"``: the label's rank (1-based); the set is the top ``q`` labels.
+
+Ties between probabilities are ranked by label index (a stable sort), the same at calibration
+and at test time.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from fractions import Fraction
+from numbers import Real
+
+import torch
+from torch import Tensor
+
+from torchcal.functional._validation import (
+    check_finite,
+    check_floating,
+    check_group_ids,
+    check_nonempty,
+    check_option,
+    check_tensor,
+)
+
+__all__ = [
+    "conformal_rank",
+    "conformal_quantile",
+    "conformal_score_matrix",
+    "conformal_scores",
+    "conformal_sets",
+    "conformal_risk_control",
+    "multilabel_fnr_losses",
+    "set_size_losses",
+]
+
+METHODS = ("lac", "aps", "raps", "topk")
+_INPUTS = ("logits", "probs")
+
+
+def _simplest_between(lo: Fraction, hi: Fraction) -> Fraction:
+    """The fraction of smallest denominator in ``[lo, hi]`` (``0 <= lo <= hi``)."""
+    fl = math.floor(lo)
+    if fl == lo:
+        return Fraction(fl)
+    if fl + 1 <= hi:
+        return Fraction(fl + 1)
+    return fl + 1 / _simplest_between(1 / (hi - fl), 1 / (lo - fl))
+
+
+def alpha_fraction(alpha: object) -> Fraction:
+    """``alpha`` in ``(0, 1)`` as an exact fraction (see the module docstring)."""
+    if isinstance(alpha, Tensor):
+        if alpha.numel() != 1 or not alpha.is_floating_point():
+            raise TypeError(
+                f"alpha: expected a float or a one-element floating tensor, got a tensor of "
+                f"shape {tuple(alpha.shape)} and dtype {alpha.dtype}"
+            )
+        fl = torch.finfo(alpha.dtype)
+        x = float(alpha.detach().cpu().reshape(()))
+        wide = fl.bits < 64
+        kind = alpha.dtype
+    elif isinstance(alpha, (Fraction, Decimal)):
+        frac = Fraction(alpha)
+        if not 0 < frac < 1:
+            raise ValueError(f"alpha: expected a value in the open interval (0, 1), got {alpha}")
+        return frac
+    elif isinstance(alpha, Real) and not isinstance(alpha, (bool, int)):
+        x = float(alpha)
+        kind = getattr(alpha, "dtype", None)
+        wide = kind is not None and getattr(kind, "itemsize", 8) < 8
+    else:
+        raise TypeError(f"alpha: expected a float, got {type(alpha).__name__}")
+    if not (math.isfinite(x) and 0 < x < 1):
+        raise ValueError(f"alpha: expected a value in the open interval (0, 1), got {x!r}")
+    if wide:  # a float32 / float16 alpha: its own rounding interval
+        if not isinstance(kind, torch.dtype):
+            kind = torch.float16 if getattr(kind, "itemsize", 4) == 2 else torch.float32
+        t = torch.tensor(x, dtype=kind)
+        down = float(torch.nextafter(t, torch.tensor(-1.0, dtype=t.dtype)))
+        up = float(torch.nextafter(t, torch.tensor(2.0, dtype=t.dtype)))
+    else:
+        down, up = math.nextafter(x, -1.0), math.nextafter(x, 2.0)
+    fx = Fraction(x)
+    lo, hi = (fx + Fraction(down)) / 2, (fx + Fraction(up)) / 2
+    frac = _simplest_between(lo, hi)
+    return frac if 0 < frac < 1 else fx
+
+
+def conformal_rank(n: Tensor | int, alpha: float) -> Tensor:
+    """``k = ceil((n + 1)(1 - alpha))`` exactly, int64 of ``n``'s shape, ``1 <= k <= n + 1``
+    (``k = n + 1 > n``: the threshold is infinite). See :mod:`torchcal.functional.conformal`.
+
+    Example:
+        >>> from torchcal.scaling import conformal_rank
+        >>> conformal_rank(9, 0.2).item(), conformal_rank(9, 0.7).item(), conformal_rank(9, 0.05).item()
+        (8, 3, 10)
+        >>> conformal_rank(50, 1 - 1e-10).item(), conformal_rank(2, 1 / 3).item()
+        (1, 2)
+    """
+    frac = alpha_fraction(alpha)
+    p, q = frac.numerator, frac.denominator
+    nt = torch.as_tensor(n)
+    if nt.is_floating_point() or nt.dtype == torch.bool or bool((nt < 0).any()):
+        raise ValueError("n: expected non-negative integer counts")
+    flat = nt.reshape(-1).tolist()
+    # Python integers: (n + 1) * (q - p) may exceed int64 for a fine-grained alpha
+    ks = [-((-(m + 1) * (q - p)) // q) for m in flat]
+    return torch.tensor(ks, dtype=torch.int64, device=nt.device).reshape(nt.shape)
+
+
+def conformal_quantile(
+    scores: Tensor, alpha: float, groups: Tensor | None = None, num_groups: int | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The conformal score quantile per group: the ``k``-th smallest score of each group.
+
+    Args:
+        scores: finite conformity scores (any shape).
+        alpha: miscoverage in ``(0, 1)`` (see :func:`conformal_rank`).
+        groups: integer group ids of ``scores``' shape (``None``: one group).
+        num_groups: the number of groups (``None``: ``max(groups) + 1``).
+
+    Returns:
+        ``(q, n, k)``: float64 quantiles ``(G,)`` (``inf`` where ``k > n``, e.g. an empty
+        group; a group never reads another group's score), int64 counts and ranks ``(G,)``.
+        One sort; no loop over groups.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.scaling import conformal_quantile
+        >>> s = torch.tensor([3.0, 1.0, 2.0, 5.0, 4.0, 9.0, 7.0, 8.0, 6.0])
+        >>> q, n, k = conformal_quantile(s, 0.2)           # k = ceil(10 * 0.8) = 8
+        >>> q.tolist(), n.tolist(), k.tolist()
+        ([8.0], [9], [8])
+    """
+    check_floating("scores", check_tensor("scores", scores))
+    check_nonempty("scores", scores)
+    check_finite("scores", scores)
+    x = scores.detach().reshape(-1).to(torch.float64)
+    if groups is None:
+        if num_groups is not None:
+            raise ValueError("num_groups: given without groups")
+        g = torch.zeros(x.shape, dtype=torch.long, device=x.device)
+        G = 1
+    else:
+        G = check_group_ids(groups, scores.shape, num_groups)
+        g = groups.detach().reshape(-1).to(device=x.device, dtype=torch.long)
+    order = torch.argsort(x, stable=True)
+    order = order[torch.argsort(g[order], stable=True)]  # by group, then by score
+    sorted_x = x[order]
+    n = torch.bincount(g, minlength=G)
+    k = conformal_rank(n, alpha).to(x.device)
+    start = torch.cumsum(n, 0) - n
+    inside = k <= n
+    idx = torch.where(inside, start + k - 1, torch.zeros_like(k))  # k - 1 < n: own group
+    q = torch.where(inside, sorted_x[idx], torch.full_like(sorted_x[idx], float("inf")))
+    return q, n, k
+
+
+def _probs(logits: Tensor, input: str, temperature: float | Tensor | None) -> Tensor:
+    check_option("input", input, _INPUTS)
+    check_floating("logits", check_tensor("logits", logits))
+    if logits.dim() != 2 or logits.shape[1] < 2:
+        raise ValueError(
+            f"logits: expected (B, C) scores with C >= 2, got shape {tuple(logits.shape)}"
+        )
+    check_nonempty("logits", logits)
+    z = logits.detach().to(torch.float64)
+    if input == "probs":
+        if bool(torch.isnan(z).any()) or bool(((z < 0) | (z > 1)).any()):
+            raise ValueError("logits: input='probs' expects probabilities in [0, 1]")
+        z = torch.log(z)
+    else:
+        check_finite("logits", logits)
+    if temperature is not None:
+        t = float(temperature)
+        if not (math.isfinite(t) and t > 0):
+            raise ValueError(f"temperature: expected a finite value > 0, got {t!r}")
+        z = z / t
+    return torch.softmax(z, dim=1)
+
+
+def _uniforms(
+    B: int, device: torch.device, u: Tensor | None, generator: torch.Generator | None
+) -> Tensor:
+    if u is None:
+        return torch.rand(B, dtype=torch.float64, device=device, generator=generator)
+    check_floating("u", check_tensor("u", u))
+    if u.shape != (B,):
+        raise ValueError(f"u: expected shape ({B},), one uniform per row, got {tuple(u.shape)}")
+    if bool(((u < 0) | (u > 1) | torch.isnan(u)).any()):
+        raise ValueError("u: expected uniforms in [0, 1]")
+    return u.detach().to(device=device, dtype=torch.float64)
+
+
+def conformal_score_matrix(
+    logits: Tensor,
+    method: str = "aps",
+    *,
+    input: str = "logits",
+    temperature: float | Tensor | None = None,
+    randomized: bool = True,
+    lam: float = 0.01,
+    k_reg: int = 5,
+    u: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """The nonconformity score of every label, float64 ``(B, C)`` (see the module docstring).
+
+    Args:
+        logits: ``(B, C)`` logits (``input="logits"``) or probabilities (``"probs"``).
+        method: ``"lac"``, ``"aps"``, ``"raps"`` or ``"topk"``.
+        temperature: divide the logits by it first (``None``: as given). The set temperature
+            is a choice of its own: a temperature fitted for NLL can enlarge adaptive sets.
+        randomized: APS/RAPS: add ``u p_j`` (exact) instead of ``p_j`` (conservative).
+        lam, k_reg: the RAPS penalty ``lam * max(0, rank - k_reg)``.
+        u: ``(B,)`` uniforms, one per row (randomized APS/RAPS); else drawn from
+            ``generator``. Use the same ``u`` for a row's calibration score and its set.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import conformal_score_matrix
+        >>> p = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64)
+        >>> conformal_score_matrix(p, "aps", input="probs", randomized=False)
+        tensor([[0.5000, 0.8000, 1.0000]], dtype=torch.float64)
+        >>> conformal_score_matrix(p, "lac", input="probs")
+        tensor([[0.5000, 0.7000, 0.8000]], dtype=torch.float64)
+    """
+    check_option("method", method, METHODS)
+    p = _probs(logits, input, temperature)
+    if method == "lac":
+        return 1.0 - p
+    B, C = p.shape
+    order = torch.argsort(p, dim=1, descending=True, stable=True)
+    ranks = torch.empty_like(order)
+    ar = torch.arange(1, C + 1, device=p.device).expand(B, C)
+    ranks.scatter_(1, order, ar)
+    if method == "topk":
+        return ranks.to(torch.float64)
+    ps = torch.gather(p, 1, order)
+    above = torch.cumsum(ps, dim=1) - ps
+    if randomized:
+        s = above + _uniforms(B, p.device, u, generator)[:, None] * ps
+    else:
+        s = above + ps
+    if method == "raps":
+        if not (math.isfinite(float(lam)) and float(lam) >= 0):
+            raise ValueError(f"lam: expected a finite value >= 0, got {lam!r}")
+        if isinstance(k_reg, bool) or not isinstance(k_reg, int) or k_reg < 0:
+            raise ValueError(f"k_reg: expected an integer >= 0, got {k_reg!r}")
+        s = s + float(lam) * (ar - k_reg).clamp_min(0).to(torch.float64)
+    out = torch.empty_like(s)
+    out.scatter_(1, order, s)
+    return out
+
+
+def _check_target(target: Tensor, B: int, C: int) -> Tensor:
+    check_tensor("target", target)
+    if target.is_floating_point() or target.dtype == torch.bool or target.shape != (B,):
+        raise ValueError(
+            f"target: expected ({B},) integer class ids, got shape {tuple(target.shape)} "
+            f"and dtype {target.dtype}"
+        )
+    if B and bool(((target < 0) | (target >= C)).any()):
+        raise ValueError(f"target: expected class ids in [0, {C - 1}]")
+    return target.to(torch.long)
+
+
+def conformal_scores(
+    logits: Tensor,
+    target: Tensor,
+    method: str = "aps",
+    **kwargs: object,
+) -> Tensor:
+    """The true label's score, float64 ``(B,)``: the calibration scores.
+
+    Keyword arguments as :func:`conformal_score_matrix`. Calibrate with
+    ``torchcal.scaling.conformal_quantile(scores, alpha)`` (``groups=target, num_groups=C`` for
+    class-conditional thresholds, or any group ids for Mondrian ones), then
+    :func:`conformal_sets`.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import conformal_scores
+        >>> p = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]], dtype=torch.float64)
+        >>> conformal_scores(p, torch.tensor([1, 1]), "lac", input="probs")
+        tensor([0.7000, 0.4000], dtype=torch.float64)
+    """
+    s = conformal_score_matrix(logits, method, **kwargs)  # type: ignore[arg-type]
+    y = _check_target(target, *s.shape).to(s.device)
+    return torch.gather(s, 1, y[:, None])[:, 0]
+
+
+def conformal_sets(
+    logits: Tensor,
+    threshold: float | Tensor,
+    method: str = "aps",
+    **kwargs: object,
+) -> Tensor:
+    """Prediction sets as a boolean mask ``(B, C)``: label ``j`` is in row ``b``'s set iff its
+    score is ``<= threshold`` (sizes: ``mask.sum(1)``).
+
+    ``threshold``: a number or 0-d tensor (one threshold), ``(B, 1)`` (per row: Mondrian,
+    ``q[groups][:, None]``), ``(1, C)`` (per class: class-conditional, ``q[None, :]``) or ``(B,
+    C)``; ``inf`` admits every label. Keyword arguments as :func:`conformal_score_matrix` (the
+    same ``method``, temperature and, for randomized sets, fresh uniforms per test row).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import conformal_sets
+        >>> p = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3]], dtype=torch.float64)
+        >>> conformal_sets(p, 0.75, "lac", input="probs")
+        tensor([[ True,  True, False],
+                [False,  True,  True]])
+    """
+    s = conformal_score_matrix(logits, method, **kwargs)  # type: ignore[arg-type]
+    B, C = s.shape
+    if isinstance(threshold, Tensor):
+        check_floating("threshold", threshold)
+        t = threshold.detach().to(device=s.device, dtype=torch.float64)
+        if t.dim() != 0 and not (t.dim() == 2 and t.shape[0] in (1, B) and t.shape[1] in (1, C)):
+            raise ValueError(
+                f"threshold: expected a number, (B, 1) = ({B}, 1), (1, C) = (1, {C}) or "
+                f"(B, C), got shape {tuple(t.shape)} (a 1-d threshold is ambiguous)"
+            )
+    elif isinstance(threshold, Real) and not isinstance(threshold, bool):
+        t = torch.tensor(float(threshold), dtype=torch.float64, device=s.device)
+    else:
+        raise TypeError(f"threshold: expected a number or a tensor, got {type(threshold).__name__}")
+    if bool(torch.isnan(t).any()):
+        raise ValueError("threshold: NaN")
+    return s <= t
+
+
+def conformal_risk_control(
+    losses: Tensor, alpha: float, lambdas: Tensor, *, bound: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    r"""Conformal risk control (Angelopoulos, Bates, Fisch, Lei & Schuster, ICLR 2024).
+
+    ``losses[..., i, j]`` is calibration point ``i``'s loss at ``lambdas[j]`` (ascending), in
+    ``[0, bound]`` and non-increasing in ``lambda`` along every row. The result is the smallest
+    ``lambda`` with ``n / (n + 1) * R_hat(lambda) + bound / (n + 1) <= alpha`` (``R_hat``: the
+    mean loss over the ``n`` points).
+
+    **Guarantee:** for exchangeable calibration and test points and a loss non-increasing and
+    right-continuous in ``lambda``, ``E[loss_{n+1}(lambda_hat)] <= alpha`` (over the
+    calibration draw and the test point), provided the largest ``lambda`` has loss 0 (else,
+    where no ``lambda`` qualifies, the result is ``inf`` with index ``L``). With the miscoverage
+    loss ``1{score > lambda}`` it is split conformal: ``lambda_hat`` is the
+    ``ceil((n + 1)(1 - alpha))``-th smallest score.
+
+    Args:
+        losses: ``(..., n, L)`` floating losses; leading dimensions are independent problems
+            (e.g. random splits).
+        alpha: the risk level.
+        lambdas: ``(L,)`` ascending grid.
+        bound: ``B``, the largest possible loss.
+
+    Returns:
+        ``(lambda_hat, index)``: float64 and int64 of shape ``losses.shape[:-2]``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import conformal_risk_control
+        >>> lam = torch.linspace(0, 1, 11, dtype=torch.float64)
+        >>> scores = torch.tensor([0.05, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85])
+        >>> losses = (scores[:, None] > lam).double()       # miscoverage
+        >>> conformal_risk_control(losses, 0.2, lam)        # the 8th smallest score, 0.75 -> 0.8
+        (tensor(0.8000, dtype=torch.float64), tensor(8))
+    """
+    check_floating("losses", check_tensor("losses", losses))
+    check_floating("lambdas", check_tensor("lambdas", lambdas))
+    if losses.dim() < 2 or losses.shape[-2] == 0:
+        raise ValueError(f"losses: expected (..., n, L) with n >= 1, got {tuple(losses.shape)}")
+    if lambdas.dim() != 1 or lambdas.shape[0] != losses.shape[-1]:
+        raise ValueError(
+            f"lambdas: expected ({losses.shape[-1]},) to match losses' last dimension, got "
+            f"{tuple(lambdas.shape)}"
+        )
+    check_finite("losses", losses)
+    check_finite("lambdas", lambdas)
+    if bool((lambdas.diff() <= 0).any()):
+        raise ValueError("lambdas: expected a strictly ascending grid")
+    b = float(bound)
+    if not (math.isfinite(b) and b > 0):
+        raise ValueError(f"bound: expected a finite value > 0, got {bound!r}")
+    x = losses.detach().to(torch.float64)
+    if bool(((x < 0) | (x > b)).any()):
+        raise ValueError(f"losses: expected values in [0, bound = {b:g}]")
+    if bool((x.diff(dim=-1) > 0).any()):
+        raise ValueError("losses: expected every row non-increasing in lambda")
+    frac = alpha_fraction(alpha)
+    n = x.shape[-2]
+    # n/(n+1) R + B/(n+1) <= alpha  <=>  sum_i loss_i + B <= (n + 1) alpha, the right side
+    # the correctly rounded (n + 1) p / q of alpha's exact fraction (exact for 0/1 losses)
+    total = x.sum(dim=-2)
+    ok = total + b <= (n + 1) * frac.numerator / frac.denominator
+    L = x.shape[-1]
+    first = ok.to(torch.int8).argmax(dim=-1)
+    idx = torch.where(ok.any(dim=-1), first, torch.full_like(first, L))
+    lam = torch.cat(
+        [lambdas.detach().to(torch.float64), torch.tensor([math.inf], dtype=torch.float64)]
+    )
+    return lam.to(idx.device)[idx], idx
+
+
+def _check_lambdas(lambdas: Tensor) -> Tensor:
+    check_floating("lambdas", check_tensor("lambdas", lambdas))
+    if lambdas.dim() != 1 or lambdas.numel() == 0:
+        raise ValueError(f"lambdas: expected a non-empty 1-d grid, got {tuple(lambdas.shape)}")
+    check_finite("lambdas", lambdas)
+    return lambdas.detach().to(torch.float64)
+
+
+def multilabel_fnr_losses(probs: Tensor, labels: Tensor, lambdas: Tensor) -> Tensor:
+    """False-negative rate of the multi-label set ``{j : p_j >= 1 - lambda}`` for every
+    ``lambda``: ``(N, L)`` float64, ``1 - |set & Y| / |Y|`` (0 for a row without positives);
+    non-increasing in ``lambda``, in ``[0, 1]``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import multilabel_fnr_losses
+        >>> p = torch.tensor([[0.9, 0.4, 0.1]], dtype=torch.float64)
+        >>> multilabel_fnr_losses(p, torch.tensor([[1, 1, 0]]), torch.tensor([0.2, 0.7]))
+        tensor([[0.5000, 0.0000]], dtype=torch.float64)
+    """
+    check_floating("probs", check_tensor("probs", probs))
+    if probs.dim() != 2:
+        raise ValueError(f"probs: expected (N, C) probabilities, got {tuple(probs.shape)}")
+    if labels.shape != probs.shape:
+        raise ValueError(
+            f"labels: expected probs' shape {tuple(probs.shape)}, got {tuple(labels.shape)}"
+        )
+    lam = _check_lambdas(lambdas).to(probs.device)
+    p = probs.detach().to(torch.float64)
+    y = labels.detach().to(torch.float64)
+    if bool(((y != 0) & (y != 1)).any()):
+        raise ValueError("labels: expected 0/1 labels")
+    inside = p[:, :, None] >= (1.0 - lam)  # (N, C, L)
+    hit = (inside * y[:, :, None]).sum(dim=1)
+    pos = y.sum(dim=1, keepdim=True)
+    return torch.where(pos > 0, 1.0 - hit / pos.clamp_min(1.0), 0.0)
+
+
+def set_size_losses(probs: Tensor, lambdas: Tensor) -> Tensor:
+    """The relative size ``|{j : p_j >= lambda}| / C`` for every ``lambda``: ``(N, L)`` float64,
+    non-increasing in ``lambda``, in ``[0, 1]`` (risk control of the set size).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import set_size_losses
+        >>> set_size_losses(torch.tensor([[0.6, 0.3, 0.1]]), torch.tensor([0.2, 0.5]))
+        tensor([[0.6667, 0.3333]], dtype=torch.float64)
+    """
+    check_floating("probs", check_tensor("probs", probs))
+    if probs.dim() != 2:
+        raise ValueError(f"probs: expected (N, C) probabilities, got {tuple(probs.shape)}")
+    lam = _check_lambdas(lambdas).to(probs.device)
+    p = probs.detach().to(torch.float64)
+    return (p[:, :, None] >= lam).to(torch.float64).mean(dim=1)
