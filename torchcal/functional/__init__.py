@@ -71,8 +71,14 @@ from torchcal.functional.scoring import (
     ranked_probability_score,
     spherical_score,
 )
+from torchcal.functional.shrinkage import (
+    between_group_variance,
+    empirical_bayes_shrinkage,
+)
 
 __all__ = [
+    "between_group_variance",
+    "empirical_bayes_shrinkage",
     "cost_threshold_from_stats",
     "drift_from_summaries",
     "ece_interval_from_stats",

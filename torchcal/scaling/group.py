@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -15,6 +16,7 @@ from torchcal.functional._validation import (
     check_int,
     check_temperature_bounds,
 )
+from torchcal.functional.shrinkage import empirical_bayes_shrinkage
 from torchcal.scaling import _objective as obj
 from torchcal.scaling._base import (
     FitResult,
@@ -42,7 +44,17 @@ class GroupTemperatureScaler(FittedMixin):
     The NLL is *summed* over the group, so ``shrinkage`` acts like a prior pseudo-count: small
     groups stay near the global ``T``, large groups follow their own data. ``shrinkage=0``
     fits the groups independently; ``shrinkage -> inf`` gives the global ``T`` everywhere. A
-    group without samples gets the global ``T``. The same float64 statistics and safeguarded
+    group without samples gets the global ``T``.
+
+    ``shrinkage="empirical_bayes"`` estimates the prior from the data instead: each group's
+    own ``log T_g`` is fitted (as with ``shrinkage=0``), then shrunk toward ``log T`` by
+    :func:`~torchcal.functional.shrinkage.empirical_bayes_shrinkage`, with precision the
+    curvature of the group's summed NLL at its own ``log T_g`` and the between-group variance
+    ``tau^2`` by the DerSimonian-Laird moment estimate: weight ``n_g / (n_g + k_g)``, so a
+    group with few samples (or whose own fit stopped on a bound: a perfectly separated or
+    uninformative group) gets about the global ``T`` and a large one its own. The fit then
+    sets ``raw_temperatures`` (the unshrunk ``T_g``), ``shrinkage_weights`` (``(G,)`` in
+    ``[0, 1)``) and ``between_group_variance`` (``tau^2`` of ``log T``) on the scaler. The same float64 statistics and safeguarded
     Newton solver as :class:`TemperatureScaler` run on all groups at once (one pass per step).
 
     Invariance (tested): multiclass -- every argmax is kept (each row is divided by a positive
@@ -54,7 +66,8 @@ class GroupTemperatureScaler(FittedMixin):
 
     Args:
         num_groups: number of groups ``G``; group ids are ``0 .. G-1``.
-        shrinkage: prior precision on ``log T_g`` (>= 0), in units of samples.
+        shrinkage: prior precision on ``log T_g`` (>= 0), in units of samples, or
+            ``"empirical_bayes"`` (estimated from the data, see above).
         bounds, grad_tol, step_tol, max_iter: as in :class:`TemperatureScaler`.
 
     Example:
@@ -80,7 +93,7 @@ class GroupTemperatureScaler(FittedMixin):
         self,
         num_groups: int,
         *,
-        shrinkage: float = 1.0,
+        shrinkage: float | Literal["empirical_bayes"] = 1.0,
         bounds: tuple[float, float] = (1e-3, 1e3),
         grad_tol: float = 1e-10,
         step_tol: float = 1e-8,
@@ -88,7 +101,18 @@ class GroupTemperatureScaler(FittedMixin):
     ) -> None:
         super().__init__()
         self.num_groups = check_int("num_groups", num_groups, minimum=1)
-        self.shrinkage = check_finite_value("shrinkage", float(shrinkage))
+        if isinstance(shrinkage, str) and shrinkage != "empirical_bayes":
+            raise ValueError(
+                f"shrinkage: expected a float >= 0 or 'empirical_bayes', got {shrinkage!r}"
+            )
+        self.shrinkage: float | str = (
+            shrinkage
+            if shrinkage == "empirical_bayes"
+            else check_finite_value("shrinkage", float(shrinkage))
+        )
+        self.raw_temperatures: Tensor | None = None
+        self.shrinkage_weights: Tensor | None = None
+        self.between_group_variance: float | None = None
         self.bounds = check_temperature_bounds("bounds", bounds)
         self.grad_tol, self.step_tol, self.max_iter = float(grad_tol), float(step_tol), max_iter
         self.log_temperature = nn.Parameter(torch.zeros(num_groups, dtype=torch.float64))
@@ -141,19 +165,28 @@ class GroupTemperatureScaler(FittedMixin):
         )
         res_g = glob.fit(logits, target)
         num_classes = None if binary else logits.shape[1]
+        eb = self.shrinkage == "empirical_bayes"
         with torch.inference_mode(False), torch.no_grad():
+            chunks = obj.tensor_chunks(logits, target, groups)
+            workers = obj.default_workers(logits)
             res = self._solve_groups(
-                obj.tensor_chunks(logits, target, groups),
+                chunks,
                 binary,
                 num_classes,
                 -math.log(glob.temperature),
-                workers=obj.default_workers(logits),
+                workers=workers,
+                strength=0.0 if eb else float(self.shrinkage),
             )
+            if eb:
+                res = self._empirical_bayes(
+                    res, chunks, binary, num_classes, -math.log(glob.temperature), workers
+                )
         msgs = list(res_g.warnings)
         empty = torch.nonzero(res.stats[:, obj.COUNT] == 0).flatten().tolist()
         if empty:
             msgs.append(f"groups: no samples in group(s) {empty}; they use the global T")
-        msgs += degenerate_messages(res, self.bounds, what="T_g")
+        if not eb:  # shrunk groups leave no bound: a raw fit on a bound gets the global T
+            msgs += degenerate_messages(res, self.bounds, what="T_g")
         msgs_t = warn_all(msgs[len(res_g.warnings) :], stacklevel=3)
         self._store("log_temperature", -res.u)
         self._store("log_temperature_global", math.log(glob.temperature))
@@ -181,6 +214,7 @@ class GroupTemperatureScaler(FittedMixin):
         u_global: float,
         *,
         workers: int,
+        strength: float,
     ) -> obj.LogBetaResult:
         """The penalised per-group solve, all groups at once, from and toward ``u_global``
         (``log beta`` of the global T)."""
@@ -188,18 +222,7 @@ class GroupTemperatureScaler(FittedMixin):
         center = torch.full((G,), u_global, dtype=torch.float64)
 
         def evaluate(u: Tensor, identity: bool) -> Tensor:
-            stats = obj.temperature_pass(
-                chunks,
-                u,
-                binary=binary,
-                num_classes=num_classes,
-                num_groups=G,
-                identity=identity,
-                workers=workers,
-                check_labels=False,
-            )
-            obj.check_stats(stats, lambda: chunks, binary)
-            return stats
+            return self._pass(chunks, binary, num_classes, u, identity, workers)
 
         lo, hi = obj.log_bounds(*self.bounds)
         return obj.solve_log_beta(
@@ -211,6 +234,62 @@ class GroupTemperatureScaler(FittedMixin):
             step_tol=self.step_tol,
             max_iter=self.max_iter,
             center=center,
-            strength=self.shrinkage,
+            strength=strength,
             identity_first=True,
+        )
+
+    def _pass(
+        self,
+        chunks: list[obj.Chunk],
+        binary: bool,
+        num_classes: int | None,
+        u: Tensor,
+        identity: bool,
+        workers: int,
+    ) -> Tensor:
+        stats = obj.temperature_pass(
+            chunks,
+            u,
+            binary=binary,
+            num_classes=num_classes,
+            num_groups=self.num_groups,
+            identity=identity,
+            workers=workers,
+            check_labels=False,
+        )
+        obj.check_stats(stats, lambda: chunks, binary)
+        return stats
+
+    def _empirical_bayes(
+        self,
+        raw: obj.LogBetaResult,
+        chunks: list[obj.Chunk],
+        binary: bool,
+        num_classes: int | None,
+        u_global: float,
+        workers: int,
+    ) -> obj.LogBetaResult:
+        """Shrink the unpenalised per-group ``u = log beta`` toward ``u_global`` (see the
+        class docstring); the result holds the sums at the shrunk ``u``."""
+        _, _, curv = obj.u_derivatives(raw.stats, raw.u)  # summed NLL's d2/du2 per group
+        informative = (raw.stats[:, obj.COUNT] > 0) & ~(raw.at_lower | raw.at_upper)
+        info = torch.where(informative, curv.clamp(min=0.0), torch.zeros_like(curv))
+        u, weights, tau2 = empirical_bayes_shrinkage(raw.u, info, u_global)
+        stats = self._pass(chunks, binary, num_classes, u, False, workers)
+        _, grad, curv_u = obj.u_derivatives(stats, u)
+        self.raw_temperatures = torch.exp(-raw.u)
+        self.shrinkage_weights = weights
+        self.between_group_variance = float(tau2)
+        no = torch.zeros_like(raw.converged)
+        return obj.LogBetaResult(
+            u=u,
+            stats=stats,
+            grad=grad,
+            curv=curv_u,
+            converged=raw.converged | raw.at_lower | raw.at_upper,
+            at_lower=no,
+            at_upper=no,
+            iterations=raw.iterations,
+            passes=raw.passes + 1,
+            identity_stats=raw.identity_stats,
         )
