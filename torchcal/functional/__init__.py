@@ -10,6 +10,14 @@ from torchcal.functional.calibration import (
     reliability_table,
     true_calibration_error,
 )
+from torchcal.functional.conformal import (
+    conformal_risk_control,
+    conformal_score_matrix,
+    conformal_scores,
+    conformal_sets,
+    multilabel_fnr_losses,
+    set_size_losses,
+)
 from torchcal.functional.continuous import (
     crps_ensemble,
     crps_laplace,
@@ -134,4 +142,10 @@ __all__ = [
     "log_reward",
     "spherical_reward",
     "correctness_brier_reward",
+    "conformal_score_matrix",
+    "conformal_scores",
+    "conformal_sets",
+    "conformal_risk_control",
+    "multilabel_fnr_losses",
+    "set_size_losses",
 ]
