@@ -45,6 +45,13 @@ from recipes.complex_link_prediction._audit_metrics import (
     reliability_tables,
     true_label_ece,
 )
+from recipes.complex_link_prediction.answers import (
+    answer_sets,
+    query_relation_names,
+    relation_temperatures,
+    risk_coverage,
+)
+from recipes.complex_link_prediction.costs import measure
 from recipes.complex_link_prediction.datasets import KGData, with_reciprocals
 from recipes.complex_link_prediction.evaluation import (
     TripleFilter,
@@ -89,6 +96,9 @@ class AuditResult:
     tables: dict[str, ReliabilityTable]
     per_relation: list[dict[str, object]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: time and memory of each fit (:func:`~recipes.complex_link_prediction.costs.measure`;
+    #: not deterministic, so the report keeps them under a timing key)
+    costs: dict[str, dict[str, object]] = field(default_factory=dict)
 
     @property
     def invariants_ok(self) -> bool:
@@ -135,13 +145,21 @@ def _binary_metrics(logits: Tensor, labels: Tensor, n_bins: int) -> dict[str, fl
     return out
 
 
-def guarded_temperature(scaler: object, logits: Tensor, target: Tensor) -> dict[str, object]:
+def guarded_temperature(
+    scaler: object,
+    logits: Tensor,
+    target: Tensor,
+    costs: dict[str, dict[str, object]] | None = None,
+    name: str = "fit",
+) -> dict[str, object]:
     """Fit ``scaler`` (a temperature scaler) on the fit split and keep its ``T`` only if it
     does not raise the NLL of that split above ``T = 1``'s: a correctly fitted temperature
     cannot (``T = 1`` is a candidate), so a higher NLL means the fit failed (KGE Calibrator's
     temperature scaling raises NLL on average, see docs/recipes/complex.md), and the audit
     falls back to ``T = 1`` and says so. Both NLLs are computed here from ``logits / T``, not
     read from the fit's own report.
+
+    The fit's time and memory go to ``costs[name]`` when ``costs`` is given.
 
     Returns ``fit`` (the scaler's result) and the report keys: ``temperature`` (the one
     used), ``temperature_fitted``, ``temperature_fallback``, ``nll_fit_split_identity``
@@ -157,7 +175,8 @@ def guarded_temperature(scaler: object, logits: Tensor, target: Tensor) -> dict[
         >>> out["temperature"], out["temperature_fitted"], out["temperature_fallback"]
         (1.0, 2.0, True)
     """
-    fit = scaler.fit(logits, target)  # type: ignore[attr-defined]
+    with measure({} if costs is None else costs, name):
+        fit = scaler.fit(logits, target)  # type: ignore[attr-defined]
     t = float(fit.temperature)
     nll_one = float(TF.log_score(logits, target))
     nll_t = float(TF.log_score(logits / t, target))
@@ -233,8 +252,18 @@ def _tail_hidden_truth(
 
 
 @torch.no_grad()
-def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15) -> AuditResult:
-    """Multiclass audit of the top-1 filtered tail prediction (see the module docstring).
+def tail_audit(
+    model: ComplEx,
+    data: KGData,
+    *,
+    seed: int = 0,
+    n_bins: int = 15,
+    alpha: float = 0.1,
+    coverage: float = 0.8,
+) -> AuditResult:
+    """Multiclass audit of the top-1 filtered tail prediction (see the module docstring),
+    with the per-relation temperature, the answer sets at ``alpha`` and the risk-coverage
+    row at ``coverage`` of :mod:`.answers`.
 
     Checked exactly on every query of both halves (:func:`check_monotone_map`, one row per
     query over all entities, masks ``-inf``): no strict inversion, no broken tie, every top-1
@@ -250,13 +279,21 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
     logits = all_tail_logits(model, queries, known)
     target = queries[:, 2]
 
+    costs: dict[str, dict[str, object]] = {}
     scaler = TemperatureScaler()
-    guard = guarded_temperature(scaler, logits[cal], target[cal])
+    guard = guarded_temperature(scaler, logits[cal], target[cal], costs, "tail.temperature")
     fit = guard["fit"]
     scaled = logits.clone() if guard["temperature_fallback"] else scaler(logits)
 
     check = check_monotone_map(logits, scaled, decisions=False, max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
     invariants = named_invariants(check, decisions=False)
+    names = query_relation_names(data.relations)
+    rel_t = relation_temperatures(logits, target, queries[:, 1], cal, names, scaled, n_bins, costs)
+    for key, sc in (("raw", rel_t.scaled_raw), ("shrunk", rel_t.scaled_shrunk)):
+        # each row divided by its relation's T > 0: the same per-row guarantees
+        c = check_monotone_map(logits, sc, decisions=False, max_tie_gap_ulps=MAX_TIE_GAP_ULPS)
+        invariants[f"relation_T_{key}_monotone"] = all(named_invariants(c, False).values())
+        rel_t.summary[f"ties_created_{key}"] = c.ties_created
     pred = logits.argmax(1)
     ranks = filtered_ranks(logits[ev], target[ev])
     mrr = ranking_metrics(ranks.realistic)["mrr"]
@@ -297,9 +334,18 @@ def tail_audit(model: ComplEx, data: KGData, *, seed: int = 0, n_bins: int = 15)
             "hidden truth: a top-1 answer that is a hidden true triple counts as "
             "wrong against observed labels and right against true labels."
         )
+    summary["relation_temperature"] = {**rel_t.summary, "per_relation": rel_t.per_relation}
+    summary["answer_sets"] = {
+        "global_T": answer_sets(scaled, target, cal, alpha),
+        "relation_T_shrunk": answer_sets(rel_t.scaled_shrunk, target, cal, alpha),
+    }
+    summary["risk_coverage"] = {
+        "global_T": risk_coverage(sc_ev, pred[ev], t_ev, coverage),
+        "relation_T_shrunk": risk_coverage(rel_t.scaled_shrunk[ev], pred[ev], t_ev, coverage),
+    }
     per_rel = per_relation(lg_ev, sc_ev, t_ev, rel[ev], data.relations, "confidence", n_bins)
     tables = reliability_tables({"before": lg_ev, "after": sc_ev}, t_ev, "confidence", n_bins)
-    return AuditResult("tail", summary, invariants, tables, per_rel, notes)
+    return AuditResult("tail", summary, invariants, tables, per_rel, notes, costs)
 
 
 def _dropped(n: int, k: int) -> str:
@@ -450,12 +496,16 @@ def triple_audit(
     logits = model.score(h, r, cand, dtype=torch.float64)
     ev = ~cal
 
+    costs: dict[str, dict[str, object]] = {}
     scaler = TemperatureScaler()
-    guard = guarded_temperature(scaler, logits[cal].reshape(-1), labels[cal].reshape(-1))
+    guard = guarded_temperature(
+        scaler, logits[cal].reshape(-1), labels[cal].reshape(-1), costs, "triple.temperature"
+    )
     fit = guard["fit"]
     scaled = logits.clone() if guard["temperature_fallback"] else scaler(logits)
     platt = PlattScaler()
-    platt_fit = platt.fit(logits[cal].reshape(-1), labels[cal].reshape(-1))
+    with measure(costs, "triple.platt"):
+        platt_fit = platt.fit(logits[cal].reshape(-1), labels[cal].reshape(-1))
 
     check, per_query, invariants = _triple_checks(logits, scaled)
     y_ev = labels[ev].reshape(-1)
@@ -491,7 +541,7 @@ def triple_audit(
     tables = reliability_tables(
         {k: columns[k] for k in ("before", "after", "platt")}, y_ev, "binary", n_bins
     )
-    return AuditResult("triple", summary, invariants, tables, per_rel, notes)
+    return AuditResult("triple", summary, invariants, tables, per_rel, notes, costs)
 
 
 def run_audits(
@@ -503,6 +553,8 @@ def run_audits(
     trained_k: int | None = None,
     k: int | None = None,
     n_bins: int = 15,
+    alpha: float = 0.1,
+    coverage: float = 0.8,
 ) -> list[AuditResult]:
     """Both audits, ``tail`` then ``triple``. The command line's ``--audit.k`` and
     ``--audit.n_bins`` are this signature's (jsonargparse reads it).
@@ -515,10 +567,13 @@ def run_audits(
         trained_k: the model's corruptions per positive in training.
         k: corruptions per held-out positive in the triple audit (default: model.num_negatives).
         n_bins: equal-width bins of the reliability tables and ECE.
+        alpha: miscoverage of the tail audit's conformal answer sets (coverage >= 1 - alpha).
+        coverage: the coverage at which the risk-coverage row reads the risk of the top-1
+            tail (the most confident share of the queries).
     """
     k = trained_k if k is None else k
     return [
-        tail_audit(model, data, seed=seed, n_bins=n_bins),
+        tail_audit(model, data, seed=seed, n_bins=n_bins, alpha=alpha, coverage=coverage),
         triple_audit(
             model,
             data,

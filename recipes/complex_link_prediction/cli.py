@@ -212,6 +212,9 @@ def _prepare(cfg: Any) -> tuple[Any, int, dict[str, Any], Any, Any]:
     from recipes.complex_link_prediction.items import check_audit_data
     from recipes.complex_link_prediction.model import ComplExModule
 
+    for name, v in (("alpha", cfg.audit.alpha), ("coverage", cfg.audit.coverage)):
+        if not (isinstance(v, float) and 0 < v < 1):
+            raise ValueError(f"audit.{name}: expected a number in (0, 1), got {v!r}")
     data = load_dataset(**options(load_dataset, cfg.data), seed=cfg.seed)
     k = cfg.audit.k if cfg.audit.k is not None else cfg.model.num_negatives
     counts = check_audit_data(data, k, cfg.seed)
@@ -310,6 +313,8 @@ def _run(cfg: Any) -> tuple[dict, list]:
         trained_k=cfg.model.num_negatives,
         k=k,
         n_bins=cfg.audit.n_bins,
+        alpha=cfg.audit.alpha,
+        coverage=cfg.audit.coverage,
     )
     audit_seconds = time.perf_counter() - t_audit
     report: dict[str, Any] = {
@@ -325,6 +330,7 @@ def _run(cfg: Any) -> tuple[dict, list]:
         "train_seconds": train_seconds,
         "epoch_seconds": timer.mean_seconds(),
         "audit_seconds": audit_seconds,
+        "fit_costs": {key: v for a in audits for key, v in a.costs.items()},
         **ranking,
         "audits": {
             a.name: {**a.summary, "invariants": a.invariants, "per_relation": a.per_relation}
@@ -365,6 +371,32 @@ def audit_line(a: Any, mode: str) -> str:
     return line
 
 
+def tail_lines(a: Any) -> list[str]:
+    """The tail audit's two extra stdout lines: the per-relation temperature (global, raw and
+    shrunk on the evaluation half) and the answer sets with the risk-coverage row."""
+    s = a.summary
+    r = s["relation_temperature"]
+    sets, rc = s["answer_sets"]["global_T"], s["risk_coverage"]["global_T"]
+    return [
+        f"relation T: {r['groups_with_calibration_queries']} query relations, T "
+        f"{r['t_shrunk_min']:.3f}..{r['t_shrunk_max']:.3f} shrunk (raw "
+        f"{r['t_raw_min']:.3f}..{r['t_raw_max']:.3f}, median weight {r['weight_median']:.2f}); "
+        f"ECE global/raw/shrunk {r['ece_global']:.4f}/{r['ece_raw']:.4f}/"
+        f"{r['ece_shrunk']:.4f}, NLL {r['nll_global']:.4f}/{r['nll_raw']:.4f}/"
+        f"{r['nll_shrunk']:.4f}",
+        f"answer sets (alpha {sets['alpha']:g}, global T): coverage {sets['coverage']:.4f} "
+        f"+- {sets['coverage_se']:.4f}, mean size {sets['mean_size']:.2f} (median "
+        f"{sets['median_size']:g}); top-1 AURC {rc['aurc']:.4f}, AUGRC {rc['augrc']:.4f}, "
+        f"risk {rc['risk_at_coverage']:.4f} at {rc['coverage']:.0%} coverage",
+    ]
+
+
+def cost_line(costs: dict[str, dict[str, Any]]) -> str:
+    """The stdout line of each fit's time and added peak memory."""
+    parts = [f"{k} {v['seconds']:.3f} s / {v['peak_mb']:.1f} MB" for k, v in costs.items()]
+    return "fits (time / added peak memory): " + ", ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status: 0, 1 when an invariant failed, 2 on bad input."""
     cfg = build_parser().parse_args(argv)
@@ -381,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for a in audits:
         print(audit_line(a, report["mode"]))
+        if a.name == "tail":
+            for line in tail_lines(a):
+                print(line)
+    print(cost_line(report["fit_costs"]))
     print(f"reports written to {report['output_dir']}")
     if not report["invariants_ok"]:
         failed = [f"{a.name}.{k}" for a in audits for k, v in a.invariants.items() if not v]

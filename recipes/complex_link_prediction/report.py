@@ -12,7 +12,13 @@ from recipes.complex_link_prediction.audit import MIN_RELATION_ITEMS, AuditResul
 
 __all__ = ["TIMING_KEYS", "write_reports"]
 
-TIMING_KEYS = ("train_seconds", "epoch_seconds", "audit_seconds", "total_seconds")
+TIMING_KEYS = (
+    "train_seconds",
+    "epoch_seconds",
+    "audit_seconds",
+    "total_seconds",
+    "fit_costs",
+)
 
 
 def _f(x: object, digits: int = 4) -> str:
@@ -114,6 +120,114 @@ def _ranking_rows(result: dict) -> list[list[str]]:
     return [[label] + [_f(result[f"{key}{suffix}"]) for key in keys] for label, suffix in rows]
 
 
+def _beyond_t(s: dict, table: Callable[..., str]) -> list[str]:
+    """The tail audit's per-relation temperature, answer sets and risk-coverage rows."""
+    r = s["relation_temperature"]
+    out = [
+        f"per-relation temperature ({r['groups_with_calibration_queries']} of {r['groups']} "
+        "query relations with calibration queries; each relation and its reciprocal r^-1): "
+        "raw = fitted per relation on the calibration half, shrunk = toward the global T "
+        "by empirical Bayes (weight w tau^2 / (1 + w tau^2), w = the curvature of the "
+        "relation's summed NLL in log T, tau^2 = the DerSimonian-Laird between-relation "
+        f"variance of log T = {_f(r['between_relation_variance_log_t'])}); "
+        f"{r['groups_raw_at_bound']} raw fits ran to a bound (weight 0).",
+        "",
+        table(
+            ["temperature", "T min", "T median", "T max", "ECE eval", "NLL eval", "NLL cal"],
+            [
+                [
+                    "global",
+                    _f(r["global_temperature"]),
+                    _f(r["global_temperature"]),
+                    _f(r["global_temperature"]),
+                    _f(r["ece_global"]),
+                    _f(r["nll_global"]),
+                    _f(r["nll_calibration_global"]),
+                ]
+            ]
+            + [
+                [
+                    f"per relation, {key}",
+                    _f(r[f"t_{key}_min"]),
+                    _f(r[f"t_{key}_median"]),
+                    _f(r[f"t_{key}_max"]),
+                    _f(r[f"ece_{key}"]),
+                    _f(r[f"nll_{key}"]),
+                    _f(r[f"nll_calibration_{key}"]),
+                ]
+                for key in ("raw", "shrunk")
+            ],
+        ),
+        "",
+        f"shrinkage weights: min {_f(r['weight_min'])}, median {_f(r['weight_median'])}, "
+        f"max {_f(r['weight_max'])}",
+        "",
+        table(
+            ["relation", "n cal", "n eval", "T raw", "weight", "T shrunk"],
+            [
+                [
+                    p["relation"],
+                    str(p["n_calibration"]),
+                    str(p["n_evaluation"]),
+                    _f(p["t_raw"]),
+                    _f(p["weight"]),
+                    _f(p["t_shrunk"]),
+                ]
+                for p in r["per_relation"]
+            ],
+        ),
+        "",
+    ]
+    sets = s["answer_sets"]
+    first = next(iter(sets.values()))
+    out += [
+        f"conformal answer sets (split conformal, LAC: nonconformity 1 - p(true tail), known "
+        f"other answers excluded; alpha = {first['alpha']:g}, calibrated on the calibration "
+        f"half: n = {first['n']}, rank k = ceil((n + 1)(1 - alpha)) = {first['k']}; "
+        "measured on the evaluation half; the global T is fitted on the same calibration "
+        "half, so the guarantee is approximate by one fitted scalar):",
+        "",
+        table(
+            ["set temperature", "threshold", "coverage", "se", "mean size", "median", "singletons"],
+            [
+                [
+                    key.replace("_", " "),
+                    _f(v["threshold"]),
+                    _f(v["coverage"]),
+                    _f(v["coverage_se"]),
+                    _f(v["mean_size"], 3),
+                    _f(v["median_size"], 1),
+                    _f(v["singletons"]),
+                ]
+                for key, v in sets.items()
+            ],
+        ),
+        "",
+    ]
+    rc = s["risk_coverage"]
+    cov = next(iter(rc.values()))["coverage"]
+    out += [
+        "risk-coverage of the top-1 tail (confidence = its probability, loss = wrong; tied "
+        "confidences as one block):",
+        "",
+        table(
+            ["temperature", "AURC", "AUGRC", f"risk at {cov:.0%} coverage", "risk at 100%"],
+            [
+                [
+                    key.replace("_", " "),
+                    _f(v["aurc"]),
+                    _f(v["augrc"]),
+                    _f(v["risk_at_coverage"]),
+                    _f(v["risk"]),
+                ]
+                for key, v in rc.items()
+            ],
+        ),
+        "",
+    ]
+    return out
+
+
 def _audit_section(
     a: AuditResult, table: Callable[..., str], markdown: bool, plots: bool
 ) -> list[str]:
@@ -137,6 +251,8 @@ def _audit_section(
         "(MRR, Hits@k, AUC) come from the model's own scores.",
         "",
     ]
+    if a.name == "tail" and "relation_temperature" in s:
+        out += _beyond_t(s, table)
     if a.per_relation:
         out += [
             f"per-relation ECE (relations with >= {MIN_RELATION_ITEMS} evaluation items):",
@@ -211,6 +327,12 @@ def _render(
         f"({result['epoch_seconds']:.3f} s/epoch)",
         "",
     ]
+    if result.get("fit_costs"):
+        costs = ", ".join(
+            f"{k} {v['seconds']:.3f} s / {v['peak_mb']:.1f} MB"
+            for k, v in result["fit_costs"].items()
+        )
+        out += [f"fit costs (time / added peak memory): {costs}", ""]
     for a in audits:
         out += _audit_section(a, table, markdown, plots)
     status = "all invariants hold" if result["invariants_ok"] else "AN INVARIANT FAILED"

@@ -289,3 +289,78 @@ def test_a_temperature_that_raises_the_fit_nll_falls_back_to_one(world, monkeypa
 
     line = audit_line(types.SimpleNamespace(name=audit, summary=s, invariants_ok=True), "x")
     assert line.startswith("audit ") and "T = 1.0000 (fallback: the fitted T = " in line
+
+
+def test_answer_sets_match_a_brute_force_split_conformal():
+    """LAC sets against a loop: the threshold is the k-th smallest calibration score with
+    k = ceil((n + 1)(1 - alpha)) (in integers), a set is every candidate with 1 - p <= it, a
+    known other answer (-inf) is never in one, and coverage / sizes are counted per query."""
+    from recipes.complex_link_prediction.answers import answer_sets
+
+    g = torch.Generator().manual_seed(3)
+    B, E = 400, 30
+    z = 2 * torch.randn(B, E, generator=g, dtype=torch.float64)
+    y = torch.randint(0, E, (B,), generator=g)
+    known = torch.rand(B, E, generator=g) < 0.2
+    known[torch.arange(B), y] = False
+    z = z.masked_fill(known, -math.inf)
+    cal = torch.rand(B, generator=g) < 0.5
+    for alpha in (0.1, 0.3, 1 / 3):
+        out = answer_sets(z, y, cal, alpha)
+        p = torch.softmax(z, 1)
+        scores = sorted((1 - p[i, y[i]]).item() for i in range(B) if cal[i])
+        n = len(scores)
+        num, den = (1, 3) if alpha == 1 / 3 else (round(alpha * 10), 10)
+        k = -((-(n + 1) * (den - num)) // den)  # ceil((n + 1)(1 - alpha)), exactly
+        q = scores[k - 1] if k <= n else math.inf
+        assert (out["n"], out["k"]) == (n, k) and out["threshold"] == q
+        covered, sizes = [], []
+        for i in torch.nonzero(~cal).flatten().tolist():
+            members = [j for j in range(E) if not known[i, j] and 1 - p[i, j].item() <= q]
+            covered.append(int(y[i]) in members)
+            sizes.append(len(members))
+        assert out["coverage"] == pytest.approx(sum(covered) / len(covered), abs=1e-15)
+        assert out["mean_size"] == pytest.approx(sum(sizes) / len(sizes), abs=1e-12)
+        assert out["empty"] == sizes.count(0)
+
+
+def test_relation_temperatures_shrink_toward_the_global_t(world):
+    """The per-relation temperatures on a real audit: each raw T fits its relation's
+    calibration queries no worse than the global T; every shrunk log T lies between the
+    global and the raw one; the summary's NLLs are those of the scaled logits."""
+    from recipes.complex_link_prediction.answers import (
+        query_relation_names,
+        relation_temperatures,
+    )
+    from recipes.complex_link_prediction.audit import all_tail_logits
+    from recipes.complex_link_prediction.evaluation import TripleFilter
+
+    data, model = world
+    R = data.num_relations
+    queries = with_reciprocals(data.test, R)
+    known = TripleFilter(with_reciprocals(data.known(), R), data.num_entities, 2 * R)
+    logits = all_tail_logits(model, queries, known)
+    target, rel = queries[:, 2], queries[:, 1]
+    cal = stratified_halves(data.test[:, 1], 0).repeat(2)
+    t_glob_scaler = audit_mod.TemperatureScaler()
+    t_glob = t_glob_scaler.fit(logits[cal], target[cal]).temperature
+    costs: dict = {}
+    out = relation_temperatures(
+        logits, target, rel, cal, query_relation_names(data.relations), logits / t_glob, 10, costs
+    )
+    s = out.summary
+    assert s["global_temperature"] == pytest.approx(t_glob, rel=1e-9)
+    assert set(costs) == {"tail.relation_T_raw", "tail.relation_T_shrunk"}
+    lg = math.log(s["global_temperature"])  # the group scaler's own global fit
+    for p in out.per_relation:
+        r = query_relation_names(data.relations).index(p["relation"])
+        m = cal & (rel == r)
+        assert int(m.sum()) == p["n_calibration"] > 0
+        own = float(TF.log_score(logits[m] / p["t_raw"], target[m]))
+        assert own <= float(TF.log_score(logits[m] / t_glob, target[m])) + 1e-12
+        lo, hi = sorted((lg, math.log(p["t_raw"])))
+        assert lo - 1e-12 <= math.log(p["t_shrunk"]) <= hi + 1e-12, p
+        assert 0 <= p["weight"] < 1
+    ev = ~cal
+    assert s["nll_shrunk"] == pytest.approx(float(TF.log_score(out.scaled_shrunk[ev], target[ev])))
+    assert s["nll_calibration_raw"] <= s["nll_calibration_global"] + 1e-12

@@ -93,6 +93,34 @@ def test_tiny_family_end_to_end(tmp_path, monkeypatch, capsys):
         and "base rate 0.1667" in triple_line
     )
     assert "T cannot fix" not in tail_line
+    # the tail audit's extra lines: per-relation T, answer sets + risk-coverage, fit costs
+    lines = out.splitlines()
+    i = lines.index(tail_line)
+    assert lines[i + 1].startswith("relation T: ") and "ECE global/raw/shrunk" in lines[i + 1]
+    assert lines[i + 2].startswith("answer sets (alpha 0.1, global T): coverage ")
+    assert "AURC" in lines[i + 2] and "at 80% coverage" in lines[i + 2]
+    assert lines[i + 3] == triple_line
+    cost = next(ln for ln in lines if ln.startswith("fits (time / added peak memory): "))
+    for name in ("tail.temperature", "tail.relation_T_raw", "tail.relation_T_shrunk"):
+        assert f"{name} " in cost
+    assert set(rep["fit_costs"]) == {
+        "tail.temperature",
+        "tail.relation_T_raw",
+        "tail.relation_T_shrunk",
+        "triple.temperature",
+        "triple.platt",
+    }
+    assert all(v["seconds"] > 0 and v["peak_mb"] >= 0 for v in rep["fit_costs"].values())
+    rt = rep["audits"]["tail"]["relation_temperature"]
+    assert rt["groups"] == 2 * rep["num_relations"]
+    assert rt["nll_calibration_raw"] <= rt["nll_calibration_global"]
+    assert {"t_raw", "weight", "t_shrunk"} <= set(rt["per_relation"][0])
+    sets = rep["audits"]["tail"]["answer_sets"]["global_T"]
+    assert 0 <= sets["coverage"] <= 1 and sets["mean_size"] >= 1 - sets["empty"]
+    assert {"aurc", "augrc", "risk_at_coverage"} <= set(
+        rep["audits"]["tail"]["risk_coverage"]["global_T"]
+    )
+    assert rep["audits"]["tail"]["invariants"]["relation_T_shrunk_monotone"] is True
     assert TOP_KEYS <= set(rep)
     assert TAIL_KEYS <= set(rep["audits"]["tail"])
     assert TRIPLE_KEYS <= set(rep["audits"]["triple"])
@@ -146,8 +174,9 @@ def test_tiny_family_end_to_end(tmp_path, monkeypatch, capsys):
     assert main(TINY + ["--output_dir", str(b)]) == 0
     _, rep_b = _load(b)
     assert json.dumps(rep_a, sort_keys=True) == json.dumps(rep_b, sort_keys=True)
-    timing = tuple(f'  "{k}":' for k in TIMING_KEYS) + ("training: ",)
-    for name in ("report.json", "report.txt", "report.md"):
+    # (report.json's timing keys hold nested values: compared above, as parsed JSON)
+    timing = ("training: ", "fit costs (time / added peak memory): ")
+    for name in ("report.txt", "report.md"):
         text_a, text_b = ((d / name).read_bytes().splitlines() for d in (a, b))
         assert len(text_a) == len(text_b)
         assert [ln for ln in text_a if not ln.decode().startswith(timing)] == [
@@ -341,6 +370,16 @@ TEST_ROWS = [
             TEST_ROWS,
             ["--trainer.max_epochs", "-1"],
             "error: trainer.max_epochs: expected an int >= 1",
+        ),
+        (
+            TEST_ROWS,
+            ["--trainer.max_epochs", "1", "--audit.alpha", "1.5"],
+            "error: audit.alpha: expected a number in (0, 1), got 1.5",
+        ),
+        (
+            TEST_ROWS,
+            ["--trainer.max_epochs", "1", "--audit.coverage", "0"],
+            "error: audit.coverage: expected a number in (0, 1), got 0.0",
         ),
         # 12 entities: a query's own answer is known, so at most 11 tails are free: fewer than
         # k = 12 distinct corruptions
