@@ -315,9 +315,13 @@ def conformal_scores(
         >>> conformal_scores(p, torch.tensor([1, 1]), "lac", input="probs")
         tensor([0.7000, 0.4000], dtype=torch.float64)
     """
-    s = conformal_score_matrix(logits, method, **kwargs)  # type: ignore[arg-type]
-    y = _check_target(target, *s.shape).to(s.device)
-    return torch.gather(s, 1, y[:, None])[:, 0]
+    return conformal_gather(conformal_score_matrix(logits, method, **kwargs), target)  # type: ignore[arg-type]
+
+
+def conformal_gather(score_matrix: Tensor, target: Tensor) -> Tensor:
+    """``score_matrix[b, target[b]]`` with ``target`` checked: ``(B,)`` class ids."""
+    y = _check_target(target, *score_matrix.shape).to(score_matrix.device)
+    return torch.gather(score_matrix, 1, y[:, None])[:, 0]
 
 
 def conformal_sets(

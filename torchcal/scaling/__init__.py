@@ -23,6 +23,7 @@ it is fitted.
 from torchcal.scaling._base import CalibrationWarning, FitResult, NotFittedError
 from torchcal.scaling.affine import MatrixScaler, VectorScaler
 from torchcal.scaling.conformal import (
+    ConformalClassifier,
     ConformalFit,
     ConformalQuantileRegression,
     SplitConformal,
@@ -53,4 +54,5 @@ __all__ = [
     "ConformalFit",
     "conformal_quantile",
     "conformal_rank",
+    "ConformalClassifier",
 ]

@@ -21,6 +21,7 @@ group, with that group's ``n``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +39,14 @@ from torchcal.functional._validation import (
     check_same_shape,
     check_tensor,
 )
-from torchcal.functional.conformal import alpha_fraction, conformal_quantile, conformal_rank
+from torchcal.functional.conformal import (
+    METHODS,
+    alpha_fraction,
+    conformal_gather,
+    conformal_quantile,
+    conformal_rank,
+    conformal_score_matrix,
+)
 from torchcal.scaling._base import FittedMixin, warn_all
 
 __all__ = [
@@ -47,6 +55,7 @@ __all__ = [
     "conformal_quantile",
     "SplitConformal",
     "ConformalQuantileRegression",
+    "ConformalClassifier",
 ]
 
 _SCORES = ("absolute", "normalized")
@@ -349,3 +358,184 @@ class ConformalQuantileRegression(_Conformal):
         new_lo = torch.where(cross, mid, new_lo)
         new_hi = torch.where(cross, mid, new_hi)
         return round_outward(new_lo, new_hi, torch.promote_types(lower.dtype, upper.dtype))
+
+
+_CONDITIONAL = ("marginal", "class", "group")
+_T_SOURCES = ("calibration", "manual")
+
+
+class ConformalClassifier(_Conformal):
+    r"""Conformal prediction sets for classes (LAC, APS, RAPS, top-k), marginal, per class or
+    per group; a thin shell over :func:`torchcal.functional.conformal_sets`.
+
+    ``fit(logits, target, groups=None, num_groups=None, size_split=None, u=None,
+    generator=None)`` scores the calibration points' true labels and keeps the
+    ``ceil((n + 1)(1 - alpha))``-th smallest score (:func:`conformal_quantile`) per stratum:
+    ``conditional="marginal"`` (one threshold), ``"class"`` (one per true class: **coverage >=
+    1 - alpha within every class**) or ``"group"`` (Mondrian, one per group id: within every
+    group). ``predict(logits, groups=None, u=None, generator=None)`` (and ``forward``) returns
+    the ``(B, C)`` boolean set mask; sizes are ``mask.sum(1)``. **Marginal coverage >= 1 -
+    alpha for exchangeable data, < 1 - alpha + 1 / (n + 1) without ties** (randomized APS /
+    RAPS, LAC on continuous scores).
+
+    **The set temperature** is its own, stated choice (a temperature fitted for NLL can make
+    adaptive sets larger, MAPIE #483): ``temperature=None`` (the logits as given), a number
+    with ``temperature_source="calibration"`` (reusing a calibration ``T``, on purpose) or
+    ``"manual"``; a number without a source warns (:class:`CalibrationWarning`: a calibration
+    ``T`` reused silently). ``temperature="fit_size"`` picks ``T`` on a grid (``0.1 .. 10``)
+    for the smallest mean set size on ``size_split=(logits, target)``, a held-out split
+    disjoint from the calibration points, so the guarantee is kept. State: ``alpha``,
+    ``score_quantiles``, ``counts``, ``set_temperature`` (float64), ``fitted``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.scaling import ConformalClassifier
+        >>> g = torch.Generator().manual_seed(0)
+        >>> logits = torch.randn(500, 5, generator=g) * 2
+        >>> y = torch.distributions.Categorical(logits=logits).sample()
+        >>> cc = ConformalClassifier(alpha=0.1, method="lac")
+        >>> cc.fit(logits[:400], y[:400]).ranks             # ceil(401 * 0.9)
+        (361,)
+        >>> sets = cc.predict(logits[400:])
+        >>> sets.shape, sets.dtype
+        (torch.Size([100, 5]), torch.bool)
+    """
+
+    set_temperature: Tensor
+
+    def __init__(
+        self,
+        alpha: float = 0.1,
+        method: str = "aps",
+        *,
+        randomized: bool = True,
+        lam: float = 0.01,
+        k_reg: int = 5,
+        conditional: str = "marginal",
+        temperature: float | str | None = None,
+        temperature_source: str | None = None,
+    ) -> None:
+        super().__init__(alpha)
+        check_option("method", method, METHODS)
+        check_option("conditional", conditional, _CONDITIONAL)
+        if not isinstance(randomized, bool):
+            raise TypeError(f"randomized: expected a bool, got {type(randomized).__name__}")
+        self.method, self.randomized, self.conditional = method, randomized, conditional
+        self.lam, self.k_reg = lam, k_reg
+        conformal_score_matrix(torch.zeros(1, 2), method, lam=lam, k_reg=k_reg, u=torch.zeros(1))
+        t = 1.0
+        if temperature == "fit_size":
+            if temperature_source is not None:
+                raise ValueError("temperature_source: not used with temperature='fit_size'")
+        elif temperature is not None:
+            if isinstance(temperature, (str, bool)) or not isinstance(temperature, (int, float)):
+                raise ValueError(
+                    f"temperature: expected None, a number > 0 or 'fit_size', got {temperature!r}"
+                )
+            t = float(temperature)
+            if not (math.isfinite(t) and t > 0):
+                raise ValueError(f"temperature: expected a finite value > 0, got {t!r}")
+            if temperature_source is None:
+                warn_all(
+                    [
+                        f"temperature: T = {t:g} used for the sets without a stated source; a "
+                        f"T fitted for NLL can enlarge adaptive sets: pass "
+                        f"temperature_source='calibration' to reuse it on purpose"
+                    ]
+                )
+            else:
+                check_option("temperature_source", temperature_source, _T_SOURCES)
+        elif temperature_source is not None:
+            raise ValueError("temperature_source: given without a temperature")
+        self.fit_size = temperature == "fit_size"
+        self.register_buffer("set_temperature", torch.tensor(t, dtype=torch.float64))
+
+    def _scores(
+        self, logits: Tensor, t: float, u: Tensor | None, generator: torch.Generator | None
+    ) -> Tensor:
+        return conformal_score_matrix(
+            logits,
+            self.method,
+            temperature=t,
+            randomized=self.randomized,
+            lam=self.lam,
+            k_reg=self.k_reg,
+            u=u,
+            generator=generator,
+        )
+
+    def _fit_temperature(
+        self, size_split: tuple[Tensor, Tensor] | None, generator: torch.Generator | None
+    ) -> float:
+        if size_split is None:
+            raise ValueError("size_split: temperature='fit_size' needs a held-out (logits, target)")
+        logits, target = size_split
+        grid = torch.logspace(-1, 1, 41, dtype=torch.float64).tolist()
+        best, best_size = 1.0, math.inf
+        for t in grid:  # a loop over 41 temperatures, vectorised over rows
+            s = self._scores(logits, t, None, generator)
+            q, _, _ = conformal_quantile(conformal_gather(s, target), float(self.alpha))
+            size = float((s <= q).sum(1).double().mean())
+            if size < best_size:
+                best, best_size = t, size
+        return best
+
+    def fit(
+        self,
+        logits: Tensor,
+        target: Tensor,
+        groups: Tensor | None = None,
+        num_groups: int | None = None,
+        size_split: tuple[Tensor, Tensor] | None = None,
+        u: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> ConformalFit:
+        """Calibrate on held-out ``logits`` ``(n, C)`` and class ids ``target`` ``(n,)``."""
+        if self.fit_size:
+            self.set_temperature.fill_(self._fit_temperature(size_split, generator))
+        elif size_split is not None:
+            raise ValueError("size_split: only used with temperature='fit_size'")
+        s = self._scores(logits, float(self.set_temperature), u, generator)
+        scores = conformal_gather(s, target)
+        if self.conditional == "class":
+            if groups is not None:
+                raise ValueError("groups: conditional='class' uses the true class as the group")
+            groups, num_groups = target, s.shape[1]
+        elif self.conditional == "group" and groups is None:
+            raise ValueError("groups: conditional='group' needs the group id of every point")
+        elif self.conditional == "marginal" and groups is not None:
+            raise ValueError("groups: given with conditional='marginal'")
+        return self._fit_scores(scores, groups, num_groups)
+
+    def predict(
+        self,
+        logits: Tensor,
+        groups: Tensor | None = None,
+        u: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """The ``(B, C)`` boolean set mask."""
+        self._check_fitted()
+        s = self._scores(logits, float(self.set_temperature), u, generator)
+        q = self.score_quantiles.to(s.device)
+        if self.conditional == "class":
+            if groups is not None:
+                raise ValueError("groups: not used with conditional='class'")
+            if q.numel() != s.shape[1]:
+                raise ValueError(
+                    f"logits: calibrated on {q.numel()} classes, got {s.shape[1]} columns"
+                )
+            return s <= q[None, :]
+        if self.conditional == "marginal" and groups is not None:
+            raise ValueError("groups: given with conditional='marginal'")
+        return s <= self._quantile_at(groups, torch.Size([s.shape[0]]), s.device)[:, None]
+
+    def forward(self, logits: Tensor, groups: Tensor | None = None) -> Tensor:
+        return self.predict(logits, groups)
+
+    def extra_repr(self) -> str:
+        return (
+            f"alpha={float(self.alpha):g}, method={self.method!r}, "
+            f"randomized={self.randomized}, conditional={self.conditional!r}, "
+            f"T={float(self.set_temperature):g}"
+        )
