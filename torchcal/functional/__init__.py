@@ -79,6 +79,16 @@ from torchcal.functional.scoring import (
     ranked_probability_score,
     spherical_score,
 )
+from torchcal.functional.selective import (
+    RiskCoverage,
+    augrc,
+    aurc,
+    coverage_at_risk,
+    risk_at_coverage,
+    risk_coverage_curve,
+    risk_coverage_from_stats,
+    selective_binned_bound,
+)
 from torchcal.functional.shrinkage import (
     between_group_variance,
     empirical_bayes_shrinkage,
@@ -148,4 +158,12 @@ __all__ = [
     "conformal_risk_control",
     "multilabel_fnr_losses",
     "set_size_losses",
+    "RiskCoverage",
+    "risk_coverage_curve",
+    "aurc",
+    "augrc",
+    "risk_at_coverage",
+    "coverage_at_risk",
+    "risk_coverage_from_stats",
+    "selective_binned_bound",
 ]
