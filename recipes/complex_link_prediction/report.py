@@ -330,6 +330,11 @@ def _render(
     if result.get("fit_costs"):
         costs = ", ".join(
             f"{k} {v['seconds']:.3f} s / {v['peak_mb']:.1f} MB"
+            + (
+                f" (process {v['process_peak_mb']:.0f} MB)"
+                if v.get("process_peak_mb") is not None
+                else ""
+            )
             for k, v in result["fit_costs"].items()
         )
         out += [f"fit costs (time / added peak memory): {costs}", ""]

@@ -52,6 +52,14 @@ def _check(proc: subprocess.CompletedProcess, out: pathlib.Path, mode: str) -> d
         a = rep["audits"][name]
         assert a["strict_inversions"] == 0 and a["ties_broken"] == 0
         assert 0 <= a["max_tie_gap_ulps"] <= a["max_tie_gap_bound_ulps"] == 4
+    # beyond one temperature: the per-relation T and the answer-set lines, each fit's cost
+    assert any(ln.startswith("relation T: ") for ln in lines)
+    assert any(ln.startswith("answer sets (alpha 0.1, global T): coverage ") for ln in lines)
+    assert any(ln.startswith("fits (time / added peak memory): tail.temperature ") for ln in lines)
+    tail = rep["audits"]["tail"]
+    assert tail["invariants"]["relation_T_shrunk_monotone"] is True
+    assert 0 <= tail["answer_sets"]["global_T"]["coverage"] <= 1
+    assert set(rep["fit_costs"]) >= {"tail.temperature", "tail.relation_T_shrunk"}
     return rep
 
 
@@ -91,6 +99,14 @@ def test_family_default_at_its_real_settings(tmp_path):
     assert rep["mrr"] > 0.9
     tail = rep["audits"]["tail"]
     assert tail["temperature"] < 1 and tail["ece_after"] < tail["ece_before"]
+    assert tail["temperature_fallback"] is False
+    # the answer sets cover about 1 - alpha of the evaluation queries (one seeded run: the
+    # guarantee is in expectation, so a band of 4 standard errors)
+    sets = tail["answer_sets"]["global_T"]
+    assert abs(sets["coverage"] - 0.9) < 4 * sets["coverage_se"] and sets["mean_size"] < 5
+    rt = tail["relation_temperature"]
+    assert rt["nll_calibration_raw"] <= rt["nll_calibration_shrunk"]
+    assert rt["nll_calibration_raw"] <= rt["nll_calibration_global"]
     assert (out / "report.md").stat().st_size > 0
 
 
