@@ -196,30 +196,6 @@ def answer_sets(scaled: Tensor, target: Tensor, cal: Tensor, alpha: float) -> di
     }
 
 
-def _selective(conf: Tensor, loss: Tensor, coverage: float) -> tuple[float, float, float]:
-    # TEMPORARY (H21b): until torchcal.functional's aurc / augrc / risk_at_coverage (H21a)
-    # land; tied confidences as one block (the expectation over random tie-breaking).
-    if hasattr(TF, "aurc"):
-        return (
-            float(TF.aurc(conf, loss)),
-            float(TF.augrc(conf, loss)),
-            float(TF.risk_at_coverage(conf, loss, coverage)),
-        )
-    n = len(conf)
-    c, order = torch.sort(conf, descending=True, stable=True)
-    x = loss[order]
-    _, counts = torch.unique_consecutive(c, return_counts=True)
-    block = torch.repeat_interleave(torch.arange(len(counts)), counts)
-    end = torch.cumsum(counts, 0)
-    start = end - counts
-    csum = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(x, 0)])
-    mean = (csum[end] - csum[start]) / counts
-    k = torch.arange(1, n + 1, dtype=torch.float64)
-    s_k = csum[start][block] + (k - start[block]) * mean[block]
-    kk = max(1, math.ceil(coverage * n - 1e-9))
-    return float((s_k / k).mean()), float((s_k / n).mean()), float(s_k[kk - 1] / kk)
-
-
 def risk_coverage(scaled: Tensor, pred: Tensor, target: Tensor, coverage: float) -> dict:
     """The risk-coverage row of the top-1 tail ``pred`` (the model's own argmax): confidence
     = its probability under ``scaled``, loss = wrong. ``aurc``, ``augrc`` and
@@ -227,11 +203,10 @@ def risk_coverage(scaled: Tensor, pred: Tensor, target: Tensor, coverage: float)
     ``risk`` (error rate at full coverage)."""
     conf = torch.softmax(scaled.to(torch.float64), dim=1).gather(1, pred[:, None])[:, 0]
     loss = (pred != target).double()
-    aurc, augrc, risk_at = _selective(conf, loss, coverage)
     return {
         "coverage": float(coverage),
-        "aurc": aurc,
-        "augrc": augrc,
-        "risk_at_coverage": risk_at,
+        "aurc": float(TF.aurc(conf, loss)),
+        "augrc": float(TF.augrc(conf, loss)),
+        "risk_at_coverage": float(TF.risk_at_coverage(conf, loss, coverage)),
         "risk": float(loss.mean()),
     }

@@ -364,3 +364,25 @@ def test_relation_temperatures_shrink_toward_the_global_t(world):
     ev = ~cal
     assert s["nll_shrunk"] == pytest.approx(float(TF.log_score(out.scaled_shrunk[ev], target[ev])))
     assert s["nll_calibration_raw"] <= s["nll_calibration_global"] + 1e-12
+
+
+def test_risk_coverage_row_matches_a_loop():
+    """The top-1 risk-coverage row against the definitions, looped over the acceptance order
+    (distinct confidences): AURC = mean_k risk(top k), AUGRC = mean_k (errors in top k) / N,
+    risk at 80 % = the error rate of the top ceil(0.8 N)."""
+    from recipes.complex_link_prediction.answers import risk_coverage
+
+    g = torch.Generator().manual_seed(5)
+    B, E = 200, 12
+    z = 3 * torch.randn(B, E, generator=g, dtype=torch.float64)
+    y = torch.randint(0, E, (B,), generator=g)
+    pred = z.argmax(1)
+    out = risk_coverage(z / 0.7, pred, y, 0.8)
+    conf = torch.softmax(z / 0.7, 1).max(1).values
+    assert len(set(conf.tolist())) == B  # no ties: one acceptance order
+    wrong = [float(pred[i] != y[i]) for i in torch.argsort(conf, descending=True).tolist()]
+    errors = [sum(wrong[: k + 1]) for k in range(B)]
+    assert out["aurc"] == pytest.approx(sum(e / (k + 1) for k, e in enumerate(errors)) / B)
+    assert out["augrc"] == pytest.approx(sum(errors) / B / B)
+    assert out["risk_at_coverage"] == pytest.approx(errors[159] / 160)
+    assert out["risk"] == pytest.approx(sum(wrong) / B)
