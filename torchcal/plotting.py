@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from torchcal.report import ReliabilityTable
 
-__all__ = ["figure_rgb", "history_figure", "pit_figure", "reliability_diagram", "table_figure"]
+__all__ = [
+    "figure_rgb",
+    "history_figure",
+    "pit_figure",
+    "reliability_diagram",
+    "table_figure",
+    "plot_risk_coverage",
+    "risk_coverage_table",
+]
 
 
 def _pyplot() -> Any:
@@ -273,3 +281,59 @@ def _coverage_panel(
     ax.set_ylabel("observed coverage")
     ax.set_title("central intervals")
     ax.legend(loc="best", fontsize="x-small")
+
+
+def plot_risk_coverage(rc: Any, ax: Any = None) -> Any:
+    """The risk-coverage curve of a :class:`~torchcal.functional.RiskCoverage` (selective risk
+    and generalised risk against coverage, one point per tie block, joined linearly as the
+    tie-averaged values are), with AURC and AUGRC in the title; returns the axis.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import risk_coverage_curve
+        >>> from torchcal.plotting import plot_risk_coverage
+        >>> rc = risk_coverage_curve(torch.tensor([0.9, 0.8, 0.8]), torch.tensor([0.0, 1.0, 0.0]))
+        >>> ax = plot_risk_coverage(rc)  # doctest: +SKIP
+    """
+    if ax is None:
+        _, ax = _pyplot().subplots(figsize=(4.5, 3.5))
+    cov = [0.0, *rc.coverage.tolist()]
+    risk = rc.risk.tolist()
+    risk = [risk[0], *risk]
+    gen = [0.0, *rc.generalized_risk.tolist()]
+    ax.plot(cov, risk, marker=".", label="selective risk")
+    ax.plot(cov, gen, linestyle="--", label="generalised risk")
+    ax.set_xlabel("coverage")
+    ax.set_ylabel("risk")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"AURC {float(rc.aurc):.4f}  AUGRC {float(rc.augrc):.4f}")
+    ax.legend(loc="upper left")
+    return ax
+
+
+def risk_coverage_table(rc: Any, coverages: Sequence[float] = (0.5, 0.8, 0.9, 0.95, 1.0)) -> str:
+    """A markdown table: the selective risk at each coverage, then AURC and AUGRC.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional import risk_coverage_curve
+        >>> from torchcal.plotting import risk_coverage_table
+        >>> rc = risk_coverage_curve(torch.tensor([0.9, 0.8, 0.8, 0.6]),
+        ...                          torch.tensor([0.0, 1.0, 0.0, 1.0]))
+        >>> print(risk_coverage_table(rc, (0.5, 1.0)))
+        | coverage | risk |
+        |---:|---:|
+        | 0.5 | 0.2500 |
+        | 1 | 0.5000 |
+        | AURC | 0.2708 |
+        | AUGRC | 0.2188 |
+    """
+    from torchcal.functional.selective import risk_at_coverage_of
+
+    rows = ["| coverage | risk |", "|---:|---:|"]
+    for c in coverages:
+        rows.append(f"| {c:g} | {float(risk_at_coverage_of(rc, c)):.4f} |")
+    rows.append(f"| AURC | {float(rc.aurc):.4f} |")
+    rows.append(f"| AUGRC | {float(rc.augrc):.4f} |")
+    return "\n".join(rows)

@@ -203,7 +203,7 @@ def _coverage_count(coverage: float, N: int) -> int:
     return max(1, -(-(frac.numerator * N) // frac.denominator))
 
 
-def _risk_at(rc: RiskCoverage, coverage: float) -> Tensor:
+def risk_at_coverage_of(rc: RiskCoverage, coverage: float) -> Tensor:
     n = rc.count.to(F64)
     N = int(rc.count.sum())
     k = _coverage_count(coverage, N)
@@ -225,10 +225,10 @@ def risk_at_coverage(confidence: Tensor, loss: Tensor, coverage: float) -> Tenso
         >>> float(risk_at_coverage(c, torch.tensor([0.0, 1.0, 0.0, 1.0]), 0.5))  # (0 + 1/2) / 2
         0.25
     """
-    return _risk_at(risk_coverage_curve(confidence, loss), coverage)
+    return risk_at_coverage_of(risk_coverage_curve(confidence, loss), coverage)
 
 
-def _coverage_at(rc: RiskCoverage, risk: float) -> Tensor:
+def coverage_at_risk_of(rc: RiskCoverage, risk: float) -> Tensor:
     r = float(risk)
     if not (math.isfinite(r) and r >= 0):
         raise ValueError(f"risk: expected a finite value >= 0, got {risk!r}")
@@ -249,7 +249,7 @@ def coverage_at_risk(confidence: Tensor, loss: Tensor, risk: float) -> Tensor:
         >>> float(coverage_at_risk(c, torch.tensor([0.0, 1.0, 0.0, 1.0]), 0.4))
         0.75
     """
-    return _coverage_at(risk_coverage_curve(confidence, loss), risk)
+    return coverage_at_risk_of(risk_coverage_curve(confidence, loss), risk)
 
 
 def risk_coverage_from_stats(stats: BinnedStats) -> RiskCoverage:

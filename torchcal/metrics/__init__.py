@@ -10,6 +10,13 @@ from torchcal.metrics.calibration import (
 )
 from torchcal.metrics.regression import IntervalCoverage, PITHistogram, QuantileCalibrationError
 from torchcal.metrics.regression_scores import CRPS, GaussianNLL, IntervalScore
+from torchcal.metrics.selective import (
+    AUGRC,
+    AURC,
+    CoverageAtRisk,
+    RiskAtCoverage,
+    RiskCoverageCurve,
+)
 
 __all__ = [
     "BrierDecomposition",
@@ -24,4 +31,9 @@ __all__ = [
     "IntervalScore",
     "PITHistogram",
     "QuantileCalibrationError",
+    "AURC",
+    "AUGRC",
+    "RiskAtCoverage",
+    "CoverageAtRisk",
+    "RiskCoverageCurve",
 ]
