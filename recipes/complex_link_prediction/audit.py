@@ -171,7 +171,10 @@ def guarded_temperature(
         >>> g = torch.Generator().manual_seed(0)
         >>> z = 5 * torch.randn(500, 4, generator=g, dtype=torch.float64)
         >>> y = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
-        >>> out = guarded_temperature(TemperatureScaler(bounds=(2.0, 3.0)), z, y)
+        >>> import warnings
+        >>> with warnings.catch_warnings():  # the boxed fit warns: it stopped on its bound
+        ...     warnings.simplefilter("ignore")
+        ...     out = guarded_temperature(TemperatureScaler(bounds=(2.0, 3.0)), z, y)
         >>> out["temperature"], out["temperature_fitted"], out["temperature_fallback"]
         (1.0, 2.0, True)
     """
