@@ -24,7 +24,7 @@ from torchcal.callbacks._history import StageMonitor
 from torchcal.callbacks._monitor_options import SINKS, Sink, check_reading_options, check_sinks
 from torchcal.callbacks._outputs import check_extract_fn, check_key, read_outputs
 from torchcal.functional._validation import check_int
-from torchcal.metrics import NegativeLogLikelihood, ReliabilityDiagram
+from torchcal.metrics import NegativeLogLikelihood, ReliabilityDiagram, RiskCoverageCurve
 from torchcal.plotting import history_figure, table_figure
 
 __all__ = ["SINKS", "CalibrationMonitor"]
@@ -116,6 +116,9 @@ class CalibrationMonitor(StageMonitor):
         validate_args: run the value checks (NaN/Inf, label range) on each batch.
         dataloader_idx: with several validation (or test) dataloaders, the one whose metrics
             get the plain names (``val/nll``); the others get ``/dataloader_idx_{i}``.
+        selective_bins: also log ``aurc`` and ``augrc`` (tie-averaged, from a
+            :class:`~torchcal.metrics.RiskCoverageCurve` of this many bins, within its
+            ``bound()`` of the exact values); ``reading="confidence"`` only. ``None``: off.
 
     Example:
         >>> import torch, lightning as L
@@ -157,6 +160,7 @@ class CalibrationMonitor(StageMonitor):
         verbose: bool = False,
         validate_args: bool = True,
         dataloader_idx: int = 0,
+        selective_bins: int | None = None,
     ) -> None:
         super().__init__()
         check_reading_options(
@@ -187,11 +191,18 @@ class CalibrationMonitor(StageMonitor):
         self.validate_args = bool(validate_args)
         self.dataloader_idx = check_int("dataloader_idx", dataloader_idx, minimum=0)
         #: The scalars logged per stage and dataloader (the keys of :attr:`history`).
-        self.metrics = metric_names(reading)
+        self.selective_bins = None
+        if selective_bins is not None:
+            self.selective_bins = check_int("selective_bins", selective_bins, minimum=1)
+            if reading != "confidence":
+                raise ValueError(
+                    f"selective_bins: AURC/AUGRC use reading='confidence', got {reading!r}"
+                )
+        self.metrics = metric_names(reading) + (("aurc", "augrc") if selective_bins else ())
         #: One dict per (stage, dataloader) and epoch: ``stage, dataloader_idx, epoch, step,
         #: n`` and the scalars of :attr:`metrics` (``group_ece``: per-group ECEs or None).
         self.history: list[dict[str, Any]] = []
-        self._accs: dict[tuple[str, int], tuple[ReliabilityDiagram, NegativeLogLikelihood]] = {}
+        self._accs: dict[tuple[str, int], tuple[Any, ...]] = {}
         self._warnings = WarningCache()
 
     # ------------------------------------------------------------------ identity / state
@@ -206,13 +217,13 @@ class CalibrationMonitor(StageMonitor):
             target_key=self.target_key,
             name=self.name,
             num_groups=self.num_groups,
+            **({"selective_bins": self.selective_bins} if self.selective_bins else {}),
         )
 
     # ------------------------------------------------------------------ accumulation
-    def _acc(
-        self, stage: str, idx: int, device: torch.device
-    ) -> tuple[ReliabilityDiagram, NegativeLogLikelihood]:
-        """The (stage, dataloader) accumulators, created on first use."""
+    def _acc(self, stage: str, idx: int, device: torch.device) -> tuple[Any, ...]:
+        """The (stage, dataloader) accumulators (diagram, NLL, risk-coverage or None),
+        created on first use."""
         key = (stage, idx)
         if key not in self._accs:
             rd = ReliabilityDiagram(
@@ -228,7 +239,15 @@ class CalibrationMonitor(StageMonitor):
             # NLL gets the tensors the diagram has just validated; its own check would reject
             # the -inf masks that F.cross_entropy handles exactly
             nll = NegativeLogLikelihood(input=self.input, validate_args=False)
-            self._accs[key] = (rd.to(device), nll.to(device))
+            rc = None
+            if self.selective_bins:
+                rc = RiskCoverageCurve(
+                    self.selective_bins,
+                    input=self.input,
+                    num_classes=self.num_classes,
+                    validate_args=False,
+                ).to(device)
+            self._accs[key] = (rd.to(device), nll.to(device), rc)
         return self._accs[key]
 
     def _extract(
@@ -270,9 +289,11 @@ class CalibrationMonitor(StageMonitor):
         # the sanity check's batches too: a wrong output fails before any training (its sums
         # are dropped at the next epoch start and never emitted)
         preds, target, groups = self._extract(stage, pl_module, batch, outputs)
-        rd, nll = self._acc(stage, dataloader_idx, preds.device)
+        rd, nll, rc = self._acc(stage, dataloader_idx, preds.device)
         rd.update(preds, target, groups)  # validates (NaN/+inf, all -inf rows, labels)
         nll.update(preds, target)  # the same tensors, already validated: no second check
+        if rc is not None:
+            rc.update(preds, target)
 
     @override
     def _emit(
@@ -283,10 +304,11 @@ class CalibrationMonitor(StageMonitor):
         written on rank 0."""
         several = n_loaders > 1
         for idx in range(max(n_loaders, 1)):
-            rd, nll = self._acc(stage, idx, pl_module.device)
+            rd, nll, rc = self._acc(stage, idx, pl_module.device)
             synced = rd.statistics()  # all-reduced (a collective)
             if int(synced.group_counts.sum()) == 0:  # no sample on any rank
                 continue
+            summary = rc.compute() if rc is not None else None  # a collective too
             ns, sfx = self._names(stage, idx, several)
             report = compose(
                 synced,
@@ -297,6 +319,8 @@ class CalibrationMonitor(StageMonitor):
                 tag=f"{ns}/reliability{sfx}",
                 num_groups=self.num_groups,
             )
+            if summary is not None:
+                report.values["aurc"], report.values["augrc"] = summary.aurc, summary.augrc
             self._log(pl_module, report, ns, sfx)
             entry = self._record(
                 stage,
