@@ -1,0 +1,75 @@
+"""DDP: the selective metrics on two gloo processes with uneven shards equal one process
+holding all rows, bitwise (summed O(bins) states; concatenated samples in exact mode).
+
+Run with ``pytest -m ddp``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from torchcal.metrics import AUGRC, AURC, CoverageAtRisk, RiskAtCoverage
+
+SHARDS = (3000, 2001)
+
+
+def _data():
+    g = torch.Generator().manual_seed(7)
+    n = sum(SHARDS)
+    logits = torch.randn(n, 4, generator=g, dtype=torch.float64) * 2
+    logits = (logits * 4).round() / 4  # many tied confidences
+    return logits, torch.randint(0, 4, (n,), generator=g)
+
+
+def _metrics():
+    return {
+        "aurc": AURC(),
+        "aurc_exact": AURC(exact=True),
+        "augrc": AUGRC(n_bins=50),
+        "risk_exact": RiskAtCoverage(0.7, exact=True),
+        "cov_exact": CoverageAtRisk(0.3, exact=True),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, path: str) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        logits, target = _data()
+        lo = 0 if rank == 0 else SHARDS[0]
+        hi = SHARDS[0] if rank == 0 else sum(SHARDS)
+        out = {}
+        for name, m in _metrics().items():
+            m.update(logits[lo:hi], target[lo:hi])
+            out[name] = m.compute()
+        torch.save(out, f"{path}.{rank}")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.ddp
+@pytest.mark.timeout(60)
+def test_two_ranks_equal_one_process_bitwise(tmp_path):
+    path = str(tmp_path / "sel.pt")
+    mp.spawn(_worker, args=(2, _free_port(), path), nprocs=2, join=True)
+    logits, target = _data()
+    for rank in (0, 1):
+        got = torch.load(f"{path}.{rank}", weights_only=False)
+        for name, m in _metrics().items():
+            m.update(logits, target)
+            assert torch.equal(got[name], m.compute()), (rank, name)
