@@ -184,6 +184,15 @@ def test_sets_thresholds_sizes_and_topk() -> None:
         conformal_scores(logits, torch.full((6,), 4), "lac")
     with pytest.raises(ValueError, match="^u"):
         conformal_scores(logits, torch.zeros(6, dtype=torch.long), "aps", u=torch.zeros(5))
+    masked = logits.clone()
+    masked[:, 0] = -math.inf  # a mask: probability 0, ranked last, never in a LAC set < 1
+    assert not bool(conformal_sets(masked, 0.99, "lac")[:, 0].any())
+    assert bool((conformal_score_matrix(masked, "topk")[:, 0] == 4).all())
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ValueError, match="^logits"):
+            conformal_sets(torch.full((2, 3), bad), 0.5, "lac")
+    with pytest.raises(ValueError, match="^logits: a row is masked"):
+        conformal_sets(torch.full((2, 3), -math.inf), 0.5, "lac")
     # probabilities in, temperature applied to their logs
     p = torch.softmax(logits.double(), 1)
     a = conformal_score_matrix(p, "aps", input="probs", u=torch.zeros(6), temperature=2.0)

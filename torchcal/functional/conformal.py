@@ -199,8 +199,11 @@ def _probs(logits: Tensor, input: str, temperature: float | Tensor | None) -> Te
         if bool(torch.isnan(z).any()) or bool(((z < 0) | (z > 1)).any()):
             raise ValueError("logits: input='probs' expects probabilities in [0, 1]")
         z = torch.log(z)
-    else:
-        check_finite("logits", logits)
+    else:  # -inf is a mask (probability 0); NaN, +inf and all-masked rows are errors
+        if bool((torch.isnan(z) | (z == math.inf)).any()):
+            raise ValueError("logits: expected finite values (or -inf masks), got NaN or +inf")
+        if bool(torch.isneginf(z).all(dim=1).any()):
+            raise ValueError("logits: a row is masked entirely (every logit -inf)")
     if temperature is not None:
         t = float(temperature)
         if not (math.isfinite(t) and t > 0):
@@ -237,7 +240,8 @@ def conformal_score_matrix(
     """The nonconformity score of every label, float64 ``(B, C)`` (see the module docstring).
 
     Args:
-        logits: ``(B, C)`` logits (``input="logits"``) or probabilities (``"probs"``).
+        logits: ``(B, C)`` logits (``input="logits"``; ``-inf`` masks a label: probability 0)
+            or probabilities (``"probs"``).
         method: ``"lac"``, ``"aps"``, ``"raps"`` or ``"topk"``.
         temperature: divide the logits by it first (``None``: as given). The set temperature
             is a choice of its own: a temperature fitted for NLL can enlarge adaptive sets.
