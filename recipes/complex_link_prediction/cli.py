@@ -386,7 +386,7 @@ def tail_lines(a: Any) -> list[str]:
         f"{r['nll_shrunk']:.4f}",
         f"answer sets (alpha {sets['alpha']:g}, global T): coverage {sets['coverage']:.4f} "
         f"+- {sets['coverage_se']:.4f}, mean size {sets['mean_size']:.2f} (median "
-        f"{sets['median_size']:g}); top-1 AURC {rc['aurc']:.4f}, AUGRC {rc['augrc']:.4f}, "
+        f"{sets['median_size']:g}, {sets['empty']} empty); top-1 AURC {rc['aurc']:.4f}, AUGRC {rc['augrc']:.4f}, "
         f"risk {rc['risk_at_coverage']:.4f} at {rc['coverage']:.0%} coverage",
     ]
 
