@@ -13,6 +13,8 @@ Regression (predictive distributions and intervals):
 - :class:`QuantileRecalibrator` -- isotonic map of the PIT (Kuleshov et al., 2018).
 - :class:`SplitConformal`, :class:`ConformalQuantileRegression` -- split conformal and CQR
   intervals with the exact finite-sample quantile, optionally per group (Mondrian).
+- :class:`ConformalClassifier` -- conformal prediction sets for classes (LAC, APS, RAPS, top-k),
+  marginal, per class or per group, with a stated set temperature.
 
 Every calibrator is an ``nn.Module`` whose ``fit`` returns a :class:`FitResult`, whose state
 (including a ``fitted`` flag) round-trips through ``state_dict`` and

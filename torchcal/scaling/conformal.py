@@ -1,4 +1,5 @@
-r"""Split conformal intervals and conformalised quantile regression, optionally per group.
+r"""Split conformal intervals and conformalised quantile regression, optionally per group, and
+conformal prediction sets for classes (:class:`ConformalClassifier`).
 
 **The quantile.** With ``n`` calibration scores and miscoverage ``alpha``, the interval uses the
 ``k``-th smallest score, ``k = ceil((n + 1)(1 - alpha))`` (Vovk et al. 2005; Lei et al. 2018,
