@@ -165,3 +165,30 @@ def test_group_temperature_empirical_bayes():
 def test_group_temperature_shrinkage_option_is_checked():
     with pytest.raises(ValueError, match="shrinkage"):
         GroupTemperatureScaler(2, shrinkage="bayes")  # type: ignore[arg-type]
+
+
+def test_empirical_bayes_edge_groups():
+    """One group: nothing to compare (tau^2 = 0), every T is the global one; a group without
+    samples gets the global T; binary logits take the same path."""
+    g = torch.Generator().manual_seed(2)
+    z = 2 * torch.randn(600, 4, generator=g, dtype=torch.float64)
+    y = torch.multinomial(torch.softmax(z / 2, 1), 1, generator=g).squeeze(1)
+    one = GroupTemperatureScaler(1, shrinkage="empirical_bayes")
+    res = one.fit(z, y, torch.zeros(600, dtype=torch.long))
+    assert one.between_group_variance == 0
+    assert float(one.temperatures[0]) == pytest.approx(res.temperature, rel=1e-12)
+    groups = torch.arange(600) % 3  # group 3 stays empty
+    eb = GroupTemperatureScaler(4, shrinkage="empirical_bayes")
+    with pytest.warns(UserWarning, match="no samples in group"):
+        res = eb.fit(z, y, groups)
+    assert eb.shrinkage_weights is not None and float(eb.shrinkage_weights[3]) == 0
+    assert float(eb.temperatures[3]) == pytest.approx(res.temperature, rel=1e-12)
+    s = z[:, 0] - z[:, 1]  # binary: P(y = 1) = sigmoid(s / 2)
+    yb = (torch.rand(600, generator=g, dtype=torch.float64) < torch.sigmoid(s / 2)).double()
+    bin_eb = GroupTemperatureScaler(3, shrinkage="empirical_bayes")
+    bin_eb.fit(s, yb, groups)
+    raw = GroupTemperatureScaler(3, shrinkage=0.0)
+    raw.fit(s, yb, groups)
+    assert bin_eb.raw_temperatures is not None
+    assert torch.equal(bin_eb.raw_temperatures, raw.temperatures)
+    assert bool(((bin_eb.temperatures - 2).abs() < 0.6).all())
