@@ -134,3 +134,18 @@ def test_curve_values_and_bad_input() -> None:
         risk_at_coverage(c, lo, 0.0)
     with pytest.raises(ValueError, match="^risk"):
         coverage_at_risk(c, lo, -1.0)
+
+
+def test_thread_count_does_not_change_a_bit() -> None:
+    g = torch.Generator().manual_seed(3)
+    conf = (torch.rand(400_000, generator=g, dtype=F64) * 100).round() / 100
+    loss = torch.rand(400_000, generator=g, dtype=F64)
+    old = torch.get_num_threads()
+    try:
+        got = []
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            got.append((aurc(conf, loss), augrc(conf, loss)))
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
