@@ -188,7 +188,16 @@ def _beyond_t(s: dict, table: Callable[..., str]) -> list[str]:
         "half, so the guarantee is approximate by one fitted scalar):",
         "",
         table(
-            ["set temperature", "threshold", "coverage", "se", "mean size", "median", "singletons"],
+            [
+                "set temperature",
+                "threshold",
+                "coverage",
+                "se",
+                "mean size",
+                "median",
+                "singletons",
+                "empty",
+            ],
             [
                 [
                     key.replace("_", " "),
@@ -198,6 +207,7 @@ def _beyond_t(s: dict, table: Callable[..., str]) -> list[str]:
                     _f(v["mean_size"], 3),
                     _f(v["median_size"], 1),
                     _f(v["singletons"]),
+                    str(v["empty"]),
                 ]
                 for key, v in sets.items()
             ],
