@@ -13,6 +13,7 @@ import inspect
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +31,7 @@ __all__ = [
     "options",
     "run_cli",
     "text_table",
+    "tidy_help",
     "write_text_reports",
     "write_timed",
 ]
@@ -82,6 +84,62 @@ def environment(threads: int) -> Iterator[None]:
     finally:
         torch.set_num_threads(old[0])
         torch.use_deterministic_algorithms(old[1], warn_only=old[2])
+
+
+ROLE = re.compile(r":(?:func|class|meth|mod|data|attr|obj):`(~?)([^`]+)`")
+
+
+def plain(text: str) -> str:
+    """Docstring text as a terminal shows it: reST roles and literals without their markup.
+
+    Example:
+        >>> plain("Train :class:`~a.b.Net` with ``objective``; see :func:`make_data`.")
+        'Train Net with objective; see make_data.'
+    """
+    text = ROLE.sub(lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], text)
+    return text.replace("``", "")
+
+
+def summary(fn: Callable) -> str:
+    """The first sentence of ``fn``'s docstring, whole (jsonargparse's group headings take its
+    first line, which can stop mid-sentence), in plain text (a first paragraph ending in a
+    colon ends with a full stop instead).
+
+    Example:
+        >>> def f():
+        ...     \"\"\"Train a :class:`Net` with ``objective`` and fit
+        ...     its temperature. More words.\"\"\"
+        >>> summary(f)
+        'Train a Net with objective and fit its temperature.'
+    """
+    paragraph = inspect.cleandoc(fn.__doc__ or fn.__name__).split("\n\n")[0]
+    text = " ".join(paragraph.split())
+    end = re.search(r"\.(\s|$)", text)
+    sentence = text[: end.start()] if end else text.rstrip(":")
+    return plain(sentence) + "."
+
+
+class _KeepLines:
+    """Help formatter mix-in: the description and epilog keep their lines as written (so a
+    command in them is never broken across lines)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True))
+
+
+def tidy_help(parser: Any, groups: dict[str, Callable]) -> Any:
+    """Make a recipe's ``--help`` read as plain text: each option group headed by the whole
+    first sentence of the function that takes its options (``groups``: group key ->
+    function), reST markup removed from the description, the headings and every option's
+    help, and the description's lines kept. Returns ``parser``."""
+    for key, fn in groups.items():
+        parser.groups[key].title = f"{summary(fn)[:-1]} (--{key}.*)"
+    parser.description = plain(parser.description or "")
+    for action in parser._actions:
+        if action.help:
+            action.help = plain(action.help)
+    parser.formatter_class = type("KeepLines", (_KeepLines, parser.formatter_class), {})
+    return parser
 
 
 def run_cli(

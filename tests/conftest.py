@@ -21,3 +21,31 @@ def _seed_and_one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# The slowest tests (measured with `pytest --durations=60`: each over ~4 s, most recipe runs at
+# real settings), marked `slow` here in one list rather than in each file, so that
+# `python -m pytest -q -m "not slow"` is the quick local loop and CI still runs everything.
+# An entry is a node-id prefix relative to the repository root.
+SLOW = (
+    "tests/recipes/test_configs.py::",
+    "tests/recipes/test_regression_recipe.py::test_tiny_run_end_to_end_and_deterministic",
+    "tests/recipes/test_complex_e2e.py::test_tiny_family_end_to_end",
+    "tests/recipes/test_calibrated_rewards.py::test_proper_reward_calibrates_improper_does_not",
+    "tests/scaling/test_scaling_temperature.py::test_multiclass_reaches_brent_optimum_and_keeps_argmax",
+    "tests/functional/test_calibration.py::test_22_million_samples_exact",
+    "tests/audit/test_cli.py::test_module_entry_point_subprocess",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the SLOW tests; leave out the multi-process tests unless `-m` names `ddp` (so that
+    `-m "not slow"` does not bring them back, as an `-m` in addopts would)."""
+    for item in items:
+        if item.nodeid.startswith(SLOW):
+            item.add_marker(pytest.mark.slow)
+    if "ddp" not in (config.option.markexpr or ""):
+        ddp = [item for item in items if item.get_closest_marker("ddp")]
+        if ddp:
+            config.hook.pytest_deselected(items=ddp)
+            items[:] = [item for item in items if not item.get_closest_marker("ddp")]

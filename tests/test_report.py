@@ -96,12 +96,17 @@ def test_plot(table):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ax = table.plot()
+    from torchcal.plotting import reliability_diagram
+
+    ax = reliability_diagram(table)
     assert ax.get_xlim() == (0.0, 1.0)
     assert len(ax.patches) == 2  # one accuracy bar per non-empty bin
     assert sorted(t.get_text() for t in ax.texts) == ["1/2", "7/7"]  # right / samples
     _, ax2 = plt.subplots()
-    assert table.plot(ax=ax2) is ax2
+    assert reliability_diagram(table, ax=ax2) is ax2
+    with pytest.warns(DeprecationWarning, match="reliability_diagram"):  # the old spelling
+        _, ax3 = plt.subplots()
+        assert table.plot(ax=ax3) is ax3
     plt.close("all")
 
 
@@ -118,7 +123,9 @@ def test_plot_of_all_right_and_all_wrong_bins():
     hit = torch.tensor([1] * 10 + [0] * 13)
     t = reliability_table(conf, hit, n_bins=10, reading="binary", input="probs")
     assert float(t.ci_high[9]) == 1.0 and float(t.ci_low[1]) == 0.0
-    ax = t.plot()
+    from torchcal.plotting import reliability_diagram
+
+    ax = reliability_diagram(t)
     assert sorted(x.get_text() for x in ax.texts) == ["0/13", "10/10"]
     plt.close("all")
 

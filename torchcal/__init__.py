@@ -6,10 +6,15 @@ Sub-packages: :mod:`torchcal.functional` (the math), :mod:`torchcal.losses`
 (Lightning callbacks, imported on demand).
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from torchcal import functional, losses, metrics, rewards, scaling
 from torchcal.report import ReliabilityTable
 
-__version__ = "0.1.0"
+try:  # one source: the version in pyproject.toml, read from the installed metadata
+    __version__ = version("torchcal")
+except PackageNotFoundError:  # pragma: no cover - imported from a checkout never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "ReliabilityTable",

@@ -79,6 +79,7 @@ _FLAGS = {
 def build_parser() -> argparse.ArgumentParser:
     """The ``torchcal`` argument parser (errors raise instead of exiting)."""
     parser = _Parser(prog="torchcal", description="Calibration audits from the command line.")
+    parser.add_argument("--version", action="version", version=f"torchcal {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     a = sub.add_parser("audit", help="audit probabilities against labels; exit 1 on FAIL")
     _add_columns(a)
@@ -105,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--n", type=int, default=3000, help="rows per domain")
     e.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _version() -> str:
+    from torchcal import __version__
+
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

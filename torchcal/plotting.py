@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from torchcal.report import ReliabilityTable
+    from torchcal.functional.calibration.results import ReliabilityTable
 
 __all__ = [
     "figure_rgb",
@@ -32,7 +32,7 @@ def _pyplot() -> Any:
         import matplotlib.pyplot as plt
     except ImportError as e:  # pragma: no cover - optional extra
         raise ImportError(
-            "ReliabilityTable.plot needs matplotlib (pip install 'torchcal[plot]')"
+            "torchcal.plotting needs matplotlib (pip install 'torchcal[plot]')"
         ) from e
     return plt
 
@@ -52,7 +52,7 @@ def _diagram_axes(ax: Any) -> tuple[Any, Any]:
 
 
 def reliability_diagram(table: ReliabilityTable, ax: Any = None) -> Any:
-    """Reliability diagram of ``table`` (what :meth:`ReliabilityTable.plot` draws).
+    """Reliability diagram of ``table``.
 
     Accuracy bars per non-empty bin against the diagonal, the per-bin interval as whiskers
     (so seven right out of seven reads as "at least ~0.65", not 1.0), each bin's (mean

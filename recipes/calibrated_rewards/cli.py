@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any, Optional
 
-from recipes._common import TIMING_KEY, environment, options, run_cli
+from recipes._common import TIMING_KEY, environment, options, run_cli, tidy_help
 from recipes.calibrated_rewards.arms import ARMS
 from recipes.calibrated_rewards.bandit import confidence_grid, make_bandit
 from recipes.calibrated_rewards.evaluate import evaluate
@@ -48,7 +48,7 @@ def build_parser() -> Any:
         train_policy, "train", skip={"bandit", "reward", "grid", "seed", "progress", "desc"}
     )
     parser.add_function_arguments(evaluate, "eval", skip={"policy", "bandit", "seed"})
-    return parser
+    return tidy_help(parser, {"bandit": make_bandit, "train": train_policy, "eval": evaluate})
 
 
 def _run(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:

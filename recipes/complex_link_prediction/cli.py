@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, Literal, Optional
 
-from recipes._common import environment, options
+from recipes._common import environment, options, tidy_help
 
 __all__ = ["audit_line", "build_parser", "build_trainer", "main", "run"]
 
@@ -136,7 +136,15 @@ def build_parser() -> Any:
         as_group=False,
         skip={"output_dir", "result", "audits", "data_summary"},
     )
-    return parser
+    return tidy_help(
+        parser,
+        {
+            "data": load_dataset,
+            "model": ComplExModule,
+            "trainer": build_trainer,
+            "audit": run_audits,
+        },
+    )
 
 
 @contextlib.contextmanager

@@ -67,4 +67,11 @@ def main(epochs: int = 20, seed: int = 0) -> dict[str, float]:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(  # no options: --help prints this docstring and exits
+        prog="python -m recipes.complex_link_prediction.minimal",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args()
     main()

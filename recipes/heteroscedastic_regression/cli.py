@@ -1,6 +1,9 @@
-"""Command line: ``python -m recipes.heteroscedastic_regression --config
-configs/regression/heteroscedastic.yaml``; every option can be overridden
-(``--seed 3 --data.n_eval 5000 --model.epochs 10 --report.plots false``).
+"""Five forecasts of a heteroscedastic regression, scored and recalibrated against the truth.
+
+    python -m recipes.heteroscedastic_regression --config configs/regression/heteroscedastic.yaml
+    python -m recipes.heteroscedastic_regression --seed 3 --data.n_eval 5000 --model.epochs 10 --report.plots false
+
+Every option below can be set in the YAML or overridden on the command line.
 
 As in the ComplEx recipe, jsonargparse reads each group's options from the signature of the
 callable that takes them: ``--data.*`` from
@@ -18,7 +21,7 @@ from typing import Any, Optional
 
 import torch
 
-from recipes._common import TIMING_KEY, environment, options, run_cli, write_timed
+from recipes._common import TIMING_KEY, environment, options, run_cli, tidy_help, write_timed
 from recipes.heteroscedastic_regression.data import (
     RegressionData,
     make_data,
@@ -48,7 +51,7 @@ def build_parser() -> Any:
 
     parser = ArgumentParser(
         prog="python -m recipes.heteroscedastic_regression",
-        description=__doc__.split("\n\n")[0],
+        description="\n\n".join(__doc__.split("\n\n")[:3]),
         default_env=False,
     )
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config file")
@@ -69,7 +72,7 @@ def build_parser() -> Any:
     parser.add_function_arguments(
         write_reports, "report", as_group=False, skip={"output_dir", "report"}
     )
-    return parser
+    return tidy_help(parser, {"data": make_data, "model": train_mlp, "report": run_forecasts})
 
 
 def reference_forecasts(data: RegressionData) -> dict[str, Forecast]:

@@ -1,23 +1,25 @@
-"""Command line: ``python -m recipes.loss_bakeoff --config configs/bakeoff/synthetic.yaml``;
-every option can be overridden (``--seeds [0,1] --losses [log_score,flsd53]
---model.epochs 10 --progress false --report.plots false``).
+"""The loss bake-off: one Lightning fit per (objective, seed), reported in runs/bakeoff/<dataset>.
+
+    python -m recipes.loss_bakeoff --config configs/bakeoff/synthetic.yaml
+    python -m recipes.loss_bakeoff --config configs/bakeoff/digits.yaml --seeds 0 --losses [log_score,flsd53] --model.epochs 10 --progress false --report.plots false
+
+Every option below can be set in the YAML or overridden on the command line.
 
 jsonargparse reads each group's options from the signature of the callable that takes them:
 ``--data.*`` from :func:`~recipes.loss_bakeoff.data.make_data`, ``--model.*`` from
 :func:`~recipes.loss_bakeoff.model.train_one`, ``--report.*`` from :func:`evaluate_run` and
 :func:`~recipes.loss_bakeoff.report.write_reports`; ``--weights`` overrides the regulariser
-weights of :data:`~recipes.loss_bakeoff.losses.PAPER_WEIGHTS`.
-"""
+weights of :data:`~recipes.loss_bakeoff.losses.PAPER_WEIGHTS`."""
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
-from recipes._common import TIMING_KEY, environment, options, run_cli, write_timed
+from recipes._common import TIMING_KEY, environment, options, run_cli, tidy_help, write_timed
 from recipes.loss_bakeoff.data import BakeoffData, make_data
 from recipes.loss_bakeoff.evaluate import ece_noise_floor, reliability_curve, score
 from recipes.loss_bakeoff.losses import LOSS_NAMES, build_loss, properness
@@ -33,11 +35,16 @@ def build_parser() -> Any:
 
     parser = ArgumentParser(
         prog="python -m recipes.loss_bakeoff",
-        description=__doc__.split("\n\n")[0],
+        description="\n\n".join(__doc__.split("\n\n")[:3]),
         default_env=False,
     )
     parser.add_argument("--config", action=ActionConfigFile, help="YAML config file")
-    parser.add_argument("--seeds", type=list[int], default=[0, 1, 2], help="training seeds")
+    parser.add_argument(
+        "--seeds",
+        type=Union[int, list[int]],
+        default=[0, 1, 2],
+        help="training seeds: one (--seeds 0) or a list (--seeds [0,1,2])",
+    )
     parser.add_argument(
         "--losses", type=list[str], default=list(LOSS_NAMES), help="the objectives to compare"
     )
@@ -59,7 +66,7 @@ def build_parser() -> Any:
     parser.add_function_arguments(
         write_reports, "report", as_group=False, skip={"output_dir", "report"}
     )
-    return parser
+    return tidy_help(parser, {"data": make_data, "model": train_one, "report": evaluate_run})
 
 
 def evaluate_run(
@@ -106,6 +113,8 @@ def evaluate_run(
 
 def _run(cfg: Any) -> dict[str, Any]:
     t0 = time.perf_counter()
+    if isinstance(cfg.seeds, int):  # `--seeds 0`: one seed
+        cfg.seeds = [cfg.seeds]
     if not cfg.seeds:
         raise ValueError("seeds: expected at least one seed")
     for name in cfg.losses:

@@ -13,7 +13,7 @@ from torchcal.functional.calibration.intervals import (
     z_of_level,
 )
 from torchcal.functional.calibration.readings import READINGS
-from torchcal.report import ReliabilityTable
+from torchcal.functional.calibration.results import ReliabilityTable
 
 __all__ = ["reliability_table_from_stats"]
 

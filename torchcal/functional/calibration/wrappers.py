@@ -35,12 +35,12 @@ from torchcal.functional.calibration.readings import (
     prepare_checked,
     samples_from,
 )
+from torchcal.functional.calibration.results import GroupedResult, ReliabilityTable
 from torchcal.functional.calibration.smooth import (
     smooth_calibration_error_from_samples,
     smooth_calibration_error_from_stats,
 )
 from torchcal.functional.calibration.tables import reliability_table_from_stats
-from torchcal.report import GroupedResult, ReliabilityTable
 
 __all__ = [
     "ESTIMATORS",
