@@ -1,6 +1,14 @@
 """The generic argument checks of torchcal (Python types, tensor types and shapes, value
 ranges), the switch of the value checks (:func:`validation_enabled`) and :func:`reduce`.
 
+Value checks never synchronise the device (docs/design.md section 3): each reduces its
+tensor to one 0-d bool on the tensor's device (:func:`finite_ok`, :func:`range_ok`,
+:func:`labels_ok`) and hands it to :func:`check_values`, which on CPU in eager mode reads it
+(and, when it is False, runs the caller's slow scan that names the position and raises the
+``ValueError``), and elsewhere (a CUDA tensor, ``torch.compile`` tracing, or
+:func:`force_sync_free` in tests: :func:`sync_free`) asserts it on the device with
+``torch._assert_async``, as ``F.cross_entropy`` asserts its labels.
+
 Re-exported, with the option checks of the losses, forecasts, readings and scaling, by
 :mod:`torchcal.functional._validation`, the module every entry point imports them from (its
 docstring states the message convention).
@@ -10,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -20,6 +28,12 @@ __all__ = [
     "HALF_DTYPES",
     "validation_enabled",
     "values_checked",
+    "sync_free",
+    "force_sync_free",
+    "check_values",
+    "finite_ok",
+    "range_ok",
+    "labels_ok",
     "first_bad_position",
     "first_bad_value",
     "check_option",
@@ -45,6 +59,7 @@ REDUCTIONS = ("mean", "sum", "none")
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 _VALUE_CHECKS = True
+_FORCE_SYNC_FREE = False
 
 
 @contextlib.contextmanager
@@ -69,6 +84,72 @@ def validation_enabled(enabled: bool = True) -> Iterator[None]:
 def values_checked() -> bool:
     """Whether value checks (NaN/Inf, ranges) are currently on."""
     return _VALUE_CHECKS
+
+
+def sync_free(x: Tensor | None = None) -> bool:
+    """Whether a value check must not read its result on the host: ``x`` lives on a device
+    other than the CPU, ``torch.compile`` is tracing, or :func:`force_sync_free` is active."""
+    if _FORCE_SYNC_FREE or torch.compiler.is_compiling():
+        return True
+    return x is not None and x.device.type != "cpu"
+
+
+@contextlib.contextmanager
+def force_sync_free(enabled: bool = True) -> Iterator[None]:
+    """Make CPU tensors take the device (sync-free) path of the value checks inside a ``with``
+    block: the tests use it to prove that no host synchronisation happens on that path."""
+    global _FORCE_SYNC_FREE
+    previous = _FORCE_SYNC_FREE
+    _FORCE_SYNC_FREE = bool(enabled)
+    try:
+        yield
+    finally:
+        _FORCE_SYNC_FREE = previous
+
+
+def check_values(ok: Tensor, message: str, on_fail: Callable[[], object] | None = None) -> None:
+    """The one value check: ``ok`` is a 0-d bool tensor (one fused reduction of the caller).
+
+    Validation off: nothing. Sync-free (:func:`sync_free`): ``torch._assert_async(ok,
+    message)``, a device-side assertion (no host round trip; also inside ``torch.compile``
+    graphs). CPU eager: when ``ok`` is False, ``on_fail()`` runs the slow scan that names the
+    offending position and raises (it may return where the fast test was only conservative);
+    without ``on_fail``, ``ValueError(message)``.
+    """
+    if not _VALUE_CHECKS:
+        return
+    if sync_free(ok):
+        torch._assert_async(ok, message)
+        return
+    if not bool(ok):
+        if on_fail is None:
+            raise ValueError(message)
+        on_fail()
+
+
+def finite_ok(x: Tensor) -> Tensor:
+    """0-d bool: every value of the floating ``x`` is finite (exact, one reduction: a float32 or
+    half sum taken in float64 cannot overflow; float64 values are multiplied by 0 first)."""
+    if x.dtype == torch.float64:
+        return (x * 0.0).sum() == 0.0  # 0 * finite = 0, 0 * +-inf = NaN
+    return torch.isfinite(x.sum(dtype=torch.float64))
+
+
+def range_ok(x: Tensor, low: float, high: float, *, strict_low: bool = False) -> Tensor:
+    """0-d bool: every value of the non-empty ``x`` lies in ``[low, high]`` (``(low, high]`` with
+    ``strict_low``; NaN never does), from one ``aminmax``."""
+    lo, hi = torch.aminmax(x.detach())
+    return ((lo > low) if strict_low else (lo >= low)) & (hi <= high)
+
+
+def labels_ok(target: Tensor, num_classes: int, ignore_index: int | None = None) -> Tensor:
+    """0-d bool: every integer label lies in ``[0, num_classes - 1]`` or equals
+    ``ignore_index``; one ``aminmax`` without ``ignore_index``, else an element-wise test."""
+    if ignore_index is None:
+        lo, hi = torch.aminmax(target)
+        return (lo >= 0) & (hi < num_classes)
+    good = ((target >= 0) & (target < num_classes)) | (target == ignore_index)
+    return good.all()
 
 
 def first_bad_position(bad: Tensor) -> str:
@@ -124,23 +205,24 @@ def check_nonempty(name: str, x: Tensor) -> None:
 
 def check_finite(name: str, x: Tensor, *, allow_neg_inf: bool = False) -> None:
     """``x`` must hold no NaN and no +-Inf (``-inf`` allowed as a mask if asked)."""
-    if not _VALUE_CHECKS or not x.is_floating_point():
+    if not _VALUE_CHECKS or not x.is_floating_point() or not x.numel():
         return
-    # Fast path, one reduction: a NaN or an infinity makes the sum non-finite (and a NaN or +inf
-    # makes the max NaN or +inf), so a finite sum (a max below +inf) proves every value finite
-    # (below +inf). The element-wise scan below runs only when this fails (a bad value, or a sum
-    # of finite values that overflows), to decide and to name the position.
-    if allow_neg_inf:
-        if not x.numel() or bool(x.amax() < float("inf")):  # False for NaN and +inf
-            return
-    elif bool(torch.isfinite(x.sum())):
-        return
-    if allow_neg_inf:
-        bad = torch.isnan(x) | (x == float("inf"))
+    if allow_neg_inf:  # amax propagates NaN: below +inf iff no NaN and no +inf
+        ok = x.detach().amax() < float("inf")
         what = "NaN or +Inf"
     else:
-        bad = ~torch.isfinite(x)
+        ok = finite_ok(x.detach())
         what = "NaN or Inf"
+    check_values(
+        ok,
+        f"{name}: expected finite values, found {what}",
+        lambda: _finite_scan(name, x, allow_neg_inf, what),
+    )
+
+
+def _finite_scan(name: str, x: Tensor, allow_neg_inf: bool, what: str) -> None:
+    """Slow path of :func:`check_finite` (CPU, after a failed reduction): name the position."""
+    bad = (torch.isnan(x) | (x == float("inf"))) if allow_neg_inf else ~torch.isfinite(x)
     if bool(bad.any()):
         raise ValueError(
             f"{name}: expected finite values, found {what} at position {first_bad_position(bad)}"
@@ -158,47 +240,62 @@ def check_same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
 def check_probabilities(name: str, x: Tensor) -> None:
     """``x`` must be finite and in [0, 1]."""
     check_floating(name, x)
-    if not _VALUE_CHECKS:
+    if not _VALUE_CHECKS or not x.numel():
         return
-    bad = ~((x >= 0) & (x <= 1))  # NaN fails both comparisons
-    if bool(bad.any()):
-        pos = first_bad_position(bad)
-        val = first_bad_value(x, bad).item()
-        raise ValueError(f"{name}: expected probabilities in [0, 1], got {val!r} at position {pos}")
+
+    def scan() -> None:
+        bad = ~((x >= 0) & (x <= 1))  # NaN fails both comparisons
+        if bool(bad.any()):
+            pos = first_bad_position(bad)
+            val = first_bad_value(x, bad).item()
+            raise ValueError(
+                f"{name}: expected probabilities in [0, 1], got {val!r} at position {pos}"
+            )
+
+    check_values(range_ok(x, 0.0, 1.0), f"{name}: expected probabilities in [0, 1]", scan)
 
 
 def check_positive(name: str, x: Tensor, *, strict: bool = True) -> None:
     """``x`` must be finite and > 0 (or >= 0 with ``strict=False``)."""
-    if not _VALUE_CHECKS:
+    if not _VALUE_CHECKS or not x.numel():
         return
-    if x.numel() and x.is_floating_point():
-        # one reduction decides (a NaN fails both comparisons); the scans only on failure
-        least, most = torch.aminmax(x)
-        if (bool(least > 0) if strict else bool(least >= 0)) and bool(most < float("inf")):
-            return
-    check_finite(name, x)
-    bad = x <= 0 if strict else x < 0
-    if bool(bad.any()):
-        pos = first_bad_position(bad)
-        val = first_bad_value(x, bad).item()
-        rel = "> 0" if strict else ">= 0"
-        raise ValueError(f"{name}: expected values {rel}, got {val!r} at position {pos}")
+    rel = "> 0" if strict else ">= 0"
+
+    def scan() -> None:
+        check_finite(name, x)
+        bad = x <= 0 if strict else x < 0
+        if bool(bad.any()):
+            pos = first_bad_position(bad)
+            val = first_bad_value(x, bad).item()
+            raise ValueError(f"{name}: expected values {rel}, got {val!r} at position {pos}")
+
+    if x.dtype == torch.bool:
+        x = x.to(torch.uint8)
+    # one reduction decides (a NaN fails both comparisons); the scans only on failure
+    least, most = torch.aminmax(x.detach())
+    ok = ((least > 0) if strict else (least >= 0)) & (most < float("inf"))
+    check_values(ok, f"{name}: expected finite values {rel}", scan)
 
 
 def check_binary_target(name: str, target: Tensor, *, ignore_index: int | None = None) -> None:
     """``target`` must hold only 0 and 1 (and ``ignore_index`` where given)."""
     check_tensor(name, target)
-    if not _VALUE_CHECKS:
+    if not _VALUE_CHECKS or not target.numel():
+        return
+    if target.dtype == torch.bool:
         return
     bad = (target != 0) & (target != 1)
     if ignore_index is not None:
         bad &= target != ignore_index
-    if bool(bad.any()):
+
+    def scan() -> None:
         pos = first_bad_position(bad)
         val = first_bad_value(target, bad).item()
         raise ValueError(
             f"{name}: expected binary labels in {{0, 1}}, got {val!r} at position {pos}"
         )
+
+    check_values(~bad.any(), f"{name}: expected binary labels in {{0, 1}}", scan)
 
 
 def check_class_target(
@@ -211,17 +308,29 @@ def check_class_target(
             f"{name}: expected integer class indices (torch.long), got dtype "
             f"{target.dtype}; for binary targets pass logits of the target's shape"
         )
-    if not _VALUE_CHECKS:
+    if not _VALUE_CHECKS or not target.numel():
         return
-    bad = (target < 0) | (target >= num_classes)
-    if ignore_index is not None:
-        bad &= target != ignore_index
-    if bool(bad.any()):
-        pos = first_bad_position(bad)
-        val = int(first_bad_value(target, bad))
-        raise ValueError(
-            f"{name}: expected class indices in [0, {num_classes - 1}], got {val} at position {pos}"
-        )
+
+    def scan() -> None:
+        bad = (target < 0) | (target >= num_classes)
+        if ignore_index is not None:
+            bad &= target != ignore_index
+        if bool(bad.any()):
+            pos = first_bad_position(bad)
+            val = int(first_bad_value(target, bad))
+            raise ValueError(
+                f"{name}: expected class indices in [0, {num_classes - 1}], got {val} at "
+                f"position {pos}"
+            )
+
+    # CPU: one aminmax first (the element-wise scan decides only when it fails, e.g. an
+    # ignored item); sync-free: the exact test, since nothing can be decided afterwards
+    exact = ignore_index is not None and sync_free(target)
+    check_values(
+        labels_ok(target, num_classes, ignore_index if exact else None),
+        f"{name}: expected class indices in [0, {num_classes - 1}]",
+        scan,
+    )
 
 
 def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
@@ -262,14 +371,18 @@ def check_number(
 def check_open_unit(name: str, value: float | Tensor) -> None:
     """``value`` (number or tensor) must lie strictly inside (0, 1)."""
     if isinstance(value, Tensor):
-        if not _VALUE_CHECKS:
+        if not _VALUE_CHECKS or not value.numel():
             return
-        bad = ~((value > 0) & (value < 1))
-        if bool(bad.any()):
-            pos = first_bad_position(bad)
+        lo, hi = torch.aminmax(value.detach())
+
+        def scan() -> None:
+            bad = ~((value > 0) & (value < 1))
             raise ValueError(
-                f"{name}: expected values in the open interval (0, 1), bad value at position {pos}"
+                f"{name}: expected values in the open interval (0, 1), bad value at position "
+                f"{first_bad_position(bad)}"
             )
+
+        check_values((lo > 0) & (hi < 1), f"{name}: expected values in (0, 1)", scan)
         return
     if not (0.0 < float(value) < 1.0):
         raise ValueError(f"{name}: expected a value in the open interval (0, 1), got {value!r}")

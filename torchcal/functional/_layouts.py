@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from torchcal.functional._validation import (
+    REDUCTIONS,
     check_binary_target,
     check_bool,
     check_class_target,
@@ -27,7 +28,9 @@ from torchcal.functional._validation import (
     check_probability_rows,
     check_reduction,
     check_tensor,
+    check_values,
     compute_dtype,
+    finite_ok,
     first_bad_position,
     reduce,
     values_checked,
@@ -45,6 +48,7 @@ __all__ = [
     "diagnose",
     "fused_multiclass",
     "log_score_items",
+    "plain_indices",
     "prepare",
     "soft_expected",
 ]
@@ -60,6 +64,44 @@ class Prepared(NamedTuple):
     weight: Tensor | None  # per-item weight w_i (0 where ignored), compute dtype; None: soft
     soft: Tensor | None = None  # class-probability target (N, C, *), compute dtype
     class_weight: Tensor | None = None  # soft targets only: (C,) weights or None
+
+
+_FAST_DTYPES = (torch.float32, torch.float64)
+
+
+def plain_indices(
+    logits: object,
+    target: object,
+    weight: object,
+    ignore_index: object,
+    reduction: object,
+    multilabel: object,
+) -> bool:
+    """Whether the arguments are the common case that a rule may hand straight to a torch
+    kernel (the structural checks of :func:`prepare`, in Python, for free): float32/float64
+    logits ``(N, C, *)`` with ``C >= 2``, non-empty, torch.long class indices ``(N, *)``,
+    no ``multilabel``, ``weight`` ``None`` or ``(C,)`` of the logits' dtype and device, a
+    known ``reduction`` and an int ``ignore_index`` outside ``[0, C)``. Anything else goes
+    through :func:`prepare` (its messages)."""
+    if not (isinstance(logits, Tensor) and isinstance(target, Tensor)):
+        return False
+    if multilabel is not False or reduction not in REDUCTIONS or type(ignore_index) is not int:
+        return False
+    if logits.dtype not in _FAST_DTYPES or logits.dim() < 2 or target.dtype != torch.long:
+        return False
+    num_classes = logits.shape[1]
+    if num_classes < 2 or 0 <= ignore_index < num_classes or not logits.numel():
+        return False
+    if target.shape != logits.shape[:1] + logits.shape[2:] or target.device != logits.device:
+        return False
+    if weight is None:
+        return True
+    return (
+        isinstance(weight, Tensor)
+        and weight.shape == (num_classes,)
+        and weight.dtype == logits.dtype
+        and weight.device == logits.device
+    )
 
 
 def prepare(
@@ -227,12 +269,20 @@ def _prepare_multiclass(
 
 
 def check_weight_values(weight: Tensor) -> None:
-    check_finite("weight", weight)
-    if values_checked() and bool((weight < 0).any()):
+    """``weight``: finite and non-negative (one ``aminmax``; the scans only on failure)."""
+    if not values_checked() or not weight.numel():
+        return
+
+    def scan() -> None:
+        check_finite("weight", weight)
         raise ValueError(
             f"weight: expected non-negative values, got a negative value at "
             f"position {first_bad_position(weight < 0)}"
         )
+
+    lo, hi = torch.aminmax(weight.detach())
+    ok = (lo >= 0) & (hi < float("inf"))  # NaN fails both
+    check_values(ok, "weight: expected finite non-negative values", scan)
 
 
 def autocast_off(x: Tensor) -> contextlib.AbstractContextManager:
@@ -251,11 +301,22 @@ def check_rows(prep: Prepared, row_ok: Tensor, true_logit: Tensor | None) -> Non
     """
     if not values_checked():
         return
-    bad = ~torch.isfinite(row_ok)
+    ok = finite_ok(row_ok)
     if true_logit is not None:
-        bad = bad | ((true_logit == NEG_INF) & prep.used)
-    if bool(bad.any()):
+        ok = ok & ~((true_logit == NEG_INF) & prep.used).any()
+
+    def scan() -> None:
+        bad = ~torch.isfinite(row_ok)
+        if true_logit is not None:
+            bad = bad | ((true_logit == NEG_INF) & prep.used)
         diagnose(prep, bad)
+
+    check_values(
+        ok,
+        "logits: expected finite scores (a NaN/+Inf logit, an all -inf item or a true class "
+        "masked with -inf)",
+        scan,
+    )
 
 
 def diagnose(prep: Prepared, flagged: Tensor) -> None:

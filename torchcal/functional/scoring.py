@@ -65,13 +65,19 @@ from torchcal.functional._layouts import (
     check_rows,
     fused_multiclass,
     log_score_items,
+    plain_indices,
     prepare,
     soft_expected,
 )
 from torchcal.functional._validation import (
     check_finite,
     check_label_smoothing,
+    check_values,
+    finite_ok,
+    labels_ok,
+    range_ok,
     reduce,
+    sync_free,
     values_checked,
 )
 
@@ -151,6 +157,12 @@ def log_score(
         0.7417
     """
     label_smoothing = check_label_smoothing(label_smoothing)
+    if label_smoothing == 0.0 and plain_indices(
+        logits, target, weight, ignore_index, reduction, multilabel
+    ):
+        out = _log_score_indices(logits, target, weight, ignore_index, reduction)
+        if out is not None:
+            return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
     if prep.soft is not None:  # F.cross_entropy itself: its weight/'mean' semantics, bit for bit
         with autocast_off(prep.logits):
@@ -174,13 +186,53 @@ def log_score(
             # ignored items (score 0 here) get their log-normaliser checked separately.
             row_ok = score.detach()
             ignored = ~prep.used
-            if bool(ignored.any()):
+            if sync_free(row_ok):  # every row's normaliser, no data-dependent shape
+                lse = torch.logsumexp(prep.logits.detach(), dim=1)
+                row_ok = row_ok + torch.where(ignored, lse, 0.0)
+            elif bool(ignored.any()):
                 rows = prep.logits.detach().movedim(1, -1)[ignored]
                 lse = torch.zeros_like(row_ok)
                 lse[ignored] = torch.logsumexp(rows, dim=-1)
                 row_ok = row_ok + lse
             check_rows(prep, row_ok, None)
         return reduce(score, reduction, prep.weight)
+
+
+def _log_score_indices(
+    logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str
+) -> Tensor | None:
+    """The common case, class indices (:func:`plain_indices`): ``F.cross_entropy`` itself,
+    then one value check of its result and of the labels (docs/design.md section 3).
+
+    On the sync-free path (CUDA, compiling) the check is a device-side assertion: labels in
+    range or ``ignore_index``, a finite result (a NaN/+inf logit or an all ``-inf`` row of a
+    used item makes it non-finite; the logits of ignored items are not read, as in
+    ``F.cross_entropy``). On CPU, ``None`` when the labels hold an ignored item or the result
+    is not finite: the caller then runs the full check, which names the culprit.
+    """
+    num_classes = logits.shape[1]
+    checked = values_checked()
+    exact = checked and sync_free(logits)
+    if checked and not exact and not bool(labels_ok(target, num_classes)):
+        return None  # an ignored item or a bad label (CPU kernels raise IndexError on it)
+    with autocast_off(logits):
+        out = F.cross_entropy(
+            logits, target, weight=weight, ignore_index=ignore_index, reduction=reduction
+        )
+    if not checked:
+        return out
+    ok = torch.isfinite(out) if out.dim() == 0 else finite_ok(out.detach())
+    if weight is not None:
+        ok = ok & range_ok(weight, 0.0, float("inf")) & finite_ok(weight.detach())
+    if exact:
+        ok = ok & labels_ok(target, num_classes, ignore_index)
+        check_values(
+            ok,
+            f"log_score: expected class indices in [0, {num_classes - 1}] (or ignore_index) "
+            f"and finite logits with a finite true-class logit",
+        )
+        return out
+    return out if bool(ok) else None
 
 
 def _smoothed_log_score(
