@@ -53,9 +53,8 @@ from torchcal.functional._validation import (
     check_tensor,
     compute_dtype,
     reduce,
-    validation_enabled,
+    sync_free,
 )
-from torchcal.functional.calibration import confidence_reading
 
 __all__ = ["focal_loss", "mmce", "soft_binned_ece", "confidence_penalty", "dca", "mdca"]
 
@@ -94,7 +93,7 @@ def _log_p_and_complement(prep: Prepared) -> tuple[Tensor, Tensor]:
     others = z.scatter(1, index, float("-inf"))
     lse_other = torch.logsumexp(others, dim=1)
     all_masked = lse_other.detach() == float("-inf")
-    if bool(all_masked.any()):
+    if sync_free(all_masked) or bool(all_masked.any()):
         # logsumexp over an all -inf row has a NaN gradient: route those rows
         # through a finite dummy and put the exact -inf back with `where`.
         safe = torch.where(all_masked.unsqueeze(1), torch.zeros_like(others), others)
@@ -159,10 +158,14 @@ def focal_loss(
         return reduce(score, reduction, prep.weight)
 
 
-def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor]:
-    """Flattened (confidence, correct) of the used items, in the compute dtype; the
-    multiclass reading is :func:`~torchcal.functional.calibration.confidence_reading` of
-    the softmax (differentiable: gradients flow through the row maximum)."""
+def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor, Tensor]:
+    """Flattened (confidence, correct, used) of every item, in the compute dtype (``used``:
+    1 for a used item, 0 for an ignored one: weights, no data-dependent selection). The
+    multiclass reading is ``torch.max`` of the softmax (the row maximum, and whether its
+    first position is the target), which is what
+    :func:`~torchcal.functional.calibration.confidence_reading` returns for probabilities
+    that require grad, bit for bit; one kernel, no host sync (differentiable: gradients
+    flow through the row maximum)."""
     z = prep.logits
     if prep.binary:
         conf = torch.sigmoid(z.abs())
@@ -170,10 +173,10 @@ def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor]:
     else:
         check_multiclass_rows(prep)
         p = torch.softmax(z, dim=1).movedim(1, -1).reshape(-1, z.shape[1])
-        with validation_enabled(False):  # a softmax: valid rows by construction
-            conf, correct = confidence_reading(p, prep.target.reshape(-1), input="probs")
-    used = prep.used.reshape(-1)
-    return conf.reshape(-1)[used], correct.reshape(-1)[used].to(conf.dtype)
+        conf, top = p.max(dim=1)
+        correct = top == prep.target.reshape(-1)
+    conf = conf.reshape(-1)
+    return conf, correct.reshape(-1).to(conf.dtype), prep.used.reshape(-1).to(conf.dtype)
 
 
 def mmce(
@@ -214,10 +217,10 @@ def mmce(
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "mmce")
     with autocast_off(prep.logits):
-        conf, correct = _confidence_reading(prep)
-        m = conf.numel()
+        conf, correct, used = _confidence_reading(prep)
+        m = used.double().sum()  # ignored items: a = 0, no term
         r = conf.double()
-        a = correct.double() - r
+        a = (correct.double() - r) * used.double()
         r_sorted, order = torch.sort(r)
         a_sorted = a[order]
         centred = (r_sorted - 0.5) / width
@@ -225,7 +228,7 @@ def mmce(
         prefix = torch.cumsum(up, dim=0) - up  # sum_{j<i} a_j e^{r_j / w}
         cross = (a_sorted * torch.exp(-centred) * prefix).sum()
         total = (a_sorted * a_sorted).sum() + 2.0 * cross
-        value = total / (m * m) if m else total.new_tensor(float("nan"))
+        value = total / (m * m)  # 0 / 0 = NaN when every item is ignored
         if not squared:
             value = _safe_root(value, 2.0)
         return value.to(prep.logits.dtype)
@@ -274,18 +277,18 @@ def soft_binned_ece(
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "soft_binned_ece")
     with autocast_off(prep.logits):
-        conf, correct = _confidence_reading(prep)
-        m = conf.numel()
+        conf, correct, used = _confidence_reading(prep)
+        w = used.double()
+        m = w.sum()
         r = conf.double()
         centres = (torch.arange(bins, dtype=torch.float64, device=r.device) + 0.5) / bins
         u = torch.softmax(-(r.unsqueeze(1) - centres).square() / temperature, dim=1)
+        u = u * w.unsqueeze(1)  # ignored items: no soft count
         counts = u.sum(dim=0)
         gaps = ((correct.double() - r).unsqueeze(1) * u).sum(dim=0)
         safe_counts = torch.where(counts > 0, counts, torch.ones_like(counts))
         total = (gaps.abs().pow(p) / safe_counts.pow(p - 1.0)).sum()
-        if not m:
-            return total.new_tensor(float("nan")).to(prep.logits.dtype)
-        value = total / m
+        value = total / m  # 0 / 0 = NaN when every item is ignored
         return (_safe_root(value, p) if root else value).to(prep.logits.dtype)
 
 
@@ -411,11 +414,10 @@ def dca(
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "dca")
     with autocast_off(prep.logits):
-        conf, correct = _confidence_reading(prep)
-        m = conf.numel()
-        gap = (conf.double() - correct.double()).sum()
-        value = (gap / m).abs() if m else gap.new_tensor(float("nan"))
-        return value.to(prep.logits.dtype)
+        conf, correct, used = _confidence_reading(prep)
+        w = used.double()
+        gap = ((conf.double() - correct.double()) * w).sum()
+        return (gap / w.sum()).abs().to(prep.logits.dtype)  # NaN when every item is ignored
 
 
 def mdca(
