@@ -127,9 +127,7 @@ SCORE_CASES: dict[str, tuple[Callable[..., Tensor], Inputs]] = {
 def functional_scores() -> list[str]:
     """The names in ``torchcal.functional.__all__`` defined in :data:`SCORE_MODULES`."""
     return [
-        name
-        for name in TF.__all__
-        if getattr(getattr(TF, name), "__module__", "") in SCORE_MODULES
+        name for name in TF.__all__ if getattr(getattr(TF, name), "__module__", "") in SCORE_MODULES
     ]
 
 

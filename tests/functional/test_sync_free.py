@@ -44,9 +44,7 @@ def _run(fn, inputs: tuple[Tensor, ...]) -> None:
 
 def test_every_loss_and_score_has_a_case():
     assert set(L.__all__) <= set(LOSS_CASES), set(L.__all__) - set(LOSS_CASES)
-    assert set(functional_scores()) <= set(SCORE_CASES), set(functional_scores()) - set(
-        SCORE_CASES
-    )
+    assert set(functional_scores()) <= set(SCORE_CASES), set(functional_scores()) - set(SCORE_CASES)
     assert "log_score" in functional_scores() and "crps_normal" in functional_scores()
 
 
