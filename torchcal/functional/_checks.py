@@ -52,6 +52,8 @@ __all__ = [
     "check_number",
     "check_open_unit",
     "compute_dtype",
+    "PARALLEL_GRAIN",
+    "fixed_sum",
     "reduce",
 ]
 
@@ -393,22 +395,39 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in HALF_DTYPES else dtype
 
 
+#: at::internal::GRAIN_SIZE: a CPU reduction of at most this many values runs on one thread
+PARALLEL_GRAIN = 32768
+
+
+def fixed_sum(x: Tensor) -> Tensor:
+    """``x.sum()`` whose last bit does not depend on the thread count (docs/design.md section
+    3, Determinism): a CPU sum of more than :data:`PARALLEL_GRAIN` values is taken in float64
+    in index order (a cumulative sum, sequential along its dim) and rounded once to ``x``'s
+    dtype; smaller sums (one thread) and other devices (their reductions do not depend on
+    the host's threads) are ``x.sum()``."""
+    if x.numel() <= PARALLEL_GRAIN or x.device.type != "cpu" or not x.is_floating_point():
+        return x.sum()
+    return x.reshape(-1).to(torch.float64).cumsum(0)[-1].to(x.dtype)
+
+
 def reduce(loss: Tensor, reduction: str, weight: Tensor | None = None) -> Tensor:
     """Reduce per-item ``loss`` like ``F.cross_entropy``.
 
     ``weight`` (same shape as ``loss``, zero for ignored items) makes 'mean' the
     weighted mean ``sum(w * l) / sum(w)`` and 'sum' the weighted sum; 'none'
-    returns ``w * l``.
+    returns ``w * l``. The sums are :func:`fixed_sum` (independent of the thread count).
     """
     if weight is not None:
         loss = loss * weight
     if reduction == "none":
         return loss
     if reduction == "sum":
-        return loss.sum()
+        return fixed_sum(loss)
     if reduction == "mean":
         if weight is None:
-            return loss.mean()
-        return loss.sum() / weight.sum()
+            if loss.numel() <= PARALLEL_GRAIN:
+                return loss.mean()
+            return fixed_sum(loss) / loss.numel()
+        return fixed_sum(loss) / fixed_sum(weight)
     check_reduction(reduction)
     raise AssertionError("unreachable")

@@ -299,7 +299,8 @@ def crps_logistic(loc: Tensor, scale: Tensor, target: Tensor, *, reduction: str 
 def _centred(x: Tensor, y: Tensor, dim: int) -> tuple[Tensor, Tensor]:
     """Members ``x`` and target ``y`` minus the detached ensemble mean along ``dim`` (the
     scores are shift-invariant; centring keeps float32 accurate far from zero)."""
-    centre = x.detach().mean(dim=dim, keepdim=True)
+    # the mean taken in float64: a float32 sum of members near float max would overflow
+    centre = x.detach().mean(dim=dim, keepdim=True, dtype=torch.float64).to(x.dtype)
     return x - centre, y - centre
 
 

@@ -381,7 +381,9 @@ def confidence_penalty(
             log_p = torch.log_softmax(z, dim=1)
             lse = torch.logsumexp(z.detach(), dim=1)
             check_rows(prep, lse, None)
-            masked = z.detach() == float("-inf")
+            # p log p = 0 where p = 0: a -inf mask, or a logit so far below the maximum that
+            # log p is -inf (near float max, z - max z overflows); never 0 * -inf
+            masked = log_p.detach() == float("-inf")
             safe_log_p = torch.where(masked, torch.zeros_like(log_p), log_p)
             entropy = -(log_p.exp() * safe_log_p).sum(dim=1)
         return reduce(-beta * entropy, reduction, prep.weight)

@@ -412,7 +412,11 @@ def spherical_score(
             per_class = 1.0 - p / torch.linalg.vector_norm(p, dim=1, keepdim=True)
             return soft_expected(prep, per_class, reduction)
         if prep.binary:
-            half_norm = 0.5 * torch.logaddexp(torch.zeros_like(z), 2.0 * z)
+            # log(1 + e^{2z}) / 2 = m + log(e^{-2m} + e^{2(z - m)}) / 2 with m = max(z, 0):
+            # no exponent above 0, so no overflow near float max (2z would), and the
+            # gradient is sigmoid(2z) whatever subgradient the max takes at z = 0
+            m = z.clamp(min=0.0)
+            half_norm = m + 0.5 * torch.logaddexp(-2.0 * m, 2.0 * (z - m))
             score = -torch.expm1(prep.target * z - half_norm)
             return reduce(score, reduction, prep.weight)
         return fused_multiclass(_SoftmaxSpherical, prep, reduction)
