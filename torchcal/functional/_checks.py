@@ -62,6 +62,7 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 _VALUE_CHECKS = True
 _FORCE_SYNC_FREE = False
+_is_compiling = torch.compiler.is_compiling
 
 
 @contextlib.contextmanager
@@ -91,9 +92,9 @@ def values_checked() -> bool:
 def sync_free(x: Tensor | None = None) -> bool:
     """Whether a value check must not read its result on the host: ``x`` lives on a device
     other than the CPU, ``torch.compile`` is tracing, or :func:`force_sync_free` is active."""
-    if _FORCE_SYNC_FREE or torch.compiler.is_compiling():
+    if _FORCE_SYNC_FREE or _is_compiling():
         return True
-    return x is not None and x.device.type != "cpu"
+    return x is not None and not x.is_cpu
 
 
 @contextlib.contextmanager

@@ -54,6 +54,8 @@ are computed in their own precision.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -63,6 +65,7 @@ from torchcal.functional._layouts import (
     autocast_off,
     binary_brier,
     check_rows,
+    fused_indices,
     fused_multiclass,
     log_score_items,
     plain_indices,
@@ -75,7 +78,6 @@ from torchcal.functional._validation import (
     check_values,
     finite_ok,
     labels_ok,
-    range_ok,
     reduce,
     sync_free,
     values_checked,
@@ -210,29 +212,45 @@ def _log_score_indices(
     ``F.cross_entropy``). On CPU, ``None`` when the labels hold an ignored item or the result
     is not finite: the caller then runs the full check, which names the culprit.
     """
-    num_classes = logits.shape[1]
-    checked = values_checked()
-    exact = checked and sync_free(logits)
-    if checked and not exact and not bool(labels_ok(target, num_classes)):
-        return None  # an ignored item or a bad label (CPU kernels raise IndexError on it)
-    with autocast_off(logits):
-        out = F.cross_entropy(
-            logits, target, weight=weight, ignore_index=ignore_index, reduction=reduction
-        )
-    if not checked:
-        return out
-    ok = torch.isfinite(out) if out.dim() == 0 else finite_ok(out.detach())
-    if weight is not None:
-        ok = ok & range_ok(weight, 0.0, float("inf")) & finite_ok(weight.detach())
-    if exact:
-        ok = ok & labels_ok(target, num_classes, ignore_index)
+    if not values_checked():
+        with autocast_off(logits):
+            return F.cross_entropy(
+                logits, target, weight=weight, ignore_index=ignore_index, reduction=reduction
+            )
+    if sync_free(logits):
+        num_classes = logits.shape[1]
+        with autocast_off(logits):
+            out = F.cross_entropy(
+                logits, target, weight=weight, ignore_index=ignore_index, reduction=reduction
+            )
+        ok = labels_ok(target, num_classes, ignore_index) & finite_ok(out.detach())
+        if weight is not None:
+            lo, hi = torch.aminmax(weight.detach())
+            ok = ok & (lo >= 0) & (hi < math.inf)
         check_values(
             ok,
-            f"log_score: expected class indices in [0, {num_classes - 1}] (or ignore_index) "
-            f"and finite logits with a finite true-class logit",
+            f"log_score: expected class indices in [0, {num_classes - 1}] (or ignore_index), "
+            f"finite logits with a finite true-class logit and finite non-negative weights",
         )
         return out
-    return out if bool(ok) else None
+    # CPU eager: every test reads one value on the host (a few dispatches, no full scan)
+    if weight is not None:
+        lo, hi = torch.aminmax(weight.detach())
+        if not (lo.item() >= 0 and hi.item() < math.inf):  # NaN fails both
+            return None
+    try:
+        with autocast_off(logits):
+            out = F.cross_entropy(
+                logits, target, weight=weight, ignore_index=ignore_index, reduction=reduction
+            )
+    except (IndexError, RuntimeError):  # a label out of range: the full check names it
+        return None
+    # labels are now in range or ignored; an ignored item's logits are checked by the full path
+    extreme = target.min() if ignore_index < 0 else target.max()
+    if extreme.item() == ignore_index:
+        return None
+    ok = math.isfinite(out.item()) if out.dim() == 0 else bool(finite_ok(out.detach()))
+    return out if ok else None
 
 
 def _smoothed_log_score(
@@ -330,6 +348,10 @@ def brier_score(
         >>> brier_score(torch.tensor([0.0]), torch.tensor([1.0])).item()
         0.25
     """
+    if weight is None and plain_indices(logits, target, None, ignore_index, reduction, multilabel):
+        out = fused_indices(_SoftmaxBrier, logits, target, reduction)
+        if out is not None:
+            return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
     with autocast_off(prep.logits):
         if prep.binary:
@@ -404,6 +426,10 @@ def spherical_score(
         >>> round(spherical_score(torch.tensor([0.0]), torch.tensor([1.0])).item(), 4)
         0.2929
     """
+    if weight is None and plain_indices(logits, target, None, ignore_index, reduction, multilabel):
+        out = fused_indices(_SoftmaxSpherical, logits, target, reduction)
+        if out is not None:
+            return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
     z = prep.logits
     with autocast_off(z):
@@ -521,6 +547,10 @@ def ranked_probability_score(
         >>> round(ranked_probability_score(logits, torch.tensor([2])).item(), 4)
         0.26
     """
+    if weight is None and plain_indices(logits, target, None, ignore_index, reduction, multilabel):
+        out = fused_indices(_SoftmaxRPS, logits, target, reduction)
+        if out is not None:
+            return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
     with autocast_off(prep.logits):
         if prep.binary:
