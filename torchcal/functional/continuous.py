@@ -146,7 +146,7 @@ def interval_parts(lower: Tensor, upper: Tensor, target: Tensor) -> tuple[Tensor
         ([1.0, 1.0, 1.0], [0.5, 0.0, 2.0])
     """
     width = upper - lower
-    shape = torch.broadcast_shapes(lower.shape, upper.shape, target.shape)
+    shape = broadcast_or_none([lower.shape, upper.shape, target.shape])
     if target.shape != shape:  # e.g. (N, 1) against (N, K) bounds: contiguous loops are faster
         target = target.expand(shape).contiguous()
     # the nearest point of [l, u] is y itself inside, so y - y = 0 there (in-place: one buffer)

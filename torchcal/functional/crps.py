@@ -25,6 +25,7 @@ from torch import Tensor
 
 from torchcal.functional._ensemble import SharedLayout, members_last, shared_layout
 from torchcal.functional._forecast import (
+    broadcast_or_none,
     cast_forecast,
     check_location_scale,
     check_target_shape,
@@ -443,7 +444,7 @@ def crps_ensemble(
     layout = shared_layout(x.shape[:-1], target.shape[:-1])
     if layout is not None:  # one sort per shared ensemble, not one per target
         return reduce(_crps_shared(x, target.squeeze(-1), layout, denom), reduction)
-    x = x.expand(*torch.broadcast_shapes(x.shape[:-1], target.shape[:-1]), m)
+    x = x.expand(*broadcast_or_none([x.shape[:-1], target.shape[:-1]]), m)
 
     x, y = _centred(x, target, -1)
     y = y.expand(*x.shape[:-1], 1)
