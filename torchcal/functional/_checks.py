@@ -34,6 +34,7 @@ __all__ = [
     "finite_ok",
     "range_ok",
     "labels_ok",
+    "host_range",
     "first_bad_position",
     "first_bad_value",
     "check_option",
@@ -155,6 +156,13 @@ def labels_ok(target: Tensor, num_classes: int, ignore_index: int | None = None)
     return good.all()
 
 
+def host_range(x: Tensor) -> tuple[float, float]:
+    """``(min, max)`` of the non-empty ``x`` read on the host (NaN propagates): the CPU path
+    of the range checks, one ``aminmax`` and two reads (cheaper than comparing on tensors)."""
+    lo, hi = torch.aminmax(x.detach())
+    return lo.item(), hi.item()
+
+
 def first_bad_position(bad: Tensor) -> str:
     """Human-readable index of the first ``True`` in a boolean tensor (e.g. ``(3, 1)``)."""
     flat = int(torch.nonzero(bad.reshape(-1), as_tuple=False)[0, 0])
@@ -210,17 +218,17 @@ def check_finite(name: str, x: Tensor, *, allow_neg_inf: bool = False) -> None:
     """``x`` must hold no NaN and no +-Inf (``-inf`` allowed as a mask if asked)."""
     if not _VALUE_CHECKS or not x.is_floating_point() or not x.numel():
         return
-    if allow_neg_inf:  # amax propagates NaN: below +inf iff no NaN and no +inf
-        ok = x.detach().amax() < float("inf")
-        what = "NaN or +Inf"
-    else:
-        ok = finite_ok(x.detach())
-        what = "NaN or Inf"
-    check_values(
-        ok,
-        f"{name}: expected finite values, found {what}",
-        lambda: _finite_scan(name, x, allow_neg_inf, what),
-    )
+    what = "NaN or +Inf" if allow_neg_inf else "NaN or Inf"
+    if not sync_free(x):  # CPU eager: one reduction, one host read; the scan only on failure
+        if allow_neg_inf:
+            passed = x.detach().amax().item() < math.inf  # amax propagates NaN
+        else:  # a float64 sum that overflows only sends the call to the scan
+            passed = math.isfinite(x.detach().sum(dtype=torch.float64).item())
+        if not passed:
+            _finite_scan(name, x, allow_neg_inf, what)
+        return
+    ok = x.detach().amax() < float("inf") if allow_neg_inf else finite_ok(x.detach())
+    check_values(ok, f"{name}: expected finite values, found {what}")
 
 
 def _finite_scan(name: str, x: Tensor, allow_neg_inf: bool, what: str) -> None:
@@ -255,7 +263,12 @@ def check_probabilities(name: str, x: Tensor) -> None:
                 f"{name}: expected probabilities in [0, 1], got {val!r} at position {pos}"
             )
 
-    check_values(range_ok(x, 0.0, 1.0), f"{name}: expected probabilities in [0, 1]", scan)
+    if not sync_free(x):
+        lo, hi = host_range(x)
+        if not (lo >= 0 and hi <= 1):  # NaN fails both
+            scan()
+        return
+    check_values(range_ok(x, 0.0, 1.0), f"{name}: expected probabilities in [0, 1]")
 
 
 def check_positive(name: str, x: Tensor, *, strict: bool = True) -> None:
@@ -275,9 +288,14 @@ def check_positive(name: str, x: Tensor, *, strict: bool = True) -> None:
     if x.dtype == torch.bool:
         x = x.to(torch.uint8)
     # one reduction decides (a NaN fails both comparisons); the scans only on failure
+    if not sync_free(x):
+        lo, hi = host_range(x)
+        if not ((lo > 0 if strict else lo >= 0) and hi < math.inf):
+            scan()
+        return
     least, most = torch.aminmax(x.detach())
     ok = ((least > 0) if strict else (least >= 0)) & (most < float("inf"))
-    check_values(ok, f"{name}: expected finite values {rel}", scan)
+    check_values(ok, f"{name}: expected finite values {rel}")
 
 
 def check_binary_target(name: str, target: Tensor, *, ignore_index: int | None = None) -> None:
@@ -328,11 +346,14 @@ def check_class_target(
 
     # CPU: one aminmax first (the element-wise scan decides only when it fails, e.g. an
     # ignored item); sync-free: the exact test, since nothing can be decided afterwards
-    exact = ignore_index is not None and sync_free(target)
+    if not sync_free(target):
+        lo, hi = host_range(target)
+        if not (lo >= 0 and hi < num_classes):
+            scan()
+        return
     check_values(
-        labels_ok(target, num_classes, ignore_index if exact else None),
+        labels_ok(target, num_classes, ignore_index),
         f"{name}: expected class indices in [0, {num_classes - 1}]",
-        scan,
     )
 
 
