@@ -41,6 +41,7 @@ from torchcal.functional._layouts import (
     prepare,
 )
 from torchcal.functional._validation import (
+    REDUCTIONS,
     check_bool,
     check_floating,
     check_gamma,
@@ -54,6 +55,7 @@ from torchcal.functional._validation import (
     compute_dtype,
     reduce,
     sync_free,
+    values_checked,
 )
 
 __all__ = ["focal_loss", "mmce", "soft_binned_ece", "confidence_penalty", "dca", "mdca"]
@@ -321,6 +323,40 @@ def _prepare_logits_only(logits: Tensor, reduction: str) -> Prepared:
     )
 
 
+def _plain_logits(logits: object, reduction: object) -> bool:
+    """Multiclass float32/float64 logits ``(N, C, *)``, ``C >= 2``, non-empty, a known
+    reduction, on CPU in eager mode: the case :func:`_confidence_penalty_plain` handles."""
+    return (
+        isinstance(logits, Tensor)
+        and reduction in REDUCTIONS
+        and logits.dtype in (torch.float32, torch.float64)
+        and logits.dim() >= 2
+        and logits.shape[1] >= 2
+        and logits.numel() > 0
+        and not sync_free(logits)
+    )
+
+
+def _entropy_of_logits(z: Tensor) -> Tensor:
+    """``H(softmax(z))`` over dim 1 with ``p log p = 0`` where ``log p = -inf`` (a ``-inf``
+    mask, or a logit so far below the maximum that ``z - max z`` overflows: never
+    ``0 * -inf``)."""
+    log_p = torch.log_softmax(z, dim=1)
+    safe_log_p = torch.where(log_p.detach() == float("-inf"), 0.0, log_p)
+    return -(log_p.exp() * safe_log_p).sum(dim=1)
+
+
+def _confidence_penalty_plain(logits: Tensor, beta: float, reduction: str) -> Tensor | None:
+    """The penalty of target-free logits with one host read as its check: a NaN or +inf
+    logit, or an item whose logits are all ``-inf``, makes the result NaN. ``None`` then:
+    the caller runs the full path, whose check names the culprit."""
+    with autocast_off(logits):
+        out = reduce(-beta * _entropy_of_logits(logits), reduction)
+    if values_checked() and not math.isfinite(out.detach().sum(dtype=torch.float64).item()):
+        return None
+    return out
+
+
 def confidence_penalty(
     logits: Tensor,
     target: Tensor | None = None,
@@ -363,6 +399,10 @@ def confidence_penalty(
     """
     beta = check_number("beta", beta)
     check_int("ignore_index", ignore_index)
+    if target is None and _plain_logits(logits, reduction):
+        out = _confidence_penalty_plain(logits, beta, reduction)
+        if out is not None:
+            return out
     if target is None:
         prep = _prepare_logits_only(logits, reduction)
     else:
@@ -378,14 +418,8 @@ def confidence_penalty(
             # H = p softplus(-z) + (1 - p) softplus(z): non-negative terms, no cancellation
             entropy = torch.sigmoid(z) * F.softplus(-z) + torch.sigmoid(-z) * F.softplus(z)
         else:
-            log_p = torch.log_softmax(z, dim=1)
-            lse = torch.logsumexp(z.detach(), dim=1)
-            check_rows(prep, lse, None)
-            # p log p = 0 where p = 0: a -inf mask, or a logit so far below the maximum that
-            # log p is -inf (near float max, z - max z overflows); never 0 * -inf
-            masked = log_p.detach() == float("-inf")
-            safe_log_p = torch.where(masked, torch.zeros_like(log_p), log_p)
-            entropy = -(log_p.exp() * safe_log_p).sum(dim=1)
+            check_rows(prep, torch.logsumexp(z.detach(), dim=1), None)
+            entropy = _entropy_of_logits(z)
         return reduce(-beta * entropy, reduction, prep.weight)
 
 
