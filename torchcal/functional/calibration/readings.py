@@ -189,6 +189,19 @@ def _logit_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, bool]:
     return top, arg.squeeze(1), e, s, looks
 
 
+_TOLERANCES: dict[tuple[torch.dtype, int], float] = {}
+
+
+def _sum_tolerance(dtype: torch.dtype, num_classes: int) -> float:
+    """:func:`~torchcal.functional._validation.probability_sum_tolerance`, memoised (the
+    per-batch ``torch.finfo`` is a visible share of a small batch's update)."""
+    key = (dtype, num_classes)
+    tol = _TOLERANCES.get(key)
+    if tol is None:
+        tol = _TOLERANCES[key] = probability_sum_tolerance(dtype, num_classes)
+    return tol
+
+
 def _prob_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """The fused confidence pass over probabilities ``(M, C)``: row maxima ``(M,)`` and the
     first arg-max of each row ``(M,)`` (``torch.max``, whose gradient goes to the first
@@ -199,8 +212,8 @@ def _prob_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     top, arg = x.max(dim=1)
     if not values_checked():
         return top, arg
-    tol = probability_sum_tolerance(x.dtype, x.shape[1])
-    xd = x.detach()
+    tol = _sum_tolerance(x.dtype, x.shape[1])
+    xd = x.detach() if x.requires_grad else x
     total = xd.sum(dim=1)
     lo, hi = torch.aminmax(xd)
     s_lo, s_hi = torch.aminmax(total)
