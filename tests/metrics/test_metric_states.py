@@ -15,7 +15,7 @@ from sync_recorder import Recorder
 from torchmetrics import MetricCollection
 
 from torchcal.functional._checks import force_sync_free
-from torchcal.functional.calibration import binned_statistics
+from torchcal.functional.calibration import accumulate, binned_statistics, prepare_inputs
 from torchcal.metrics import (
     CRPS,
     BrierDecomposition,
@@ -198,6 +198,14 @@ def test_deferred_binning_is_invisible_to_readers():
     assert not m.__dict__["_pending"]
     for name, f in zip(STAT_NAMES, ("count", "conf", "acc", "conf2", "conf_acc")):
         torch.testing.assert_close(getattr(m, name), getattr(ref, f), rtol=1e-12, atol=1e-12)
+    # bit-identical to binning each batch at its update, in order (the eager metric)
+    eager = [torch.zeros_like(getattr(m, n)) for n in STAT_NAMES]
+    for xb, yb in batches:
+        s = accumulate(prepare_inputs(xb, yb), 10)
+        for acc, t in zip(eager, (s.count, s.conf, s.acc, s.conf2, s.conf_acc)):
+            acc.add_(t)
+    for name, acc in zip(STAT_NAMES, eager):
+        assert torch.equal(getattr(m, name), acc), name
     st = m.statistics()
     assert torch.equal(st.stats.count, ref.count) and int(st.group_counts) == y.numel()
     # pickling, deepcopy, clone, reset, forward all see the whole stream

@@ -444,8 +444,8 @@ class BinnedMetric(PooledPlotMetric):
         return prep
 
     def _update_binned(self, prep: C.PreparedInputs) -> None:
-        if self._defer:
-            d = self.__dict__
+        d = self.__dict__
+        if self._defer and prep.conf.numel() <= C.SUM_BLOCK:
             pending = d["_pending"]
             if pending and pending[0].conf.device != prep.conf.device:
                 self._flush()
@@ -454,41 +454,29 @@ class BinnedMetric(PooledPlotMetric):
             d["_pending_n"] += prep.conf.numel()
             if d["_pending_n"] >= _FLUSH_AT:
                 self._flush()
-        else:
+        else:  # getattr bins the pending batches first: the order of the sums is kept
             self._add_to("", C.accumulate(prep, self.n_bins))
         gc = self.group_count
         counts = prep.group_counts
         gc.add_(counts if counts.device == gc.device else counts.to(gc.device))
 
     def _flush(self) -> None:
-        """Bin the pending batches into the statistics (one pass over all of them)."""
+        """Bin the pending batches into the statistics: one pass over all of them, added in
+        batch order (a sequential ``cumsum``), so the states are bit-identical to binning
+        each batch at its ``update``."""
         d = self.__dict__
         pending = d.get("_pending")
         if not pending:
             return
         d["_pending"], d["_pending_n"] = [], 0
-        prep = pending[0]
-        if len(pending) > 1:
-            leads = [p.lead for p in pending]
-            prep = dataclasses.replace(
-                prep,
-                conf=torch.cat([p.conf for p in pending]),
-                outcome=torch.cat([p.outcome for p in pending]),
-                lead=None
-                if all(v is None for v in leads)
-                else torch.cat(
-                    [
-                        torch.zeros(p.conf.numel(), dtype=torch.int64, device=p.conf.device)
-                        if v is None
-                        else v
-                        for p, v in zip(pending, leads)
-                    ]
-                ),
-            )
-        s = C.accumulate(prep, self.n_bins)
+        s = C.accumulate_batches(pending, self.n_bins)
         for name, t in zip(STAT_NAMES, (s.count, s.conf, s.acc, s.conf2, s.conf_acc)):
             state = d["_deferred_" + name]
-            state.add_(t if t.device == state.device else t.to(state.device))
+            t = t if t.device == state.device else t.to(state.device)
+            if name == "count":  # integers: any order is exact
+                state.add_(t.sum(0))
+            else:
+                state.copy_(torch.cat([state.unsqueeze(0), t]).cumsum(0)[-1])
 
     def _check_seen(self) -> None:
         if int(self.group_count.sum()) == 0:

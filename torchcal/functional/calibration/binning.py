@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -17,8 +18,10 @@ from torchcal.functional._validation import check_int, sync_free
 from torchcal.functional.calibration.readings import PreparedInputs, prepare_checked
 
 __all__ = [
+    "SUM_BLOCK",
     "BinnedStats",
     "accumulate",
+    "accumulate_batches",
     "bin_counts",
     "bin_ids",
     "bin_index",
@@ -175,8 +178,10 @@ def bin_counts(conf: Tensor, n_bins: int) -> Tensor:
     return counts
 
 
-#: elements per block of the float64 per-bin sums (see :func:`_blocked_bincount`)
-_BLOCK = 1 << 14
+#: elements per block of the float64 per-bin sums (see :func:`_blocked_bincount`); batches
+#: of at most this many elements are binned in one sequential ``bincount`` pass
+SUM_BLOCK = 1 << 14
+_BLOCK = SUM_BLOCK
 
 
 def _blocked_bincount(idx: Tensor, size: int) -> Any:
@@ -243,6 +248,75 @@ def accumulate(prep: PreparedInputs, n_bins: int) -> BinnedStats:
         s_o = wsum(o)
         s_cc = wsum(c * c)
         s_co = wsum(c * o)
+    return BinnedStats(
+        count.view(shape),
+        s_c.reshape(shape),
+        s_o.reshape(shape),
+        s_cc.reshape(shape),
+        s_co.reshape(shape),
+    )
+
+
+def accumulate_batches(preps: Sequence[PreparedInputs], n_bins: int) -> BinnedStats:
+    """:func:`accumulate` of several batches in one pass: statistics ``(nb, G, K, n_bins)``
+    whose slice ``i`` equals ``accumulate(preps[i], n_bins)`` bit for bit when every batch
+    holds at most :data:`SUM_BLOCK` elements (each (batch, cell) is its own ``bincount``
+    cell, filled in element order, as the batch alone would fill it). The batches share
+    ``num_groups`` and ``num_slots``; a streaming metric adds the slices to its states in
+    batch order (a sequential ``cumsum``), which is the eager per-batch sum exactly.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional.calibration import prepare_inputs
+        >>> a = prepare_inputs(torch.tensor([0.1, 0.6]), torch.tensor([0, 1]),
+        ...                    reading="binary", input="probs")
+        >>> b = prepare_inputs(torch.tensor([0.7]), torch.tensor([0]),
+        ...                    reading="binary", input="probs")
+        >>> accumulate_batches([a, b], 2).count.tolist()
+        [[[[1, 1]]], [[[0, 1]]]]
+    """
+    first = preps[0]
+    G, K, nb = first.num_groups, first.num_slots, len(preps)
+    size = G * K * n_bins
+    c = torch.cat([p.conf for p in preps]).to(torch.float64)
+    device = c.device
+    idx = bin_ids(c, n_bins)
+    leads = [p.lead for p in preps]
+    if any(v is not None for v in leads):
+        lead = torch.cat(
+            [
+                torch.zeros(p.conf.numel(), dtype=torch.int64, device=device) if v is None else v
+                for p, v in zip(preps, leads)
+            ]
+        )
+        idx.add_(lead, alpha=n_bins)
+    if sync_free(c):  # offsets without a host-to-device copy
+        offsets = torch.cat(
+            [
+                torch.full((p.conf.numel(),), i * size, dtype=torch.int64, device=device)
+                for i, p in enumerate(preps)
+            ]
+        )
+    else:
+        sizes = torch.tensor([p.conf.numel() for p in preps])
+        offsets = torch.repeat_interleave(torch.arange(nb) * size, sizes)
+    idx.add_(offsets)
+    o = torch.cat([p.outcome for p in preps]).to(torch.float64)
+    shape = (nb, G, K, n_bins)
+    if sync_free(c):
+        w = torch.stack([torch.ones_like(c), c, o, c * c, c * o], dim=1)
+        sums = torch.zeros(nb * size, 5, dtype=torch.float64, device=device).index_add_(0, idx, w)
+        count = sums[:, 0].to(torch.int64)
+        s_c, s_o, s_cc, s_co = sums[:, 1:].unbind(1)
+    else:
+        total = nb * size
+        count = torch.bincount(idx, minlength=total)
+        if count.numel() != total:  # only with validation off and out-of-range groups
+            raise ValueError(f"groups: expected group ids in [0, {G - 1}]")
+        s_c = torch.bincount(idx, weights=c, minlength=total)
+        s_o = torch.bincount(idx, weights=o, minlength=total)
+        s_cc = torch.bincount(idx, weights=c * c, minlength=total)
+        s_co = torch.bincount(idx, weights=c * o, minlength=total)
     return BinnedStats(
         count.view(shape),
         s_c.reshape(shape),
