@@ -104,3 +104,36 @@ def test_fixed_sum_is_the_float64_sum_rounded_once():
     assert fixed_sum(x).item() == torch.tensor(x.double().sum().item()).float().item()
     small = x[:100]
     assert torch.equal(fixed_sum(small), small.sum())
+
+
+@pytest.mark.parametrize("family", ["normal", "laplace", "logistic"])
+def test_crps_scale_sums_do_not_depend_on_the_thread_count(family):
+    """The one-factor sums of VarianceScaler(objective='crps'): bitwise at 1 and 2 threads
+    (blocks of at most PARALLEL_GRAIN values, each summed on one thread)."""
+    from torchcal.functional.crps import crps_scale_sums
+
+    g = torch.Generator().manual_seed(4)
+    r = torch.randn(300_000, dtype=torch.float64, generator=g)
+    w = torch.rand(300_000, dtype=torch.float64, generator=g)
+    torch.set_num_threads(1)
+    one = crps_scale_sums(family, r, 1.3, w)
+    torch.set_num_threads(2)
+    two = crps_scale_sums(family, r, 1.3, w)
+    torch.set_num_threads(1)
+    assert one == two
+
+
+def test_alpha_accepts_numpy_scalars():
+    """alpha=np.float32(0.1) is a number (it raised TypeError)."""
+    import numpy as np
+
+    from torchcal.functional import interval_score
+
+    lo, hi, y = torch.zeros(3), torch.ones(3), torch.tensor([0.5, 2.0, -1.0])
+    expected = interval_score(lo, hi, y, alpha=float(np.float32(0.1)))
+    torch.testing.assert_close(interval_score(lo, hi, y, alpha=np.float32(0.1)), expected)
+    assert interval_score(lo, hi, y, alpha=np.float64(0.25)).item() == pytest.approx(
+        interval_score(lo, hi, y, alpha=0.25).item()
+    )
+    with pytest.raises(TypeError, match="alpha: expected a float or a tensor"):
+        interval_score(lo, hi, y, alpha=True)

@@ -19,6 +19,7 @@ and are re-exported here, so every check is imported from this module.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -47,6 +48,7 @@ from torchcal.functional._checks import (
     finite_ok,
     first_bad_position,
     first_bad_value,
+    fixed_sum,
     force_sync_free,
     labels_ok,
     range_ok,
@@ -64,6 +66,7 @@ __all__ = [
     "force_sync_free",
     "check_values",
     "finite_ok",
+    "fixed_sum",
     "range_ok",
     "labels_ok",
     "check_option",
@@ -163,7 +166,8 @@ def check_alpha(alpha: float | Tensor) -> float | Tensor:
         check_floating("alpha", alpha)
         check_nonempty("alpha", alpha)
         check_finite("alpha", alpha)
-    elif isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+    elif isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        # numbers.Real: Python and NumPy scalars alike (np.float32(0.1) is a number too)
         raise TypeError(f"alpha: expected a float or a tensor, got {type(alpha).__name__}")
     check_open_unit("alpha", alpha)
     return alpha if isinstance(alpha, Tensor) else float(alpha)
