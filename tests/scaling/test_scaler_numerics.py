@@ -150,10 +150,14 @@ def _crps_fit(threads: int) -> str:
         torch.set_num_threads(before)
 
 
-@pytest.mark.xfail(
-    reason="the block sums of functional/crps.py (torch.dot of 65536 values, weight.sum()) "
-    "still depend on the thread count; variance.py's own sums are fixed-order",
-    strict=False,
-)
 def test_variance_crps_fit_does_not_depend_on_the_thread_count():
     assert _crps_fit(1) == _crps_fit(2)
+
+
+def test_numpy_alpha_is_a_float_alpha():
+    np = pytest.importorskip("numpy")
+    from torchcal.metrics import IntervalScore
+    from torchcal.scaling import SplitConformal
+
+    assert IntervalScore(alpha=np.float32(0.1)).alpha == float(np.float32(0.1))
+    assert float(SplitConformal(alpha=np.float32(0.1)).alpha) == float(np.float32(0.1))
