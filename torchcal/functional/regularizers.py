@@ -38,6 +38,7 @@ from torchcal.functional._layouts import (
     autocast_off,
     check_multiclass_rows,
     check_rows,
+    plain_indices,
     prepare,
 )
 from torchcal.functional._validation import (
@@ -53,6 +54,7 @@ from torchcal.functional._validation import (
     check_reduction,
     check_tensor,
     compute_dtype,
+    host_range,
     reduce,
     sync_free,
     values_checked,
@@ -139,6 +141,10 @@ def focal_loss(
         0.1631
     """
     gamma = check_gamma(gamma)
+    if weight is None and plain_indices(logits, target, None, ignore_index, reduction, multilabel):
+        out = _focal_indices(logits, target, gamma, reduction)
+        if out is not None:
+            return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
     _no_soft(prep, "focal_loss")
     z = prep.logits
@@ -149,15 +155,46 @@ def focal_loss(
             log_1mp = F.logsigmoid(-signed)
         else:
             log_p, log_1mp = _log_p_and_complement(prep)
-        if gamma == "adaptive":
-            g = torch.where(log_p.detach() < _LOG_0_2, 5.0, 3.0).to(log_p.dtype)
-            modulator = torch.exp(g * log_1mp)
-        elif gamma == 0.0:
-            modulator = torch.ones_like(log_p)
-        else:
-            modulator = torch.exp(gamma * log_1mp)
-        score = -modulator * log_p
-        return reduce(score, reduction, prep.weight)
+        return reduce(_focal_items(log_p, log_1mp, gamma), reduction, prep.weight)
+
+
+def _focal_items(log_p: Tensor, log_1mp: Tensor, gamma: float | str) -> Tensor:
+    """Per-item ``-(1 - p)^gamma log p`` from ``log p`` and ``log(1 - p)``."""
+    if gamma == "adaptive":
+        g = torch.where(log_p.detach() < _LOG_0_2, 5.0, 3.0).to(log_p.dtype)
+        return -torch.exp(g * log_1mp) * log_p
+    if gamma == 0.0:
+        return -log_p
+    return -torch.exp(gamma * log_1mp) * log_p
+
+
+def _focal_indices(
+    logits: Tensor, target: Tensor, gamma: float | str, reduction: str
+) -> Tensor | None:
+    """The common multiclass case on CPU in eager mode (:func:`plain_indices`, no weight, no
+    ignored item): the formula of :func:`_log_p_and_complement` without :func:`prepare`,
+    checked with one host read of three float64 sums (a NaN/+inf logit or an all ``-inf``
+    item makes the normaliser non-finite, a ``-inf`` true class the true logit, an item
+    whose other classes are all masked the complement). ``None`` then, and for an ignored
+    item or a bad label: the caller's full path names the culprit or handles the mask."""
+    if sync_free(logits):
+        return None
+    lo, hi = host_range(target)
+    if not (lo >= 0 and hi < logits.shape[1]):
+        return None
+    index = target.unsqueeze(1)
+    with autocast_off(logits):
+        lse = torch.logsumexp(logits, dim=1)
+        z_y = logits.gather(1, index).squeeze(1)
+        lse_other = torch.logsumexp(logits.scatter(1, index, float("-inf")), dim=1)
+        total = (
+            lse.detach().sum(dtype=torch.float64)
+            + z_y.detach().sum(dtype=torch.float64)
+            + lse_other.detach().sum(dtype=torch.float64)
+        )
+        if not math.isfinite(total.item()):
+            return None
+        return reduce(_focal_items(z_y - lse, lse_other - lse, gamma), reduction)
 
 
 def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor, Tensor]:
