@@ -53,6 +53,8 @@ def _reg_batches(n: int = 4, b: int = 50, seed: int = 0):
 
 def _inputs(name: str, seed: int = 0) -> list[tuple]:
     """The ``update`` arguments of a few batches for the metric ``name`` (one of CASES)."""
+    if name == "binary":
+        return [(x[:, 0], (y == 0).long()) for x, y in _cls_batches(seed=seed)]
     if name in ("nll", "ece", "ece_probs", "top_label", "classwise", "diagram", "brier_conf"):
         return [(x.softmax(1) if name == "ece_probs" else x, y) for x, y in _cls_batches(seed=seed)]
     out = []
@@ -79,6 +81,7 @@ def _feed(name: str, m, seed: int = 0) -> None:
 CASES = {
     "nll": lambda: NegativeLogLikelihood(),
     "ece": lambda: CalibrationError(n_bins=10),
+    "binary": lambda: CalibrationError(n_bins=10, reading="binary"),
     "ece_probs": lambda: CalibrationError(n_bins=10, input="probs"),
     "top_label": lambda: CalibrationError(n_bins=10, reading="top_label", num_classes=5),
     "classwise": lambda: ClasswiseCalibrationError(num_classes=5, n_bins=8),
