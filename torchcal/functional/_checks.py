@@ -222,8 +222,9 @@ def check_finite(name: str, x: Tensor, *, allow_neg_inf: bool = False) -> None:
     if not sync_free(x):  # CPU eager: one reduction, one host read; the scan only on failure
         if allow_neg_inf:
             passed = x.detach().amax().item() < math.inf  # amax propagates NaN
-        else:  # a float64 sum that overflows only sends the call to the scan
-            passed = math.isfinite(x.detach().sum(dtype=torch.float64).item())
+        else:  # a sum of finite values that overflows only sends the call to the scan (a
+            # float32 sum: a float64 one converts first, about 7x slower on CPU)
+            passed = math.isfinite(x.detach().sum().item())
         if not passed:
             _finite_scan(name, x, allow_neg_inf, what)
         return
