@@ -428,9 +428,23 @@ def fixed_sum(x: Tensor) -> Tensor:
     in index order (a cumulative sum, sequential along its dim) and rounded once to ``x``'s
     dtype; smaller sums (one thread) and other devices (their reductions do not depend on
     the host's threads) are ``x.sum()``."""
-    if x.numel() <= PARALLEL_GRAIN or x.device.type != "cpu" or not x.is_floating_point():
+    if x.numel() <= PARALLEL_GRAIN or not x.is_cpu or not x.is_floating_point():
         return x.sum()
-    return x.reshape(-1).to(torch.float64).cumsum(0)[-1].to(x.dtype)
+    return _FixedSum.apply(x)
+
+
+class _FixedSum(torch.autograd.Function):
+    """:func:`fixed_sum` of a large CPU tensor: the forward in float64 in index order (a
+    cumulative sum is sequential along its dim), the backward that of ``sum`` (no cumsum)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.shape = x.shape
+        return x.detach().reshape(-1).to(torch.float64).cumsum(0)[-1].to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+        return grad.expand(ctx.shape)
 
 
 def reduce(loss: Tensor, reduction: str, weight: Tensor | None = None) -> Tensor:
