@@ -11,6 +11,16 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``cuda`` skip where no CUDA device is available."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_one_thread():
     """Every test starts from seed 0 on one intra-op thread: most tests use many small ops,

@@ -1,6 +1,14 @@
 """The generic argument checks of torchcal (Python types, tensor types and shapes, value
 ranges), the switch of the value checks (:func:`validation_enabled`) and :func:`reduce`.
 
+Value checks never synchronise the device (docs/design.md section 3): each reduces its
+tensor to one 0-d bool on the tensor's device (:func:`finite_ok`, :func:`range_ok`,
+:func:`labels_ok`) and hands it to :func:`check_values`, which on CPU in eager mode reads it
+(and, when it is False, runs the caller's slow scan that names the position and raises the
+``ValueError``), and elsewhere (a CUDA tensor, ``torch.compile`` tracing, or
+:func:`force_sync_free` in tests: :func:`sync_free`) asserts it on the device with
+``torch._assert_async``, as ``F.cross_entropy`` asserts its labels.
+
 Re-exported, with the option checks of the losses, forecasts, readings and scaling, by
 :mod:`torchcal.functional._validation`, the module every entry point imports them from (its
 docstring states the message convention).
@@ -10,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -20,6 +28,13 @@ __all__ = [
     "HALF_DTYPES",
     "validation_enabled",
     "values_checked",
+    "sync_free",
+    "force_sync_free",
+    "check_values",
+    "finite_ok",
+    "range_ok",
+    "labels_ok",
+    "host_range",
     "first_bad_position",
     "first_bad_value",
     "check_option",
@@ -38,6 +53,8 @@ __all__ = [
     "check_number",
     "check_open_unit",
     "compute_dtype",
+    "PARALLEL_GRAIN",
+    "fixed_sum",
     "reduce",
 ]
 
@@ -45,6 +62,8 @@ REDUCTIONS = ("mean", "sum", "none")
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 _VALUE_CHECKS = True
+_FORCE_SYNC_FREE = False
+_is_compiling = torch.compiler.is_compiling
 
 
 @contextlib.contextmanager
@@ -69,6 +88,79 @@ def validation_enabled(enabled: bool = True) -> Iterator[None]:
 def values_checked() -> bool:
     """Whether value checks (NaN/Inf, ranges) are currently on."""
     return _VALUE_CHECKS
+
+
+def sync_free(x: Tensor | None = None) -> bool:
+    """Whether a value check must not read its result on the host: ``x`` lives on a device
+    other than the CPU, ``torch.compile`` is tracing, or :func:`force_sync_free` is active."""
+    if _FORCE_SYNC_FREE or _is_compiling():
+        return True
+    return x is not None and not x.is_cpu
+
+
+@contextlib.contextmanager
+def force_sync_free(enabled: bool = True) -> Iterator[None]:
+    """Make CPU tensors take the device (sync-free) path of the value checks inside a ``with``
+    block: the tests use it to prove that no host synchronisation happens on that path."""
+    global _FORCE_SYNC_FREE
+    previous = _FORCE_SYNC_FREE
+    _FORCE_SYNC_FREE = bool(enabled)
+    try:
+        yield
+    finally:
+        _FORCE_SYNC_FREE = previous
+
+
+def check_values(ok: Tensor, message: str, on_fail: Callable[[], object] | None = None) -> None:
+    """The one value check: ``ok`` is a 0-d bool tensor (one fused reduction of the caller).
+
+    Validation off: nothing. Sync-free (:func:`sync_free`): ``torch._assert_async(ok,
+    message)``, a device-side assertion (no host round trip; also inside ``torch.compile``
+    graphs). CPU eager: when ``ok`` is False, ``on_fail()`` runs the slow scan that names the
+    offending position and raises (it may return where the fast test was only conservative);
+    without ``on_fail``, ``ValueError(message)``.
+    """
+    if not _VALUE_CHECKS:
+        return
+    if sync_free(ok):
+        torch._assert_async(ok, message)
+        return
+    if not bool(ok):
+        if on_fail is None:
+            raise ValueError(message)
+        on_fail()
+
+
+def finite_ok(x: Tensor) -> Tensor:
+    """0-d bool: every value of the floating ``x`` is finite (exact, one reduction: a float32 or
+    half sum taken in float64 cannot overflow; float64 values are multiplied by 0 first)."""
+    if x.dtype == torch.float64:
+        return (x * 0.0).sum() == 0.0  # 0 * finite = 0, 0 * +-inf = NaN
+    return torch.isfinite(x.sum(dtype=torch.float64))
+
+
+def range_ok(x: Tensor, low: float, high: float, *, strict_low: bool = False) -> Tensor:
+    """0-d bool: every value of the non-empty ``x`` lies in ``[low, high]`` (``(low, high]`` with
+    ``strict_low``; NaN never does), from one ``aminmax``."""
+    lo, hi = torch.aminmax(x.detach())
+    return ((lo > low) if strict_low else (lo >= low)) & (hi <= high)
+
+
+def labels_ok(target: Tensor, num_classes: int, ignore_index: int | None = None) -> Tensor:
+    """0-d bool: every integer label lies in ``[0, num_classes - 1]`` or equals
+    ``ignore_index``; one ``aminmax`` without ``ignore_index``, else an element-wise test."""
+    if ignore_index is None:
+        lo, hi = torch.aminmax(target)
+        return (lo >= 0) & (hi < num_classes)
+    good = ((target >= 0) & (target < num_classes)) | (target == ignore_index)
+    return good.all()
+
+
+def host_range(x: Tensor) -> tuple[float, float]:
+    """``(min, max)`` of the non-empty ``x`` read on the host (NaN propagates): the CPU path
+    of the range checks, one ``aminmax`` and two reads (cheaper than comparing on tensors)."""
+    lo, hi = torch.aminmax(x.detach())
+    return lo.item(), hi.item()
 
 
 def first_bad_position(bad: Tensor) -> str:
@@ -124,23 +216,25 @@ def check_nonempty(name: str, x: Tensor) -> None:
 
 def check_finite(name: str, x: Tensor, *, allow_neg_inf: bool = False) -> None:
     """``x`` must hold no NaN and no +-Inf (``-inf`` allowed as a mask if asked)."""
-    if not _VALUE_CHECKS or not x.is_floating_point():
+    if not _VALUE_CHECKS or not x.is_floating_point() or not x.numel():
         return
-    # Fast path, one reduction: a NaN or an infinity makes the sum non-finite (and a NaN or +inf
-    # makes the max NaN or +inf), so a finite sum (a max below +inf) proves every value finite
-    # (below +inf). The element-wise scan below runs only when this fails (a bad value, or a sum
-    # of finite values that overflows), to decide and to name the position.
-    if allow_neg_inf:
-        if not x.numel() or bool(x.amax() < float("inf")):  # False for NaN and +inf
-            return
-    elif bool(torch.isfinite(x.sum())):
+    what = "NaN or +Inf" if allow_neg_inf else "NaN or Inf"
+    if not sync_free(x):  # CPU eager: one reduction, one host read; the scan only on failure
+        if allow_neg_inf:
+            passed = x.detach().amax().item() < math.inf  # amax propagates NaN
+        else:  # a sum of finite values that overflows only sends the call to the scan (a
+            # float32 sum: a float64 one converts first, about 7x slower on CPU)
+            passed = math.isfinite(x.detach().sum().item())
+        if not passed:
+            _finite_scan(name, x, allow_neg_inf, what)
         return
-    if allow_neg_inf:
-        bad = torch.isnan(x) | (x == float("inf"))
-        what = "NaN or +Inf"
-    else:
-        bad = ~torch.isfinite(x)
-        what = "NaN or Inf"
+    ok = x.detach().amax() < float("inf") if allow_neg_inf else finite_ok(x.detach())
+    check_values(ok, f"{name}: expected finite values, found {what}")
+
+
+def _finite_scan(name: str, x: Tensor, allow_neg_inf: bool, what: str) -> None:
+    """Slow path of :func:`check_finite` (CPU, after a failed reduction): name the position."""
+    bad = (torch.isnan(x) | (x == float("inf"))) if allow_neg_inf else ~torch.isfinite(x)
     if bool(bad.any()):
         raise ValueError(
             f"{name}: expected finite values, found {what} at position {first_bad_position(bad)}"
@@ -158,47 +252,72 @@ def check_same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
 def check_probabilities(name: str, x: Tensor) -> None:
     """``x`` must be finite and in [0, 1]."""
     check_floating(name, x)
-    if not _VALUE_CHECKS:
+    if not _VALUE_CHECKS or not x.numel():
         return
-    bad = ~((x >= 0) & (x <= 1))  # NaN fails both comparisons
-    if bool(bad.any()):
-        pos = first_bad_position(bad)
-        val = first_bad_value(x, bad).item()
-        raise ValueError(f"{name}: expected probabilities in [0, 1], got {val!r} at position {pos}")
+
+    def scan() -> None:
+        bad = ~((x >= 0) & (x <= 1))  # NaN fails both comparisons
+        if bool(bad.any()):
+            pos = first_bad_position(bad)
+            val = first_bad_value(x, bad).item()
+            raise ValueError(
+                f"{name}: expected probabilities in [0, 1], got {val!r} at position {pos}"
+            )
+
+    if not sync_free(x):
+        lo, hi = host_range(x)
+        if not (lo >= 0 and hi <= 1):  # NaN fails both
+            scan()
+        return
+    check_values(range_ok(x, 0.0, 1.0), f"{name}: expected probabilities in [0, 1]")
 
 
 def check_positive(name: str, x: Tensor, *, strict: bool = True) -> None:
     """``x`` must be finite and > 0 (or >= 0 with ``strict=False``)."""
-    if not _VALUE_CHECKS:
+    if not _VALUE_CHECKS or not x.numel():
         return
-    if x.numel() and x.is_floating_point():
-        # one reduction decides (a NaN fails both comparisons); the scans only on failure
-        least, most = torch.aminmax(x)
-        if (bool(least > 0) if strict else bool(least >= 0)) and bool(most < float("inf")):
-            return
-    check_finite(name, x)
-    bad = x <= 0 if strict else x < 0
-    if bool(bad.any()):
-        pos = first_bad_position(bad)
-        val = first_bad_value(x, bad).item()
-        rel = "> 0" if strict else ">= 0"
-        raise ValueError(f"{name}: expected values {rel}, got {val!r} at position {pos}")
+    rel = "> 0" if strict else ">= 0"
+
+    def scan() -> None:
+        check_finite(name, x)
+        bad = x <= 0 if strict else x < 0
+        if bool(bad.any()):
+            pos = first_bad_position(bad)
+            val = first_bad_value(x, bad).item()
+            raise ValueError(f"{name}: expected values {rel}, got {val!r} at position {pos}")
+
+    if x.dtype == torch.bool:
+        x = x.to(torch.uint8)
+    # one reduction decides (a NaN fails both comparisons); the scans only on failure
+    if not sync_free(x):
+        lo, hi = host_range(x)
+        if not ((lo > 0 if strict else lo >= 0) and hi < math.inf):
+            scan()
+        return
+    least, most = torch.aminmax(x.detach())
+    ok = ((least > 0) if strict else (least >= 0)) & (most < float("inf"))
+    check_values(ok, f"{name}: expected finite values {rel}")
 
 
 def check_binary_target(name: str, target: Tensor, *, ignore_index: int | None = None) -> None:
     """``target`` must hold only 0 and 1 (and ``ignore_index`` where given)."""
     check_tensor(name, target)
-    if not _VALUE_CHECKS:
+    if not _VALUE_CHECKS or not target.numel():
+        return
+    if target.dtype == torch.bool:
         return
     bad = (target != 0) & (target != 1)
     if ignore_index is not None:
         bad &= target != ignore_index
-    if bool(bad.any()):
+
+    def scan() -> None:
         pos = first_bad_position(bad)
         val = first_bad_value(target, bad).item()
         raise ValueError(
             f"{name}: expected binary labels in {{0, 1}}, got {val!r} at position {pos}"
         )
+
+    check_values(~bad.any(), f"{name}: expected binary labels in {{0, 1}}", scan)
 
 
 def check_class_target(
@@ -211,17 +330,32 @@ def check_class_target(
             f"{name}: expected integer class indices (torch.long), got dtype "
             f"{target.dtype}; for binary targets pass logits of the target's shape"
         )
-    if not _VALUE_CHECKS:
+    if not _VALUE_CHECKS or not target.numel():
         return
-    bad = (target < 0) | (target >= num_classes)
-    if ignore_index is not None:
-        bad &= target != ignore_index
-    if bool(bad.any()):
-        pos = first_bad_position(bad)
-        val = int(first_bad_value(target, bad))
-        raise ValueError(
-            f"{name}: expected class indices in [0, {num_classes - 1}], got {val} at position {pos}"
-        )
+
+    def scan() -> None:
+        bad = (target < 0) | (target >= num_classes)
+        if ignore_index is not None:
+            bad &= target != ignore_index
+        if bool(bad.any()):
+            pos = first_bad_position(bad)
+            val = int(first_bad_value(target, bad))
+            raise ValueError(
+                f"{name}: expected class indices in [0, {num_classes - 1}], got {val} at "
+                f"position {pos}"
+            )
+
+    # CPU: one aminmax first (the element-wise scan decides only when it fails, e.g. an
+    # ignored item); sync-free: the exact test, since nothing can be decided afterwards
+    if not sync_free(target):
+        lo, hi = host_range(target)
+        if not (lo >= 0 and hi < num_classes):
+            scan()
+        return
+    check_values(
+        labels_ok(target, num_classes, ignore_index),
+        f"{name}: expected class indices in [0, {num_classes - 1}]",
+    )
 
 
 def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
@@ -262,14 +396,18 @@ def check_number(
 def check_open_unit(name: str, value: float | Tensor) -> None:
     """``value`` (number or tensor) must lie strictly inside (0, 1)."""
     if isinstance(value, Tensor):
-        if not _VALUE_CHECKS:
+        if not _VALUE_CHECKS or not value.numel():
             return
-        bad = ~((value > 0) & (value < 1))
-        if bool(bad.any()):
-            pos = first_bad_position(bad)
+        lo, hi = torch.aminmax(value.detach())
+
+        def scan() -> None:
+            bad = ~((value > 0) & (value < 1))
             raise ValueError(
-                f"{name}: expected values in the open interval (0, 1), bad value at position {pos}"
+                f"{name}: expected values in the open interval (0, 1), bad value at position "
+                f"{first_bad_position(bad)}"
             )
+
+        check_values((lo > 0) & (hi < 1), f"{name}: expected values in (0, 1)", scan)
         return
     if not (0.0 < float(value) < 1.0):
         raise ValueError(f"{name}: expected a value in the open interval (0, 1), got {value!r}")
@@ -280,22 +418,53 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in HALF_DTYPES else dtype
 
 
+#: at::internal::GRAIN_SIZE: a CPU reduction of at most this many values runs on one thread
+PARALLEL_GRAIN = 32768
+
+
+def fixed_sum(x: Tensor) -> Tensor:
+    """``x.sum()`` whose last bit does not depend on the thread count (docs/design.md section
+    3, Determinism): a CPU sum of more than :data:`PARALLEL_GRAIN` values is taken in float64
+    in index order (a cumulative sum, sequential along its dim) and rounded once to ``x``'s
+    dtype; smaller sums (one thread) and other devices (their reductions do not depend on
+    the host's threads) are ``x.sum()``."""
+    if x.numel() <= PARALLEL_GRAIN or not x.is_cpu or not x.is_floating_point():
+        return x.sum()
+    return _FixedSum.apply(x)
+
+
+class _FixedSum(torch.autograd.Function):
+    """:func:`fixed_sum` of a large CPU tensor: the forward in float64 in index order (a
+    cumulative sum is sequential along its dim), the backward that of ``sum`` (no cumsum)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.shape = x.shape
+        return x.detach().reshape(-1).to(torch.float64).cumsum(0)[-1].to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+        return grad.expand(ctx.shape)
+
+
 def reduce(loss: Tensor, reduction: str, weight: Tensor | None = None) -> Tensor:
     """Reduce per-item ``loss`` like ``F.cross_entropy``.
 
     ``weight`` (same shape as ``loss``, zero for ignored items) makes 'mean' the
     weighted mean ``sum(w * l) / sum(w)`` and 'sum' the weighted sum; 'none'
-    returns ``w * l``.
+    returns ``w * l``. The sums are :func:`fixed_sum` (independent of the thread count).
     """
     if weight is not None:
         loss = loss * weight
     if reduction == "none":
         return loss
     if reduction == "sum":
-        return loss.sum()
+        return fixed_sum(loss)
     if reduction == "mean":
         if weight is None:
-            return loss.mean()
-        return loss.sum() / weight.sum()
+            if loss.numel() <= PARALLEL_GRAIN:
+                return loss.mean()
+            return fixed_sum(loss) / loss.numel()
+        return fixed_sum(loss) / fixed_sum(weight)
     check_reduction(reduction)
     raise AssertionError("unreachable")

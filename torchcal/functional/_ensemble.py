@@ -64,7 +64,7 @@ def shared_layout(batch_shape: torch.Size, target_shape: torch.Size) -> SharedLa
     target = tuple(target_shape)
     batch = (1,) * (len(target) - len(batch_shape)) + tuple(batch_shape)
     shared = [i for i, (b, t) in enumerate(zip(batch, target)) if b == 1 and t != 1]
-    if math.prod(target[i] for i in shared) <= 1:
+    if math.prod([target[i] for i in shared]) <= 1:  # a list: traceable by torch.compile
         return None
     kept = [i for i in range(len(target)) if i not in shared]
     return SharedLayout(

@@ -10,6 +10,7 @@ O(N) value checks of multiclass logits; :func:`fused_multiclass` runs a fused so
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import NamedTuple
 
 import torch
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from torchcal.functional._validation import (
+    REDUCTIONS,
     check_binary_target,
     check_bool,
     check_class_target,
@@ -27,9 +29,12 @@ from torchcal.functional._validation import (
     check_probability_rows,
     check_reduction,
     check_tensor,
+    check_values,
     compute_dtype,
+    finite_ok,
     first_bad_position,
     reduce,
+    sync_free,
     values_checked,
 )
 
@@ -43,8 +48,10 @@ __all__ = [
     "check_rows",
     "check_weight_values",
     "diagnose",
+    "fused_indices",
     "fused_multiclass",
     "log_score_items",
+    "plain_indices",
     "prepare",
     "soft_expected",
 ]
@@ -60,6 +67,46 @@ class Prepared(NamedTuple):
     weight: Tensor | None  # per-item weight w_i (0 where ignored), compute dtype; None: soft
     soft: Tensor | None = None  # class-probability target (N, C, *), compute dtype
     class_weight: Tensor | None = None  # soft targets only: (C,) weights or None
+
+
+_FAST_DTYPES = (torch.float32, torch.float64)
+
+
+def plain_indices(
+    logits: object,
+    target: object,
+    weight: object,
+    ignore_index: object,
+    reduction: object,
+    multilabel: object,
+) -> bool:
+    """Whether the arguments are the common case that a rule may hand straight to a torch
+    kernel (the structural checks of :func:`prepare`, in Python, for free): float32/float64
+    logits ``(N, C, *)`` with ``C >= 2``, non-empty, torch.long class indices ``(N, *)``,
+    no ``multilabel``, ``weight`` ``None`` or ``(C,)`` of the logits' dtype and device, a
+    known ``reduction`` and an int ``ignore_index`` outside ``[0, C)`` (a device mismatch of
+    logits and target is left to the kernel, whose error sends the call to :func:`prepare`).
+    Anything else goes through :func:`prepare` (its messages)."""
+    if not (isinstance(logits, Tensor) and isinstance(target, Tensor)):
+        return False
+    if multilabel is not False or reduction not in REDUCTIONS or type(ignore_index) is not int:
+        return False
+    shape = logits.shape
+    if len(shape) < 2 or logits.dtype not in _FAST_DTYPES or target.dtype != torch.long:
+        return False
+    num_classes = shape[1]
+    if num_classes < 2 or 0 <= ignore_index < num_classes or target.shape != shape[:1] + shape[2:]:
+        return False
+    if not target.numel():  # an empty batch: prepare()'s message
+        return False
+    if weight is None:
+        return True
+    return (
+        isinstance(weight, Tensor)
+        and weight.shape == (num_classes,)
+        and weight.dtype == logits.dtype
+        and weight.device == logits.device
+    )
 
 
 def prepare(
@@ -227,19 +274,31 @@ def _prepare_multiclass(
 
 
 def check_weight_values(weight: Tensor) -> None:
-    check_finite("weight", weight)
-    if values_checked() and bool((weight < 0).any()):
+    """``weight``: finite and non-negative (one ``aminmax``; the scans only on failure)."""
+    if not values_checked() or not weight.numel():
+        return
+
+    def scan() -> None:
+        check_finite("weight", weight)
         raise ValueError(
             f"weight: expected non-negative values, got a negative value at "
             f"position {first_bad_position(weight < 0)}"
         )
 
+    lo, hi = torch.aminmax(weight.detach())
+    ok = (lo >= 0) & (hi < float("inf"))  # NaN fails both
+    check_values(ok, "weight: expected finite non-negative values", scan)
+
+
+_NULL = contextlib.nullcontext()
+
 
 def autocast_off(x: Tensor) -> contextlib.AbstractContextManager:
-    device = x.device.type
+    """A context that switches autocast off for ``x``'s device where it is on."""
+    device = "cpu" if x.is_cpu else x.device.type
     if torch.is_autocast_enabled(device):
         return torch.autocast(device_type=device, enabled=False)
-    return contextlib.nullcontext()
+    return _NULL  # reusable: nullcontext keeps no state
 
 
 def check_rows(prep: Prepared, row_ok: Tensor, true_logit: Tensor | None) -> None:
@@ -251,11 +310,22 @@ def check_rows(prep: Prepared, row_ok: Tensor, true_logit: Tensor | None) -> Non
     """
     if not values_checked():
         return
-    bad = ~torch.isfinite(row_ok)
+    ok = finite_ok(row_ok)
     if true_logit is not None:
-        bad = bad | ((true_logit == NEG_INF) & prep.used)
-    if bool(bad.any()):
+        ok = ok & ~((true_logit == NEG_INF) & prep.used).any()
+
+    def scan() -> None:
+        bad = ~torch.isfinite(row_ok)
+        if true_logit is not None:
+            bad = bad | ((true_logit == NEG_INF) & prep.used)
         diagnose(prep, bad)
+
+    check_values(
+        ok,
+        "logits: expected finite scores (a NaN/+Inf logit, an all -inf item or a true class "
+        "masked with -inf)",
+        scan,
+    )
 
 
 def diagnose(prep: Prepared, flagged: Tensor) -> None:
@@ -290,6 +360,34 @@ def fused_multiclass(fn: type[torch.autograd.Function], prep: Prepared, reductio
     if values_checked():
         check_rows(prep, score.detach(), z.detach().gather(1, index).squeeze(1))
     return reduce(score, reduction, prep.weight)
+
+
+def fused_indices(
+    fn: type[torch.autograd.Function], logits: Tensor, target: Tensor, reduction: str
+) -> Tensor | None:
+    """The common case of a fused softmax rule on CPU in eager mode: :func:`plain_indices`
+    arguments without ``weight`` and without ignored items, checked with two host reads
+    instead of :func:`prepare` and :func:`fused_multiclass` (the same numbers, a few
+    dispatches instead of about twenty). ``None`` where it does not apply (an ignored item,
+    a label out of range, a non-finite score or true-class logit, the device path): the
+    caller then runs :func:`prepare`, whose checks name the culprit."""
+    if sync_free(logits):
+        return None
+    lo, hi = torch.aminmax(target)
+    if not (lo.item() >= 0 and hi.item() < logits.shape[1]):
+        return None
+    index = target.unsqueeze(1)
+    with autocast_off(logits):
+        score = fn.apply(logits, index)
+    if values_checked():
+        # one read: a NaN/+inf logit makes its item's score NaN, a -inf true class (a masked
+        # target) makes the true-logit sum -inf; float64 sums of float32 values cannot
+        # overflow (a float64 overflow only sends the call to the full check)
+        true_logit = logits.detach().gather(1, index)
+        total = score.detach().sum(dtype=torch.float64) + true_logit.sum(dtype=torch.float64)
+        if not math.isfinite(total.item()):
+            return None
+    return reduce(score, reduction)
 
 
 def binary_brier(prep: Prepared) -> Tensor:

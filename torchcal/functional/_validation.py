@@ -5,8 +5,10 @@ option) whose message starts with the argument's name and says what was expected
 
     ValueError("target: expected class indices in [0, 9], got 12 at position 3")
 
-Checks on tensor values (finiteness, ranges) cost one reduction and one host sync
-each. They can be switched off for a hot loop that is known to be clean with
+Checks on tensor values (finiteness, ranges) cost one reduction each and never synchronise
+the device (:func:`~torchcal.functional._checks.check_values`: a device-side assertion on
+CUDA and inside ``torch.compile``; on CPU the result is read and a failure is scanned for its
+position). They can be switched off for a hot loop that is known to be clean with
 :func:`validation_enabled` (``with torchcal.functional.validation_enabled(False): ...``);
 shape, dtype and option checks always run.
 
@@ -17,6 +19,7 @@ and are re-exported here, so every check is imported from this module.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -40,10 +43,18 @@ from torchcal.functional._checks import (
     check_reduction,
     check_same_shape,
     check_tensor,
+    check_values,
     compute_dtype,
+    finite_ok,
     first_bad_position,
     first_bad_value,
+    fixed_sum,
+    force_sync_free,
+    host_range,
+    labels_ok,
+    range_ok,
     reduce,
+    sync_free,
     validation_enabled,
     values_checked,
 )
@@ -52,6 +63,14 @@ __all__ = [
     "REDUCTIONS",
     "validation_enabled",
     "values_checked",
+    "sync_free",
+    "force_sync_free",
+    "check_values",
+    "finite_ok",
+    "fixed_sum",
+    "host_range",
+    "range_ok",
+    "labels_ok",
     "check_option",
     "check_reduction",
     "check_tensor",
@@ -149,7 +168,8 @@ def check_alpha(alpha: float | Tensor) -> float | Tensor:
         check_floating("alpha", alpha)
         check_nonempty("alpha", alpha)
         check_finite("alpha", alpha)
-    elif isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+    elif isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        # numbers.Real: Python and NumPy scalars alike (np.float32(0.1) is a number too)
         raise TypeError(f"alpha: expected a float or a tensor, got {type(alpha).__name__}")
     check_open_unit("alpha", alpha)
     return alpha if isinstance(alpha, Tensor) else float(alpha)
@@ -196,24 +216,33 @@ def check_group_ids(groups: Tensor, shape: torch.Size, num_groups: int | None) -
             raise ValueError(f"groups: expected group ids >= 0, found a negative id at {pos}")
         return int(groups.max()) + 1
     check_int("num_groups", num_groups, minimum=1)
-    if values_checked():
-        bad = (groups < 0) | (groups >= num_groups)
-        if bool(bad.any()):
+    if values_checked() and groups.numel():
+
+        def scan() -> None:
+            bad = (groups < 0) | (groups >= num_groups)
             pos = first_bad_position(bad)
             val = int(groups.reshape(-1)[int(torch.nonzero(bad.reshape(-1))[0, 0])])
             raise ValueError(
                 f"groups: expected group ids in [0, {num_groups - 1}], got {val} at position {pos}"
             )
+
+        check_values(
+            labels_ok(groups, num_groups),
+            f"groups: expected group ids in [0, {num_groups - 1}]",
+            scan,
+        )
     return num_groups
 
 
 def check_probabilities_fast(x: Tensor) -> None:
     """``check_probabilities`` with one fused min/max pass; the slow check only for the message."""
-    if not values_checked():
+    if not values_checked() or not x.numel():
         return
-    lo, hi = torch.aminmax(x)
-    if not bool((lo >= 0) & (hi <= 1)):  # NaN fails both
-        check_probabilities("preds", x)
+    check_values(
+        range_ok(x, 0.0, 1.0),  # NaN fails both bounds
+        "preds: expected probabilities in [0, 1]",
+        lambda: check_probabilities("preds", x),
+    )
 
 
 def probability_sum_tolerance(dtype: torch.dtype, num_classes: int) -> float:
@@ -234,17 +263,8 @@ def check_optional_int(name: str, value: object) -> int | None:
 
 
 def check_class_target_fast(target: Tensor, num_classes: int, ignore_index: int | None) -> None:
-    """``check_class_target`` with one fused ``aminmax`` on the common path."""
-    if (
-        values_checked()
-        and target.numel()
-        and not target.is_floating_point()
-        and target.dtype != torch.bool
-        and not target.is_complex()
-    ):
-        lo, hi = torch.aminmax(target)
-        if bool((lo >= 0) & (hi < num_classes)):
-            return
+    """:func:`~torchcal.functional._checks.check_class_target` of ``target`` (one fused
+    ``aminmax`` on the common path)."""
     check_class_target("target", target, num_classes, ignore_index=ignore_index)
 
 
@@ -258,17 +278,20 @@ def check_probability_rows(
     """``(N, C, *)`` values in [0, 1] with sums over dim 1 (in float64) equal to 1 within
     :func:`probability_sum_tolerance`; the message names ``what`` and ends with ``hint``."""
     check_probabilities(name, p)
-    if not values_checked():
+    if not values_checked() or not p.numel():
         return
     tol = probability_sum_tolerance(p.dtype, p.shape[1])
-    total = p.sum(dim=1, dtype=torch.float64)
-    bad = (total - 1).abs() > tol
-    if bool(bad.any()):
+    total = p.detach().sum(dim=1, dtype=torch.float64)
+
+    def scan() -> None:
+        bad = (total - 1).abs() > tol
         val = float(total.reshape(-1)[int(torch.nonzero(bad.reshape(-1))[0, 0])])
         raise ValueError(
             f"{name}: expected {what} is 1 (tolerance {tol:.3g}), got {val!r} at "
             f"item {first_bad_position(bad)}{hint}"
         )
+
+    check_values(range_ok(total - 1.0, -tol, tol), f"{name}: expected {what} is 1", scan)
 
 
 # --- scaling (R2) ---
@@ -346,14 +369,17 @@ def check_level_grid(name: str, levels: Tensor | Sequence[float]) -> Tensor:
 
 def check_sorted_last(name: str, x: Tensor) -> None:
     """``x`` must be non-decreasing along its last dim (quantiles that do not cross)."""
-    if not values_checked() or x.shape[-1] < 2:
+    if not values_checked() or x.shape[-1] < 2 or not x.numel():
         return
     bad = x[..., 1:] < x[..., :-1]  # NaN is caught by the finiteness check before
-    if bool(bad.any()):
+
+    def scan() -> None:
         raise ValueError(
             f"{name}: expected values non-decreasing along the last dim (quantiles in the order "
             f"of their levels, not crossing), got a decrease at position {first_bad_position(bad)}"
         )
+
+    check_values(~bad.any(), f"{name}: expected values non-decreasing along the last dim", scan)
 
 
 def check_interval_bounds(lower: Tensor, upper: Tensor) -> None:
@@ -362,11 +388,14 @@ def check_interval_bounds(lower: Tensor, upper: Tensor) -> None:
     if not values_checked():
         return
     bad = lower > upper
-    if bool(bad.any()):
+
+    def scan() -> None:
         raise ValueError(
             f"upper: expected upper >= lower, got upper < lower at position "
             f"{first_bad_position(bad)}"
         )
+
+    check_values(~bad.any(), "upper: expected upper >= lower", scan)
 
 
 def check_interval_side(name: str, x: Tensor, *, unbounded: float) -> None:
@@ -375,19 +404,27 @@ def check_interval_side(name: str, x: Tensor, *, unbounded: float) -> None:
     if not values_checked():
         return
     bad = torch.isnan(x) | (torch.isinf(x) & (x != unbounded))
-    if bool(bad.any()):
+
+    def scan() -> None:
         raise ValueError(
             f"{name}: expected finite values or {unbounded} (no bound), found "
             f"{first_bad_value(x, bad).item()!r} at position {first_bad_position(bad)}"
         )
+
+    check_values(~bad.any(), f"{name}: expected finite values or {unbounded} (no bound)", scan)
 
 
 def values_within(x: Tensor, low: float, high: float, *, strict_low: bool = False) -> bool:
     """Whether every value of the floating ``x`` lies in ``[low, high]`` (``(low, high]`` with
     ``strict_low``; NaN never does), in one ``aminmax`` pass: the fast path of the value
     checks, about 15x cheaper than the elementwise masks; the caller runs the full check (for
-    its message) only when this says no. True for an empty ``x`` and with validation off."""
+    its message) only when this says no. True for an empty ``x`` and with validation off.
+    Sync-free (:func:`~torchcal.functional._checks.sync_free`: a CUDA tensor, compiling):
+    asserts the range on the device and returns True (no host round trip)."""
     if not values_checked() or x.numel() == 0:
         return True
-    lo, hi = torch.aminmax(x.detach())
-    return bool(((lo > low) if strict_low else (lo >= low)) & (hi <= high))
+    ok = range_ok(x, low, high, strict_low=strict_low)
+    if sync_free(ok):
+        check_values(ok, f"expected values in {'(' if strict_low else '['}{low:g}, {high:g}]")
+        return True
+    return bool(ok)

@@ -48,6 +48,7 @@ from torchcal.functional._validation import (
     check_levels,
     check_reduction,
     check_tensor,
+    check_values,
     reduce,
     values_checked,
 )
@@ -116,8 +117,12 @@ def check_interval_width(width: Tensor, lower: Tensor, upper: Tensor) -> None:
     :math:`u - l < 0` exactly when :math:`u < l` (IEEE subtraction keeps the sign), one
     ``amin`` pass; where it fails, the full check names the position
     (``ValueError('upper: ...')``). Off with the value checks."""
-    if values_checked() and width.numel() and not bool(width.amin() >= 0):
-        check_interval_bounds(lower, upper)
+    if values_checked() and width.numel():
+        check_values(
+            width.detach().amin() >= 0,
+            "upper: expected upper >= lower",
+            lambda: check_interval_bounds(lower, upper),
+        )
 
 
 def interval_parts(lower: Tensor, upper: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
@@ -141,7 +146,7 @@ def interval_parts(lower: Tensor, upper: Tensor, target: Tensor) -> tuple[Tensor
         ([1.0, 1.0, 1.0], [0.5, 0.0, 2.0])
     """
     width = upper - lower
-    shape = torch.broadcast_shapes(lower.shape, upper.shape, target.shape)
+    shape = broadcast_or_none([lower.shape, upper.shape, target.shape])
     if target.shape != shape:  # e.g. (N, 1) against (N, K) bounds: contiguous loops are faster
         target = target.expand(shape).contiguous()
     # the nearest point of [l, u] is y itself inside, so y - y = 0 there (in-place: one buffer)

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from torchcal.functional._ensemble import SharedLayout, members_last, shared_layout
 from torchcal.functional._forecast import (
+    broadcast_or_none,
     cast_forecast,
     check_location_scale,
     check_target_shape,
@@ -36,7 +37,9 @@ from torchcal.functional._validation import (
     check_nonempty,
     check_reduction,
     check_tensor,
+    fixed_sum,
     reduce,
+    sync_free,
 )
 
 __all__ = [
@@ -108,9 +111,18 @@ def _logistic_grads(loc: Tensor, scale: Tensor, target: Tensor) -> tuple[Tensor,
     return d_target, d_scale
 
 
-#: values per block of the one-factor sums below (512 KB of float64: the temporaries stay in
-#: cache; fresh full-size buffers cost page faults, about 3-10x slower on 1M values)
-SCALE_BLOCK = 1 << 16
+#: values per block of the one-factor sums below (128 KB of float64: the temporaries stay in
+#: cache; fresh full-size buffers cost page faults, about 3-10x slower on 1M values). At most
+#: PARALLEL_GRAIN, so each block's sums run on one thread: the result does not depend on the
+#: thread count (BLAS ``dot`` and larger sums do, measured)
+SCALE_BLOCK = 1 << 14
+
+
+def _wdot(w: Tensor, x: Tensor) -> float:
+    """``sum(w * x)`` of one block, on one thread (see :data:`SCALE_BLOCK`)."""
+    return float(torch.mul(w, x).sum())
+
+
 _SCALE_FAMILIES = ("normal", "laplace", "logistic")
 
 
@@ -119,22 +131,22 @@ def _scale_term_sums(family: str, a: Tensor, e: Tensor, w: Tensor) -> tuple[floa
     a buffer): ``d/ds = k1 sum w P + k0 sum w`` and ``s d2/ds2 = sum w C`` (see
     :func:`crps_scale_sums`)."""
     if family == "normal":  # P = e = exp(-z^2/2), C = sqrt(2/pi) z^2 e, g' = erf(|z| / sqrt 2)
-        v = float(torch.dot(w, torch.mul(a, _INV_SQRT2, out=e).erf_().mul_(a)))
+        v = _wdot(w, torch.mul(a, _INV_SQRT2, out=e).erf_().mul_(a))
         z2 = a.mul_(a)
         torch.mul(z2, -0.5, out=e).exp_()
-        return float(torch.dot(w, e)), _SQRT_2_OVER_PI * float(torch.dot(w, z2.mul_(e))), v
-    wa = float(torch.dot(w, a))
+        return _wdot(w, e), _SQRT_2_OVER_PI * _wdot(w, z2.mul_(e)), v
+    wa = _wdot(w, a)
     torch.neg(a, out=e).exp_()  # e = exp(-|z|)
     if family == "laplace":  # P = e (1 + |z|), C = z^2 e, g' = 1 - e
         ae = a * e
-        w_ae = float(torch.dot(w, ae))
-        return float(torch.dot(w, e)) + w_ae, float(torch.dot(w, ae.mul_(a))), wa - w_ae
+        w_ae = _wdot(w, ae)
+        return _wdot(w, e) + w_ae, _wdot(w, ae.mul_(a)), wa - w_ae
     # logistic, q = sigmoid(-|z|): P = softplus(-|z|) + |z| q, C = 2 z^2 q (1 - q), g' = 1 - 2q
     q = e.div_(e + 1.0)
     aq = a * q
-    w_aq = float(torch.dot(w, aq))
-    p = w_aq - float(torch.dot(w, torch.log1p(q.neg())))  # softplus(-|z|) = -log(1 - q)
-    c = 2.0 * float(torch.dot(w, aq.mul_(a).mul_(q.neg_().add_(1.0))))
+    w_aq = _wdot(w, aq)
+    p = w_aq - _wdot(w, torch.log1p(q.neg()))  # softplus(-|z|) = -log(1 - q)
+    c = 2.0 * _wdot(w, aq.mul_(a).mul_(q.neg_().add_(1.0)))
     return p, c, wa - 2.0 * w_aq
 
 
@@ -178,7 +190,7 @@ def crps_scale_sums(
         a = torch.div(r, scale_factor, out=a_buf[: r.numel()]).abs_().clamp_(max=1e150)
         bp, bc, bv = _scale_term_sums(family, a, e_buf[: r.numel()], w)
         p, c, v = p + bp, c + bc, v + bv
-    total = float(weight.sum())
+    total = float(fixed_sum(weight))
     d = {
         "normal": (math.sqrt(2.0) * p - total) * _INV_SQRT_PI,
         "laplace": p - 0.75 * total,
@@ -298,7 +310,8 @@ def crps_logistic(loc: Tensor, scale: Tensor, target: Tensor, *, reduction: str 
 def _centred(x: Tensor, y: Tensor, dim: int) -> tuple[Tensor, Tensor]:
     """Members ``x`` and target ``y`` minus the detached ensemble mean along ``dim`` (the
     scores are shift-invariant; centring keeps float32 accurate far from zero)."""
-    centre = x.detach().mean(dim=dim, keepdim=True)
+    # the mean taken in float64: a float32 sum of members near float max would overflow
+    centre = x.detach().mean(dim=dim, keepdim=True, dtype=torch.float64).to(x.dtype)
     return x - centre, y - centre
 
 
@@ -308,7 +321,12 @@ def _argsort_last(x: Tensor) -> Tensor:
     On CPU, numpy's introsort is an order of magnitude faster than ``torch.sort`` for many
     short rows (measured 1.2 ms vs 15 ms for 2000 x 100 float32); elsewhere ``torch.sort``.
     """
-    if x.device.type == "cpu" and type(x) is Tensor and x.dtype in (torch.float32, torch.float64):
+    if (
+        not sync_free(x)  # not compiling
+        and x.device.type == "cpu"
+        and type(x) is Tensor
+        and x.dtype in (torch.float32, torch.float64)
+    ):
         return torch.from_numpy(x.detach().contiguous().numpy().argsort(axis=-1))
     return torch.sort(x.detach(), dim=-1).indices
 
@@ -436,7 +454,7 @@ def crps_ensemble(
     layout = shared_layout(x.shape[:-1], target.shape[:-1])
     if layout is not None:  # one sort per shared ensemble, not one per target
         return reduce(_crps_shared(x, target.squeeze(-1), layout, denom), reduction)
-    x = x.expand(*torch.broadcast_shapes(x.shape[:-1], target.shape[:-1]), m)
+    x = x.expand(*broadcast_or_none([x.shape[:-1], target.shape[:-1]]), m)
 
     x, y = _centred(x, target, -1)
     y = y.expand(*x.shape[:-1], 1)

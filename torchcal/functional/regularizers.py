@@ -38,9 +38,11 @@ from torchcal.functional._layouts import (
     autocast_off,
     check_multiclass_rows,
     check_rows,
+    plain_indices,
     prepare,
 )
 from torchcal.functional._validation import (
+    REDUCTIONS,
     check_bool,
     check_floating,
     check_gamma,
@@ -52,10 +54,11 @@ from torchcal.functional._validation import (
     check_reduction,
     check_tensor,
     compute_dtype,
+    host_range,
     reduce,
-    validation_enabled,
+    sync_free,
+    values_checked,
 )
-from torchcal.functional.calibration import confidence_reading
 
 __all__ = ["focal_loss", "mmce", "soft_binned_ece", "confidence_penalty", "dca", "mdca"]
 
@@ -94,7 +97,7 @@ def _log_p_and_complement(prep: Prepared) -> tuple[Tensor, Tensor]:
     others = z.scatter(1, index, float("-inf"))
     lse_other = torch.logsumexp(others, dim=1)
     all_masked = lse_other.detach() == float("-inf")
-    if bool(all_masked.any()):
+    if sync_free(all_masked) or bool(all_masked.any()):
         # logsumexp over an all -inf row has a NaN gradient: route those rows
         # through a finite dummy and put the exact -inf back with `where`.
         safe = torch.where(all_masked.unsqueeze(1), torch.zeros_like(others), others)
@@ -138,6 +141,10 @@ def focal_loss(
         0.1631
     """
     gamma = check_gamma(gamma)
+    if weight is None and plain_indices(logits, target, None, ignore_index, reduction, multilabel):
+        out = _focal_indices(logits, target, gamma, reduction)
+        if out is not None:
+            return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
     _no_soft(prep, "focal_loss")
     z = prep.logits
@@ -148,21 +155,56 @@ def focal_loss(
             log_1mp = F.logsigmoid(-signed)
         else:
             log_p, log_1mp = _log_p_and_complement(prep)
-        if gamma == "adaptive":
-            g = torch.where(log_p.detach() < _LOG_0_2, 5.0, 3.0).to(log_p.dtype)
-            modulator = torch.exp(g * log_1mp)
-        elif gamma == 0.0:
-            modulator = torch.ones_like(log_p)
-        else:
-            modulator = torch.exp(gamma * log_1mp)
-        score = -modulator * log_p
-        return reduce(score, reduction, prep.weight)
+        return reduce(_focal_items(log_p, log_1mp, gamma), reduction, prep.weight)
 
 
-def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor]:
-    """Flattened (confidence, correct) of the used items, in the compute dtype; the
-    multiclass reading is :func:`~torchcal.functional.calibration.confidence_reading` of
-    the softmax (differentiable: gradients flow through the row maximum)."""
+def _focal_items(log_p: Tensor, log_1mp: Tensor, gamma: float | str) -> Tensor:
+    """Per-item ``-(1 - p)^gamma log p`` from ``log p`` and ``log(1 - p)``."""
+    if gamma == "adaptive":
+        g = torch.where(log_p.detach() < _LOG_0_2, 5.0, 3.0).to(log_p.dtype)
+        return -torch.exp(g * log_1mp) * log_p
+    if gamma == 0.0:
+        return -log_p
+    return -torch.exp(gamma * log_1mp) * log_p
+
+
+def _focal_indices(
+    logits: Tensor, target: Tensor, gamma: float | str, reduction: str
+) -> Tensor | None:
+    """The common multiclass case on CPU in eager mode (:func:`plain_indices`, no weight, no
+    ignored item): the formula of :func:`_log_p_and_complement` without :func:`prepare`,
+    checked with one host read of three float64 sums (a NaN/+inf logit or an all ``-inf``
+    item makes the normaliser non-finite, a ``-inf`` true class the true logit, an item
+    whose other classes are all masked the complement). ``None`` then, and for an ignored
+    item or a bad label: the caller's full path names the culprit or handles the mask."""
+    if sync_free(logits):
+        return None
+    lo, hi = host_range(target)
+    if not (lo >= 0 and hi < logits.shape[1]):
+        return None
+    index = target.unsqueeze(1)
+    with autocast_off(logits):
+        lse = torch.logsumexp(logits, dim=1)
+        z_y = logits.gather(1, index).squeeze(1)
+        lse_other = torch.logsumexp(logits.scatter(1, index, float("-inf")), dim=1)
+        total = (
+            lse.detach().sum(dtype=torch.float64)
+            + z_y.detach().sum(dtype=torch.float64)
+            + lse_other.detach().sum(dtype=torch.float64)
+        )
+        if not math.isfinite(total.item()):
+            return None
+        return reduce(_focal_items(z_y - lse, lse_other - lse, gamma), reduction)
+
+
+def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor, Tensor]:
+    """Flattened (confidence, correct, used) of every item, in the compute dtype (``used``:
+    1 for a used item, 0 for an ignored one: weights, no data-dependent selection). The
+    multiclass reading is ``torch.max`` of the softmax (the row maximum, and whether its
+    first position is the target), which is what
+    :func:`~torchcal.functional.calibration.confidence_reading` returns for probabilities
+    that require grad, bit for bit; one kernel, no host sync (differentiable: gradients
+    flow through the row maximum)."""
     z = prep.logits
     if prep.binary:
         conf = torch.sigmoid(z.abs())
@@ -170,10 +212,10 @@ def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor]:
     else:
         check_multiclass_rows(prep)
         p = torch.softmax(z, dim=1).movedim(1, -1).reshape(-1, z.shape[1])
-        with validation_enabled(False):  # a softmax: valid rows by construction
-            conf, correct = confidence_reading(p, prep.target.reshape(-1), input="probs")
-    used = prep.used.reshape(-1)
-    return conf.reshape(-1)[used], correct.reshape(-1)[used].to(conf.dtype)
+        conf, top = p.max(dim=1)
+        correct = top == prep.target.reshape(-1)
+    conf = conf.reshape(-1)
+    return conf, correct.reshape(-1).to(conf.dtype), prep.used.reshape(-1).to(conf.dtype)
 
 
 def mmce(
@@ -214,10 +256,10 @@ def mmce(
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "mmce")
     with autocast_off(prep.logits):
-        conf, correct = _confidence_reading(prep)
-        m = conf.numel()
+        conf, correct, used = _confidence_reading(prep)
+        m = used.double().sum()  # ignored items: a = 0, no term
         r = conf.double()
-        a = correct.double() - r
+        a = (correct.double() - r) * used.double()
         r_sorted, order = torch.sort(r)
         a_sorted = a[order]
         centred = (r_sorted - 0.5) / width
@@ -225,7 +267,7 @@ def mmce(
         prefix = torch.cumsum(up, dim=0) - up  # sum_{j<i} a_j e^{r_j / w}
         cross = (a_sorted * torch.exp(-centred) * prefix).sum()
         total = (a_sorted * a_sorted).sum() + 2.0 * cross
-        value = total / (m * m) if m else total.new_tensor(float("nan"))
+        value = total / (m * m)  # 0 / 0 = NaN when every item is ignored
         if not squared:
             value = _safe_root(value, 2.0)
         return value.to(prep.logits.dtype)
@@ -274,18 +316,18 @@ def soft_binned_ece(
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "soft_binned_ece")
     with autocast_off(prep.logits):
-        conf, correct = _confidence_reading(prep)
-        m = conf.numel()
+        conf, correct, used = _confidence_reading(prep)
+        w = used.double()
+        m = w.sum()
         r = conf.double()
         centres = (torch.arange(bins, dtype=torch.float64, device=r.device) + 0.5) / bins
         u = torch.softmax(-(r.unsqueeze(1) - centres).square() / temperature, dim=1)
+        u = u * w.unsqueeze(1)  # ignored items: no soft count
         counts = u.sum(dim=0)
         gaps = ((correct.double() - r).unsqueeze(1) * u).sum(dim=0)
         safe_counts = torch.where(counts > 0, counts, torch.ones_like(counts))
         total = (gaps.abs().pow(p) / safe_counts.pow(p - 1.0)).sum()
-        if not m:
-            return total.new_tensor(float("nan")).to(prep.logits.dtype)
-        value = total / m
+        value = total / m  # 0 / 0 = NaN when every item is ignored
         return (_safe_root(value, p) if root else value).to(prep.logits.dtype)
 
 
@@ -316,6 +358,40 @@ def _prepare_logits_only(logits: Tensor, reduction: str) -> Prepared:
         torch.zeros_like(index, dtype=torch.bool),
         torch.ones(shape, dtype=dtype, device=logits.device),
     )
+
+
+def _plain_logits(logits: object, reduction: object) -> bool:
+    """Multiclass float32/float64 logits ``(N, C, *)``, ``C >= 2``, non-empty, a known
+    reduction, on CPU in eager mode: the case :func:`_confidence_penalty_plain` handles."""
+    return (
+        isinstance(logits, Tensor)
+        and reduction in REDUCTIONS
+        and logits.dtype in (torch.float32, torch.float64)
+        and logits.dim() >= 2
+        and logits.shape[1] >= 2
+        and logits.numel() > 0
+        and not sync_free(logits)
+    )
+
+
+def _entropy_of_logits(z: Tensor) -> Tensor:
+    """``H(softmax(z))`` over dim 1 with ``p log p = 0`` where ``log p = -inf`` (a ``-inf``
+    mask, or a logit so far below the maximum that ``z - max z`` overflows: never
+    ``0 * -inf``)."""
+    log_p = torch.log_softmax(z, dim=1)
+    safe_log_p = torch.where(log_p.detach() == float("-inf"), 0.0, log_p)
+    return -(log_p.exp() * safe_log_p).sum(dim=1)
+
+
+def _confidence_penalty_plain(logits: Tensor, beta: float, reduction: str) -> Tensor | None:
+    """The penalty of target-free logits with one host read as its check: a NaN or +inf
+    logit, or an item whose logits are all ``-inf``, makes the result NaN. ``None`` then:
+    the caller runs the full path, whose check names the culprit."""
+    with autocast_off(logits):
+        out = reduce(-beta * _entropy_of_logits(logits), reduction)
+    if values_checked() and not math.isfinite(out.detach().sum(dtype=torch.float64).item()):
+        return None
+    return out
 
 
 def confidence_penalty(
@@ -360,6 +436,10 @@ def confidence_penalty(
     """
     beta = check_number("beta", beta)
     check_int("ignore_index", ignore_index)
+    if target is None and _plain_logits(logits, reduction):
+        out = _confidence_penalty_plain(logits, beta, reduction)
+        if out is not None:
+            return out
     if target is None:
         prep = _prepare_logits_only(logits, reduction)
     else:
@@ -375,12 +455,8 @@ def confidence_penalty(
             # H = p softplus(-z) + (1 - p) softplus(z): non-negative terms, no cancellation
             entropy = torch.sigmoid(z) * F.softplus(-z) + torch.sigmoid(-z) * F.softplus(z)
         else:
-            log_p = torch.log_softmax(z, dim=1)
-            lse = torch.logsumexp(z.detach(), dim=1)
-            check_rows(prep, lse, None)
-            masked = z.detach() == float("-inf")
-            safe_log_p = torch.where(masked, torch.zeros_like(log_p), log_p)
-            entropy = -(log_p.exp() * safe_log_p).sum(dim=1)
+            check_rows(prep, torch.logsumexp(z.detach(), dim=1), None)
+            entropy = _entropy_of_logits(z)
         return reduce(-beta * entropy, reduction, prep.weight)
 
 
@@ -411,11 +487,10 @@ def dca(
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "dca")
     with autocast_off(prep.logits):
-        conf, correct = _confidence_reading(prep)
-        m = conf.numel()
-        gap = (conf.double() - correct.double()).sum()
-        value = (gap / m).abs() if m else gap.new_tensor(float("nan"))
-        return value.to(prep.logits.dtype)
+        conf, correct, used = _confidence_reading(prep)
+        w = used.double()
+        gap = ((conf.double() - correct.double()) * w).sum()
+        return (gap / w.sum()).abs().to(prep.logits.dtype)  # NaN when every item is ignored
 
 
 def mdca(

@@ -54,6 +54,8 @@ are computed in their own precision.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -63,15 +65,21 @@ from torchcal.functional._layouts import (
     autocast_off,
     binary_brier,
     check_rows,
+    fused_indices,
     fused_multiclass,
     log_score_items,
+    plain_indices,
     prepare,
     soft_expected,
 )
 from torchcal.functional._validation import (
     check_finite,
     check_label_smoothing,
+    check_values,
+    finite_ok,
+    labels_ok,
     reduce,
+    sync_free,
     values_checked,
 )
 
@@ -151,6 +159,12 @@ def log_score(
         0.7417
     """
     label_smoothing = check_label_smoothing(label_smoothing)
+    if label_smoothing == 0.0 and plain_indices(
+        logits, target, weight, ignore_index, reduction, multilabel
+    ):
+        out = _log_score_indices(logits, target, weight, ignore_index, reduction)
+        if out is not None:
+            return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
     if prep.soft is not None:  # F.cross_entropy itself: its weight/'mean' semantics, bit for bit
         with autocast_off(prep.logits):
@@ -174,13 +188,69 @@ def log_score(
             # ignored items (score 0 here) get their log-normaliser checked separately.
             row_ok = score.detach()
             ignored = ~prep.used
-            if bool(ignored.any()):
+            if sync_free(row_ok):  # every row's normaliser, no data-dependent shape
+                lse = torch.logsumexp(prep.logits.detach(), dim=1)
+                row_ok = row_ok + torch.where(ignored, lse, 0.0)
+            elif bool(ignored.any()):
                 rows = prep.logits.detach().movedim(1, -1)[ignored]
                 lse = torch.zeros_like(row_ok)
                 lse[ignored] = torch.logsumexp(rows, dim=-1)
                 row_ok = row_ok + lse
             check_rows(prep, row_ok, None)
         return reduce(score, reduction, prep.weight)
+
+
+def _log_score_indices(
+    logits: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str
+) -> Tensor | None:
+    """The common case, class indices (:func:`plain_indices`): ``F.cross_entropy`` itself,
+    then one value check of its result and of the labels (docs/design.md section 3).
+
+    On the sync-free path (CUDA, compiling) the check is a device-side assertion: labels in
+    range or ``ignore_index``, a finite result (a NaN/+inf logit or an all ``-inf`` row of a
+    used item makes it non-finite; the logits of ignored items are not read, as in
+    ``F.cross_entropy``). On CPU, ``None`` when the labels hold an ignored item or the result
+    is not finite: the caller then runs the full check, which names the culprit.
+    """
+    if not values_checked():
+        with autocast_off(logits):
+            return F.cross_entropy(
+                logits, target, weight=weight, ignore_index=ignore_index, reduction=reduction
+            )
+    if sync_free(logits):
+        num_classes = logits.shape[1]
+        with autocast_off(logits):
+            out = F.cross_entropy(
+                logits, target, weight=weight, ignore_index=ignore_index, reduction=reduction
+            )
+        ok = labels_ok(target, num_classes, ignore_index) & finite_ok(out.detach())
+        if weight is not None:
+            lo, hi = torch.aminmax(weight.detach())
+            ok = ok & (lo >= 0) & (hi < math.inf)
+        check_values(
+            ok,
+            f"log_score: expected class indices in [0, {num_classes - 1}] (or ignore_index), "
+            f"finite logits with a finite true-class logit and finite non-negative weights",
+        )
+        return out
+    # CPU eager: every test reads one value on the host (a few dispatches, no full scan)
+    if weight is not None:
+        lo, hi = torch.aminmax(weight.detach())
+        if not (lo.item() >= 0 and hi.item() < math.inf):  # NaN fails both
+            return None
+    try:
+        with autocast_off(logits):
+            out = F.cross_entropy(
+                logits, target, weight=weight, ignore_index=ignore_index, reduction=reduction
+            )
+    except (IndexError, RuntimeError):  # a label out of range: the full check names it
+        return None
+    # labels are now in range or ignored; an ignored item's logits are checked by the full path
+    extreme = target.min() if ignore_index < 0 else target.max()
+    if extreme.item() == ignore_index:
+        return None
+    ok = math.isfinite(out.item()) if out.dim() == 0 else bool(finite_ok(out.detach()))
+    return out if ok else None
 
 
 def _smoothed_log_score(
@@ -278,6 +348,10 @@ def brier_score(
         >>> brier_score(torch.tensor([0.0]), torch.tensor([1.0])).item()
         0.25
     """
+    if weight is None and plain_indices(logits, target, None, ignore_index, reduction, multilabel):
+        out = fused_indices(_SoftmaxBrier, logits, target, reduction)
+        if out is not None:
+            return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
     with autocast_off(prep.logits):
         if prep.binary:
@@ -352,6 +426,10 @@ def spherical_score(
         >>> round(spherical_score(torch.tensor([0.0]), torch.tensor([1.0])).item(), 4)
         0.2929
     """
+    if weight is None and plain_indices(logits, target, None, ignore_index, reduction, multilabel):
+        out = fused_indices(_SoftmaxSpherical, logits, target, reduction)
+        if out is not None:
+            return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
     z = prep.logits
     with autocast_off(z):
@@ -360,7 +438,11 @@ def spherical_score(
             per_class = 1.0 - p / torch.linalg.vector_norm(p, dim=1, keepdim=True)
             return soft_expected(prep, per_class, reduction)
         if prep.binary:
-            half_norm = 0.5 * torch.logaddexp(torch.zeros_like(z), 2.0 * z)
+            # log(1 + e^{2z}) / 2 = m + log(e^{-2m} + e^{2(z - m)}) / 2 with m = max(z, 0):
+            # no exponent above 0, so no overflow near float max (2z would), and the
+            # gradient is sigmoid(2z) whatever subgradient the max takes at z = 0
+            m = z.clamp(min=0.0)
+            half_norm = m + 0.5 * torch.logaddexp(-2.0 * m, 2.0 * (z - m))
             score = -torch.expm1(prep.target * z - half_norm)
             return reduce(score, reduction, prep.weight)
         return fused_multiclass(_SoftmaxSpherical, prep, reduction)
@@ -465,6 +547,10 @@ def ranked_probability_score(
         >>> round(ranked_probability_score(logits, torch.tensor([2])).item(), 4)
         0.26
     """
+    if weight is None and plain_indices(logits, target, None, ignore_index, reduction, multilabel):
+        out = fused_indices(_SoftmaxRPS, logits, target, reduction)
+        if out is not None:
+            return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
     with autocast_off(prep.logits):
         if prep.binary:

@@ -1,13 +1,15 @@
 """The shared machinery of the calibration Metrics (an internal module; docs/design.md
-section 3): configuration-checked merging and DDP sync, float64 states under dtype
-conversions, the one-time probabilities warning, and the binned ``(G, K, B)`` state with
-its public synced accessor :meth:`BinnedMetric.statistics`."""
+section 3): configuration-checked merging and DDP sync, persistent states that are checked
+when loaded or merged, float64 states under dtype conversions, the one-time probabilities
+warning, and the binned ``(G, K, B)`` state (binned in deferred batches) with its public
+synced accessor :meth:`BinnedMetric.statistics`."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -21,12 +23,91 @@ from torchcal.functional._validation import (
     check_option,
     check_optional_int,
     validation_enabled,
+    values_checked,
 )
 from torchcal.report import GroupedResult
 
-__all__ = ["STAT_NAMES", "BinnedMetric", "MetricStatistics", "PooledPlotMetric"]
+__all__ = ["STAT_NAMES", "BinnedMetric", "MetricStatistics", "PooledPlotMetric", "StateRules"]
 
 STAT_NAMES = ("count", "sum_conf", "sum_acc", "sum_conf2", "sum_conf_acc")
+
+#: relative slack of the bounds between float64 sums (``sum c <= count`` is exact in real
+#: arithmetic; a float64 sum of ``n`` values carries a relative error below ``n * 2^-53``)
+_SLACK = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class StateRules:
+    """What a metric's summed states must satisfy (checked on load, merge and DDP sync).
+
+    Attributes:
+        counts: int64 states of non-negative counts.
+        sums: float64 states that must be finite.
+        nonnegative: float64 states that must be ``>= 0`` and not NaN (``+inf`` allowed:
+            a log score of a zero probability).
+        bounded: ``(part, whole)`` pairs: ``0 <= part <= whole`` element-wise, ``whole``
+            broadcast from the left over ``part``'s trailing dims (hits <= n).
+    """
+
+    counts: tuple[str, ...] = ()
+    sums: tuple[str, ...] = ()
+    nonnegative: tuple[str, ...] = ()
+    bounded: tuple[tuple[str, str], ...] = ()
+
+
+def _first_bad(bad: Tensor) -> str:
+    idx = torch.nonzero(bad)[0].tolist()
+    return str(tuple(idx)) if len(idx) > 1 else str(idx[0]) if idx else "()"
+
+
+def check_state_values(rules: StateRules, states: Mapping[str, Any], where: str) -> None:
+    """``ValueError("<where>: state '<name>' ...")`` when ``states`` break ``rules`` (a
+    tampered or corrupted checkpoint, a merge with garbage): negative or non-integer counts,
+    non-finite sums, a part above its whole. Names absent from ``states`` are skipped."""
+
+    def get(name: str) -> Tensor | None:
+        v = states.get(name)
+        return v.detach() if isinstance(v, Tensor) else None
+
+    for name in rules.counts:
+        v = get(name)
+        if v is None:
+            continue
+        if v.is_floating_point() or v.is_complex() or v.dtype == torch.bool:
+            raise ValueError(f"{where}: state {name!r} must hold integer counts, got {v.dtype}")
+        if v.numel() and bool((v < 0).any()):
+            bad = v < 0
+            raise ValueError(
+                f"{where}: state {name!r} must hold non-negative counts, got "
+                f"{int(v[bad].reshape(-1)[0])} at {_first_bad(bad)}"
+            )
+    for name in rules.sums + rules.nonnegative:
+        v = get(name)
+        if v is None or not v.numel():
+            continue
+        if not v.is_floating_point():
+            raise ValueError(f"{where}: state {name!r} must hold float sums, got {v.dtype}")
+        bad = ~torch.isfinite(v) if name in rules.sums else ~(v >= 0)
+        if bool(bad.any()):
+            want = "finite sums" if name in rules.sums else "non-negative sums"
+            raise ValueError(
+                f"{where}: state {name!r} must hold {want}, got "
+                f"{float(v[bad].reshape(-1)[0])!r} at {_first_bad(bad)}"
+            )
+    for part_name, whole_name in rules.bounded:
+        part, whole = get(part_name), get(whole_name)
+        if part is None or whole is None or not part.numel():
+            continue
+        w = whole.to(torch.float64).reshape(whole.shape + (1,) * (part.dim() - whole.dim()))
+        p = part.to(torch.float64)
+        bad = (p < -_SLACK * w) | (p > w * (1 + _SLACK) + _SLACK)
+        if bool(bad.any()):
+            raise ValueError(
+                f"{where}: state {part_name!r} must lie in [0, {whole_name}], got "
+                f"{p[bad.expand_as(p)].reshape(-1)[0].item()!r} against "
+                f"{w.expand_as(p)[bad.expand_as(p)].reshape(-1)[0].item()!r} at "
+                f"{_first_bad(bad.expand_as(p))}"
+            )
 
 
 class MetricStatistics(NamedTuple):
@@ -51,6 +132,53 @@ class PooledPlotMetric(Metric):
 
     #: attributes whose values change what the states or the result mean
     _CONFIG: tuple[str, ...] = ()
+    #: what the summed states must satisfy (checked on load, merge and DDP sync)
+    _RULES = StateRules()
+
+    def add_state(self, name: str, default: Any, *args: Any, **kwargs: Any) -> None:
+        """torchmetrics' ``add_state``, persistent by default: ``state_dict()`` carries the
+        states, so a checkpointed metric reloads what it has seen (a ``state_dict`` without
+        them, e.g. from an earlier version, loads as before: the states stay untouched)."""
+        if not args:
+            kwargs.setdefault("persistent", True)
+        super().add_state(name, default, *args, **kwargs)
+
+    def _check_states(self, states: Mapping[str, Any], where: str) -> None:
+        check_state_values(self._RULES, states, where)
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict,
+        prefix: str,
+        local_metadata: dict,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        incoming = {k: state_dict[prefix + k] for k in self._defaults if prefix + k in state_dict}
+        for name, value in incoming.items():
+            mine = getattr(self, name)
+            if isinstance(mine, Tensor) and (
+                not isinstance(value, Tensor) or value.shape != mine.shape
+            ):
+                got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+                raise ValueError(
+                    f"state_dict: state {prefix + name!r} has shape {got}, expected "
+                    f"{tuple(mine.shape)} (a metric of another configuration?)"
+                )
+        self._check_states(incoming, "state_dict")
+        devices = {
+            k: getattr(self, k).device for k in incoming if isinstance(getattr(self, k), Tensor)
+        }
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        for name, device in devices.items():  # the metric's device and state dtype, own copy
+            dtype = self._defaults[name].dtype
+            setattr(self, name, getattr(self, name).to(device=device, dtype=dtype, copy=True))
+        if incoming and not self._update_count:  # it has seen what the states hold
+            self._update_count = 1
 
     def _config(self) -> dict[str, Any]:
         return {"class": type(self).__name__, **{k: getattr(self, k, None) for k in self._CONFIG}}
@@ -76,6 +204,9 @@ class PooledPlotMetric(Metric):
                 raise ValueError(
                     f"other: cannot merge metrics of different configurations: {'; '.join(diff)}"
                 )
+            self._check_states(
+                {k: getattr(incoming_state, k) for k in incoming_state._defaults}, "other"
+            )
         elif isinstance(incoming_state, dict):
             for name in self._defaults:
                 mine, theirs = getattr(self, name), incoming_state.get(name)
@@ -89,6 +220,7 @@ class PooledPlotMetric(Metric):
                         f"and dtype {theirs.dtype}, expected "
                         f"{tuple(mine.shape)} and {mine.dtype}"
                     )
+            self._check_states(incoming_state, "other")
         super().merge_state(incoming_state)
 
     def _sync_dist(
@@ -110,6 +242,7 @@ class PooledPlotMetric(Metric):
             if isinstance(getattr(self, name), list) and len(getattr(self, name)) == 0:
                 setattr(self, name, [torch.zeros(0, dtype=dtype, device=self.device)])
         super()._sync_dist(fn, process_group=process_group)
+        self._check_states({k: getattr(self, k) for k in self._defaults}, "other")
 
     def _cat_dtypes(self) -> dict[str, torch.dtype]:
         return {}
@@ -135,9 +268,46 @@ class PooledPlotMetric(Metric):
         return self._plot(val, ax)
 
 
+#: pending elements above which :meth:`BinnedMetric.update` bins at once (bounded memory)
+_FLUSH_AT = 1 << 16
+
+
+class _DeferredStat:
+    """A binned statistic whose pending batches are binned before any read or write.
+
+    ``update`` of a :class:`BinnedMetric` keeps the prepared (confidence, outcome, cell)
+    tensors of small batches in a list and bins them together later (one pass over many
+    batches instead of a dozen small kernels per batch); every access to the state through
+    the attribute (``compute``, ``statistics``, ``state_dict``, the DDP sync, ``merge_state``,
+    ``reset``, device moves, a user reading ``metric.count``) bins the pending batches
+    first, so no reader ever sees a partial state.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.key = "_deferred_" + name
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:
+            return self
+        obj._flush()
+        return obj.__dict__[self.key]
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj._flush()  # pending batches belong to the value being replaced
+        obj.__dict__[self.key] = value
+
+
 class BinnedMetric(PooledPlotMetric):
     """Shared state handling: ``(G, K, B)`` binned statistics (+ optional fine histogram,
-    kept samples, bootstrap replicates)."""
+    kept samples, bootstrap replicates).
+
+    The main statistics are binned in deferred batches (see :class:`_DeferredStat`): an
+    ``update`` of a small batch validates it and computes its confidences and outcomes at
+    once (errors name the batch that caused them), and the binning runs when ``2^16``
+    elements are pending or when anything reads the states. Batches whose prepared tensors
+    could alias the caller's memory (the binary reading, classwise probabilities) are
+    binned at once.
+    """
 
     full_state_update = False
     is_differentiable = False
@@ -145,6 +315,27 @@ class BinnedMetric(PooledPlotMetric):
     plot_lower_bound = 0.0
 
     _CONFIG = ("n_bins", "reading", "input", "num_classes", "num_groups")
+    _RULES = StateRules(
+        counts=("count", "group_count", "fine_count"),
+        sums=tuple(p + n for p in ("", "fine_") for n in STAT_NAMES[1:])
+        + ("boot_n", "boot_conf", "boot_acc"),
+        bounded=tuple(
+            (p + a, p + b)
+            for p in ("", "fine_")
+            for a, b in (
+                ("sum_conf", "count"),
+                ("sum_acc", "count"),
+                ("sum_conf2", "sum_conf"),
+                ("sum_conf_acc", "sum_acc"),
+            )
+        ),
+    )
+
+    count = _DeferredStat("count")
+    sum_conf = _DeferredStat("sum_conf")
+    sum_acc = _DeferredStat("sum_acc")
+    sum_conf2 = _DeferredStat("sum_conf2")
+    sum_conf_acc = _DeferredStat("sum_conf_acc")
 
     def __init__(
         self,
@@ -159,6 +350,8 @@ class BinnedMetric(PooledPlotMetric):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.__dict__["_pending"] = []
+        self.__dict__["_pending_n"] = 0
         check_optional_int("ignore_index", ignore_index)
         self.ignore_index = ignore_index
         self.n_bins = check_int("n_bins", n_bins, minimum=1)
@@ -184,6 +377,11 @@ class BinnedMetric(PooledPlotMetric):
         self._K = num_classes if reading in ("top_label", "classwise") else 1
         self._add_stats("", self.n_bins)
         self.add_state("group_count", torch.zeros(self._G, dtype=torch.int64), dist_reduce_fx="sum")
+        # the prepared tensors are fresh (never a view of the caller's preds/target) only for
+        # these readings: defer their binning
+        self._defer = reading in ("confidence", "top_label") or (
+            reading == "classwise" and input == "logits"
+        )
 
     def _add_stats(self, prefix: str, bins: int) -> None:
         shape = (self._G, self._K, bins)
@@ -228,23 +426,57 @@ class BinnedMetric(PooledPlotMetric):
                 "groups: pass num_groups= to the metric's constructor to get "
                 "per-group results (the state size must be fixed up front)"
             )
-        with validation_enabled(self.validate_args):
-            prep = C.prepare_inputs(
-                preds,
-                target,
-                reading=self.reading,
-                input=self.input,
-                num_classes=self.num_classes,
-                groups=groups,
-                num_groups=self.num_groups,
-                ignore_index=self.ignore_index,
-            )
-        self._warn_probs_once(prep.looks_like_probs)
+        kw = dict(
+            reading=self.reading,
+            input=self.input,
+            num_classes=self.num_classes,
+            groups=groups,
+            num_groups=self.num_groups,
+            ignore_index=self.ignore_index,
+        )
+        if self.validate_args == values_checked():  # no switch to flip: skip the context
+            prep = C.prepare_inputs(preds, target, **kw)
+        else:
+            with validation_enabled(self.validate_args):
+                prep = C.prepare_inputs(preds, target, **kw)
+        if prep.looks_like_probs:
+            self._warn_probs_once(True)
         return prep
 
     def _update_binned(self, prep: C.PreparedInputs) -> None:
-        self._add_to("", C.accumulate(prep, self.n_bins))
-        self.group_count.add_(prep.group_counts.to(self.group_count.device))
+        d = self.__dict__
+        if self._defer and prep.conf.numel() <= C.SUM_BLOCK:
+            pending = d["_pending"]
+            if pending and pending[0].conf.device != prep.conf.device:
+                self._flush()
+                pending = d["_pending"]
+            pending.append(prep)
+            d["_pending_n"] += prep.conf.numel()
+            if d["_pending_n"] >= _FLUSH_AT:
+                self._flush()
+        else:  # getattr bins the pending batches first: the order of the sums is kept
+            self._add_to("", C.accumulate(prep, self.n_bins))
+        gc = self.group_count
+        counts = prep.group_counts
+        gc.add_(counts if counts.device == gc.device else counts.to(gc.device))
+
+    def _flush(self) -> None:
+        """Bin the pending batches into the statistics: one pass over all of them, added in
+        batch order (a sequential ``cumsum``), so the states are bit-identical to binning
+        each batch at its ``update``."""
+        d = self.__dict__
+        pending = d.get("_pending")
+        if not pending:
+            return
+        d["_pending"], d["_pending_n"] = [], 0
+        s = C.accumulate_batches(pending, self.n_bins)
+        for name, t in zip(STAT_NAMES, (s.count, s.conf, s.acc, s.conf2, s.conf_acc)):
+            state = d["_deferred_" + name]
+            t = t if t.device == state.device else t.to(state.device)
+            if name == "count":  # integers: any order is exact
+                state.add_(t.sum(0))
+            else:
+                state.copy_(torch.cat([state.unsqueeze(0), t]).cumsum(0)[-1])
 
     def _check_seen(self) -> None:
         if int(self.group_count.sum()) == 0:

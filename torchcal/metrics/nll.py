@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from torchcal.functional import calibration as C
+from torchcal.functional._checks import fixed_sum
 from torchcal.functional._validation import (
     check_bool,
     check_group_ids,
@@ -16,7 +17,7 @@ from torchcal.functional._validation import (
     check_optional_int,
     validation_enabled,
 )
-from torchcal.metrics._base import PooledPlotMetric
+from torchcal.metrics._base import PooledPlotMetric, StateRules
 from torchcal.report import GroupedResult
 
 __all__ = ["NegativeLogLikelihood"]
@@ -53,6 +54,7 @@ class NegativeLogLikelihood(PooledPlotMetric):
     higher_is_better = False
     plot_lower_bound = 0.0
     _CONFIG = ("input", "num_groups", "multilabel")
+    _RULES = StateRules(counts=("count",), nonnegative=("nll_sum",))
 
     def __init__(
         self,
@@ -103,17 +105,19 @@ class NegativeLogLikelihood(PooledPlotMetric):
             if self.input == "logits" and not self.multilabel:
                 self._warn_probs_once(C.logits_look_like_probs(preds), stacklevel=4)
         if self.num_groups is None:
-            self.nll_sum[0] += items.sum(dtype=torch.float64).to(self.nll_sum.device)
-            self.count[0] += items.numel() if keep is None else int(keep.sum())
+            # a fixed-order float64 sum: the last bit does not depend on the thread count
+            self.nll_sum.add_(fixed_sum(items.to(torch.float64)).to(self.nll_sum.device))
+            self.count.add_(items.numel() if keep is None else keep.sum().to(self.count.device))
             return
         g = groups.reshape(-1).to(torch.int64)
-        w = None if keep is None else keep.reshape(-1).to(torch.int64)
-        self.nll_sum.add_(torch.bincount(g, weights=items.reshape(-1), minlength=G))
-        self.count.add_(
-            torch.bincount(g, minlength=G)
-            if w is None
-            else torch.bincount(g, weights=w, minlength=G).to(torch.int64)
-        )
+        flat = items.reshape(-1).to(torch.float64)
+        used = (
+            torch.ones_like(g) if keep is None else keep.reshape(-1).to(torch.int64)
+        )  # a scatter, not bincount (which would read its output size on the host)
+        nll = torch.zeros(G, dtype=torch.float64, device=g.device).index_add_(0, g, flat)
+        n = torch.zeros(G, dtype=torch.int64, device=g.device).index_add_(0, g, used)
+        self.nll_sum.add_(nll.to(self.nll_sum.device))
+        self.count.add_(n.to(self.count.device))
 
     def compute(self) -> Tensor | GroupedResult:
         """Mean NLL (float64), or a GroupedResult (``NaN`` for empty groups)."""

@@ -31,6 +31,7 @@ from torchcal.functional._validation import (
     check_int,
     check_level_grid,
     check_option,
+    check_values,
     validation_enabled,
     values_checked,
 )
@@ -48,7 +49,7 @@ from torchcal.functional.regression import (
     pit_calibration_error_from_counts,
     pit_histogram,
 )
-from torchcal.metrics._base import PooledPlotMetric
+from torchcal.metrics._base import PooledPlotMetric, StateRules
 from torchcal.report import GroupedResult
 
 __all__ = ["PITHistogram", "IntervalCoverage", "QuantileCalibrationError", "RegressionMetric"]
@@ -136,7 +137,8 @@ class RegressionMetric(PooledPlotMetric):
         """int64 ``(G,)``: the number of target values per group in this batch."""
         if ids is None:
             return torch.tensor([n], dtype=torch.int64)
-        return torch.bincount(ids, minlength=self._G)
+        out = torch.zeros(self._G, dtype=torch.int64, device=ids.device)
+        return out.index_add_(0, ids, torch.ones_like(ids))  # bincount would sync a device
 
     def _check_seen(self, n: Tensor) -> None:
         if int(n.sum()) == 0:
@@ -192,6 +194,7 @@ class PITHistogram(RegressionMetric):
 
     higher_is_better = None
     _CONFIG = ("n_bins", "num_groups")
+    _RULES = StateRules(counts=("counts",))
 
     def __init__(
         self,
@@ -287,6 +290,9 @@ class IntervalCoverage(RegressionMetric):
 
     higher_is_better = None
     _CONFIG = ("levels", "forecast", "num_groups")
+    _RULES = StateRules(
+        counts=("hits", "n"), nonnegative=("width_sum", "score_sum"), bounded=(("hits", "n"),)
+    )
 
     def __init__(
         self,
@@ -354,9 +360,12 @@ class IntervalCoverage(RegressionMetric):
                 loc, scale, target, factors, groups=ids, num_groups=self._G
             )
             # a NaN or an infinity in loc or target makes a penalty sum non-finite: name it
-            if values_checked() and not bool(torch.isfinite(penalty).all()):
+
+            def scan() -> None:
                 check_finite("loc", loc)
                 check_finite("target", target)
+
+            check_values(torch.isfinite(penalty).all(), "loc, target: expected finite values", scan)
         alpha = 1.0 - torch.tensor(self.levels, dtype=torch.float64, device=target.device)
         device = self.n.device
         self.width_sum.add_(width.to(device))
@@ -451,6 +460,7 @@ class QuantileCalibrationError(RegressionMetric):
     higher_is_better = False
     plot_lower_bound = 0.0
     _CONFIG = ("levels", "norm", "num_groups")
+    _RULES = StateRules(counts=("below", "n"), bounded=(("below", "n"),))
 
     def __init__(
         self,

@@ -27,6 +27,7 @@ from torchcal.functional.continuous import (
     gaussian_nll,
     interval_score,
 )
+from torchcal.metrics._base import StateRules
 from torchcal.metrics.regression import RegressionMetric
 from torchcal.report import GroupedResult
 
@@ -95,6 +96,7 @@ class CRPS(MeanScore):
     """
 
     _CONFIG = ("family", "estimator", "num_groups")
+    _RULES = StateRules(counts=("count",), sums=("total",))  # the fair estimator can be < 0
 
     def __init__(
         self,
@@ -154,6 +156,7 @@ class GaussianNLL(MeanScore):
     """
 
     _CONFIG = ("num_groups",)
+    _RULES = StateRules(counts=("count",), sums=("total",))
 
     def update(
         self, loc: Tensor, scale: Tensor, target: Tensor, groups: Tensor | None = None
@@ -188,6 +191,7 @@ class IntervalScore(MeanScore):
     """
 
     _CONFIG = ("alpha", "num_groups")
+    _RULES = StateRules(counts=("count",), nonnegative=("total",))
 
     def __init__(
         self,

@@ -153,6 +153,30 @@ class FittedMixin(nn.Module):
             )
 
 
+def working_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a calibrator's forward computes in: float64 for float16/bfloat16 (their
+    range is too narrow for ``z / T`` with ``T < 1``: float16 overflows at 65504, bfloat16
+    at float32's maximum), else the input's."""
+    return torch.float64 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def logits_as(out: Tensor, dtype: torch.dtype, class_dim: int | None) -> Tensor:
+    """Calibrated logits ``out`` (computed in :func:`working_dtype`) rounded to ``dtype``
+    without overflowing: a row (along ``class_dim``) whose maximum does not fit in ``dtype``
+    is shifted so that its maximum is 0 (the softmax is unchanged; entries that then fall
+    below the dtype's range are ``-inf``, probability 0 as before); binary logits
+    (``class_dim=None``) are clamped to the dtype's finite range, where the sigmoid is
+    already saturated (0 or 1 in any float). In range, ``out.to(dtype)`` unchanged."""
+    if out.dtype == dtype:
+        return out
+    fmax = torch.finfo(dtype).max
+    if class_dim is None:
+        return out.clamp(-fmax, fmax).to(dtype)
+    top = out.amax(dim=class_dim, keepdim=True)
+    shift = torch.where(torch.isfinite(top) & (top.abs() > fmax), top, 0.0)
+    return (out - shift).to(dtype)
+
+
 def check_state_finite(state: Mapping[str, Tensor], prefix: str, *names: str) -> None:
     """Loaded float state must be finite (NaN/Inf would make every output NaN/Inf)."""
     for name in names:

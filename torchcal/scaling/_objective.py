@@ -41,6 +41,7 @@ __all__ = [
     "u_derivatives",
     "solve_log_beta",
     "all_reduce_",
+    "check_distributed",
     "distributed_active",
     "validate_labels",
     "validate_logits",
@@ -168,8 +169,23 @@ def distributed_active() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
+def check_distributed(distributed: object) -> bool:
+    """``distributed=True`` needs an initialised ``torch.distributed`` process group: a
+    ``ValueError`` naming the argument instead of torch's message from inside the fit."""
+    if not isinstance(distributed, bool):
+        raise ValueError(f"distributed: expected a bool, got {distributed!r}")
+    if distributed and not distributed_active():
+        raise ValueError(
+            "distributed: True needs an initialised torch.distributed process group "
+            "(torch.distributed.init_process_group), but none is; pass distributed=False "
+            "to fit on this process's data alone"
+        )
+    return distributed
+
+
 def all_reduce_(stats: Tensor) -> Tensor:
     """Sum a small float64 tensor over all ranks in place (on the backend's device)."""
+    check_distributed(True)
     dist = torch.distributed
     device = stats.device
     if dist.get_backend() == "nccl" and device.type != "cuda":

@@ -22,8 +22,10 @@ from torchcal.scaling._base import (
     FittedMixin,
     check_logits_target,
     check_state_finite,
+    logits_as,
     warn_all,
     warn_if_probabilities,
+    working_dtype,
 )
 from torchcal.scaling._objective import Chunk, validate_masked_target
 from torchcal.scaling._solvers import damped_newton, lbfgs, solve_direction
@@ -138,12 +140,15 @@ class _AffineScaler(FittedMixin):
                 f"logits: expected a floating-point tensor of shape (N, {self.num_classes})"
             )
         check_finite("logits", logits, allow_neg_inf=True)
-        w = self.weight.to(device=logits.device, dtype=logits.dtype)
-        b = self.bias.to(device=logits.device, dtype=logits.dtype)
-        mask = torch.isneginf(logits)
+        work = working_dtype(logits)
+        w = self.weight.to(device=logits.device, dtype=work)
+        b = self.bias.to(device=logits.device, dtype=work)
+        z = logits.to(work)
+        mask = torch.isneginf(z)
         if not bool(mask.any()):
-            return self._affine(logits, w, b)
-        return self._masked_affine(logits.masked_fill(mask, 0.0), w, b, mask)
+            return logits_as(self._affine(z, w, b), logits.dtype, 1)
+        out = self._masked_affine(z.masked_fill(mask, 0.0), w, b, mask)
+        return logits_as(out, logits.dtype, 1)
 
     def objective(
         self,

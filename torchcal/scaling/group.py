@@ -24,7 +24,9 @@ from torchcal.scaling._base import (
     as_binary_vector,
     check_logits_target,
     check_state_finite,
+    logits_as,
     warn_all,
+    working_dtype,
 )
 from torchcal.scaling._temperature_solve import degenerate_messages
 from torchcal.scaling.temperature import TemperatureScaler
@@ -114,7 +116,9 @@ class GroupTemperatureScaler(FittedMixin):
         self.shrinkage_weights: Tensor | None = None
         self.between_group_variance: float | None = None
         self.bounds = check_temperature_bounds("bounds", bounds)
-        self.grad_tol, self.step_tol, self.max_iter = float(grad_tol), float(step_tol), max_iter
+        self.grad_tol = check_finite_value("grad_tol", grad_tol)
+        self.step_tol = check_finite_value("step_tol", step_tol)
+        self.max_iter = check_int("max_iter", max_iter, minimum=1)
         self.log_temperature = nn.Parameter(torch.zeros(num_groups, dtype=torch.float64))
         self.register_buffer("log_temperature_global", torch.zeros((), dtype=torch.float64))
         self._init_fitted()
@@ -144,8 +148,10 @@ class GroupTemperatureScaler(FittedMixin):
             raise ValueError("logits: expected a floating-point tensor of shape (N,) or (N, C)")
         check_finite("logits", logits, allow_neg_inf=True)
         groups = self._check_groups(groups, logits.shape[0], logits.device)
-        t = torch.exp(self.log_temperature).to(device=logits.device, dtype=logits.dtype)[groups]
-        return logits / t.reshape(-1, *([1] * (logits.dim() - 1)))
+        work = working_dtype(logits)
+        t = torch.exp(self.log_temperature).to(device=logits.device, dtype=work)[groups]
+        out = logits.to(work) / t.reshape(-1, *([1] * (logits.dim() - 1)))
+        return logits_as(out, logits.dtype, 1 if logits.dim() >= 2 else None)
 
     def fit(self, logits: Tensor, target: Tensor, groups: Tensor) -> FitResult:
         """Fit the global and the per-group temperatures (see the class docstring)."""

@@ -12,6 +12,8 @@ from torch import Tensor, nn
 from torchcal.functional._validation import (
     check_binary_target,
     check_finite,
+    check_finite_value,
+    check_int,
     check_temperature_bounds,
 )
 from torchcal.functional.recalibration import platt_terms
@@ -22,8 +24,10 @@ from torchcal.scaling._base import (
     as_binary_vector,
     check_logits_target,
     check_state_finite,
+    logits_as,
     warn_all,
     warn_if_probabilities,
+    working_dtype,
 )
 from torchcal.scaling._solvers import (
     NewtonResult,
@@ -127,8 +131,8 @@ class PlattScaler(FittedMixin):
     ) -> None:
         super().__init__()
         self.bounds = check_temperature_bounds("bounds", bounds)
-        self.grad_tol = float(grad_tol)
-        self.max_iter = int(max_iter)
+        self.grad_tol = check_finite_value("grad_tol", grad_tol)
+        self.max_iter = check_int("max_iter", max_iter, minimum=1)
         if not isinstance(smooth_targets, bool):
             raise ValueError(f"smooth_targets: expected a bool, got {smooth_targets!r}")
         self.smooth_targets = smooth_targets
@@ -151,9 +155,10 @@ class PlattScaler(FittedMixin):
         if not isinstance(logits, Tensor) or not logits.is_floating_point():
             raise ValueError("logits: expected a floating-point tensor")
         check_finite("logits", logits, allow_neg_inf=True)
-        a = self.weight.to(device=logits.device, dtype=logits.dtype)
-        b = self.bias.to(device=logits.device, dtype=logits.dtype)
-        return logits * a + b
+        work = working_dtype(logits)
+        a = self.weight.to(device=logits.device, dtype=work)
+        b = self.bias.to(device=logits.device, dtype=work)
+        return logits_as(logits.to(work) * a + b, logits.dtype, None)
 
     def fit(self, logits: Tensor, target: Tensor) -> FitResult:
         """Fit ``(a, b)`` on binary logits ``(N,)`` (or ``(N, 1)``) and targets in {0, 1}."""

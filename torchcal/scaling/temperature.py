@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torchcal.functional._validation import (
     check_finite,
     check_finite_value,
+    check_int,
     check_temperature_bounds,
 )
 from torchcal.scaling import _objective as obj
@@ -22,8 +23,10 @@ from torchcal.scaling._base import (
     check_logits_target,
     check_state_finite,
     collect_logits,
+    logits_as,
     warn_all,
     warn_if_probabilities,
+    working_dtype,
 )
 from torchcal.scaling._temperature_solve import (
     degenerate_messages,
@@ -129,9 +132,9 @@ class TemperatureScaler(FittedMixin):
             raise ValueError(f"method: expected None, 'newton' or 'lbfgs', got {method!r}")
         self.bounds = check_temperature_bounds("bounds", bounds)
         self.method = method
-        self.grad_tol = float(grad_tol)
-        self.step_tol = float(step_tol)
-        self.max_iter = int(max_iter)
+        self.grad_tol = check_finite_value("grad_tol", grad_tol)
+        self.step_tol = check_finite_value("step_tol", step_tol)
+        self.max_iter = check_int("max_iter", max_iter, minimum=1)
         self.log_temperature = nn.Parameter(torch.zeros((), dtype=torch.float64))
         self._init_fitted()
 
@@ -159,13 +162,17 @@ class TemperatureScaler(FittedMixin):
         self._mark_fitted()
 
     def forward(self, logits: Tensor) -> Tensor:
-        """``logits / T`` (same shape and dtype; ``-inf`` masks stay ``-inf``)."""
+        """``logits / T`` (same shape and dtype; ``-inf`` masks stay ``-inf``). Half-precision
+        logits are divided in float64 and rounded back without overflow (a row whose maximum
+        would not fit is shifted to maximum 0: the same softmax)."""
         self._check_fitted()
         if not isinstance(logits, Tensor) or not logits.is_floating_point():
             raise ValueError("logits: expected a floating-point tensor")
         check_finite("logits", logits, allow_neg_inf=True)
-        t = torch.exp(self.log_temperature).to(device=logits.device, dtype=logits.dtype)
-        return logits / t
+        work = working_dtype(logits)
+        t = torch.exp(self.log_temperature).to(device=logits.device, dtype=work)
+        out = logits.to(work) / t
+        return logits_as(out, logits.dtype, 1 if logits.dim() >= 2 else None)
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature:.6g}, fitted={self.is_fitted}"
@@ -177,6 +184,7 @@ class TemperatureScaler(FittedMixin):
         ``distributed=True`` treats each rank's tensors as a shard and all-reduces the sums
         (every rank must call it); by default the tensors are the whole set.
         """
+        obj.check_distributed(distributed)
         logits, target, _ = as_binary_vector(logits, target)
         binary = check_logits_target(logits, target)
         warn_if_probabilities(logits)
@@ -301,7 +309,9 @@ class TemperatureScaler(FittedMixin):
             def factory() -> Iterable:
                 return batches  # type: ignore[return-value]
 
-        reduce = obj.distributed_active() if distributed is None else bool(distributed)
+        reduce = (
+            obj.distributed_active() if distributed is None else obj.check_distributed(distributed)
+        )
         kind: dict[str, Any] = {}
 
         def chunks() -> Iterator[obj.Chunk]:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from torchcal.functional._checks import fixed_sum
 from torchcal.functional._forecast import broadcast_or_none, check_location_scale
 from torchcal.functional._validation import (
     check_finite,
@@ -18,6 +19,7 @@ from torchcal.functional._validation import (
     check_positive,
     check_temperature_bounds,
     check_tensor,
+    check_values,
 )
 from torchcal.functional.crps import crps_scale_sums
 from torchcal.scaling._base import FitResult, FittedMixin, check_state_finite, warn_all
@@ -157,7 +159,15 @@ class VarianceScaler(FittedMixin):
                 f"broadcast to it (or loc's to scale's), got {tuple(scale.shape)}"
             )
         s = torch.exp(self.log_scale_factor).to(scale.device)
-        return loc, (scale.to(torch.float64) * s).to(scale.dtype)
+        out = (scale.to(torch.float64) * s).to(scale.dtype)
+        if scale.dtype != torch.float64:  # a narrow dtype can overflow: say so, never inf
+            fmax = torch.finfo(scale.dtype).max
+            check_values(
+                torch.isfinite(out).all(),
+                f"scale: the scaled scale exceeds the largest {scale.dtype} ({fmax:.6g}); "
+                f"pass scales in a wider dtype",
+            )
+        return loc, out
 
     # ------------------------------------------------------------------ fitting
     def fit(self, loc: Tensor, scale: Tensor, target: Tensor) -> FitResult:
@@ -215,7 +225,7 @@ class VarianceScaler(FittedMixin):
 
     def _fit_crps(self, r: Tensor, b: Tensor) -> FitResult:
         n = r.numel()
-        b_sum = float(b.sum())
+        b_sum = float(fixed_sum(b))  # fixed order: the same bits for any thread count
         b_mean = b_sum / n
         count = torch.full((1,), b_sum, dtype=torch.float64)
         lo, hi = (math.log(v) for v in self.bounds)
@@ -233,7 +243,7 @@ class VarianceScaler(FittedMixin):
                 count,
             )
 
-        sd = math.sqrt(float(torch.dot(r, r)) / n) / _UNIT_SD[self.family]
+        sd = math.sqrt(float(fixed_sum(r * r)) / n) / _UNIT_SD[self.family]
         u0 = torch.tensor([min(max(math.log(max(sd, 1e-300)), lo), hi)], dtype=torch.float64)
         res = bracketed_newton(
             evaluate,

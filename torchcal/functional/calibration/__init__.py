@@ -39,7 +39,7 @@ argument (value checks can be switched off with
 * :mod:`.readings`: input checks and readings (:func:`prepare_inputs`,
   :func:`confidence_reading`, :class:`PreparedInputs`, :class:`CalibrationSamples`);
 * :mod:`.binning`: the bin rule and :class:`BinnedStats` (:func:`accumulate`,
-  :func:`binned_statistics`);
+  :func:`accumulate_batches`, :func:`binned_statistics`);
 * :mod:`.intervals`: Wilson and Clopper-Pearson intervals;
 * :mod:`.tables`: reliability tables from statistics;
 * :mod:`.estimators`: equal-width ECE/RMSCE/MCE, debiased L2, Brier decomposition;
@@ -58,8 +58,10 @@ from torchcal.functional.calibration.adaptive import (
     equal_mass_calibration_error_from_stats,
 )
 from torchcal.functional.calibration.binning import (
+    SUM_BLOCK,
     BinnedStats,
     accumulate,
+    accumulate_batches,
     bin_ids,
     bin_index,
     binned_statistics,
@@ -136,6 +138,8 @@ __all__ = [
     "PreparedInputs",
     "READINGS",
     "accumulate",
+    "accumulate_batches",
+    "SUM_BLOCK",
     "as_float64",
     "bin_ids",
     "bin_index",

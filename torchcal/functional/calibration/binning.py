@@ -7,18 +7,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import check_int
+from torchcal.functional._validation import check_int, sync_free
 from torchcal.functional.calibration.readings import PreparedInputs, prepare_checked
 
 __all__ = [
+    "SUM_BLOCK",
     "BinnedStats",
     "accumulate",
+    "accumulate_batches",
     "bin_counts",
     "bin_ids",
     "bin_index",
@@ -128,17 +131,19 @@ _BIN_BLOCK = 1 << 16
 def bin_ids(conf: Tensor, n_bins: int) -> Tensor:
     """The binning rule (the one place it is written): ``min(floor(c * B), B - 1)`` in float64.
 
-    On the CPU, large inputs go through one reused float64 block buffer (a loop over blocks,
-    not over samples): the same operations per value, without full-size float64 temporaries
-    (about 2x faster on 1M float32 values)."""
+    ``c * B`` is truncated by the int64 cast and clamped to ``[0, B - 1]``: truncation is the
+    floor for ``c >= 0``, and the clamp sends anything below 0 (possible only with validation
+    off) to bin 0 either way. On the CPU, large inputs go through one reused float64 block
+    buffer (a loop over blocks, not over samples): the same operations per value, without
+    full-size float64 temporaries (about 2x faster on 1M float32 values)."""
     if conf.device.type != "cpu" or conf.numel() <= _BIN_BLOCK:
-        return (conf.to(torch.float64) * n_bins).floor_().to(torch.int64).clamp_(0, n_bins - 1)
+        return (conf.to(torch.float64) * n_bins).to(torch.int64).clamp_(0, n_bins - 1)
     flat = conf.reshape(-1)
     out = torch.empty(flat.shape, dtype=torch.int64)
     buf = torch.empty(_BIN_BLOCK, dtype=torch.float64)
     for start in range(0, flat.numel(), _BIN_BLOCK):
         x = flat[start : start + _BIN_BLOCK]
-        b = buf[: x.numel()].copy_(x).mul_(n_bins).floor_()
+        b = buf[: x.numel()].copy_(x).mul_(n_bins)
         out[start : start + x.numel()].copy_(b).clamp_(0, n_bins - 1)
     return out.view(conf.shape)
 
@@ -155,6 +160,10 @@ def bin_counts(conf: Tensor, n_bins: int) -> Tensor:
         >>> bin_counts(torch.tensor([0.0, 0.1, 0.5, 0.99, 1.0]), 10).tolist()
         [1, 1, 0, 0, 0, 1, 0, 0, 0, 2]
     """
+    if sync_free(conf):  # bincount would read its output size on the host: a scatter
+        ids = bin_ids(conf, n_bins).reshape(-1)
+        counts = torch.zeros(n_bins, dtype=torch.int64, device=conf.device)
+        return counts.index_add_(0, ids, torch.ones_like(ids))
     if conf.device.type != "cpu" or n_bins > 256:
         return torch.bincount(bin_ids(conf, n_bins).reshape(-1), minlength=n_bins)
     flat = conf.reshape(-1)
@@ -169,8 +178,10 @@ def bin_counts(conf: Tensor, n_bins: int) -> Tensor:
     return counts
 
 
-#: elements per block of the float64 per-bin sums (see :func:`_blocked_bincount`)
-_BLOCK = 1 << 14
+#: elements per block of the float64 per-bin sums (see :func:`_blocked_bincount`); batches
+#: of at most this many elements are binned in one sequential ``bincount`` pass
+SUM_BLOCK = 1 << 14
+_BLOCK = SUM_BLOCK
 
 
 def _blocked_bincount(idx: Tensor, size: int) -> Any:
@@ -200,8 +211,11 @@ def _blocked_bincount(idx: Tensor, size: int) -> Any:
 def accumulate(prep: PreparedInputs, n_bins: int) -> BinnedStats:
     """Bin prepared inputs into :class:`BinnedStats` of shape ``(G, K, n_bins)``.
 
-    One ``torch.bincount`` per statistic over the flat cell index ``lead * B + bin`` (blocked
-    above 16384 elements to bound the float64 rounding error); no loop over bins or samples.
+    On the CPU one ``torch.bincount`` per statistic over the flat cell index ``lead * B +
+    bin`` (blocked above 16384 elements to bound the float64 rounding error); on a device
+    (and under ``torch.compile``) one ``index_add_`` of the five per-element terms
+    (``bincount`` would read its output size on the host: a synchronisation). No loop over
+    bins or samples.
 
     Example:
         >>> import torch
@@ -218,18 +232,97 @@ def accumulate(prep: PreparedInputs, n_bins: int) -> BinnedStats:
         idx.add_(prep.lead, alpha=n_bins)
     G, K = prep.num_groups, prep.num_slots
     size = G * K * n_bins
-    o = prep.outcome.to(torch.float64)
     shape = (G, K, n_bins)
-    count = torch.bincount(idx, minlength=size)
-    wsum = _blocked_bincount(idx, size)
-    s_c = wsum(c)
-    s_o = wsum(o)
-    s_cc = wsum(c * c)
-    s_co = wsum(c * o)
-    if count.numel() != size:  # only with validation off and out-of-range groups
-        raise ValueError(f"groups: expected group ids in [0, {G - 1}]")
+    o = prep.outcome.to(torch.float64)
+    if sync_free(c):  # one scatter (bincount would read its output size on the host)
+        w = torch.stack([torch.ones_like(c), c, o, c * c, c * o], dim=1)
+        sums = torch.zeros(size, 5, dtype=torch.float64, device=c.device).index_add_(0, idx, w)
+        count = sums[:, 0].to(torch.int64)  # exact: integers below 2^53
+        s_c, s_o, s_cc, s_co = sums[:, 1:].unbind(1)
+    else:
+        count = torch.bincount(idx, minlength=size)
+        if count.numel() != size:  # only with validation off and out-of-range groups
+            raise ValueError(f"groups: expected group ids in [0, {G - 1}]")
+        wsum = _blocked_bincount(idx, size)
+        s_c = wsum(c)
+        s_o = wsum(o)
+        s_cc = wsum(c * c)
+        s_co = wsum(c * o)
     return BinnedStats(
-        count.view(shape), s_c.view(shape), s_o.view(shape), s_cc.view(shape), s_co.view(shape)
+        count.view(shape),
+        s_c.reshape(shape),
+        s_o.reshape(shape),
+        s_cc.reshape(shape),
+        s_co.reshape(shape),
+    )
+
+
+def accumulate_batches(preps: Sequence[PreparedInputs], n_bins: int) -> BinnedStats:
+    """:func:`accumulate` of several batches in one pass: statistics ``(nb, G, K, n_bins)``
+    whose slice ``i`` equals ``accumulate(preps[i], n_bins)`` bit for bit when every batch
+    holds at most :data:`SUM_BLOCK` elements (each (batch, cell) is its own ``bincount``
+    cell, filled in element order, as the batch alone would fill it). The batches share
+    ``num_groups`` and ``num_slots``; a streaming metric adds the slices to its states in
+    batch order (a sequential ``cumsum``), which is the eager per-batch sum exactly.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional.calibration import prepare_inputs
+        >>> a = prepare_inputs(torch.tensor([0.1, 0.6]), torch.tensor([0, 1]),
+        ...                    reading="binary", input="probs")
+        >>> b = prepare_inputs(torch.tensor([0.7]), torch.tensor([0]),
+        ...                    reading="binary", input="probs")
+        >>> accumulate_batches([a, b], 2).count.tolist()
+        [[[[1, 1]]], [[[0, 1]]]]
+    """
+    first = preps[0]
+    G, K, nb = first.num_groups, first.num_slots, len(preps)
+    size = G * K * n_bins
+    c = torch.cat([p.conf for p in preps]).to(torch.float64)
+    device = c.device
+    idx = bin_ids(c, n_bins)
+    leads = [p.lead for p in preps]
+    if any(v is not None for v in leads):
+        lead = torch.cat(
+            [
+                torch.zeros(p.conf.numel(), dtype=torch.int64, device=device) if v is None else v
+                for p, v in zip(preps, leads)
+            ]
+        )
+        idx.add_(lead, alpha=n_bins)
+    if sync_free(c):  # offsets without a host-to-device copy
+        offsets = torch.cat(
+            [
+                torch.full((p.conf.numel(),), i * size, dtype=torch.int64, device=device)
+                for i, p in enumerate(preps)
+            ]
+        )
+    else:
+        sizes = torch.tensor([p.conf.numel() for p in preps])
+        offsets = torch.repeat_interleave(torch.arange(nb) * size, sizes)
+    idx.add_(offsets)
+    o = torch.cat([p.outcome for p in preps]).to(torch.float64)
+    shape = (nb, G, K, n_bins)
+    if sync_free(c):
+        w = torch.stack([torch.ones_like(c), c, o, c * c, c * o], dim=1)
+        sums = torch.zeros(nb * size, 5, dtype=torch.float64, device=device).index_add_(0, idx, w)
+        count = sums[:, 0].to(torch.int64)
+        s_c, s_o, s_cc, s_co = sums[:, 1:].unbind(1)
+    else:
+        total = nb * size
+        count = torch.bincount(idx, minlength=total)
+        if count.numel() != total:  # only with validation off and out-of-range groups
+            raise ValueError(f"groups: expected group ids in [0, {G - 1}]")
+        s_c = torch.bincount(idx, weights=c, minlength=total)
+        s_o = torch.bincount(idx, weights=o, minlength=total)
+        s_cc = torch.bincount(idx, weights=c * c, minlength=total)
+        s_co = torch.bincount(idx, weights=c * o, minlength=total)
+    return BinnedStats(
+        count.view(shape),
+        s_c.reshape(shape),
+        s_o.reshape(shape),
+        s_cc.reshape(shape),
+        s_co.reshape(shape),
     )
 
 

@@ -26,7 +26,9 @@ from torchcal.functional._validation import (
     check_probabilities,
     check_probability_rows,
     check_tensor,
+    check_values,
     first_bad_position,
+    sync_free,
     values_checked,
 )
 from torchcal.functional.calibration.readings import (
@@ -102,7 +104,13 @@ def logits_look_like_probs(preds: Tensor) -> bool:
     """Whether multiclass logits ``(N, C, *)`` (``C >= 2``) are all in [0, 1] with every
     row (dim 1) summing to 1 within ``max(1e-4, C * eps)``: probabilities passed as logits.
     The guards of :func:`~.readings.rows_look_like_probs` (validation on, a class axis)."""
-    if not values_checked() or preds.dim() < 2 or preds.shape[1] < 2 or preds.numel() == 0:
+    if (
+        not values_checked()
+        or preds.dim() < 2
+        or preds.shape[1] < 2
+        or preds.numel() == 0
+        or sync_free(preds)  # a host decision: not on the device path
+    ):
         return False
     return rows_look_like_probs(preds)
 
@@ -110,13 +118,17 @@ def logits_look_like_probs(preds: Tensor) -> bool:
 def _check_rows_finite(items: Tensor, preds: Tensor) -> None:
     """An item is NaN exactly when its row of logits is entirely ``-inf`` (NaN/``+inf`` were
     rejected before): name it."""
-    if values_checked():
-        bad = torch.isnan(items)
-        if bool(bad.any()):
-            raise ValueError(
-                f"preds: expected at least one finite score per row, row "
-                f"{first_bad_position(bad)} is entirely -inf"
-            )
+    if not values_checked():
+        return
+
+    def scan() -> None:
+        raise ValueError(
+            f"preds: expected at least one finite score per row, row "
+            f"{first_bad_position(torch.isnan(items))} is entirely -inf"
+        )
+
+    s = items.detach().sum()  # NaN iff an item is NaN (the items are >= 0 or +inf)
+    check_values(~torch.isnan(s), "preds: expected at least one finite score per row", scan)
 
 
 def _nll_soft(preds: Tensor, target: Tensor, input: str) -> Tensor:

@@ -29,8 +29,10 @@ from torchcal.functional._validation import (
     check_probabilities,
     check_probabilities_fast,
     check_tensor,
+    check_values,
     first_bad_position,
     probability_sum_tolerance,
+    sync_free,
     values_checked,
 )
 
@@ -109,21 +111,17 @@ class CalibrationSamples:
 
 
 def _check_logits_via(name: str, x: Tensor, derived: Tensor) -> None:
-    """Logit rows of ``x`` (``(M, C)``) must be finite except for ``-inf`` masks.
+    """Slow path after a failed fused logit check: name the culprit of rows ``x`` ``(M, C)``.
 
-    Checked in O(M) on a per-row result ``derived`` that is NaN exactly when the row holds a
-    NaN or ``+inf`` or is entirely ``-inf`` (max-softmax confidence, or the softmax's first
-    column); the O(M C) scan runs only to name the position of a bad value.
+    ``derived`` is a per-row result that is NaN exactly when the row holds a NaN or ``+inf``
+    or is entirely ``-inf`` (the softmax denominator of :func:`_logit_rows`); the O(M C) scan runs
+    only here, to name the position of a bad value.
     """
-    if not values_checked():
-        return
-    bad = torch.isnan(derived)
-    if bool(bad.any()):
-        check_finite(name, x, allow_neg_inf=True)
-        row = first_bad_position(bad)
-        raise ValueError(
-            f"{name}: expected at least one finite score per row, row {row} is entirely -inf"
-        )
+    check_finite(name, x, allow_neg_inf=True)
+    row = first_bad_position(torch.isnan(derived))
+    raise ValueError(
+        f"{name}: expected at least one finite score per row, row {row} is entirely -inf"
+    )
 
 
 def _raise_bad_prob_rows(x: Tensor, total: Tensor, tol: float) -> None:
@@ -151,61 +149,82 @@ def rows_look_like_probs(x: Tensor) -> bool:
     return bool(((x.sum(dim=1, dtype=torch.float64) - 1).abs() <= tol).all())
 
 
-def _logit_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor, bool]:
+#: the device-side message of a failed logit check (CUDA, ``torch.compile``)
+_BAD_LOGIT_ROW = "preds: expected logits without NaN or +inf and at least one finite score per row"
+
+
+def _logit_rows(x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, bool]:
     """The fused confidence pass over logits ``(M, C)``, ``M >= 1``.
 
-    Returns ``top`` (row maxima ``(M, 1)``), ``e = exp(x - top)`` and ``s = sum_j e_j``
-    (float32 for float16/bfloat16/float32 logits, float64 for float64), and whether every
-    row lies in [0, 1] and sums to 1 (probabilities passed as logits). Every step is exact
-    (max, subtraction's correct rounding) or row-wise (``exp`` of a value, the row's sum),
-    so a row's confidence ``1 / s`` does not depend on where the row sits in a batch:
-    streaming equals one call bit for bit (tested; unlike float32 ``sigmoid``, which rounds
-    by position and is therefore run in float64 for binary logits). Validation costs O(M)
-    and one host sync: ``s`` is NaN exactly for a row with a NaN or ``+inf`` or only
-    ``-inf`` entries, and probabilities force ``max <= 1`` and ``s >= C / e``; the O(M C)
-    scans run only to name a culprit or to confirm the probability pattern.
+    Returns the row maxima ``top`` ``(M, 1)`` and the first arg-max ``arg`` ``(M,)`` (one
+    ``torch.max``), ``e = exp(x - top)`` and ``s = sum_j e_j`` (float32 for
+    float16/bfloat16/float32 logits, float64 for float64), and whether every row lies in
+    [0, 1] and sums to 1 (probabilities passed as logits). Every step is exact (max,
+    subtraction's correct rounding) or row-wise (``exp`` of a value, the row's sum), so a
+    row's confidence ``1 / s`` does not depend on where the row sits in a batch: streaming
+    equals one call bit for bit (tested; unlike float32 ``sigmoid``, which rounds by
+    position and is therefore run in float64 for binary logits).
+
+    Validation costs one O(M) reduction: ``s`` is NaN exactly for a row with a NaN or
+    ``+inf`` or only ``-inf`` entries, so ``min(s)`` (which propagates NaN) decides. On the
+    CPU it is read once (a NaN names the culprit by an O(M C) scan; probabilities force
+    ``s >= C / e``, and only then are the rows tested for the probability pattern); on a
+    device or under ``torch.compile`` it is a device-side assertion and the
+    probabilities-as-logits test is skipped (no host round trip).
     """
     work = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    top = work.amax(dim=1, keepdim=True)
+    top, arg = work.max(dim=1, keepdim=True)
     e = (work - top).exp_()
     s = e.sum(dim=1)
     looks = False
-    if values_checked():  # one host sync: min propagates NaN
-        s_min, t_max = torch.stack([s.min(), top.max()]).tolist()
-        if math.isnan(s_min):
-            _check_logits_via("preds", x, s)
-        looks = t_max <= 1 and s_min >= 0.36 * x.shape[1] and rows_look_like_probs(x)
-    return top, e, s, looks
+    if values_checked():
+        s_min = s.min()  # NaN propagates
+        if sync_free(x):
+            check_values(s_min == s_min, _BAD_LOGIT_ROW)
+        else:  # one host read
+            v = float(s_min)
+            if math.isnan(v):
+                _check_logits_via("preds", x, s)
+            looks = v >= 0.36 * x.shape[1] and rows_look_like_probs(x)
+    return top, arg.squeeze(1), e, s, looks
 
 
-def _first_max_hit(x: Tensor, t: Tensor, top: Tensor, maybe_tie: Tensor) -> Tensor:
-    """Whether ``argmax(x_i) == t_i`` (first maximum wins, as ``torch.max``) from the row
-    maxima, without the slow indexed reduction on most rows: ``t`` is right iff it attains
-    the maximum and no earlier class does; ``torch.max`` re-checks only the rows that hit
-    the maximum and where ``maybe_tie`` (a superset of the rows with two maxima) is set."""
-    hit = (x.gather(1, t.unsqueeze(1)) == top).squeeze(1)
-    rows = (hit & maybe_tie).nonzero().squeeze(1)  # the one host sync
-    if rows.numel():
-        hit[rows] = x[rows].max(dim=1).indices == t[rows]
-    return hit
+_TOLERANCES: dict[tuple[torch.dtype, int], float] = {}
+
+
+def _sum_tolerance(dtype: torch.dtype, num_classes: int) -> float:
+    """:func:`~torchcal.functional._validation.probability_sum_tolerance`, memoised (the
+    per-batch ``torch.finfo`` is a visible share of a small batch's update)."""
+    key = (dtype, num_classes)
+    tol = _TOLERANCES.get(key)
+    if tol is None:
+        tol = _TOLERANCES[key] = probability_sum_tolerance(dtype, num_classes)
+    return tol
 
 
 def _prob_rows(x: Tensor) -> tuple[Tensor, Tensor]:
-    """The fused confidence pass over probabilities ``(M, C)``: row maxima ``(M, 1)`` and
-    the superset of rows that may hold two maxima; validated (values in [0, 1], rows sum to 1
-    within :func:`~torchcal.functional._validation.probability_sum_tolerance`) from one
-    ``amin``, the row maxima and the row sums."""
-    top = x.amax(dim=1, keepdim=True)
+    """The fused confidence pass over probabilities ``(M, C)``: row maxima ``(M,)`` and the
+    first arg-max of each row ``(M,)`` (``torch.max``, whose gradient goes to the first
+    maximum); validated (values in [0, 1], rows sum to 1 within
+    :func:`~torchcal.functional._validation.probability_sum_tolerance`) from one ``aminmax``
+    of the values and one of the row sums: one host read on the CPU, a device-side assertion
+    on a device or under ``torch.compile``."""
+    top, arg = x.max(dim=1)
     if not values_checked():
-        return top, torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
-    tol = probability_sum_tolerance(x.dtype, x.shape[1])
-    total = x.sum(dim=1)
+        return top, arg
+    tol = _sum_tolerance(x.dtype, x.shape[1])
+    xd = x.detach() if x.requires_grad else x
+    total = xd.sum(dim=1)
+    lo, hi = torch.aminmax(xd)
     s_lo, s_hi = torch.aminmax(total)
-    lo, hi, s_lo, s_hi = torch.stack([x.amin(), top.max(), s_lo, s_hi]).tolist()
+    if sync_free(x):
+        ok = (lo >= 0) & (hi <= 1) & (s_lo >= 1 - tol) & (s_hi <= 1 + tol)
+        check_values(ok, "preds: expected probabilities in [0, 1] whose rows sum to 1")
+        return top, arg
+    lo, hi, s_lo, s_hi = torch.stack([lo, hi, s_lo, s_hi]).tolist()
     if not (lo >= 0 and hi <= 1 and s_lo >= 1 - tol and s_hi <= 1 + tol):  # NaN fails all
-        _raise_bad_prob_rows(x, total, tol)
-    # two maxima force 2 * max <= sum <= 1 + tol
-    return top, top.squeeze(1) <= (1 + 2 * tol) / 2
+        _raise_bad_prob_rows(xd, total, tol)
+    return top, arg
 
 
 def confidence_reading(
@@ -215,11 +234,12 @@ def confidence_reading(
 
     ``conf`` is the largest class probability (max softmax for ``input="logits"``, computed
     by the fused row pass as ``1 / sum_j exp(z_j - max z)``, float32 for half/float32
-    logits; the row maximum for ``input="probs"``), ``correct`` whether the arg-max (first
-    maximum, as ``torch.max``) equals ``target`` (``None`` without a target). Differentiable
-    in ``preds``; for probabilities that require grad the maximum is ``torch.max``'s, so
+    logits; the row maximum for ``input="probs"``), ``correct`` whether the arg-max of ``preds`` (first maximum, as
+    ``torch.max``) equals ``target`` (``None`` without a target). Differentiable
+    in ``preds``; for probabilities the maximum is ``torch.max``'s, so
     ``confidence_reading(softmax(z), t, input="probs")`` equals ``softmax(z).max(1)`` bit
-    for bit, gradients included. Value checks as :func:`prepare_inputs` (one host sync).
+    for bit, gradients included. Value checks as :func:`prepare_inputs` (no host sync on a
+    device).
 
     Example:
         >>> import torch
@@ -229,25 +249,22 @@ def confidence_reading(
         ([0.8808, 0.7311], [True, False])
     """
     check_option("input", input, INPUTS)
-    conf, correct, _ = _confidence_rows(preds, target, input)
+    conf, correct, _, _ = _confidence_rows(preds, target, input)
     return conf, correct
 
 
-def _confidence_rows(x: Tensor, t: Tensor | None, input: str) -> tuple[Tensor, Tensor | None, bool]:
-    """:func:`confidence_reading` of rows ``x`` ``(M, C)``, ``M >= 1``, and whether logits
-    look like probabilities (the one implementation of the reading)."""
+def _confidence_rows(
+    x: Tensor, t: Tensor | None, input: str
+) -> tuple[Tensor, Tensor | None, Tensor, bool]:
+    """:func:`confidence_reading` of rows ``x`` ``(M, C)``, ``M >= 1``: ``(conf, correct,
+    arg-max (M,), looks like probabilities)`` (the one implementation of the reading)."""
     looks = False
     if input == "logits":
-        top, _, s, looks = _logit_rows(x)
-        conf, maybe_tie = s.reciprocal(), s >= 2  # two maxima contribute exactly 1 each
+        _, arg, _, s, looks = _logit_rows(x)
+        conf = s.reciprocal()
     else:
-        top, maybe_tie = _prob_rows(x)
-        if x.requires_grad:  # torch.max's gradient (to the first maximum), same values
-            top = x.max(dim=1, keepdim=True).values
-        conf = top.squeeze(1)
-    if t is None:
-        return conf, None, looks
-    return conf, _first_max_hit(x.detach(), t, top.detach(), maybe_tie), looks
+        conf, arg = _prob_rows(x)
+    return conf, (None if t is None else arg == t), arg, looks
 
 
 def prepare_inputs(
@@ -286,6 +303,29 @@ def prepare_inputs(
         >>> [round(c, 4) for c in p.conf.tolist()], p.outcome.tolist()
         ([0.8808, 0.7311], [True, False])
     """
+    if (  # the validation loop's case, with the same checks in fewer Python calls
+        groups is None
+        and num_groups is None
+        and ignore_index is None
+        and (reading == "confidence" or reading == "top_label")
+        and (input == "logits" or input == "probs")
+        and isinstance(preds, Tensor)
+        and isinstance(target, Tensor)
+        and preds.is_floating_point()
+        and len(shape := preds.shape) == 2
+        and target.shape == shape[:1]
+        and shape[0] > 0
+        and shape[1] >= 2
+        and (num_classes is None or num_classes == shape[1])
+    ):
+        _check_labels(target, shape[1], None)
+        conf, outcome, arg, looks = _confidence_rows(preds, target, input)
+        top = reading == "top_label"
+        C = shape[1]
+        counts = torch.full((1,), shape[0], dtype=torch.int64, device=target.device)
+        return PreparedInputs(
+            conf, outcome, arg if top else None, 1, C if top else 1, counts, 1, looks
+        )
     check_option("reading", reading, READINGS)
     check_option("input", input, INPUTS)
     check_optional_int("ignore_index", ignore_index)
@@ -303,7 +343,7 @@ def prepare_inputs(
         slot, K, looks = None, 1, False
     else:
         C = _check_class_shapes(preds, target, reading, num_classes)
-        check_class_target_fast(target, C, ignore_index)
+        _check_labels(target, C, ignore_index)
         x = preds.movedim(1, -1).reshape(-1, C) if preds.dim() > 2 else preds
         x, t, g = _drop_ignored(x, target.reshape(-1), g, ignore_index)
         conf, outcome, slot, looks = _class_elements(x, t, reading, input)
@@ -312,6 +352,26 @@ def prepare_inputs(
     return PreparedInputs(
         conf, outcome, lead, G, K, group_counts, K if reading == "classwise" else 1, looks
     )
+
+
+_LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _check_labels(target: Tensor, num_classes: int, ignore_index: int | None) -> None:
+    """``check_class_target`` of ``target`` with the CPU's common case in one ``aminmax`` and
+    one host read (no ``ignore_index``, integer labels in range); every other case, and every
+    failure, goes to ``check_class_target`` (its messages, its device-side assertion)."""
+    if (
+        ignore_index is None
+        and target.dtype in _LABEL_DTYPES
+        and target.numel()
+        and values_checked()
+        and not sync_free(target)
+    ):
+        lo, hi = torch.aminmax(target)
+        if lo.item() >= 0 and hi.item() < num_classes:
+            return
+    check_class_target_fast(target, num_classes, ignore_index)
 
 
 def _drop_ignored(
@@ -391,13 +451,13 @@ def _class_elements(
         return (
             torch.zeros(0, dtype=torch.float64, device=x.device),
             torch.zeros(0, dtype=torch.bool, device=x.device),
-            torch.zeros(0, dtype=torch.int64, device=x.device),
+            None if reading == "confidence" else torch.zeros(0, dtype=torch.int64, device=x.device),
             False,
         )
     if reading == "classwise":
         looks = False
         if input == "logits":  # every class's probability is binned: float64 link
-            _, e, s, looks = _logit_rows(x.to(torch.float64))
+            _, _, e, s, looks = _logit_rows(x.to(torch.float64))
             probs = e.div_(s.unsqueeze(1))
         else:
             _prob_rows(x)
@@ -409,12 +469,8 @@ def _class_elements(
             torch.arange(C, device=t.device).repeat(t.shape[0]),
             looks,
         )
-    if reading == "top_label":
-        conf, _, looks = _confidence_rows(x, None, input)
-        slot = x.max(dim=1).indices
-        return conf, slot == t, slot, looks
-    conf, outcome, looks = _confidence_rows(x, t, input)
-    return conf, outcome, None, looks
+    conf, outcome, slot, looks = _confidence_rows(x, t, input)
+    return conf, outcome, slot if reading == "top_label" else None, looks
 
 
 def _cells(
@@ -428,7 +484,12 @@ def _cells(
 ) -> tuple[Tensor | None, Tensor]:
     """Flat (group, slot) cell of each element and the samples per group."""
     if g is not None:
-        group_counts = torch.bincount(g.clamp(0, G - 1), minlength=G)
+        gc = g.clamp(0, G - 1)
+        if sync_free(gc):  # bincount would read its output size on the host
+            group_counts = torch.zeros(G, dtype=torch.int64, device=gc.device)
+            group_counts.index_add_(0, gc, torch.ones_like(gc))
+        else:
+            group_counts = torch.bincount(gc, minlength=G)
         if reading == "classwise":
             g = g.repeat_interleave(K)
         return (g * K if slot is None else g * K + slot), group_counts
