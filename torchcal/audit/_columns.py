@@ -101,7 +101,7 @@ class ReadLog:
     """What a reader kept and left out, filled while it reads (final once it is exhausted):
     ``kept`` rows delivered, ``excluded`` rows left out by reason (a stated confidence that is
     neither a number nor a percent), ``blank_lines`` skipped in a CSV (not rows),
-    ``percents`` per column: values read as percents.
+    ``percent`` per column: how many values were read as percents.
 
     Example:
         >>> log = ReadLog()
@@ -114,7 +114,7 @@ class ReadLog:
     kept: int = 0
     excluded: dict[str, Excluded] = field(default_factory=dict)
     blank_lines: int = 0
-    percents: dict[str, int] = field(default_factory=dict)
+    percent: dict[str, int] = field(default_factory=dict)
 
     def exclude(self, column: str, reason: str, where: str, text: str, count: int = 1) -> None:
         key = f"{column}: {reason}"
@@ -138,7 +138,7 @@ class ReadLog:
             "kept": self.kept,
             "excluded": [vars(e).copy() for e in self.excluded.values()],
             "blank_lines": self.blank_lines,
-            "percents": dict(self.percents),
+            "percent": dict(self.percent),
         }
 
 

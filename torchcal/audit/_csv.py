@@ -354,7 +354,7 @@ def slow_rows(
                     log.exclude(names[j], "not a number nor a percent", f"line {line}", row[j])
                     break
                 if kind == STATED and "%" in row[j]:
-                    log.percents[names[j]] = log.percents.get(names[j], 0) + 1
+                    log.percent[names[j]] = log.percent.get(names[j], 0) + 1
                 vals.append(v)
             else:
                 values.append(vals)
