@@ -46,7 +46,7 @@ CASES = [
     ("no-file", lambda d: d / "nope.csv", [], r"nope\.csv: no such file"),
     ("cost-half", _csv(HEAD + GOOD), ["--cost-error", "5"], r"--cost-error: needs --cost-esc"),
     ("cost-half2", _csv(HEAD + GOOD), ["--cost-escalation", "1"], r"--cost-escalation: needs"),
-    ("bad-option", _csv(HEAD + GOOD), ["--bins", "x"], r"argument --bins: invalid int value"),
+    ("bad-option", _csv(HEAD + GOOD), ["--bins", "x"], r"--bins: invalid value"),
     ("no-probs", _csv(HEAD + GOOD), ["!", "--label", "y"], r"one of the arguments --probs"),
     ("bad-npz", lambda d: _write(d / "x.npz", b"not a zip"), [], r"x\.npz: cannot be read"),
     ("bad-pt", lambda d: _write(d / "x.pt", b"junk"), [], r"x\.pt: cannot be read as a \.pt"),
