@@ -215,7 +215,11 @@ def test_same_report_with_either_engine(tmp_path, monkeypatch, small_blocks):
         monkeypatch.setattr(tio, "CSV_ENGINE", engine)
         out = tmp_path / engine
         args = ["audit", str(path), "--probs", "p", "--label", "y", "--group", "domain"]
-        assert cli.main([*args, "--threshold", "0.8", "--out", str(out), "--no-progress"]) in (0, 1)
+        assert cli.main([*args, "--threshold", "0.8", "--out", str(out), "--no-progress"]) in (
+            0,
+            1,
+            3,
+        )
         reports[engine] = json.loads((out / "report.json").read_text())
     a, b = reports["pyarrow"], reports["numpy"]
     assert a["verdict"] == b["verdict"] and list(a["groups"]) == list(b["groups"])

@@ -16,7 +16,7 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
-from torchcal.audit import _arrow
+from torchcal.audit import _arrow, _csv
 from torchcal.audit._columns import parse_number, parse_value
 from torchcal.audit.io import ReadLog, read_columns
 
@@ -42,6 +42,8 @@ def make_file(seed, rows=120, *, quotes=True, extras=True, sparse=False):
     eol = ["\n", "\r\n", "\r"][seed % 3]
     order = list(rng.permutation(["id", "domain", "p", "y"]))
     order.insert(4 if seed % 2 else int(rng.integers(5)), "text")
+    if seed % 4 == 2:  # the group name last: before the line end (\r\n when seed % 3 == 1)
+        order.append(order.pop(order.index("domain")))
     # quoted text whose lines look like rows (the issue's printf example when text is last)
     fake = [
         ",".join({"id": "9", "domain": "m", "p": v, "y": "0", "text": "z"}[c] for c in order)
@@ -150,8 +152,27 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(_arrow, "BLOCK", 2048)
 
 
+@pytest.fixture(params=["fast", "slow"])
+def paths(request, monkeypatch):
+    """ "fast": the vectorised block readers where they apply (and count how often they do);
+    "slow": every block through the csv module."""
+    used = {"plain": 0, "quoted": 0}
+    for name in ("split_fields", "quoted_fields"):
+        real = getattr(_csv, name)
+
+        def wrapped(*a, _real=real, _name=name, **k):
+            if request.param == "slow":
+                return None
+            got = _real(*a, **k)
+            used["plain" if _name == "split_fields" else "quoted"] += got is not None
+            return got
+
+        monkeypatch.setattr(_csv, name, wrapped)
+    return request.param, used
+
+
 @pytest.mark.parametrize("mode", ["quoted", "sparse-quotes", "quote-free"])
-def test_every_reader_gives_the_generated_rows(tmp_path, small_blocks, mode):
+def test_every_reader_gives_the_generated_rows(tmp_path, small_blocks, paths, mode):
     for seed in range(12):
         kw = {"quotes": mode != "quote-free", "sparse": mode == "sparse-quotes"}
         kw["extras"] = not kw["sparse"]
@@ -168,11 +189,13 @@ def test_every_reader_gives_the_generated_rows(tmp_path, small_blocks, mode):
             if excluded:
                 (e,) = log.excluded.values()
                 assert e.where == f"line {excluded[0]}" and e.text == "high"
+    kind, used = paths
+    if kind == "fast":  # the vectorised readers did read blocks of these files
+        assert used["quoted" if mode != "quote-free" else "plain"] > 0, used
 
 
 def test_quote_free_plain_files_stay_on_the_fast_path(tmp_path, small_blocks, monkeypatch):
     """Files without quotes, percents, booleans or blank lines: pyarrow reads them alone."""
-    from torchcal.audit import _csv
 
     def fail(*a, **k):
         raise AssertionError("the numpy path was used")
@@ -212,7 +235,20 @@ DEFECTS = [
         r"^domain: group name .* holds a NUL .* at line {L}$",
     ),
     ("empty-group", "domain=", r"^domain: empty group name at line {L}$"),
-    ("unclosed-quote", 'text="open', r"^line {L}: .*quote"),
+    (
+        "unclosed-quote",
+        'text="open',
+        r"^line \d+: (text after a closing quote \(in the field quoted "
+        r"on line {L}\)|a quote that is never closed): quote a field",
+    ),
+    (
+        "stray-quote",
+        'text=5"x',
+        r"^line {L}: a quote inside an unquoted field: quote a field that "
+        r'holds a quote and double the quotes inside \("5"" screen"\)$',
+    ),
+    ("text-after-quote", 'text="a"b', r"^line {L}: text after a closing quote: quote a field"),
+    ("space-before-quote", 'text= "a"', r"^line {L}: a quote inside an unquoted field"),
 ]
 
 

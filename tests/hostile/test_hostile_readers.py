@@ -114,6 +114,17 @@ def test_bom_quoted_commas_blank_lines(tmp_path, engine):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_stray_quote_is_reported_where_it_is_not_at_the_end(tmp_path, engine):
+    """A quote inside an unquoted field (``5"``) is rejected (the csv module would read it as
+    text, and no block reader can know where such a record ends): at its line, at once, not
+    after holding the rest of the file as one record."""
+    path = tmp_path / "q.csv"
+    path.write_text('p,y,t\n0.5,1,a\n0.5,1,5"x\n' + "0.25,0,b\n" * 100_000)
+    with pytest.raises(ValueError, match=r"^line 3: a quote inside an unquoted field: quote a"):
+        _cols(path, engine, chunk_rows=1000)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_nul_bytes(tmp_path, engine):
     """NUL in a text column is text; group names differing only in trailing NULs were merged
     by the numpy reader (numpy's bytes ignore trailing NULs): now rejected, with the line."""

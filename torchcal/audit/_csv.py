@@ -52,6 +52,8 @@ __all__ = [
     "group_keys",
     "loadtxt_columns",
     "read_csv",
+    "quote_problem",
+    "quoted_fields",
     "read_header",
     "slow_rows",
     "split_fields",
@@ -114,7 +116,7 @@ def blocks(f: io.BufferedReader, block_bytes: int, line: int = 1) -> Iterator[Bl
         >>> [b.body for b in blocks(io.BytesIO(b'1,"x\\ny"\\n2,z\\n'), 4)]
         [b'1,"x\\ny"\\n', b'2,z\\n']
     """
-    carry = b""
+    carry, check = b"", 2 * block_bytes
     while True:
         data = f.read(block_bytes)
         eof = not data
@@ -124,6 +126,11 @@ def blocks(f: io.BufferedReader, block_bytes: int, line: int = 1) -> Iterator[Bl
         if eof and not buf.endswith((b"\n", b"\r")):
             buf += b"\n"
         cut = len(buf) if eof else _cut(buf, eof)
+        if cut == 0 and len(buf) >= check:  # a stray quote makes the rest look like one
+            check *= 2  # record: hand it over as it is, the reader reports the quote
+            problem = quote_problem(buf)
+            if problem is not None and problem[1] != "a quote that is never closed":
+                cut = len(buf)
         if cut == 0:
             if len(buf) > MAX_RECORD:
                 raise ValueError(
@@ -133,6 +140,7 @@ def blocks(f: io.BufferedReader, block_bytes: int, line: int = 1) -> Iterator[Bl
             carry = buf
             continue
         head, carry = buf[:cut], buf[cut:]
+        check = 2 * block_bytes
         quoted = b'"' in head
         if quoted:
             n = _breaks(head)
@@ -184,12 +192,22 @@ class _field_limit:
 
 
 class Fields:
-    """Separator positions of a plain block: ``start(j)`` / ``end(j)`` of field ``j`` per row."""
+    """Separator positions of a block: ``start(j)`` / ``end(j)`` of field ``j`` per row (a
+    quoted field's span holds its quotes; ``crlf``: a last field's end is before a ``\\r``);
+    ``lines``: each row's start line, when the block has multi-line records (else None)."""
 
-    def __init__(self, buf: np.ndarray, seps: np.ndarray) -> None:
+    def __init__(
+        self,
+        buf: np.ndarray,
+        seps: np.ndarray,
+        lines: np.ndarray | None = None,
+        crlf: np.ndarray | None = None,
+    ) -> None:
         self.buf = buf
         self.seps = seps  # (rows, ncols): the comma after each field, the newline after the last
         self.rows = seps.shape[0]
+        self.lines = lines
+        self.crlf = crlf
 
     def start(self, j: int) -> np.ndarray:
         if j > 0:
@@ -200,7 +218,92 @@ class Fields:
         return out
 
     def end(self, j: int) -> np.ndarray:
+        if self.crlf is not None and j == self.seps.shape[1] - 1:
+            return self.seps[:, j] - self.crlf
         return self.seps[:, j]
+
+
+def quote_problem(body: bytes) -> tuple[int, str, int] | None:
+    """The first quote character of ``body`` that is not RFC 4180 quoting, what is wrong with
+    it and where the quoted field it belongs to opened, or None. The readers' dialect: a field is either unquoted, holding no quote
+    character at all, or quoted: a quote at its start, the same at its end right before a
+    comma or line break, every quote inside doubled (``""``). (The :mod:`csv` module would take
+    ``5"`` as text and a block reader cannot know where such a record ends: rejected.)
+
+    Example:
+        >>> quote_problem(b'1,"a""b"\\n2,"x\\ny"\\n') is None
+        True
+        >>> quote_problem(b'1,5"x\\n'), quote_problem(b'1,"a"b\\n')
+        ((3, 'a quote inside an unquoted field', 3), (4, 'text after a closing quote', 2))
+    """
+    n = len(body)
+    buf = np.frombuffer(body + bytes(PAD), dtype=np.uint8)
+    a = buf[:n]
+    quotes = np.flatnonzero(a == _QUOTE)
+    opening, closing = quotes[0::2], quotes[1::2]
+    prev = a[np.maximum(opening - 1, 0)]
+    at_start = (opening == 0) | (prev == _COMMA) | (prev == _NEWLINE) | (prev == _CR)
+    escaped = np.zeros(opening.size, dtype=bool)
+    k = min(opening.size - 1, closing.size)
+    escaped[1 : k + 1] = closing[:k] == opening[1 : k + 1] - 1  # the second quote of a ""
+    nxt = buf[closing + 1]  # the padding reads as 0 after the last byte
+    ok_after = (nxt == _COMMA) | (nxt == _NEWLINE) | (nxt == _CR) | (nxt == _QUOTE)
+    ok_after |= closing + 1 == n
+    bad = []
+    if not (at_start | escaped).all():
+        q = int(opening[~(at_start | escaped)][0])
+        bad.append((q, "a quote inside an unquoted field", q))
+    if not ok_after.all():
+        k = int(np.flatnonzero(~ok_after)[0])
+        bad.append((int(closing[k]), "text after a closing quote", int(opening[k])))
+    if bad:
+        return min(bad)
+    if quotes.size % 2:
+        return int(quotes[-1]), "a quote that is never closed", int(quotes[-1])
+    return None
+
+
+def quoted_fields(body: bytes, ncols: int, line: int) -> Fields | None:
+    """The fields of a block with quotes (records starting at ``line``), or None unless its
+    quoting is RFC 4180 (:func:`quote_problem`) -- then :func:`numpy.loadtxt` with a quote
+    character, the :mod:`csv` module and these spans read it alike -- and every record has
+    ``ncols`` fields (a blank line has 1).
+
+    Example:
+        >>> f = quoted_fields(b'1,"a\\nb"\\r\\n2,"x,""y"" z"\\n', 2, 2)
+        >>> f.start(1).tolist(), f.end(1).tolist(), f.lines.tolist()
+        ([2, 11], [7, 22], [2, 4])
+        >>> quoted_fields(b'1,a"b\\n', 2, 2) is None, quoted_fields(b'1,"a"b\\n', 2, 2) is None
+        (True, True)
+    """
+    if quote_problem(body) is not None:
+        return None
+    n = len(body)
+    buf = np.frombuffer(body + bytes(PAD), dtype=np.uint8)
+    a = buf[:n]
+    quotes = np.flatnonzero(a == _QUOTE)
+    cand = np.flatnonzero((a == _COMMA) | (a == _NEWLINE) | (a == _CR))
+    seps = cand[np.searchsorted(quotes, cand) % 2 == 0]
+    is_cr = a[seps] == _CR
+    crlf_pair = is_cr & (buf[seps + 1] == _NEWLINE)
+    seps = seps[~crlf_pair]  # the \n of a \r\n ends the record
+    ends = (a[seps] == _NEWLINE) | (a[seps] == _CR)
+    rows = int(ends.sum())
+    if rows == 0 or seps.size != rows * ncols:
+        return None
+    seps = seps.reshape(rows, ncols)
+    if not ends.reshape(rows, ncols)[:, -1].all():
+        return None
+    last = seps[:, -1]
+    crlf = ((a[last] == _NEWLINE) & (a[np.maximum(last - 1, 0)] == _CR) & (last > 0)).astype(
+        np.int64
+    )
+    breaks = np.flatnonzero((a == _NEWLINE) | ((a == _CR) & (buf[1 : n + 1] != _NEWLINE)))
+    starts = np.empty(rows, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = last[:-1] + 1
+    lines = line + np.searchsorted(breaks, starts)
+    return Fields(buf, seps, lines, crlf)
 
 
 def split_fields(body: bytes, ncols: int, rows: int) -> Fields | None:
@@ -234,9 +337,11 @@ def _windows(buf: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
     return buf[idx]
 
 
-def loadtxt_columns(body: bytes, usecols: Sequence[int]) -> np.ndarray | None:
+def loadtxt_columns(body: bytes, usecols: Sequence[int], quoted: bool = False) -> np.ndarray | None:
     """The numeric fields ``usecols`` of a block as float64 ``(rows, len(usecols))`` by
-    :func:`numpy.loadtxt`; None when it rejects the block (the caller reparses it slowly).
+    :func:`numpy.loadtxt` (``quoted``: with ``"`` as its quote character, for a block whose
+    quoting :func:`quoted_fields` has checked); None when it rejects the block (the caller
+    reparses it slowly).
 
     Example:
         >>> loadtxt_columns(b"a,1,2.5\\nb,3,-1e2\\n", [1, 2]).tolist()
@@ -245,6 +350,8 @@ def loadtxt_columns(body: bytes, usecols: Sequence[int]) -> np.ndarray | None:
         True
     """
     kw = {"delimiter": ",", "usecols": usecols, "comments": None, "ndmin": 2}
+    if quoted:
+        kw["quotechar"] = '"'
     try:
         if not _MEMFD:
             return np.loadtxt(io.BytesIO(body), dtype=np.float64, encoding="utf-8", **kw)
@@ -401,19 +508,36 @@ def _block_rows(
     groups: GroupIndex,
     log: ReadLog,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-    """One block: the fast way when plain, else (or on any rejection) the :mod:`csv` way."""
-    body, rows = block.body, block.breaks
-    plain = not block.quoted and not body.startswith(b"\n") and b"\n\n" not in body
-    plain = plain and b"\x00" not in body
-    fields = split_fields(body, len(header), rows) if plain else None
-    values = loadtxt_columns(body, idx) if fields is not None else None
-    if values is not None and values.shape[0] == rows:
-        assert fields is not None
-        lines = np.arange(block.line, block.line + rows)
+    """One block: the fast way when it can (plain, or quoted as RFC 4180), else (or on any
+    rejection) the :mod:`csv` way."""
+    body = block.body
+    fields = None
+    if b"\x00" in body:
+        pass
+    elif block.quoted:
+        fields = quoted_fields(body, len(header), block.line)
+    elif not body.startswith(b"\n") and b"\n\n" not in body:
+        fields = split_fields(body, len(header), block.breaks)
+    values = loadtxt_columns(body, idx, block.quoted) if fields is not None else None
+    if values is not None and fields is not None and values.shape[0] == fields.rows:
+        lines = fields.lines
+        if lines is None:
+            lines = np.arange(block.line, block.line + fields.rows)
         if gidx is None:
             return values, None, lines
         keys = group_keys(fields.buf, fields.start(gidx), fields.end(gidx))
         return values, _keys_to_ids(body, fields, gidx, keys, groups, header, lines), lines
+    problem = quote_problem(body) if block.quoted else None
+    if problem is not None:  # the records before it first: an earlier error is reported first
+        pos, what, opened = problem
+        head = body[: _cut(body[:opened], False)]
+        slow_rows(head, header, idx, gidx, block.line, kinds, ReadLog())
+        at, start = (block.line + _breaks(body[:i]) for i in (pos, opened))
+        where = f" (in the field quoted on line {start})" if start != at else ""
+        raise ValueError(
+            f"line {at}: {what}{where}: quote a field that holds a quote and double the "
+            'quotes inside ("5"" screen")'
+        )
     values, texts, lines = slow_rows(body, header, idx, gidx, block.line, kinds, log)
     if gidx is None or not texts:
         return values, None if gidx is None else np.zeros(0, np.int64), lines
@@ -446,6 +570,13 @@ def _keys_to_ids(
         _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     first, inverse = first_appearance(first, inverse.reshape(-1))
     s, e = fields.start(gidx), fields.end(gidx)
-    names = [body[s[i] : e[i]].decode("utf-8", "surrogateescape") for i in first]
+    names = [_unquote(body[s[i] : e[i]]).decode("utf-8", "surrogateescape") for i in first]
     check_names(header[gidx], names, inverse, lambda i: f"line {int(lines[i])}")
     return groups.ids_of(names, inverse)
+
+
+def _unquote(field: bytes) -> bytes:
+    """A field's value: a quoted one without its quotes, ``""`` read as ``"``."""
+    if field[:1] == b'"':
+        return field[1:-1].replace(b'""', b'"')
+    return field
