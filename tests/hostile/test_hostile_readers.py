@@ -232,6 +232,15 @@ def test_stated_confidences_percent_and_unparsed(tmp_path, engine):
         list(read_predictions(path, preds=["p"], label="y", engine=engine, max_unparsed=0.005))
 
 
+def test_a_percent_without_its_sign_says_how_to_write_it(tmp_path, capsys):
+    path = tmp_path / "s.csv"
+    path.write_text("p,y\n0.5,1\n85,1\n")
+    assert _cli_error(capsys, path).endswith(
+        "p: value 85.0 at line 3 is not a probability (expected a value in [0, 1]; "
+        "a percent is written 85%)"
+    )
+
+
 def test_unparsed_share_through_the_cli_is_exit_2(tmp_path, capsys):
     path = tmp_path / "s.csv"
     path.write_text("p,y\n" + "high,1\n" + "0.5,1\n" * 20)

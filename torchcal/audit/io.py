@@ -6,11 +6,12 @@ adds the audit's checks (probabilities in [0, 1], finite logits, labels in the c
 yields tensors ready for :meth:`torchcal.audit.Auditor.update`.
 
 - **CSV** (``.csv``): RFC 4180 (a header line naming the columns; quoted fields may hold commas,
-  quotes written ``""`` and line breaks; ``\\n``, ``\\r\\n`` or ``\\r`` line ends; an optional
-  UTF-8 BOM), streamed in blocks of about ``chunk_rows`` rows: memory is a block or two plus
-  the longest record, whatever the file's size. Every row must have the header's number of
-  fields; blank lines are skipped (counted in the :class:`ReadLog`); a row's line is the
-  physical line where it starts (the header is line 1). Two engines read it alike
+  quotes written ``""`` and line breaks; a quote inside an unquoted field, ``5"``, is an error;
+  ``\\n``, ``\\r\\n`` or ``\\r`` line ends; an optional UTF-8 BOM), streamed in blocks of
+  about ``chunk_rows`` rows: memory is a block or two plus the longest record, whatever the
+  file's size. Every row must have the header's number of fields; blank lines are skipped
+  (counted in the :class:`ReadLog`); a row's line is the physical line where it starts (the
+  header is line 1). Two engines read it alike
   (``engine=``, default :data:`CSV_ENGINE` ``"auto"``):
 
   - **pyarrow** (the fast path, used when :mod:`pyarrow` is installed) reads files without a
@@ -311,7 +312,7 @@ def _check_preds(chunk: Chunk, p: np.ndarray, names: list[str], input: str) -> N
             return  # the usual case: two passes, no temporaries
     if input == "probs":
         bad = ~((p >= 0.0) & (p <= 1.0))  # NaN is bad too
-        what = "is not a probability (expected a value in [0, 1])"
+        what = "is not a probability (expected a value in [0, 1]"
     else:
         bad = ~np.isfinite(p)
         what = "is not a finite logit"
@@ -319,8 +320,10 @@ def _check_preds(chunk: Chunk, p: np.ndarray, names: list[str], input: str) -> N
         i, where = _first(chunk, bad)
         j = int(np.flatnonzero(bad[i].reshape(-1))[0]) if p.ndim == 2 else 0
         col = names[j] if len(names) > 1 else names[0]
-        value = p[i, j] if p.ndim == 2 else p[i]
-        raise ValueError(f"{col}: value {float(value)!r} at {where} {what}")
+        value = float(p[i, j] if p.ndim == 2 else p[i])
+        if input == "probs":  # a stated 85 for 85 %: say how to write it
+            what += "; a percent is written 85%)" if 1.0 < value <= 100.0 else ")"
+        raise ValueError(f"{col}: value {value!r} at {where} {what}")
 
 
 def _check_labels(chunk: Chunk, y: np.ndarray, name: str, num_classes: int) -> np.ndarray:
