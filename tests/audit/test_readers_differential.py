@@ -156,7 +156,14 @@ def small_blocks(monkeypatch):
 def paths(request, monkeypatch):
     """ "fast": the vectorised block readers where they apply (and count how often they do);
     "slow": every block through the csv module."""
-    used = {"plain": 0, "quoted": 0}
+    used = {"plain": 0, "quoted": 0, "converters": 0}
+    real_converters = _csv.value_converters
+
+    def counted(*a, **k):
+        used["converters"] += 1
+        return real_converters(*a, **k)
+
+    monkeypatch.setattr(_csv, "value_converters", counted)
     for name in ("split_fields", "quoted_fields"):
         real = getattr(_csv, name)
 
@@ -192,6 +199,7 @@ def test_every_reader_gives_the_generated_rows(tmp_path, small_blocks, paths, mo
     kind, used = paths
     if kind == "fast":  # the vectorised readers did read blocks of these files
         assert used["quoted" if mode != "quote-free" else "plain"] > 0, used
+        assert used["converters"] > 0 or mode == "sparse-quotes", used  # percents, True/False
 
 
 def test_quote_free_plain_files_stay_on_the_fast_path(tmp_path, small_blocks, monkeypatch):

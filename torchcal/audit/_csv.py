@@ -26,7 +26,7 @@ from __future__ import annotations
 import csv
 import io
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -337,7 +337,12 @@ def _windows(buf: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
     return buf[idx]
 
 
-def loadtxt_columns(body: bytes, usecols: Sequence[int], quoted: bool = False) -> np.ndarray | None:
+def loadtxt_columns(
+    body: bytes,
+    usecols: Sequence[int],
+    quoted: bool = False,
+    converters: dict[int, Callable[[str], float]] | None = None,
+) -> np.ndarray | None:
     """The numeric fields ``usecols`` of a block as float64 ``(rows, len(usecols))`` by
     :func:`numpy.loadtxt` (``quoted``: with ``"`` as its quote character, for a block whose
     quoting :func:`quoted_fields` has checked); None when it rejects the block (the caller
@@ -349,7 +354,9 @@ def loadtxt_columns(body: bytes, usecols: Sequence[int], quoted: bool = False) -
         >>> loadtxt_columns(b"a,1\\nb,x\\n", [1]) is None
         True
     """
-    kw = {"delimiter": ",", "usecols": usecols, "comments": None, "ndmin": 2}
+    kw: dict[str, object] = {"delimiter": ",", "usecols": usecols, "comments": None, "ndmin": 2}
+    if converters:
+        kw["converters"] = converters
     if quoted:
         kw["quotechar"] = '"'
     try:
@@ -519,6 +526,14 @@ def _block_rows(
     elif not body.startswith(b"\n") and b"\n\n" not in body:
         fields = split_fields(body, len(header), block.breaks)
     values = loadtxt_columns(body, idx, block.quoted) if fields is not None else None
+    if values is None and fields is not None and any(k != NUMBER for k in kinds):
+        # percents or True/False: loadtxt again, those columns through parse_value
+        converters, percent = value_converters(header, idx, kinds)
+        values = loadtxt_columns(body, idx, block.quoted, converters)
+        if values is not None and values.shape[0] == fields.rows:
+            for name, k in percent.items():
+                if k:
+                    log.percent[name] = log.percent.get(name, 0) + k
     if values is not None and fields is not None and values.shape[0] == fields.rows:
         lines = fields.lines
         if lines is None:
@@ -548,6 +563,32 @@ def _block_rows(
     names = [str(texts[i]) for i in first]
     check_names(header[gidx], names, inverse, lambda i: f"line {int(lines[i])}")
     return values, groups.ids_of(names, inverse.reshape(-1)), lines
+
+
+def value_converters(
+    header: list[str], idx: list[int], kinds: list[str]
+) -> tuple[dict[int, Callable[[str], float]], dict[str, int]]:
+    """loadtxt converters reading the non-number columns by :func:`parse_value` (a value that
+    does not parse raises: the block goes the csv way, which excludes or reports it), and the
+    count of percents each one read."""
+    percent: dict[str, int] = {}
+    converters: dict[int, Callable[[str], float]] = {}
+    for j, kind in zip(idx, kinds):
+        if kind == NUMBER:
+            continue
+        name = header[j]
+        percent[name] = 0
+
+        def read(text: str, kind: str = kind, name: str = name) -> float:
+            v = parse_value(text, kind)
+            if v is None:
+                raise ValueError(text)
+            if kind == STATED and "%" in text:
+                percent[name] += 1
+            return v
+
+        converters[j] = read
+    return converters, percent
 
 
 def _keys_to_ids(
