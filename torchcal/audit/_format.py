@@ -5,10 +5,36 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["display_name", "report_markdown", "report_text", "rule_text"]
+__all__ = [
+    "TABLE_GROUPS",
+    "display_name",
+    "report_markdown",
+    "report_text",
+    "rule_text",
+    "worst_groups",
+]
 
 #: longest group name shown in full on a line (longer ones are cut with "...")
 NAME_LIMIT = 60
+#: groups whose reliability table the text and markdown show (the worst first)
+TABLE_GROUPS = 20
+
+_SEVERITY = {"fail": 0, "inconclusive": 1, "pass": 2}
+
+
+def worst_groups(groups: dict[str, dict[str, Any]], limit: int | None) -> set[str]:
+    """The names of at most ``limit`` groups with items, worst first: FAIL, then
+    INCONCLUSIVE, then PASS; within each the largest |gap| near the threshold (or debiased
+    ECE) first; ``None``: all of them."""
+
+    def badness(kv: tuple[str, dict[str, Any]]) -> tuple[int, float]:
+        s = kv[1]
+        w = s.get("threshold_gap")
+        size = abs(w["gap"]) if w and w.get("gap") is not None else (s.get("ece_debiased") or 0.0)
+        return (_SEVERITY.get(s.get("verdict", "pass"), 2), -size)
+
+    items = sorted(((k, v) for k, v in groups.items() if v.get("n")), key=badness)
+    return {k for k, _ in items[:limit]}
 
 
 def display_name(name: Any, limit: int = NAME_LIMIT) -> str:
@@ -139,11 +165,17 @@ def _sections(d: dict[str, Any]) -> list[tuple[str, str, list[str], list[list[st
     )
     out = [("summary", title, _head(d), _rows(d))]
     bins = _bins("pooled", d["pooled"])
+    title = "reliability tables (non-empty bins)"
     if st.get("grouped"):
-        bins += [r for name, s in d["groups"].items() for r in _bins(display_name(name), s)]
+        shown = worst_groups(d["groups"], TABLE_GROUPS)
+        bins += [r for name, s in d["groups"].items() if name in shown
+                 for r in _bins(display_name(name), s)]  # fmt: skip
+        if len(shown) < len(d["groups"]):
+            title += (f" of the {len(shown)} worst of {len(d['groups'])} groups (every group's "
+                      f"table is in report.json)")  # fmt: skip
     rate = "positive rate" if st.get("reading") == "binary" else "accuracy"
     bin_head = ["group", "bin", "n", "confidence", rate, "95% Wilson"]
-    out.append(("reliability", "reliability tables (non-empty bins)", bin_head, bins))
+    out.append(("reliability", title, bin_head, bins))
     costs = [(n, s.get("cost")) for n, s in [("pooled", d["pooled"]), *d["groups"].items()]]
     costs = [(n, c) for n, c in costs if c is not None and "threshold" in (c or {})]
     if costs:

@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchcal.audit._format import report_markdown, report_text
+from torchcal.audit._format import report_markdown, report_text, worst_groups
 from torchcal.audit._sample import sample_ece, table_of
 
 __all__ = [
@@ -381,9 +381,6 @@ def check_report_dict(d: Any) -> None:
         _check_summary(s, f"groups[{name!r:.80}]", t)
 
 
-_SEVERITY = {"fail": 0, "inconclusive": 1, "pass": 2}
-
-
 def diagram_files(report: AuditReport, max_diagrams: int | None = MAX_DIAGRAMS) -> dict[str, str]:
     """The PNG file of each diagram :meth:`AuditReport.save` draws: ``"pooled"`` ->
     ``reliability_pooled.png``, then the groups with items, **worst first** (FAIL, then
@@ -392,22 +389,14 @@ def diagram_files(report: AuditReport, max_diagrams: int | None = MAX_DIAGRAMS) 
     ``reliability_group_<i>_<name>.png`` with ``i`` its position in the report and the name
     reduced to at most 40 of ``[A-Za-z0-9._-]``: collision-free (``a/b``, ``a.b``, ``a b``
     and ``a_b`` get different files) and short (a name of any length fits a file system)."""
-    items = [(k, v) for k, v in report.groups.items() if v.get("n")]
+    out = {"pooled": "reliability_pooled.png"} if report.pooled.get("n") else {}
     if not report.settings.get("grouped"):
-        items = []
+        return out
+    budget = None if max_diagrams is None else max(max_diagrams - len(out), 0)
+    chosen = worst_groups(report.groups, budget)
     width = len(str(max(len(report.groups) - 1, 0)))
     index = {k: i for i, k in enumerate(report.groups)}
-
-    def badness(kv: tuple[str, dict[str, Any]]) -> tuple[int, float]:
-        s = kv[1]
-        w = s.get("threshold_gap")
-        size = abs(w["gap"]) if w and w.get("gap") is not None else (s.get("ece_debiased") or 0.0)
-        return (_SEVERITY.get(s.get("verdict", "pass"), 2), -size)
-
-    items.sort(key=badness)
-    out = {"pooled": "reliability_pooled.png"} if report.pooled.get("n") else {}
-    budget = None if max_diagrams is None else max(max_diagrams - len(out), 0)
-    for name, _ in items[:budget]:
+    for name in sorted(chosen, key=index.__getitem__):
         slug = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name)
         out[name] = f"reliability_group_{index[name]:0{width}d}_{slug[:40]}.png"
     return out

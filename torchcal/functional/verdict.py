@@ -205,12 +205,12 @@ def _folded_mean(r: Tensor) -> Tensor:
 
 def _solve_folded(target: Tensor, scale: Tensor) -> Tensor:
     """The ``u >= 0`` with ``scale * E|u / scale + Z| = target`` (0 where ``target`` is below
-    ``scale sqrt(2 / pi)``), by 80 vectorised bisection steps on ``r = u / scale`` in
+    ``scale sqrt(2 / pi)``), by 64 vectorised bisection steps on ``r = u / scale`` in
     ``[0, target / scale]`` (``E|r + Z| >= r``)."""
     safe = torch.where(scale > 0, scale, 1.0)
     hi = (target / safe).clamp_min(0)
     lo = torch.zeros_like(hi)
-    for _ in range(80):
+    for _ in range(64):
         mid = (lo + hi) / 2
         below = _folded_mean(mid) < target / safe
         lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
