@@ -316,3 +316,22 @@ def test_pt_group_names_keep_trailing_nuls_and_are_rejected(tmp_path, capsys):
     assert _cli_error(capsys, path, "--group", "g").endswith(
         "g: group name 'a\\x00' holds a NUL character at row 1"
     )
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_bytes_that_are_not_utf8_and_escapes(tmp_path, engine, capsys):
+    """Invalid UTF-8 in a column not read is harmless; in a value it is escaped in the message
+    (and in the ReadLog), as is an escape sequence: one printable line."""
+    path = tmp_path / "u.csv"
+    path.write_bytes(b"p,y,t\n0.5,1,\xff\xfe\n0.25,0,ok\n")
+    assert _cols(path, engine)["p"] == [0.5, 0.25]
+    path.write_bytes(b"p,y\n0.5,1\n0.25,\x1b[2J\xff\n")
+    msg = _cli_error(capsys, path)
+    assert msg.endswith(
+        "y: label '\\x1b[2J\\udcff' at line 3 is not a number nor True/False (map words such as yes/no to 1/0 first)"
+    )
+    path.write_bytes(b"p,y\n" + b"0.5,1\n" * 300 + b"\xffhigh,1\n")
+    log = ReadLog()
+    list(read_predictions(path, preds=["p"], label="y", engine=engine, log=log))
+    (e,) = log.excluded.values()
+    assert e.text == "\\xffhigh" and e.where == "line 302"

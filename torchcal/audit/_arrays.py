@@ -25,6 +25,7 @@ from torchcal.audit._columns import (
     first_appearance,
     locate_columns,
     parse_value,
+    shown,
 )
 
 __all__ = ["read_arrays", "read_parquet"]
@@ -134,7 +135,7 @@ def _column_values(
             if kind != STATED:
                 from_what = "a number nor True/False" if kind != "number" else "a number"
                 raise ValueError(
-                    f"{column}: {_name(v)!r} at {where(int(rows[i]))} is not {from_what}"
+                    f"{column}: {shown(_name(v))} at {where(int(rows[i]))} is not {from_what}"
                 )
             bad[i] = True
             x = np.nan

@@ -34,6 +34,7 @@ __all__ = [
     "first_appearance",
     "locate_columns",
     "parse_value",
+    "shown",
 ]
 
 #: how a column's text values are read (see the module docstring)
@@ -45,6 +46,17 @@ _NUMBER = re.compile(
 )
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 _BOOLS = {"true": 1.0, "false": 0.0}
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """``text`` as a message shows it: :func:`repr` of at most ``limit`` characters (then
+    ``...``), so control characters and bytes that were not UTF-8 are escaped.
+
+    Example:
+        >>> print(shown("high"), shown("a" * 70, 8), shown("\\udcff!"), shown("a\\x1b[2J"))
+        'high' 'aaaaaaaa...' '\\udcff!' 'a\\x1b[2J'
+    """
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))
 
 
 def parse_number(text: str) -> float | None:
@@ -117,11 +129,14 @@ class ReadLog:
     percent: dict[str, int] = field(default_factory=dict)
 
     def exclude(self, column: str, reason: str, where: str, text: str, count: int = 1) -> None:
+        """Count ``count`` rows left out; the first one's ``text`` is kept (at most 200
+        characters, bytes that were not UTF-8 as ``\\xNN``)."""
         key = f"{column}: {reason}"
         if key in self.excluded:
             self.excluded[key].count += count
         else:
-            self.excluded[key] = Excluded(column, reason, count, where, text)
+            text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            self.excluded[key] = Excluded(column, reason, count, where, text[:200])
 
     @property
     def excluded_rows(self) -> int:
@@ -247,9 +262,9 @@ def check_names(
         if not name.strip():
             problem = "empty group name"
         elif "\x00" in name:
-            problem = f"group name {name!r} holds a NUL character"
+            problem = f"group name {shown(name)} holds a NUL character"
         elif any("\udc80" <= ch <= "\udcff" for ch in name):
-            problem = f"group name {name!r} is not UTF-8"
+            problem = f"group name {shown(name)} is not UTF-8"
         if problem is not None:
             i = int(np.flatnonzero(inverse == k)[0])
             raise ValueError(f"{column}: {problem} at {where(i)}")

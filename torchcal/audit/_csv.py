@@ -40,6 +40,7 @@ from torchcal.audit._columns import (
     check_names,
     first_appearance,
     parse_value,
+    shown,
 )
 
 __all__ = [
@@ -402,11 +403,11 @@ def group_keys(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
 def bad_value(column: str, text: str, where: str, kind: str) -> ValueError:
     """The error for a value that does not parse as ``kind``."""
     if kind == NUMBER:
-        return ValueError(f"{column}: {text!r} at {where} is not a number")
+        return ValueError(f"{column}: {shown(text)} at {where} is not a number")
     if kind == STATED:
-        return ValueError(f"{column}: {text!r} at {where} is not a number nor a percent")
+        return ValueError(f"{column}: {shown(text)} at {where} is not a number nor a percent")
     return ValueError(
-        f"{column}: label {text!r} at {where} is not a number nor True/False "
+        f"{column}: label {shown(text)} at {where} is not a number nor True/False "
         "(map words such as yes/no to 1/0 first)"
     )
 

@@ -75,6 +75,7 @@ from torchcal.audit._columns import (
     ReadLog,
     first_appearance,
     locate_columns,
+    shown,
 )
 
 __all__ = [
@@ -205,7 +206,7 @@ def _counted(
         e = next(iter(log.excluded.values()))
         k, n = log.excluded_rows, log.rows
         raise ValueError(
-            f"{e.column}: {e.text!r} at {e.where} is not a number nor a percent; {k} of {n} "
+            f"{e.column}: {shown(e.text)} at {e.where} is not a number nor a percent; {k} of {n} "
             f"rows ({k / n:.2%}) do not parse, more than max_unparsed = {max_unparsed:g} allows"
         )
     if log.kept == 0:
@@ -339,8 +340,10 @@ def _check_labels(chunk: Chunk, y: np.ndarray, name: str, num_classes: int) -> n
         i, where = _first(chunk, bad)
         expected = "0 or 1" if num_classes == 1 else f"an integer class in [0, {top}]"
         v = float(y[i])
-        shown = int(v) if v.is_integer() else v
-        raise ValueError(f"{name}: label {shown} at {where} is not a class (expected {expected})")
+        label_text = int(v) if v.is_integer() else v
+        raise ValueError(
+            f"{name}: label {label_text} at {where} is not a class (expected {expected})"
+        )
     return y.astype(np.int64)
 
 
