@@ -164,12 +164,20 @@ _FLAGS = {
 
 
 def _version() -> str:
-    try:
-        from importlib.metadata import version
+    """``torchcal.__version__`` without importing torchcal (and torch) when it is not loaded
+    yet: read from the package's ``__init__.py`` beside this file."""
+    mod = sys.modules.get("torchcal")
+    if mod is not None and hasattr(mod, "__version__"):
+        return str(mod.__version__)
+    import re
 
-        return version("torchcal")
-    except Exception:  # not installed as a distribution (a bare checkout)
-        return "unknown"
+    init = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__init__.py")
+    try:
+        with open(init, encoding="utf-8") as f:
+            m = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M)
+    except OSError:
+        m = None
+    return m.group(1) if m else "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -338,10 +346,13 @@ def _batches(args: argparse.Namespace) -> Iterator[Any]:
         max_unparsed=args.max_unparsed,
     )
     big = unit == "B" and total > PROGRESS_BYTES
+    try:
+        from tqdm import tqdm  # an extra (torchcal[audit]): no bar without it
+    except ImportError:
+        big = False
     if args.no_progress or not big:
         yield from batches
         return
-    from tqdm import tqdm
 
     with tqdm(total=total, unit=unit, unit_scale=True, file=sys.stderr, leave=False) as bar:
         for b in batches:

@@ -214,6 +214,10 @@ def _test_of(s: dict[str, Any], threshold: float | None) -> dict[str, Any]:
     return s["ece_test"] if threshold is None else s["threshold_gap"]
 
 
+def _p(x: float | None) -> str:
+    return "n/a" if x is None else ("< 1e-16" if x < 1e-16 else f"= {x:.2g}")
+
+
 def _pct(x: float | None, sign: bool = True) -> str:
     return "n/a" if x is None else (f"{x:+.3f}" if sign else f"{x:.3f}")
 
@@ -234,9 +238,9 @@ def reason_of(s: dict[str, Any], threshold: float | None, tolerance: float, alph
         where = f"{est}, {level} interval [{_pct(lo, False)}, {_pct(hi, False)}], n={s['n']}"
         if v == "fail":
             return (f"ECE above the tolerance {tolerance:g}: {where} (Holm-adjusted "
-                    f"p = {t['p_fail_holm']:.2g})")  # fmt: skip
+                    f"p {_p(t['p_fail_holm'])})")  # fmt: skip
         if v == "pass":
-            return f"ECE within the tolerance {tolerance:g}: {where} (p = {t['p_pass']:.2g})"
+            return f"ECE within the tolerance {tolerance:g}: {where} (p {_p(t['p_pass'])})"
         return (f"cannot tell: {where} is not on one side of the tolerance {tolerance:g}; this n "
                 f"detects an ECE of {_pct(t['detectable'], False)} or more with "
                 f"{100 * power:g}% power")  # fmt: skip
@@ -252,9 +256,9 @@ def reason_of(s: dict[str, Any], threshold: float | None, tolerance: float, alph
     if v == "fail":
         kind = "over" if w["gap"] > 0 else "under"
         return (f"{kind}-confident by {abs(w['gap']) * 100:.1f} points {where}: {body}; outside "
-                f"+-{tolerance:g} (Holm-adjusted p = {w['p_fail_holm']:.2g})")  # fmt: skip
+                f"+-{tolerance:g} (Holm-adjusted p {_p(w['p_fail_holm'])})")  # fmt: skip
     if v == "pass":
-        return f"calibrated {where} within +-{tolerance:g}: {body} (p = {w['p_pass']:.2g})"
+        return f"calibrated {where} within +-{tolerance:g}: {body} (p {_p(w['p_pass'])})"
     return (f"cannot tell {where}: {body} is neither inside nor outside +-{tolerance:g}; this n "
             f"detects a gap of {_pct(w['detectable'], False)} or more with {100 * power:g}% "
             f"power")  # fmt: skip
