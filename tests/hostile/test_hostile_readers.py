@@ -335,3 +335,11 @@ def test_bytes_that_are_not_utf8_and_escapes(tmp_path, engine, capsys):
     list(read_predictions(path, preds=["p"], label="y", engine=engine, log=log))
     (e,) = log.excluded.values()
     assert e.text == "\\xffhigh" and e.where == "line 302"
+
+
+def test_blank_first_line_is_named(tmp_path, capsys):
+    path = tmp_path / "b.csv"
+    path.write_text("\np,y\n0.5,1\n")
+    assert _cli_error(capsys, path).endswith(
+        "b.csv: line 1 is blank (expected a header naming the columns)"
+    )

@@ -173,6 +173,8 @@ def read_header(f: io.BufferedReader, file: str) -> tuple[list[str], int, int]:
     except UnicodeDecodeError:
         raise ValueError(f"{file}: the header line is not UTF-8 text") from None
     if not text.strip():
+        if buf[len(head) :].strip():
+            raise ValueError(f"{file}: line 1 is blank (expected a header naming the columns)")
         raise ValueError(f"{file}: empty file (expected a header line naming the columns)")
     with _field_limit():
         try:
