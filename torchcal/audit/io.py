@@ -171,7 +171,9 @@ def read_columns(
     engine = CSV_ENGINE if engine is None else engine
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
-    if not (0.0 <= float(max_unparsed) < 1.0):
+    if isinstance(max_unparsed, bool) or not isinstance(max_unparsed, (int, float)):
+        raise ValueError(f"max_unparsed: expected a fraction in [0, 1), got {max_unparsed!r}")
+    if not (0.0 <= max_unparsed < 1.0):
         raise ValueError(f"max_unparsed: expected a fraction in [0, 1), got {max_unparsed}")
     kinds = dict(kinds or {})
     for c, k in kinds.items():
@@ -203,11 +205,14 @@ def _counted(
         log.kept += chunk.rows
         yield chunk
     if log.excluded_rows and log.excluded_rows > max_unparsed * log.rows:
-        e = next(iter(log.excluded.values()))
+        e = min(log.excluded.values(), key=lambda e: int(e.where.split()[1]))  # the first
+        what = f"{shown(e.text)} at {e.where} is not a number nor a percent"
+        if e.reason == "missing value":
+            what = f"missing value at {e.where}"
         k, n = log.excluded_rows, log.rows
         raise ValueError(
-            f"{e.column}: {shown(e.text)} at {e.where} is not a number nor a percent; {k} of {n} "
-            f"rows ({k / n:.2%}) do not parse, more than max_unparsed = {max_unparsed:g} allows"
+            f"{e.column}: {what}; {k} of {n} rows ({k / n:.2%}) do not parse, more than "
+            f"max_unparsed = {max_unparsed:g} allows"
         )
     if log.kept == 0:
         raise ValueError(
