@@ -426,11 +426,13 @@ def audit(
     Example:
         >>> import torch
         >>> g = torch.Generator().manual_seed(0)
-        >>> p = torch.rand(2000, generator=g, dtype=torch.float64)
-        >>> y = (torch.rand(2000, generator=g, dtype=torch.float64) < p).long()
+        >>> p = torch.rand(5000, generator=g, dtype=torch.float64)
+        >>> y = (torch.rand(5000, generator=g, dtype=torch.float64) < p).long()
         >>> r = audit(p, y, threshold=0.8)
         >>> r.verdict, sorted(r.groups)
         ('pass', ['all'])
+        >>> audit(p[:300], y[:300], threshold=0.8).verdict  # 300 rows cannot show it
+        'inconclusive'
     """
     a = Auditor(
         input=input,

@@ -89,7 +89,7 @@ def make_stated_data(n_per_domain: int = 3000, seed: int = 0) -> dict[str, Tenso
     """Rows of an LLM judge's stated confidences: ``id``, ``domain``, ``confidence`` (the
     stated value, float64 on a 0.05 grid in [0.5, 1]) and ``correct``. ``math``: the true
     probability of being right is the stated one; ``open_qa``: over-confident (true log-odds
-    of the stated confidence divided by 2.5), so a stated 0.9 is right about 71 % of the time.
+    of the stated confidence divided by 2.5), so a stated 0.9 is right about 71 % of the time (and it says 90-95 % for most answers).
 
     Example:
         >>> d = make_stated_data(200, seed=1)
@@ -101,7 +101,7 @@ def make_stated_data(n_per_domain: int = 3000, seed: int = 0) -> dict[str, Tenso
     g = torch.Generator().manual_seed(int(seed))
     z = _MEAN + _SD * torch.randn(len(DOMAINS), n_per_domain, generator=g, dtype=torch.float64)
     factor = torch.tensor(list(DOMAINS.values()), dtype=torch.float64)[:, None]
-    stated = (torch.sigmoid(factor * z) * 20).round().clamp(10, 20) / 20  # 0.50 .. 1.00
+    stated = (torch.sigmoid(factor * z) * 20).round().clamp(10, 19) / 20  # 0.50 .. 0.95
     true = torch.sigmoid(torch.logit(stated.clamp(0.5, 0.99)) / factor)
     correct = torch.bernoulli(true.reshape(-1), generator=g).long()
     domain = torch.arange(len(DOMAINS)).repeat_interleave(n_per_domain)
