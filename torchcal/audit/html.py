@@ -307,13 +307,15 @@ def render_html(report: Any) -> str:
     data = page_data(report)
     d = data["report"]
     interactive = ""
+    binary = (d.get("settings") or {}).get("reading") == "binary"
+    rate = "positive rate" if binary else "accuracy"  # binary: the observed rate of y = 1
     if data["sample"] is not None:
         interactive = (
             '<div class="interactive"><svg id="diagram" width="420" height="420" '
             'role="img" aria-label="reliability diagram"></svg>'
             f'<div class="controls">{_controls(data)}'
             '<table id="table"><thead><tr><th>bin</th><th>range</th><th>n</th>'
-            "<th>confidence</th><th>accuracy</th></tr></thead><tbody></tbody></table>"
+            f"<th>confidence</th><th>{rate}</th></tr></thead><tbody></tbody></table>"
             "</div></div>"
         )
     return (

@@ -100,7 +100,7 @@
     el("text", { x: X(0.5), y: H - 4, class: "label", "text-anchor": "middle" }, svg,
       "confidence");
     el("text", { x: 12, y: Y(0.5), class: "label", "text-anchor": "middle",
-      transform: `rotate(-90 12 ${Y(0.5)})` }, svg, "accuracy");
+      transform: `rotate(-90 12 ${Y(0.5)})` }, svg, C === 1 ? "positive rate" : "accuracy");
   }
 
   function draw(st, B) {
@@ -114,7 +114,7 @@
         const bar = el("rect", { x: x0, y: Y(acc), width: w, height: Y(0) - Y(acc),
           class: "bar" }, svg);
         el("title", {}, bar, `bin ${b}: n=${st.n[b]}, confidence ${conf.toFixed(3)}, ` +
-          `accuracy ${acc.toFixed(3)}`);
+          `${C === 1 ? "positive rate" : "accuracy"} ${acc.toFixed(3)}`);
         el("rect", { x: x0, y: Y(Math.max(acc, conf)), width: w,
           height: Math.abs(Y(acc) - Y(conf)), class: conf > acc ? "gap over" : "gap under" }, svg);
       }
