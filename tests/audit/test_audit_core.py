@@ -350,3 +350,21 @@ def test_text_and_markdown_hold_every_section(data: tuple[torch.Tensor, ...]) ->
 def test_non_finite_numbers_are_written_as_null() -> None:
     r = AuditReport("pass", {"ece": math.nan, "x": [math.inf, 1.0]}, {}, {"n_bins": 10})
     assert json.loads(r.to_json())["pooled"] == {"ece": None, "x": [None, 1.0]}
+
+
+def test_many_groups_are_linear_and_json_compact_above_1000_groups() -> None:
+    """3000 groups: one summary per group, every group's own numbers (a group equals an audit
+    of its rows alone), and report.json compact (indent only up to 1000 groups)."""
+    g = torch.Generator().manual_seed(9)
+    n, G = 30000, 3000
+    p = torch.rand(n, generator=g, dtype=torch.float64)
+    y = (torch.rand(n, generator=g, dtype=torch.float64) < p).long()
+    grp = torch.randint(0, G, (n,), generator=g)
+    r = audit(p, y, groups=grp, threshold=0.8, sample_size=0)
+    assert len(r.groups) == G and r.settings["family"] == G + 1
+    for k in (0, 1234, G - 1):
+        alone = audit(p[grp == k], y[grp == k], threshold=0.8, sample_size=0)
+        for key in ("n", "ece", "ece_debiased", "ece_ci", "mce", "table"):
+            assert _close(r.groups[str(k)][key], alone.pooled[key]), key
+    text = r.to_json()
+    assert "\n" not in text and json.loads(text) == r.to_dict()
