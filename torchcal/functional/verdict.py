@@ -29,7 +29,7 @@ from torch import Tensor
 
 from torchcal.functional._validation import check_number
 from torchcal.functional.calibration.binning import BinnedStats
-from torchcal.functional.calibration.intervals import wilson_interval
+from torchcal.functional.decision import window_gap_from_stats
 
 __all__ = [
     "FAIL",
@@ -59,14 +59,6 @@ def check_alpha(alpha: float) -> float:
 
 def _z(q: float) -> float:
     return float(torch.special.ndtri(torch.tensor(q, dtype=torch.float64)))
-
-
-def _window_bins(stats: BinnedStats, lo: float, hi: float) -> tuple[int, int]:
-    B = stats.n_bins
-    a, b = round(lo * B), round(hi * B)
-    if not (abs(lo * B - a) < 1e-9 and abs(hi * B - b) < 1e-9 and 0 <= a < b <= B):
-        raise ValueError(f"lo, hi: expected bin edges k/{B} with lo < hi, got [{lo!r}, {hi!r})")
-    return a, b
 
 
 def _score_tail(hits: Tensor, q0: Tensor, n: Tensor, *, upper: bool) -> Tensor:
@@ -166,13 +158,10 @@ def window_gap_test(
     """
     tol = check_number("tolerance", tolerance, strict=True)
     alpha = check_alpha(alpha)
-    a, b = _window_bins(stats, lo, hi)
-    n = stats.count[..., a:b].sum((-2, -1))
+    w = window_gap_from_stats(stats, lo, hi)  # n, confidence, accuracy, 95 % Wilson
+    n, conf, acc = w["n"], w["confidence"], w["accuracy"]
     nf = n.to(torch.float64)
-    conf = stats.conf[..., a:b].sum((-2, -1)) / nf
-    hits = stats.acc[..., a:b].sum((-2, -1))
-    acc = hits / nf
-    a_lo, a_hi = wilson_interval(hits, nf)
+    hits = torch.round(acc * nf)  # a count of 0/1 outcomes: exact after rounding
     w_lo, w_hi = wilson_cc_interval(hits, nf, level=1 - 2 * alpha)
     q_over, q_under = conf - tol, conf + tol
     p_over = torch.where(q_over > 0, _score_tail(hits, q_over, nf, upper=False), 1.0)
@@ -186,11 +175,7 @@ def window_gap_test(
     empty = n == 0
     nan = torch.full_like(conf, math.nan)
     return {
-        "n": n,
-        "confidence": conf,
-        "accuracy": acc,
-        "gap": conf - acc,
-        "accuracy_ci": torch.stack([a_lo, a_hi], -1),
+        **w,
         "gap_ci": torch.stack([conf - w_hi, conf - w_lo], -1),
         "p_pass": torch.where(empty, nan, p_pass),
         "p_fail": torch.where(empty, nan, p_fail),
