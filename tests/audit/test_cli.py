@@ -81,6 +81,9 @@ def test_fit_temperature_repairs_on_held_out_half(judging, tmp_path, capsys):
     assert t["eval_before"]["groups"]["open_qa"]["verdict"] == "fail"
     assert {g["verdict"] for g in t["eval_after"]["groups"].values()} == {"pass"}
     assert "temperature" in out
+    # the held-out lines show the quantity the verdict is judged on (the gap near 0.8)
+    (after,) = [ln for ln in out.splitlines() if ln.strip().startswith("eval_after:")]
+    assert "open_qa gap " in after and " ECE " not in after
 
 
 def _drifted_csv(path, seed):
