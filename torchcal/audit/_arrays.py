@@ -56,6 +56,11 @@ def _group_ids(
     return groups.ids_of(names, inverse)
 
 
+def _row_of(rows: np.ndarray) -> Callable[[int], str]:
+    """Where the ``i``-th of the kept ``rows`` is."""
+    return lambda i: f"row {int(rows[i])}"
+
+
 def _name(v: object) -> str:
     return v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else str(v)
 
@@ -162,6 +167,7 @@ def read_arrays(
     chunk_rows: int,
     log: ReadLog,
 ) -> Iterator[Chunk]:
+    """NPZ/.pt columns (numbers only: nothing is excluded, ``log`` is for symmetry)."""
     p = os.fspath(path)
     data = _load_mapping(path, kind)
     locate_columns(p, list(data), [*columns, *([group] if group else [])])
@@ -173,31 +179,26 @@ def read_arrays(
             )
     gvalues = None if group is None else _as_array(data[group], group)
     n = len(raw[columns[0]])
-    for c, a in [*raw.items(), *([(group, gvalues)] if gvalues is not None else [])]:
+    named = [*raw.items(), *([(group or "", gvalues)] if gvalues is not None else [])]
+    for c, a in named:
         if a.ndim == 0 or len(a) != n:
             got = "a scalar" if a.ndim == 0 else f"{len(a)} rows"
             raise ValueError(f"{c}: {got}, but {columns[0]} has {n}")
     if n == 0:
         raise ValueError(f"{p}: no data rows")
     rows = np.arange(n)
-    arrays, keep = {}, np.ones(n, dtype=bool)
-    for c, k in zip(columns, kinds):
-        arrays[c], bad = _column_values(raw[c], c, k, rows, lambda i: f"row {i}", text=False)
-        if bad is not None:
-            _exclude(log, c, bad & keep, raw[c], rows, "not a number nor a percent")
-            keep &= ~bad
+    arrays = {
+        c: _column_values(raw[c], c, k, rows, lambda i: f"row {i}", text=False)[0]
+        for c, k in zip(columns, kinds)
+    }
     groups, gids = GroupIndex(), None
-    if gvalues is not None:
-        gids = _group_ids(gvalues[keep], group, groups, lambda i: f"row {int(rows[keep][i])}")
-    if not keep.all():
-        arrays = {c: a[keep] for c, a in arrays.items()}
-        rows = rows[keep]
-        n = rows.size
+    if group is not None and gvalues is not None:
+        gids = _group_ids(gvalues, group, groups, lambda i: f"row {i}")
     for start in range(0, n, chunk_rows):
         stop = min(n, start + chunk_rows)
         cols = {c: arrays[c][start:stop] for c in columns}
         g = None if gids is None else gids[start:stop]
-        yield Chunk(cols, g, list(groups.names), None, start, stop, rows[start:stop])
+        yield Chunk(cols, g, list(groups.names), None, start, stop)
 
 
 def read_parquet(
@@ -246,8 +247,7 @@ def read_parquet(
                 keep &= ~bad
         gids = None
         if group is not None:
-            r = rows[keep]
-            gids = _group_ids(cols[group][keep], group, groups, lambda i, r=r: f"row {int(r[i])}")
+            gids = _group_ids(cols[group][keep], group, groups, _row_of(rows[keep]))
         if not keep.all():
             num = {c: v[keep] for c, v in num.items()}
         yield Chunk(num, gids, list(groups.names), None, kept, offset + n, rows[keep])

@@ -171,10 +171,10 @@ def _batches(
             raise Fallback(str(e)) from None
 
 
-def _numpy(array: Any, dtype: type = np.float64) -> np.ndarray:
-    """A read-only numpy view of a pyarrow array of ``dtype`` without nulls
+def _numpy(array: Any, kind: Any = np.float64) -> np.ndarray:
+    """A read-only numpy view of a pyarrow array of dtype ``kind`` without nulls
     (``Array.to_numpy`` would import pandas: ~0.4 s)."""
-    dtype = np.dtype(dtype)
+    dtype = np.dtype(kind)
     if array.type.bit_width != 8 * dtype.itemsize or array.null_count:
         raise Fallback(f"unexpected column type {array.type}")
     buf = array.buffers()[1]

@@ -28,6 +28,7 @@ import io
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -324,11 +325,11 @@ def split_fields(body: bytes, ncols: int, rows: int) -> Fields | None:
     seps = np.flatnonzero((buf == _COMMA) | (buf == _NEWLINE))
     if seps.size != rows * ncols:
         return None
-    seps = seps.reshape(rows, ncols)
+    table = seps.reshape(rows, ncols)
     # n newlines, all in the last slot of a row: every line has exactly ncols - 1 commas
-    if not (buf[seps[:, -1]] == _NEWLINE).all():
+    if not (buf[table[:, -1]] == _NEWLINE).all():
         return None
-    return Fields(buf, seps)
+    return Fields(buf, table)
 
 
 def _windows(buf: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
@@ -357,7 +358,7 @@ def loadtxt_columns(
         >>> loadtxt_columns(b"a,1\\nb,x\\n", [1]) is None
         True
     """
-    kw: dict[str, object] = {"delimiter": ",", "usecols": usecols, "comments": None, "ndmin": 2}
+    kw: dict[str, Any] = {"delimiter": ",", "usecols": usecols, "comments": None, "ndmin": 2}
     if converters:
         kw["converters"] = converters
     if quoted:
