@@ -1,21 +1,25 @@
 """The ``torchcal`` console script: audit a model's probabilities on a file of predictions and
 labels, compare two audits, fit a temperature, write example data.
 
-Subcommands (``torchcal SUBCOMMAND --help`` for every option)::
+Subcommands (``torchcal SUBCOMMAND --help`` for every option and its default)::
 
     torchcal audit FILE (--probs COL... | --logits COL...) --label COL [--group COL]
-        [--threshold T] [--tolerance 0.05] [--bins 10] [--cost-error X --cost-escalation Y]
-        [--fit-temperature] [--reference OLD.json] [--out DIR] [--seed 0] [--chunk-rows N]
-        [--no-progress] [--threads 1]
+        [--threshold T] [--tolerance 0.05] [--alpha 0.05] [--power 0.8] [--bins N]
+        [--inconclusive-exit 3] [--cost-error X --cost-escalation Y] [--fit-temperature]
+        [--reference OLD.json] [--out DIR] [--diagrams 20] [--seed 0] ...
     torchcal compare OLD.json NEW.json
     torchcal fit-temperature FILE (--probs COL... | --logits COL...) --label COL [--group COL]
         [-o temperature.pt]
-    torchcal example OUT.csv [--n 3000] [--seed 0]
+    torchcal example OUT.csv [--kind judging|stated] [--n 3000] [--seed 0]
 
-Files: CSV (streamed), NPZ, ``.pt``, Parquet (with pyarrow); see :mod:`torchcal.audit.io`.
-Exit codes: **0** every verdict passed (and no drift against ``--reference``), **1** a verdict
-failed or drift was flagged, **2** bad input: one line ``torchcal: error: <message>`` on
-stderr naming the column or value, never a traceback.
+The verdict is a statistical test (docs/audit.md): **0** PASS (every row's interval inside
+the tolerance, and no drift against ``--reference``), **1** FAIL (a row's interval outside
+it, or drift flagged), **3** INCONCLUSIVE (the data cannot tell; ``--inconclusive-exit``
+chooses 0, 1 or 3), **2** bad input: one line ``torchcal: error: <message>`` on stderr naming
+the file, column or flag, never a traceback.
+
+The parser runs before anything heavy is imported: ``--help``, ``--version`` and argument
+errors are answered without importing torch (it is imported when a command runs).
 
 Example:
     >>> import tempfile
@@ -28,15 +32,26 @@ Example:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["main", "build_parser"]
+__all__ = ["EXIT_CODES", "build_parser", "main"]
 
 PROGRESS_BYTES = 50 * 2**20  # files above this size get a progress bar
+#: the most bins the audit accepts (torchcal.audit.core.MAX_BINS; repeated so that argument
+#: errors need no torch import; a test keeps the two equal)
+MAX_BINS = 10_000
+#: exit codes of ``torchcal audit``/``compare``
+EXIT_CODES = {"pass": 0, "fail": 1, "error": 2, "inconclusive": 3}
+
+_EPILOG = (
+    "exit codes: 0 PASS, 1 FAIL (or drift against --reference), 2 bad input (one line on "
+    "stderr naming the file, column or flag), 3 INCONCLUSIVE (change with --inconclusive-exit)"
+)
 
 
 class InputError(Exception):
@@ -48,22 +63,92 @@ class _Parser(argparse.ArgumentParser):
         raise InputError(message)
 
 
-def _add_columns(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="CSV, NPZ, .pt or Parquet file of predictions and labels")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--probs", nargs="+", metavar="COL", help="P(y=1), or one column per class")
-    src.add_argument("--logits", nargs="+", metavar="COL", help="logit, or one column per class")
-    p.add_argument("--label", required=True, metavar="COL", help="0/1 label or class index")
-    p.add_argument("--group", metavar="COL", help="domain column: one verdict per group")
-    p.add_argument("--chunk-rows", type=int, default=1 << 20, help="rows per chunk (memory)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on large files")
+class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in every option's help, the description as written."""
+
+
+def _fraction(flag: str, lo_open: float = 0.0, hi_open: float = 1.0, hint: str = "") -> Any:
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected a number") from None
+        if not (math.isfinite(v) and lo_open < v < hi_open):
+            extra = ""
+            if hint and math.isfinite(v) and 1 <= v < 100:
+                extra = f" (did you mean {v / 100:g}? {hint})"
+            raise argparse.ArgumentTypeError(
+                f"expected a value in ({lo_open:g}, {hi_open:g}), got {text}{extra}"
+            )
+        return v
+
+    parse.__name__ = flag
+    return parse
+
+
+def _bins(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer") from None
+    if not 1 <= v <= MAX_BINS:
+        per = 40 * v
+        mem = f"{per / 1e9:.3g} GB" if per >= 1e9 else f"{per / 1e6:.3g} MB"
+        raise argparse.ArgumentTypeError(
+            f"expected an integer in [1, {MAX_BINS}], got {v} (the audit keeps 40 bytes per bin "
+            f"and group: {mem} per group)"
+        )
+    return v
 
 
 def positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer") from None
     if value < 1:
-        raise ValueError(f"expected an integer >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
+
+
+def _diagrams(text: str) -> int | None:
+    if text == "all":
+        return None
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer >= 0 or 'all', got {text!r}"
+        ) from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or 'all', got {v}")
+    return v
+
+
+def _add_columns(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="CSV, NPZ, .pt or Parquet file of predictions and labels")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--probs",
+        nargs="+",
+        metavar="COL",
+        help="P(y=1) (or a stated confidence: 0.85 or 85%%), or one column per class",
+    )
+    src.add_argument("--logits", nargs="+", metavar="COL", help="logit, or one column per class")
+    p.add_argument("--label", required=True, metavar="COL", help="0/1 label or class index")
+    p.add_argument("--group", metavar="COL", help="domain column: one verdict per group")
+    p.add_argument(
+        "--chunk-rows", type=positive_int, default=1 << 20, help="rows per chunk (memory)"
+    )
+    p.add_argument(
+        "--max-unparsed",
+        type=_fraction("--max-unparsed", -1e-300, 1.0),
+        default=0.01,
+        metavar="FRACTION",
+        help="share of rows whose confidence may fail to parse (excluded and counted) before "
+        "the file is rejected",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on large files")
 
 
 #: API argument -> the flag that sets it (error messages name what the user typed)
@@ -71,62 +156,172 @@ _FLAGS = {
     "n_bins": "--bins",
     "threshold": "--threshold",
     "tolerance": "--tolerance",
+    "alpha": "--alpha",
+    "power": "--power",
     "cost_error": "--cost-error",
     "cost_escalation": "--cost-escalation",
 }
 
 
+def _version() -> str:
+    """The installed package's version (pyproject.toml's, read from its metadata) without
+    importing torchcal, hence torch."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torchcal")
+    except PackageNotFoundError:  # pragma: no cover - a checkout never installed
+        return "0+unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``torchcal`` argument parser (errors raise instead of exiting)."""
-    parser = _Parser(prog="torchcal", description="Calibration audits from the command line.")
+    parser = _Parser(
+        prog="torchcal",
+        description="Calibration audits from the command line.",
+        epilog=_EPILOG,
+        formatter_class=_Help,
+    )
     parser.add_argument("--version", action="version", version=f"torchcal {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    a = sub.add_parser("audit", help="audit probabilities against labels; exit 1 on FAIL")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
+    a = sub.add_parser(
+        "audit",
+        help="audit probabilities against labels (a test: PASS 0, FAIL 1, INCONCLUSIVE 3)",
+        description="Audit a model's probabilities against labels. The verdict is a test at "
+        "level --alpha: PASS when every row's (pooled and per group) 1 - 2 alpha interval of "
+        "the gap near --threshold (or of the ECE without one) lies inside +-tolerance, FAIL "
+        "when one lies outside (Holm-adjusted over the rows), else INCONCLUSIVE.",
+        epilog=_EPILOG,
+        formatter_class=_Help,
+    )
     _add_columns(a)
-    a.add_argument("--threshold", type=float, help="decision threshold (p >= T automates)")
-    a.add_argument("--tolerance", type=float, default=0.05, help="largest allowed |gap|")
-    a.add_argument("--bins", type=int, default=10, help="equal-width bins")
+    a.add_argument(
+        "--threshold",
+        type=_fraction("--threshold"),
+        help="decision threshold (p >= T automates): judge the gap in the bins around it "
+        "(default: judge the ECE)",
+    )
+    a.add_argument(
+        "--tolerance",
+        type=_fraction("--tolerance", hint="the tolerance is a fraction: 0.05 is 5 points"),
+        default=0.05,
+        help="largest allowed |gap| (or ECE), a fraction",
+    )
+    a.add_argument(
+        "--alpha",
+        type=_fraction("--alpha", 0.0, 0.5),
+        default=0.05,
+        help="level: each wrong PASS or FAIL has probability <= alpha",
+    )
+    a.add_argument(
+        "--power",
+        type=_fraction("--power"),
+        default=0.8,
+        help="power at which the smallest detectable gap is reported",
+    )
+    a.add_argument(
+        "--inconclusive-exit",
+        type=int,
+        choices=(0, 1, 3),
+        default=3,
+        help="exit code of an INCONCLUSIVE verdict (0 lets it through, 1 blocks like a FAIL)",
+    )
+    a.add_argument(
+        "--bins",
+        type=_bins,
+        default=None,
+        help=f"equal-width bins, at most {MAX_BINS} (default: 10, or one bin per value when "
+        "the confidences sit on a 0.05 or 0.1 grid)",
+    )
     a.add_argument("--cost-error", type=float, help="cost of an automated error")
     a.add_argument("--cost-escalation", type=float, help="cost of sending an item to a person")
     a.add_argument("--fit-temperature", action="store_true", help="fit T on a seeded half")
     a.add_argument("--reference", metavar="OLD.json", help="earlier report.json: flag drift")
     a.add_argument("--out", metavar="DIR", help="write report.json/md/txt/html and PNGs here")
-    a.add_argument("--seed", type=int, default=0, help="seed of the sample, bootstrap, split")
     a.add_argument(
-        "--threads", type=positive_int, default=1, help="torch threads for the audit (default 1)"
+        "--diagrams",
+        type=_diagrams,
+        default=20,
+        metavar="N|all",
+        help="PNG diagrams written with --out: the pooled one and the worst groups, N in all",
     )
-    c = sub.add_parser("compare", help="drift between two report.json files; exit 1 if flagged")
-    c.add_argument("old")
-    c.add_argument("new")
-    f = sub.add_parser("fit-temperature", help="fit a temperature (per group with --group)")
+    a.add_argument("--seed", type=int, default=0, help="seed of the sample and the fit split")
+    a.add_argument("--threads", type=positive_int, default=1, help="torch threads for the audit")
+    c = sub.add_parser(
+        "compare",
+        help="drift between two report.json files (exit 1 if flagged)",
+        description="Drift between two audits' report.json, per group (exit 1 if a group got "
+        "significantly worse; 3 if a group of the old report is missing or cannot be judged).",
+        epilog=_EPILOG,
+        formatter_class=_Help,
+    )
+    c.add_argument("old", help="the earlier report.json")
+    c.add_argument("new", help="the later report.json")
+    c.add_argument(
+        "--inconclusive-exit", type=int, choices=(0, 1, 3), default=3,
+        help="exit code when a group is missing or cannot be judged",
+    )  # fmt: skip
+    f = sub.add_parser(
+        "fit-temperature",
+        help="fit a temperature (per group with --group)",
+        description="Fit a temperature on all rows (per group with --group) and save it.",
+        formatter_class=_Help,
+    )
     _add_columns(f)
-    f.add_argument("-o", "--output", metavar="PATH", help="save the scaler's state_dict here")
-    e = sub.add_parser("example", help="write the two-domain judging example CSV")
-    e.add_argument("out")
-    e.add_argument("--n", type=int, default=3000, help="rows per domain")
-    e.add_argument("--seed", type=int, default=0)
+    f.add_argument(
+        "-o",
+        "--output",
+        metavar="PATH",
+        help="save the temperatures (by group name) here: a .pt file, read back with "
+        "torchcal.audit.load_temperatures",
+    )
+    e = sub.add_parser(
+        "example",
+        help="write an example CSV",
+        description="Write example data: 'judging' (a probability per answer, two domains) or "
+        "'stated' (an LLM judge's stated confidences such as '85%%', on a 0.05 grid).",
+        formatter_class=_Help,
+    )
+    e.add_argument("out", help="the CSV file to write")
+    e.add_argument("--kind", choices=("judging", "stated"), default="judging", help="which data")
+    e.add_argument("--n", type=positive_int, default=3000, help="rows per domain")
+    e.add_argument("--seed", type=int, default=0, help="seed")
     return parser
 
 
-def _version() -> str:
-    from torchcal import __version__
-
-    return __version__
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the console script; returns the exit code (0 pass, 1 fail or drift, 2 bad input)."""
+    """Run the console script; returns the exit code (:data:`EXIT_CODES`)."""
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
+        if args.command is None:  # bare `torchcal`: the commands
+            parser.print_help()
+            return 2
         return _COMMANDS[args.command](args)
-    except SystemExit as e:  # --help
+    except SystemExit as e:  # --help, --version
         return int(e.code or 0)
+    except KeyboardInterrupt:
+        print("torchcal: interrupted", file=sys.stderr)
+        return 2
     except (InputError, ValueError, OSError) as e:
-        msg = " ".join(str(e).split()) or type(e).__name__
+        msg = _one_line(e).removeprefix("argument ")
         name = msg.split(":", 1)[0]
         if name in _FLAGS:  # an API argument's message names the command-line flag
             msg = _FLAGS[name] + msg[len(name) :]
         print(f"torchcal: error: {msg}", file=sys.stderr)
+        return 2
+    except Exception as e:  # never a traceback: one line, exit 2
+        if os.environ.get("TORCHCAL_TRACEBACK"):
+            raise
+        print(
+            f"torchcal: error: {type(e).__name__}: {_one_line(e)[:300]} (an internal error: "
+            f"set TORCHCAL_TRACEBACK=1 for the traceback and please report it)",
+            file=sys.stderr,
+        )
         return 2
 
 
@@ -142,12 +337,16 @@ def _batches(args: argparse.Namespace) -> Iterator[Any]:
         group=args.group,
         input="probs" if args.probs else "logits",
         chunk_rows=args.chunk_rows,
+        max_unparsed=args.max_unparsed,
     )
     big = unit == "B" and total > PROGRESS_BYTES
+    try:
+        from tqdm import tqdm  # an extra (torchcal[audit]): no bar without it
+    except ImportError:
+        big = False
     if args.no_progress or not big:
         yield from batches
         return
-    from tqdm import tqdm
 
     with tqdm(total=total, unit=unit, unit_scale=True, file=sys.stderr, leave=False) as bar:
         for b in batches:
@@ -155,35 +354,51 @@ def _batches(args: argparse.Namespace) -> Iterator[Any]:
             yield b
 
 
-def _check_audit_args(args: argparse.Namespace) -> None:
+def _check_audit_args(args: argparse.Namespace) -> Any:
+    """Every option checked before the work starts; returns the reference dict (or None)."""
     if (args.cost_error is None) != (args.cost_escalation is None):
         given = "--cost-error" if args.cost_error is not None else "--cost-escalation"
         other = "--cost-escalation" if given == "--cost-error" else "--cost-error"
         raise InputError(f"{given}: needs {other} too (the threshold weighs one against the other)")
-    if args.chunk_rows < 1:
-        raise InputError(f"--chunk-rows: expected a positive integer, got {args.chunk_rows}")
-    if args.reference is not None and not os.path.isfile(args.reference):
-        raise InputError(f"--reference: no such file {args.reference}")
+    for flag, v in (("--cost-error", args.cost_error), ("--cost-escalation", args.cost_escalation)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise InputError(f"{flag}: expected a positive number, got {v}")
+    if not os.path.isfile(args.file):
+        raise InputError(f"{args.file}: no such file")
+    if args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise InputError(f"--out: {args.out} exists and is not a directory")
+    ref = None
+    if args.reference is not None:
+        from torchcal.audit.report import load_report_dict
+
+        if not os.path.isfile(args.reference):
+            raise InputError(f"--reference: no such file {args.reference}")
+        try:
+            ref = load_report_dict(args.reference)
+        except ValueError as e:
+            raise InputError(f"--reference: {args.reference}: {e}") from None
+    return ref
 
 
 def _audit(args: argparse.Namespace) -> int:
+    ref = _check_audit_args(args)
     import torch
 
     from torchcal.audit import Auditor, compare
 
-    _check_audit_args(args)
-    auditor = Auditor(input="probs" if args.probs else "logits", n_bins=args.bins, seed=args.seed)
+    input = "probs" if args.probs else "logits"
+    auditor = Auditor(input=input, n_bins=args.bins, seed=args.seed)
     names: list[str] = []
+    log = None
     threads = torch.get_num_threads()
-    torch.set_num_threads(
-        args.threads
-    )  # light per-chunk arithmetic: threads cost more than they save
+    torch.set_num_threads(args.threads)  # light per-chunk arithmetic: threads cost more
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for b in _batches(args):
                 auditor.update(b.preds, b.target, b.groups)
                 names = b.group_names
+                log = b.log
             report = auditor.report(
                 group_names=names if args.group else None,
                 threshold=args.threshold,
@@ -191,23 +406,30 @@ def _audit(args: argparse.Namespace) -> int:
                 cost_error=args.cost_error,
                 cost_escalation=args.cost_escalation,
                 fit_temperature=args.fit_temperature,
+                alpha=args.alpha,
+                power=args.power,
+                read_log=log.to_dict() if log is not None else None,
             )
     finally:
         torch.set_num_threads(threads)
     for w in dict.fromkeys(str(w.message) for w in caught):
         if w not in report.warnings:
             print(f"torchcal: warning: {w}", file=sys.stderr)
+    codes = {**EXIT_CODES, "inconclusive": args.inconclusive_exit}
+    code = codes[report.verdict]
+    if args.out is not None:  # before the text: report.json names the diagrams
+        paths = report.save(args.out, max_diagrams=args.diagrams)
     print(report.to_text(), end="")
-    code = 0 if report.verdict == "pass" else 1
-    if args.reference is not None:
-        comparison = compare(args.reference, report)
+    if ref is not None:
+        comparison = compare(ref, report)
         print(f"\ncompared with {args.reference}:")
         print(comparison.to_text(), end="")
         if comparison.flagged:
-            print(f"DRIFT: calibration got worse in {', '.join(comparison.flagged)}")
-            code = 1
+            print(f"DRIFT: calibration got worse in {', '.join(comparison.flagged_names)}")
+            code = EXIT_CODES["fail"]
+        elif comparison.unjudged and code == EXIT_CODES["pass"]:
+            code = args.inconclusive_exit
     if args.out is not None:
-        paths = report.save(args.out)
         print(f"wrote {len(paths)} files to {args.out}")
     return code
 
@@ -217,44 +439,63 @@ def _compare(args: argparse.Namespace) -> int:
 
     comparison = compare(args.old, args.new)
     print(comparison.to_text(), end="")
-    return 1 if comparison.flagged else 0
+    if comparison.flagged:
+        return EXIT_CODES["fail"]
+    return args.inconclusive_exit if comparison.unjudged else EXIT_CODES["pass"]
+
+
+def _check_output(path: str | None) -> None:
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise InputError(
+            f"-o: {path} is a directory; give a file path such as {path}/temperature.pt"
+        )
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise InputError(f"-o: the directory {os.path.dirname(path) or '.'} does not exist")
 
 
 def _fit_temperature(args: argparse.Namespace) -> int:
+    _check_output(args.output)
+    if not os.path.isfile(args.file):
+        raise InputError(f"{args.file}: no such file")
     import torch
 
-    from torchcal.functional.decision import probs_to_logits
-    from torchcal.scaling import GroupTemperatureScaler, TemperatureScaler
+    from torchcal.audit import fit_temperature_file
+    from torchcal.audit._format import display_name
 
     parts = list(_batches(args))
     preds = torch.cat([b.preds for b in parts])
     target = torch.cat([b.target for b in parts])
-    z, clamped = (preds, 0)
-    if args.probs:
-        z, clamped = probs_to_logits(preds, binary=preds.dim() == 1)
-    if clamped:
-        print(f"note: {clamped} probabilities of exactly 0 or 1 were clamped to finite logits")
-    if args.group:
-        groups = torch.cat([b.groups for b in parts])
-        names = parts[-1].group_names
-        scaler: Any = GroupTemperatureScaler(len(names))
-        result = scaler.fit(z, target, groups)
-        print(result)
-        for name, t in zip(names, scaler.temperatures.tolist(), strict=True):
-            print(f"T[{name}] = {t:.6g}")
-    else:
-        scaler = TemperatureScaler()
-        print(scaler.fit(z, target))
+    groups = torch.cat([b.groups for b in parts]) if args.group else None
+    names = parts[-1].group_names if args.group else None
+    fit = fit_temperature_file(
+        preds, target, groups, names, input="probs" if args.probs else "logits"
+    )
+    if fit["clamped"]:
+        print(
+            f"warning: {fit['clamped']} probabilities of exactly 0 or 1 were clamped to finite "
+            f"logits (+-36.74), which biases T: pass --logits if you have them",
+            file=sys.stderr,
+        )
+    print(f"fitted on {fit['n']} rows: pooled T = {fit['pooled']:.6g}")
+    for name, t in fit["temperatures"].items():
+        if args.group:
+            print(f"T[{display_name(name)}] = {t:.6g}")
     if args.output:
-        torch.save(scaler.state_dict(), args.output)
-        print(f"saved the state_dict to {args.output}")
+        torch.save(fit, args.output)
+        print(f"saved the temperatures to {args.output} (torchcal.audit.load_temperatures)")
     return 0
 
 
 def _example(args: argparse.Namespace) -> int:
-    from torchcal.audit.example import DOMAINS, write_judging_csv
+    from torchcal.audit.example import DOMAINS, write_judging_csv, write_stated_csv
 
-    n = write_judging_csv(args.out, args.n, args.seed)
+    if args.kind == "stated":
+        n = write_stated_csv(args.out, args.n, args.seed)
+    else:
+        n = write_judging_csv(args.out, args.n, args.seed)
     print(f"wrote {n} rows (domains: {', '.join(DOMAINS)}) to {args.out}")
     return 0
 

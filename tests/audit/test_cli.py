@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from torchcal import cli
-from torchcal.audit import AuditReport, audit
+from torchcal.audit import AuditReport, audit, load_temperatures
 from torchcal.audit.example import make_judging_data, write_judging_csv
 from torchcal.scaling import TemperatureScaler
 
@@ -81,6 +81,9 @@ def test_fit_temperature_repairs_on_held_out_half(judging, tmp_path, capsys):
     assert t["eval_before"]["groups"]["open_qa"]["verdict"] == "fail"
     assert {g["verdict"] for g in t["eval_after"]["groups"].values()} == {"pass"}
     assert "temperature" in out
+    # the held-out lines show the quantity the verdict is judged on (the gap near 0.8)
+    (after,) = [ln for ln in out.splitlines() if ln.strip().startswith("eval_after:")]
+    assert "open_qa gap " in after and " ECE " not in after
 
 
 def _drifted_csv(path, seed):
@@ -174,24 +177,29 @@ def test_logits_columns_multiclass(tmp_path, capsys):
     ref = audit(z, y, input="logits")
     assert rep["settings"]["reading"] == "confidence"
     assert rep["pooled"]["ece"] == pytest.approx(ref.pooled["ece"], rel=1e-12)
-    assert code == (0 if ref.verdict == "pass" else 1)
+    assert code == cli.EXIT_CODES[ref.verdict]
 
 
 def test_fit_temperature_command_matches_scaler(judging, tmp_path, capsys):
     out_pt = tmp_path / "t.pt"
     argv = ["fit-temperature", str(judging), "--probs", "p_correct", "--label", "correct"]
     assert cli.main([*argv, "-o", str(out_pt)]) == 0
-    assert "FitResult" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "FitResult" not in out and "pooled T = " in out
     d = make_judging_data()
     p = d["p_correct"]
-    ref = TemperatureScaler()
+    ref = TemperatureScaler(method="newton")
     ref.fit(torch.log(p) - torch.log1p(-p), d["correct"])
     state = torch.load(out_pt, weights_only=True)
     fitted = TemperatureScaler()
-    fitted.load_state_dict(state)
+    fitted.load_state_dict(state["state_dict"])
     assert fitted.temperature == pytest.approx(ref.temperature, rel=1e-9)
-    assert cli.main([*argv, "--group", "domain"]) == 0
-    assert "T[open_qa]" in capsys.readouterr().out
+    assert load_temperatures(out_pt) == {"pooled": pytest.approx(ref.temperature, rel=1e-9)}
+    assert cli.main([*argv, "--group", "domain", "-o", str(out_pt)]) == 0
+    out = capsys.readouterr().out
+    assert "T[open_qa]" in out and "FitResult" not in out
+    temps = load_temperatures(out_pt)  # by group name
+    assert sorted(temps) == ["math", "open_qa"] and temps["open_qa"] > 1.8
 
 
 def test_progress_bar_does_not_change_output(judging, tmp_path, capsys, monkeypatch):
@@ -250,12 +258,15 @@ def test_missing_file_and_bad_reports_exit_2(tmp_path, capsys):
     code, _, err = _audit(capsys, tmp_path / "none.csv", "--probs", "p", "--label", "y")
     assert code == 2 and "none.csv" in err and err.count("\n") == 1
     reports = {
-        "schema.json": ('{"schema_version": 2}', "schema_version"),
+        "schema.json": ('{"schema_version": 3}', "schema_version"),
         "text.json": ("not json", "old"),
-        "list.json": ('{"schema_version": 1, "verdict": "pass", "settings": {}, "pooled": {},'
-                      ' "groups": [1]}', "groups"),
-        "keys.json": ('{"schema_version": 1, "verdict": "pass", "settings": {}, "pooled": {},'
-                      ' "groups": {"math": {"ece": 0.1}}}', "'math' has no 'ece_ci'"),
+        "list.json": ('{"schema_version": 2, "verdict": "pass", "settings": {}, "pooled": {},'
+                      ' "groups": [1]}', "settings.n_bins"),
+        "keys.json": ('{"schema_version": 2, "verdict": "pass", "settings": {"n_bins": 10, '
+                      '"threshold": null, "tolerance": 0.05, "interval_level": 0.9}, "pooled": '
+                      '{"n": 0, "verdict": "pass", "threshold_gap": null}, '
+                      '"groups": {"math": {"n": 5, "verdict": "pass", "ece": 0.1}}}',
+                      "groups['math'].ece_debiased"),
     }  # fmt: skip
     for name, (text, named) in reports.items():
         (tmp_path / name).write_text(text)

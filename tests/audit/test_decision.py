@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -39,15 +40,35 @@ def _stats(p: torch.Tensor, y: torch.Tensor, B: int = 10):
     return binned_statistics(p, y, n_bins=B, reading="binary", input="probs").pooled()
 
 
-@pytest.mark.parametrize("B", [5, 10, 13])
-def test_threshold_window_is_the_bin_and_its_lower_neighbour(B: int) -> None:
-    for t in np.linspace(0, 1, 41):
-        lo, hi = threshold_window(float(t), B)
-        k = min(int(np.floor(t * B)), B - 1)
-        assert (lo, hi) == (max(k - 1, 0) / B, (k + 1) / B)
-        assert lo <= t <= hi
+def _contains(t: float, B: int) -> None:
+    """The window of ``t`` contains ``t`` exactly (as the decimal it was written as) and the
+    float64 bin of a confidence equal to ``t``; it is the bin holding t and its neighbour."""
+    lo, hi = threshold_window(t, B)
+    a, b = round(lo * B), round(hi * B)
+    exact = Fraction(repr(t))
+    assert Fraction(repr(lo)) <= exact and (exact < Fraction(repr(hi)) or hi == 1.0), (t, B)
+    assert a <= min(math.floor(t * B), B - 1) < b, (t, B)  # the float64 bin rule
+    assert b - a == (1 if b == 1 else 2), (t, B)
+
+
+@pytest.mark.parametrize("B", [5, 10, 13, 50, 100])
+def test_threshold_window_contains_the_threshold(B: int) -> None:
+    for t in np.linspace(0, 1, 401)[1:-1].round(6):
+        _contains(float(t), B)
     assert threshold_window(0.8, 10) == (0.7, 0.9)
     assert threshold_window(1.0, 10) == (0.8, 1.0)
+
+
+def test_threshold_window_float64_floor_regressions() -> None:
+    """floor(0.29 * 100) is 28 in float64 (0.29 * 100 = 28.999999999999996): the old window
+    [0.27, 0.29) did not contain 0.29; the same for 0.57/0.58 at 100 bins and 0.58 at 50."""
+    assert threshold_window(0.29, 100) == (0.28, 0.3)
+    assert threshold_window(0.57, 100) == (0.56, 0.58)
+    assert threshold_window(0.58, 100) == (0.57, 0.59)
+    assert threshold_window(0.58, 50) == (0.56, 0.6)
+    for B in (7, 20, 100, 1000):  # a sweep of 3-decimal thresholds
+        for i in range(1, 1000):
+            _contains(i / 1000, B)
 
 
 def test_window_gap_matches_numpy_and_scipy_wilson() -> None:
@@ -192,3 +213,102 @@ def test_probs_to_logits_matches_scipy_and_counts_the_clamped() -> None:
     zm, nm = probs_to_logits(rows, binary=False)
     assert nm == 1 and zm[0, 2] == -LOGIT_LIMIT
     assert zm[1].numpy() == pytest.approx(np.log(np.full(3, 1 / 3)))
+
+
+# --- torchcal.functional.verdict: the tests behind the verdict -----------------------------
+
+from scipy.optimize import brentq  # noqa: E402
+from scipy.stats import norm  # noqa: E402
+
+from torchcal.functional.verdict import (  # noqa: E402
+    ece_test_from_stats,
+    holm_adjust,
+    wilson_cc_interval,
+    window_gap_test,
+)
+
+
+def test_wilson_cc_interval_inverts_the_corrected_score_test() -> None:
+    """Each bound is the q0 at which the continuity-corrected score test has p = (1-level)/2
+    (found by brentq, independently of the closed form), for many (k, n)."""
+    z = norm.ppf(0.95)
+    for n in (1, 2, 3, 5, 17, 100, 2500):
+        for k in sorted({0, 1, n // 3, n // 2, n - 1, n}):
+            lo, hi = (
+                float(v)
+                for v in wilson_cc_interval(torch.tensor([float(k)]), torch.tensor([float(n)]), 0.9)
+            )
+            f_lo = lambda q, k=k, n=n: (k - 0.5 - n * q) - z * math.sqrt(n * q * (1 - q))  # noqa: E731
+            f_hi = lambda q, k=k, n=n: (n * q - k - 0.5) - z * math.sqrt(n * q * (1 - q))  # noqa: E731
+            want_lo = 0.0 if k == 0 or f_lo(1e-15) < 0 else brentq(f_lo, 1e-15, k / n)
+            want_hi = 1.0 if k == n or f_hi(1 - 1e-15) < 0 else brentq(f_hi, k / n, 1 - 1e-15)
+            assert lo == pytest.approx(want_lo, abs=1e-9) and hi == pytest.approx(want_hi, abs=1e-9)
+    assert math.isnan(float(wilson_cc_interval(torch.tensor([0.0]), torch.tensor([0.0]))[0]))
+
+
+def test_window_gap_test_p_values_agree_with_the_interval() -> None:
+    """p_pass <= alpha exactly when the gap interval lies inside (-tol, tol), p_fail <= alpha
+    exactly when it lies outside; on many random windows (different n, confidences, hits)."""
+    g = torch.Generator().manual_seed(3)
+    reps, tol = 4000, 0.05
+    n = torch.randint(0, 400, (reps,), generator=g)
+    conf = 0.72 + 0.16 * torch.rand(reps, generator=g, dtype=torch.float64)
+    acc = torch.clamp(conf + 0.3 * (torch.rand(reps, generator=g, dtype=torch.float64) - 0.5), 0, 1)
+    hits = torch.round(acc * n).double()
+    z = torch.zeros(reps, 1, 10, dtype=torch.float64)
+    cnt = torch.zeros(reps, 1, 10, dtype=torch.int64)
+    cnt[:, 0, 7] = n
+    cs, hs = z.clone(), z.clone()
+    cs[:, 0, 7], hs[:, 0, 7] = conf * n, hits
+    from torchcal.functional.calibration import BinnedStats
+
+    t = window_gap_test(BinnedStats(cnt, cs, hs, z.clone(), z.clone()), 0.7, 0.9, tol)
+    lo, hi = t["gap_ci"].unbind(-1)
+    ok = n > 0
+    inside = (lo > -tol) & (hi < tol)
+    outside = (lo > tol) | (hi < -tol)
+    assert torch.equal((t["p_pass"] <= 0.05)[ok], inside[ok])
+    assert torch.equal((t["p_fail"] <= 0.05)[ok], outside[ok])
+    assert bool(torch.isnan(t["p_pass"][~ok]).all()) and int((~ok).sum()) > 0
+
+
+def test_holm_against_brute_force() -> None:
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(200, 6, generator=g, dtype=torch.float64) ** 3
+    p[::7, 2] = math.nan
+    adj = holm_adjust(p)
+    for row, a in zip(p.tolist(), adj.tolist()):
+        idx = [i for i, v in enumerate(row) if not math.isnan(v)]
+        m = len(idx)
+        order = sorted(idx, key=lambda i: row[i])
+        run = 0.0
+        for r, i in enumerate(order):
+            run = max(run, min(1.0, (m - r) * row[i]))
+            assert a[i] == pytest.approx(run, rel=1e-12)
+        assert all(math.isnan(a[i]) for i in range(6) if i not in idx)
+
+
+def test_ece_test_interval_respects_0_1_for_tiny_groups() -> None:
+    """The old bootstrap gave [-3.94, 5.74] for a 2-row group and [-0.93, 0.86] for 3 rows:
+    the ECE lies in [0, 1], and so does its interval (low <= debiased <= high)."""
+    for p, y in (([0.9, 0.1], [0, 1]), ([0.2, 0.6, 0.95], [1, 0, 0]), ([1.0], [0]), ([0.5], [1])):
+        s = _stats(torch.tensor(p, dtype=torch.float64), torch.tensor(y))
+        t = ece_test_from_stats(s, 0.05)
+        lo, hi = t["ci"].tolist()
+        assert 0 <= lo <= float(t["debiased"]) <= hi <= 1, (p, y, lo, hi)
+        assert float(t["p_pass"]) > 0.05  # two or three rows never show calibration
+
+
+def test_ece_test_clipped_estimate_says_so_and_agrees_with_its_interval() -> None:
+    p = torch.tensor([0.25, 0.75] * 200, dtype=torch.float64)  # every bin exactly calibrated
+    y = torch.tensor([1, 1, 0, 1, 0, 1, 0, 0] * 50)
+    t = ece_test_from_stats(_stats(p, y), 0.05)  # T = 0: the correction falls below 0
+    assert bool(t["clipped"]) and float(t["debiased"]) == 0.0 and float(t["ci"][0]) == 0.0
+    p, y = _data(5000, 4, power=2.0)  # miscalibrated: clearly above 0
+    t = ece_test_from_stats(_stats(p, y), 0.05)
+    assert not bool(t["clipped"]) and float(t["ci"][0]) > 0.05 and float(t["p_fail"]) < 1e-6
+    # p_pass <= alpha exactly when the upper bound is below the tolerance
+    for tol in np.linspace(0.01, 0.3, 30):
+        t = ece_test_from_stats(_stats(p, y), float(tol))
+        assert bool(t["p_pass"] <= 0.05) == bool(t["ci"][1] < tol)
+        assert bool(t["p_fail"] <= 0.05) == bool(t["ci"][0] > tol)

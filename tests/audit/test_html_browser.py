@@ -143,3 +143,40 @@ def test_multiclass_probs_match_python(browser, tmp_path):
     check_settings(page, report, [(1.0, 10, None), (0.3, 12, "a"), (3.0, 35, "b")], ["a", "b"])
     assert requests == [(tmp_path / "mp.html").as_uri()]
     assert errors == []
+
+
+def test_huge_logits_at_small_temperature_match_python(browser, tmp_path):
+    """Multiclass logits near 1e308 at T < 1: z / T overflows to inf; both sides shift by the
+    maximum first, so the page shows Python's number (it used to show 0.573 where Python
+    raised) and no row falls out of the bins."""
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(600, 3, generator=g, dtype=torch.float64) * 1e307
+    y = torch.randint(0, 3, (600,), generator=g)
+    report = audit(z, y, input="logits", n_bins=10)
+    page, requests, errors = open_page(browser, report, tmp_path / "huge.html")
+    check_settings(page, report, [(0.5, 10, None), (0.1, 7, None), (2.0, 10, None)], [])
+    assert page.get_attribute("#n", "data-dropped") == "0"
+    assert errors == [] and len(requests) == 1
+
+
+def test_verdict_is_in_view_at_1024_px(browser, tmp_path):
+    """At a 1024 x 768 window the verdict banner and the summary table's verdict column are
+    on screen (the table scrolls inside its box), and each reason is listed once."""
+    report, _, _ = binary_report()
+    path = tmp_path / "narrow.html"
+    path.write_text(report.to_html(), encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1024, "height": 768})
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+    page.screenshot(path=str(tmp_path / "narrow.png"))
+    assert (tmp_path / "narrow.png").read_bytes()[:4] == b"\x89PNG"
+    inside = """(sel) => { const r = document.querySelector(sel).getBoundingClientRect();
+      return [r.left, r.top, r.right, r.bottom, window.innerWidth, window.innerHeight]; }"""
+    left, top, right, bottom, w, h = page.evaluate(inside, "#verdict")
+    assert 0 <= left and right <= w and 0 <= top < h, (left, top, right, bottom, w, h)
+    cell = "#summary tr:nth-child(2) td:nth-child(2)"  # the pooled row's verdict
+    left, top, right, bottom, w, h = page.evaluate(inside, cell)
+    assert 0 <= left and right <= w and 0 <= top and bottom <= h, (left, right, top, bottom)
+    assert page.inner_text(cell) == report.pooled["verdict"].upper()
+    items = page.eval_on_selector_all("#verdict li", "els => els.map(e => e.textContent)")
+    assert sorted(items) == sorted(report.reasons) and len(set(items)) == len(items)

@@ -1,4 +1,11 @@
-"""(internal) The audit's NPZ, ``.pt`` and Parquet readers (see :mod:`torchcal.audit.io`)."""
+"""(internal) The audit's NPZ, ``.pt`` and Parquet readers (see :mod:`torchcal.audit.io`).
+
+Every column is 1-D (the prediction column may be one ``(N, C)`` array); a tensor is read as
+float64 when it is real and dense: float16/bfloat16 are upcast, sparse, quantized, meta, nested
+and complex tensors are errors naming the column (an NPZ/.pt column of numbers must hold
+numbers). A Parquet string column reads by the CSV syntax (:func:`torchcal.audit._columns.parse_value`): a
+stated confidence may be a percent, and one that does not parse (or is null) excludes its row.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchcal.audit.io import Chunk, GroupIndex, check_names, first_appearance, locate_columns
+from torchcal.audit._columns import (
+    STATED,
+    Chunk,
+    GroupIndex,
+    ReadLog,
+    check_names,
+    first_appearance,
+    locate_columns,
+    parse_value,
+    shown,
+)
 
 __all__ = ["read_arrays", "read_parquet"]
 
@@ -17,7 +34,11 @@ __all__ = ["read_arrays", "read_parquet"]
 def _group_ids(
     values: np.ndarray, column: str, groups: GroupIndex, where: Callable[[int], str]
 ) -> np.ndarray:
-    """Ids of a column of group values (strings, bytes or integers)."""
+    """Ids of a 1-D column of group values (strings, bytes or integers)."""
+    if values.ndim != 1:
+        raise ValueError(
+            f"{column}: expected a 1-D column of group names, got shape {tuple(values.shape)}"
+        )
     if values.dtype.kind not in "USOiub":
         raise ValueError(
             f"{column}: expected group names (strings or integers), got {values.dtype}"
@@ -27,6 +48,7 @@ def _group_ids(
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"{column}: empty group name at {where(i)} (got {values[i]!r})")
+        values = np.array([_name(v) for v in values], dtype=object)
     uniques, first, inverse = np.unique(values, return_index=True, return_inverse=True)
     first, inverse = first_appearance(first, inverse.reshape(-1))
     names = [_name(values[i]) for i in first]
@@ -34,8 +56,13 @@ def _group_ids(
     return groups.ids_of(names, inverse)
 
 
+def _row_of(rows: np.ndarray) -> Callable[[int], str]:
+    """Where the ``i``-th of the kept ``rows`` is."""
+    return lambda i: f"row {int(rows[i])}"
+
+
 def _name(v: object) -> str:
-    return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+    return v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else str(v)
 
 
 def _load_mapping(path: str | os.PathLike[str], kind: str) -> dict[str, object]:
@@ -53,44 +80,120 @@ def _load_mapping(path: str | os.PathLike[str], kind: str) -> dict[str, object]:
     return {str(k): v for k, v in data.items()}
 
 
-def _as_array(value: object) -> np.ndarray:
+def _as_array(value: object, column: str) -> np.ndarray:
+    """A column as a numpy array; tensors must be dense, real and on a real device."""
     if isinstance(value, Tensor):
-        return value.detach().cpu().numpy()
+        t = value.detach()
+        what = None
+        if t.layout != torch.strided or getattr(t, "is_nested", False):
+            what = f"a {str(t.layout).replace('torch.', '')} tensor"
+        elif t.is_meta:
+            what = "a meta tensor (it holds no values)"
+        elif t.is_quantized:
+            what = "a quantized tensor"
+        elif t.is_complex():
+            what = f"a complex tensor ({t.dtype})"
+        if what is not None:
+            raise ValueError(
+                f"{column}: expected a dense tensor of real numbers, got {what}: "
+                "save .to_dense() / the real values"
+            )
+        if t.is_floating_point() and t.dtype not in (torch.float32, torch.float64):
+            t = t.to(torch.float64)  # float16, bfloat16 and the float8s: numpy lacks some
+        return t.cpu().numpy()
+    if isinstance(value, (list, tuple)):
+        try:
+            arr = np.asarray(value)
+        except ValueError:  # ragged nesting
+            raise ValueError(f"{column}: expected a flat list of values") from None
+        if arr.dtype.kind in "US":  # keep the strings as written (numpy drops trailing NULs)
+            arr = np.array(list(value), dtype=object)
+        return arr
     return np.asarray(value)
 
 
-def _numeric(path: str | os.PathLike[str], data: dict[str, object], column: str) -> np.ndarray:
-    if column not in data:
-        cols = ", ".join(data)
-        raise ValueError(f"{column}: no such column in {os.fspath(path)} (columns: {cols})")
-    a = _as_array(data[column])
-    if a.dtype.kind not in "biuf" or a.ndim not in (1, 2):
+def _column_values(
+    a: np.ndarray,
+    column: str,
+    kind: str,
+    rows: np.ndarray,
+    where: Callable[[int], str],
+    text: bool = True,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """float64 values of a column and, for text (when ``text``), the mask of values that do not
+    parse."""
+    if a.dtype.kind in "biuf":
+        return a.astype(np.float64), None
+    texts = text and (
+        a.dtype.kind in "US"
+        or (a.dtype.kind == "O" and all(isinstance(v, (str, bytes)) for v in a.ravel()))
+    )
+    if not texts or a.ndim != 1:
         raise ValueError(
             f"{column}: expected a 1-D or 2-D array of numbers, got {a.dtype} of shape {a.shape}"
         )
-    return a.astype(np.float64)
+    out = np.empty(a.shape[0], dtype=np.float64)
+    bad = np.zeros(a.shape[0], dtype=bool)
+    for i, v in enumerate(a):
+        x = parse_value(_name(v), kind)
+        if x is None:
+            if kind != STATED:
+                from_what = "a number nor True/False" if kind != "number" else "a number"
+                raise ValueError(
+                    f"{column}: {shown(_name(v))} at {where(int(rows[i]))} is not {from_what}"
+                )
+            bad[i] = True
+            x = np.nan
+        out[i] = x
+    return out, bad
+
+
+def _exclude(
+    log: ReadLog, column: str, bad: np.ndarray, a: np.ndarray, rows: np.ndarray, reason: str
+) -> None:
+    k = int(bad.sum())
+    if k:
+        i = int(np.flatnonzero(bad)[0])
+        text = "null" if reason == "missing value" else _name(a[i])
+        log.exclude(column, reason, f"row {int(rows[i])}", text, count=k)
 
 
 def read_arrays(
-    path: str | os.PathLike[str], kind: str, columns: list[str], group: str | None, chunk_rows: int
+    path: str | os.PathLike[str],
+    kind: str,
+    columns: list[str],
+    kinds: list[str],
+    group: str | None,
+    chunk_rows: int,
+    log: ReadLog,
 ) -> Iterator[Chunk]:
+    """NPZ/.pt columns (numbers only: nothing is excluded, ``log`` is for symmetry)."""
+    p = os.fspath(path)
     data = _load_mapping(path, kind)
-    arrays = {c: _numeric(path, data, c) for c in columns}
-    groups, gids = GroupIndex(), None
-    if group is not None:
-        if group not in data:
+    locate_columns(p, list(data), [*columns, *([group] if group else [])])
+    raw = {c: _as_array(data[c], c) for c in columns}
+    for c, a in raw.items():
+        if a.ndim not in (1, 2):
             raise ValueError(
-                f"{group}: no such column in {os.fspath(path)} (columns: {', '.join(data)})"
+                f"{c}: expected a 1-D or 2-D array of numbers, got {a.dtype} of shape {a.shape}"
             )
-        values = _as_array(data[group])
-        arrays[group] = values
-        gids = _group_ids(values.reshape(-1), group, groups, lambda i: f"row {i}")
-    n = len(arrays[columns[0]])
-    for c, a in arrays.items():
-        if len(a) != n:
-            raise ValueError(f"{c}: {len(a)} rows, but {columns[0]} has {n}")
+    gvalues = None if group is None else _as_array(data[group], group)
+    n = len(raw[columns[0]])
+    named = [*raw.items(), *([(group or "", gvalues)] if gvalues is not None else [])]
+    for c, a in named:
+        if a.ndim == 0 or len(a) != n:
+            got = "a scalar" if a.ndim == 0 else f"{len(a)} rows"
+            raise ValueError(f"{c}: {got}, but {columns[0]} has {n}")
     if n == 0:
-        raise ValueError(f"{os.fspath(path)}: no data rows")
+        raise ValueError(f"{p}: no data rows")
+    rows = np.arange(n)
+    arrays = {
+        c: _column_values(raw[c], c, k, rows, lambda i: f"row {i}", text=False)[0]
+        for c, k in zip(columns, kinds)
+    }
+    groups, gids = GroupIndex(), None
+    if group is not None and gvalues is not None:
+        gids = _group_ids(gvalues, group, groups, lambda i: f"row {i}")
     for start in range(0, n, chunk_rows):
         stop = min(n, start + chunk_rows)
         cols = {c: arrays[c][start:stop] for c in columns}
@@ -99,10 +202,16 @@ def read_arrays(
 
 
 def read_parquet(
-    path: str | os.PathLike[str], columns: list[str], group: str | None, chunk_rows: int
+    path: str | os.PathLike[str],
+    columns: list[str],
+    kinds: list[str],
+    group: str | None,
+    chunk_rows: int,
+    log: ReadLog,
 ) -> Iterator[Chunk]:
     p = os.fspath(path)
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise ValueError(f"{p}: reading Parquet needs pyarrow (pip install pyarrow)") from None
@@ -110,30 +219,62 @@ def read_parquet(
         pf = pq.ParquetFile(p)
     except Exception as e:
         raise ValueError(f"{p}: cannot be read as a Parquet file ({e})") from None
-    names = pf.schema_arrow.names
     wanted = list(dict.fromkeys([*columns, *([group] if group else [])]))
-    locate_columns(path, names, wanted)
-    groups, offset = GroupIndex(), 0
-    for batch in pf.iter_batches(batch_size=chunk_rows, columns=wanted):
-        cols: dict[str, np.ndarray] = {}
-        for c in wanted:
-            arr = batch.column(c)
-            if arr.null_count:
-                i = offset + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-                what = "empty group name" if c == group else "missing value"
-                raise ValueError(f"{c}: {what} at row {i}")
-            cols[c] = arr.to_numpy(zero_copy_only=False)
+    locate_columns(p, pf.schema_arrow.names, wanted)
+    kind_of = dict(zip(columns, kinds))
+    groups, offset, kept = GroupIndex(), 0, 0
+    batches = pf.iter_batches(batch_size=chunk_rows, columns=wanted)
+    while True:
+        try:
+            batch = next(batches, None)
+        except pa.ArrowException as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(f"{p}: cannot be read as a Parquet file ({msg})") from None
+        if batch is None:
+            break
+        n = batch.num_rows
+        rows = np.arange(offset, offset + n)
+        keep = np.ones(n, dtype=bool)
+        cols = {
+            c: _parquet_column(batch.column(c), c, c == group, kind_of, rows, keep, log)
+            for c in wanted
+        }
+        num = {}
+        for c in columns:
+            num[c], bad = _column_values(cols[c], c, kind_of[c], rows, lambda i: f"row {i}")
+            if bad is not None:
+                _exclude(log, c, bad & keep, cols[c], rows, "not a number nor a percent")
+                keep &= ~bad
         gids = None
         if group is not None:
-            gids = _group_ids(cols.pop(group), group, groups, lambda i, o=offset: f"row {o + i}")
-        num = {c: _parquet_numeric(c, cols[c]) for c in columns}
-        yield Chunk(num, gids, list(groups.names), None, offset, offset + batch.num_rows)
-        offset += batch.num_rows
+            gids = _group_ids(cols[group][keep], group, groups, _row_of(rows[keep]))
+        if not keep.all():
+            num = {c: v[keep] for c, v in num.items()}
+        yield Chunk(num, gids, list(groups.names), None, kept, offset + n, rows[keep])
+        offset += n
+        kept += int(keep.sum())
     if offset == 0:
         raise ValueError(f"{p}: no data rows")
 
 
-def _parquet_numeric(column: str, a: np.ndarray) -> np.ndarray:
-    if a.dtype.kind not in "biuf":
-        raise ValueError(f"{column}: expected numbers, got {a.dtype} values")
-    return a.astype(np.float64)
+def _parquet_column(
+    arr: object,
+    column: str,
+    is_group: bool,
+    kind_of: dict[str, str],
+    rows: np.ndarray,
+    keep: np.ndarray,
+    log: ReadLog,
+) -> np.ndarray:
+    """A batch's column as numpy; a null is an error, but excludes the row of a stated
+    confidence (``keep`` is updated)."""
+    null = arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else None  # type: ignore[attr-defined]
+    values = arr.to_numpy(zero_copy_only=False)  # type: ignore[attr-defined]
+    if null is None:
+        return values
+    if is_group or kind_of.get(column) != STATED:
+        what = "empty group name" if is_group else "missing value"
+        raise ValueError(f"{column}: {what} at row {int(rows[np.flatnonzero(null)[0]])}")
+    _exclude(log, column, null & keep, values, rows, "missing value")
+    keep &= ~null
+    return np.where(null, "nan", values) if values.dtype.kind == "O" else values

@@ -2,24 +2,28 @@
 :mod:`torchcal.audit.io`, which falls back to the numpy path of :mod:`torchcal.audit._csv`).
 
 The reader is configured so that every file it accepts is read exactly as the numpy path reads
-it, with row ``i`` on line ``i + 2``: quoting is off (a quoted numeric field fails conversion, a
-quote in a group name is detected, a quoted comma or newline gives a row of the wrong width),
-empty lines are errors (not skipped), no value is read as null. Anything else it cannot read
-raises :class:`Fallback` and the caller reads the rest the numpy way, which also finds the
-exact line and value of an error.
+it, with row ``i`` on line ``i + 2``: it reads only files without a quote character (one
+:func:`has_quote` scan of the file first; a quoted field may hold line breaks, which pyarrow's
+parallel reader would need ``newlines_in_values``, and slower, for), with quoting off, empty
+lines errors (not skipped), no value read as null, every row checked for the header's number
+of fields. Its number syntax is a subset of the numpy path's (tested); a group name with a NUL
+character is left to the numpy path. Anything else it cannot read raises :class:`Fallback`
+and the caller reads the rest the numpy way, which also finds the exact line and value of an
+error (or leaves out a stated confidence that does not parse).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from torchcal.audit.io import Chunk, GroupIndex, check_names
+from torchcal.audit._columns import Chunk, GroupIndex, check_names
 
-__all__ = ["Fallback", "available", "read_csv"]
+__all__ = ["Fallback", "available", "has_quote", "read_csv"]
 
 BLOCK = 1 << 20  # bytes per pyarrow block (a row longer than that: a fallback)
 
@@ -40,6 +44,23 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def has_quote(path: str | os.PathLike[str]) -> bool:
+    """Whether the file holds a ``"`` anywhere (one memchr-speed scan of a memory map).
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile(suffix=".csv") as f:
+        ...     _ = f.write(b'a,b\\n1,"x"\\n'); f.flush()
+        ...     has_quote(f.name)
+        True
+    """
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return False
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return m.find(b'"') >= 0
 
 
 def read_csv(
@@ -69,6 +90,8 @@ def read_csv(
     """
     if gidx is not None and gidx in idx:
         raise Fallback("the group column is also a numeric column")
+    if has_quote(path):
+        raise Fallback("a quote character: quoted fields are the numpy path's")
     groups, offset, held = GroupIndex(), 0, 0
     pending: list[tuple[dict[str, np.ndarray], np.ndarray | None]] = []
     done = 0
@@ -148,10 +171,10 @@ def _batches(
             raise Fallback(str(e)) from None
 
 
-def _numpy(array: Any, dtype: type = np.float64) -> np.ndarray:
-    """A read-only numpy view of a pyarrow array of ``dtype`` without nulls
+def _numpy(array: Any, kind: Any = np.float64) -> np.ndarray:
+    """A read-only numpy view of a pyarrow array of dtype ``kind`` without nulls
     (``Array.to_numpy`` would import pandas: ~0.4 s)."""
-    dtype = np.dtype(dtype)
+    dtype = np.dtype(kind)
     if array.type.bit_width != 8 * dtype.itemsize or array.null_count:
         raise Fallback(f"unexpected column type {array.type}")
     buf = array.buffers()[1]
@@ -160,10 +183,10 @@ def _numpy(array: Any, dtype: type = np.float64) -> np.ndarray:
 
 def _group_ids(column: Any, name: str, groups: GroupIndex, offset: int) -> np.ndarray:
     """Global ids of a batch's dictionary-encoded column (pyarrow builds the dictionary in
-    order of first appearance); names holding a quote character are the numpy path's job."""
+    order of first appearance); a name holding a NUL is the numpy path's to report."""
     values = column.dictionary.to_pylist()
-    if any('"' in v for v in values):
-        raise Fallback("a quoted group name")
+    if any("\x00" in v for v in values):
+        raise Fallback("a NUL in a group name")
     inverse = _numpy(column.indices, np.int32)
     check_names(name, values, inverse, lambda i: f"line {offset + i + 2}")
     return groups.ids_of(values, inverse)

@@ -1,14 +1,24 @@
-"""(internal) The audit's CSV parsing: one block of complete lines at a time, vectorised over
-the bytes (the reader's hot path; :mod:`torchcal.audit.io` is the public face).
+"""(internal) The audit's numpy CSV engine: the file in blocks of complete records, each read
+the fast way (vectorised over the bytes) when it can be, else by the :mod:`csv` module
+(:mod:`torchcal.audit.io` is the public face).
 
-A block goes the fast way when it is *plain*: no quote character, and (with a group column)
-every line has exactly the header's number of fields. Its numeric columns are read by
-:func:`numpy.loadtxt` (the C parser; on Linux the block is handed to it as an in-memory
-file with a path, which numpy reads in large chunks); the group field's bytes become
-integer keys in one vectorised pass over the separators (names of at most 7 bytes packed into
-one ``uint64`` with their length, longer ones compared as fixed-width bytes). A block that is
-not plain, or that either step rejects, goes through the :mod:`csv` module row by row, which
-also finds the exact line and value of an error.
+Records: a record ends at a line break (``\\n``, ``\\r\\n`` or a lone ``\\r``) outside quotes; a
+quoted field (RFC 4180, ``""`` for a quote) may hold commas and line breaks. Blocks are cut
+only where the number of quote characters before the cut is even, so no record is ever split
+(a record is held whole, however long: memory is a block plus the longest record; over
+:data:`MAX_RECORD` bytes is an error, the mark of an unclosed quote). A row's *line* is the
+physical line where its record starts (the header is line 1).
+
+A block without a quote character has its line breaks made ``\\n`` and goes the fast way when
+it is *plain*: no blank line, no NUL byte, and every line has exactly the header's number of
+fields (one vectorised pass over the separators, :func:`split_fields`). Its numeric columns
+are read by :func:`numpy.loadtxt` (the C parser; on Linux the block is handed to it as an
+in-memory file with a path, which numpy reads in large chunks); the group field's bytes become
+integer keys (names of at most 7 bytes packed into one ``uint64`` with their length, longer
+ones compared as fixed-width bytes plus their length). Every other block, or one that a fast
+step rejects, goes through :func:`slow_rows` (the :mod:`csv` module, strict quoting, values by
+:func:`torchcal.audit._columns.parse_value`), which also finds the exact line and value of an
+error and leaves out (and logs) the rows whose stated confidence does not parse.
 """
 
 from __future__ import annotations
@@ -16,48 +26,192 @@ from __future__ import annotations
 import csv
 import io
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-__all__ = ["PAD", "Fields", "blocks", "split_fields", "loadtxt_columns", "group_keys", "slow_rows"]
+from torchcal.audit._columns import (
+    NUMBER,
+    STATED,
+    Chunk,
+    GroupIndex,
+    ReadLog,
+    check_names,
+    first_appearance,
+    parse_value,
+    shown,
+)
+
+__all__ = [
+    "MAX_RECORD",
+    "PAD",
+    "Block",
+    "Fields",
+    "blocks",
+    "bad_value",
+    "group_keys",
+    "loadtxt_columns",
+    "read_csv",
+    "quote_problem",
+    "quoted_fields",
+    "read_header",
+    "slow_rows",
+    "split_fields",
+]
 
 PAD = 64  # zero bytes after a block, so fixed-width windows never run off the end
-_COMMA, _NEWLINE = 44, 10
+MAX_RECORD = 1 << 28  # bytes in one record (header or row) at most
+MAX_BLOCK = 1 << 26  # bytes per block at most (the block of a long-row file stays bounded)
+_COMMA, _NEWLINE, _QUOTE, _CR = 44, 10, 34, 13
 _MEMFD = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
 _BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)], dtype=np.uint64)
 
 
-def blocks(f: io.BufferedReader, block_bytes: int) -> Iterator[bytes]:
-    """Blocks of complete lines from ``f`` of about ``block_bytes`` bytes, each ending with a
-    newline (one is added after a last line without it); ``\\r\\n`` becomes ``\\n``.
+@dataclass
+class Block:
+    """Complete records: ``body`` (line breaks made ``\\n`` unless ``quoted``), the physical
+    ``line`` of its first byte and the number of ``breaks`` (line breaks) it holds."""
+
+    body: bytes
+    line: int
+    breaks: int
+    quoted: bool
+
+
+def _cut(buf: bytes, eof: bool, first: bool = False) -> int:
+    """The position after the last (``first``: the first) record end in ``buf`` (0: none yet).
+    A ``\\r`` as the last byte is not an end before the end of the file (a ``\\n`` may follow);
+    the ``\\r`` of a ``\\r\\n`` is not one either.
 
     Example:
-        >>> list(blocks(io.BytesIO(b"a\\nbb\\r\\nc"), 3))
-        [b'a\\n', b'bb\\n', b'c\\n']
+        >>> _cut(b'a\\r\\nb,"x\\ny"\\nc', False), _cut(b'a\\r\\nb\\n', False, first=True)
+        (11, 3)
     """
-    carry = b""
+    lim = len(buf) - (not eof and buf.endswith(b"\r"))
+    a = np.frombuffer(buf, dtype=np.uint8, count=lim)
+    if b'"' not in buf and not first:
+        return max(buf.rfind(b"\n", 0, lim), buf.rfind(b"\r", 0, lim)) + 1
+    quotes = np.flatnonzero(a == _QUOTE)
+    breaks = np.flatnonzero((a == _NEWLINE) | (a == _CR))
+    if breaks.size:  # a \r followed by \n ends nothing: its \n does
+        after = np.minimum(breaks + 1, lim - 1)
+        breaks = breaks[~((a[breaks] == _CR) & (a[after] == _NEWLINE) & (breaks + 1 < lim))]
+    outside = breaks[np.searchsorted(quotes, breaks) % 2 == 0]
+    if not outside.size:
+        return 0
+    return int(outside[0 if first else -1]) + 1
+
+
+def _breaks(body: bytes) -> int:
+    return body.count(b"\n") + body.count(b"\r") - body.count(b"\r\n")
+
+
+def blocks(f: io.BufferedReader, block_bytes: int, line: int = 1) -> Iterator[Block]:
+    """Blocks of complete records from ``f``, about ``block_bytes`` bytes each (a last record
+    without a line break gets one).
+
+    Example:
+        >>> [(b.body, b.line) for b in blocks(io.BytesIO(b"a\\nbb\\r\\nc\\rd"), 3)]
+        [(b'a\\n', 1), (b'bb\\n', 2), (b'c\\n', 3), (b'd\\n', 4)]
+        >>> [b.body for b in blocks(io.BytesIO(b'1,"x\\ny"\\n2,z\\n'), 4)]
+        [b'1,"x\\ny"\\n', b'2,z\\n']
+    """
+    carry, check = b"", 2 * block_bytes
     while True:
         data = f.read(block_bytes)
-        if not data:
-            if carry:
-                yield carry.replace(b"\r\n", b"\n") + b"\n"
+        eof = not data
+        buf = carry + data if carry else data
+        if not buf:
             return
-        buf = carry + data
-        cut = buf.rfind(b"\n") + 1
-        carry = buf[cut:]
-        if cut:
-            head = buf[:cut]
-            yield head.replace(b"\r\n", b"\n") if b"\r" in head else head
+        if eof and not buf.endswith((b"\n", b"\r")):
+            buf += b"\n"
+        cut = len(buf) if eof else _cut(buf, eof)
+        if cut == 0 and len(buf) >= check:  # a stray quote makes the rest look like one
+            check *= 2  # record: hand it over as it is, the reader reports the quote
+            problem = quote_problem(buf)
+            if problem is not None and problem[1] != "a quote that is never closed":
+                cut = len(buf)
+        if cut == 0:
+            if len(buf) > MAX_RECORD:
+                raise ValueError(
+                    f"line {line}: a record of more than {MAX_RECORD >> 20} MB "
+                    "(is a quote not closed?)"
+                )
+            carry = buf
+            continue
+        head, carry = buf[:cut], buf[cut:]
+        check = 2 * block_bytes
+        quoted = b'"' in head
+        if quoted:
+            n = _breaks(head)
+        else:
+            if b"\r" in head:
+                head = head.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            n = head.count(b"\n")
+        yield Block(head, line, n, quoted)
+        line += n
+        if eof:
+            return
+
+
+def read_header(f: io.BufferedReader, file: str) -> tuple[list[str], int, int]:
+    """The header record of ``f``: the column names (stripped), its size in bytes and the
+    number of physical lines it spans."""
+    buf = b""
+    while True:
+        data = f.read(1 << 16)
+        buf += data
+        cut = _cut(buf, not data, first=True)
+        if cut or not data or len(buf) > MAX_RECORD:
+            break
+    head = buf[:cut] if cut else buf
+    if len(head) > MAX_RECORD:
+        raise ValueError(f"{file}: a header of more than {MAX_RECORD >> 20} MB")
+    try:
+        text = head.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError(f"{file}: the header line is not UTF-8 text") from None
+    if not text.strip():
+        if buf[len(head) :].strip():
+            raise ValueError(f"{file}: line 1 is blank (expected a header naming the columns)")
+        raise ValueError(f"{file}: empty file (expected a header line naming the columns)")
+    with _field_limit():
+        try:
+            row = next(csv.reader(io.StringIO(text, newline=""), strict=True))
+        except csv.Error as e:
+            raise ValueError(f"{file}: line 1 (the header): {e}") from None
+    return [c.strip() for c in row], len(head), max(1, _breaks(head))
+
+
+class _field_limit:
+    """The :mod:`csv` module's field size limit (131,072 characters) lifted while inside."""
+
+    def __enter__(self) -> None:
+        self.old = csv.field_size_limit(MAX_RECORD)
+
+    def __exit__(self, *exc: object) -> None:
+        csv.field_size_limit(self.old)
 
 
 class Fields:
-    """Separator positions of a plain block: ``start(j)`` / ``end(j)`` of field ``j`` per row."""
+    """Separator positions of a block: ``start(j)`` / ``end(j)`` of field ``j`` per row (a
+    quoted field's span holds its quotes; ``crlf``: a last field's end is before a ``\\r``);
+    ``lines``: each row's start line, when the block has multi-line records (else None)."""
 
-    def __init__(self, buf: np.ndarray, seps: np.ndarray) -> None:
+    def __init__(
+        self,
+        buf: np.ndarray,
+        seps: np.ndarray,
+        lines: np.ndarray | None = None,
+        crlf: np.ndarray | None = None,
+    ) -> None:
         self.buf = buf
         self.seps = seps  # (rows, ncols): the comma after each field, the newline after the last
         self.rows = seps.shape[0]
+        self.lines = lines
+        self.crlf = crlf
 
     def start(self, j: int) -> np.ndarray:
         if j > 0:
@@ -68,27 +222,114 @@ class Fields:
         return out
 
     def end(self, j: int) -> np.ndarray:
+        if self.crlf is not None and j == self.seps.shape[1] - 1:
+            return self.seps[:, j] - self.crlf
         return self.seps[:, j]
+
+
+def quote_problem(body: bytes) -> tuple[int, str, int] | None:
+    """The first quote character of ``body`` that is not RFC 4180 quoting, what is wrong with
+    it and where the quoted field it belongs to opened, or None. The readers' dialect: a field is either unquoted, holding no quote
+    character at all, or quoted: a quote at its start, the same at its end right before a
+    comma or line break, every quote inside doubled (``""``). (The :mod:`csv` module would take
+    ``5"`` as text and a block reader cannot know where such a record ends: rejected.)
+
+    Example:
+        >>> quote_problem(b'1,"a""b"\\n2,"x\\ny"\\n') is None
+        True
+        >>> quote_problem(b'1,5"x\\n'), quote_problem(b'1,"a"b\\n')
+        ((3, 'a quote inside an unquoted field', 3), (4, 'text after a closing quote', 2))
+    """
+    n = len(body)
+    buf = np.frombuffer(body + bytes(PAD), dtype=np.uint8)
+    a = buf[:n]
+    quotes = np.flatnonzero(a == _QUOTE)
+    opening, closing = quotes[0::2], quotes[1::2]
+    prev = a[np.maximum(opening - 1, 0)]
+    at_start = (opening == 0) | (prev == _COMMA) | (prev == _NEWLINE) | (prev == _CR)
+    escaped = np.zeros(opening.size, dtype=bool)
+    k = min(opening.size - 1, closing.size)
+    escaped[1 : k + 1] = closing[:k] == opening[1 : k + 1] - 1  # the second quote of a ""
+    nxt = buf[closing + 1]  # the padding reads as 0 after the last byte
+    ok_after = (nxt == _COMMA) | (nxt == _NEWLINE) | (nxt == _CR) | (nxt == _QUOTE)
+    ok_after |= closing + 1 == n
+    bad = []
+    if not (at_start | escaped).all():
+        q = int(opening[~(at_start | escaped)][0])
+        bad.append((q, "a quote inside an unquoted field", q))
+    if not ok_after.all():
+        k = int(np.flatnonzero(~ok_after)[0])
+        bad.append((int(closing[k]), "text after a closing quote", int(opening[k])))
+    if bad:
+        return min(bad)
+    if quotes.size % 2:
+        return int(quotes[-1]), "a quote that is never closed", int(quotes[-1])
+    return None
+
+
+def quoted_fields(body: bytes, ncols: int, line: int) -> Fields | None:
+    """The fields of a block with quotes (records starting at ``line``), or None unless its
+    quoting is RFC 4180 (:func:`quote_problem`) -- then :func:`numpy.loadtxt` with a quote
+    character, the :mod:`csv` module and these spans read it alike -- and every record has
+    ``ncols`` fields (a blank line has 1).
+
+    Example:
+        >>> f = quoted_fields(b'1,"a\\nb"\\r\\n2,"x,""y"" z"\\n', 2, 2)
+        >>> f.start(1).tolist(), f.end(1).tolist(), f.lines.tolist()
+        ([2, 11], [7, 22], [2, 4])
+        >>> quoted_fields(b'1,a"b\\n', 2, 2) is None, quoted_fields(b'1,"a"b\\n', 2, 2) is None
+        (True, True)
+    """
+    if quote_problem(body) is not None:
+        return None
+    n = len(body)
+    buf = np.frombuffer(body + bytes(PAD), dtype=np.uint8)
+    a = buf[:n]
+    quotes = np.flatnonzero(a == _QUOTE)
+    cand = np.flatnonzero((a == _COMMA) | (a == _NEWLINE) | (a == _CR))
+    seps = cand[np.searchsorted(quotes, cand) % 2 == 0]
+    is_cr = a[seps] == _CR
+    crlf_pair = is_cr & (buf[seps + 1] == _NEWLINE)
+    seps = seps[~crlf_pair]  # the \n of a \r\n ends the record
+    ends = (a[seps] == _NEWLINE) | (a[seps] == _CR)
+    rows = int(ends.sum())
+    if rows == 0 or seps.size != rows * ncols:
+        return None
+    seps = seps.reshape(rows, ncols)
+    if not ends.reshape(rows, ncols)[:, -1].all():
+        return None
+    last = seps[:, -1]
+    crlf = ((a[last] == _NEWLINE) & (a[np.maximum(last - 1, 0)] == _CR) & (last > 0)).astype(
+        np.int64
+    )
+    breaks = np.flatnonzero((a == _NEWLINE) | ((a == _CR) & (buf[1 : n + 1] != _NEWLINE)))
+    starts = np.empty(rows, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = last[:-1] + 1
+    lines = line + np.searchsorted(breaks, starts)
+    return Fields(buf, seps, lines, crlf)
 
 
 def split_fields(body: bytes, ncols: int, rows: int) -> Fields | None:
     """The fields of a block of ``rows`` complete lines without quotes, or None when a line
-    has another number of fields (or is blank).
+    has another number of fields.
 
     Example:
         >>> f = split_fields(b"1,ab\\n22,c\\n", 2, 2)
         >>> f.start(1).tolist(), f.end(1).tolist()
         ([2, 8], [4, 9])
+        >>> split_fields(b"1,ab,x\\n22\\n", 2, 2) is None
+        True
     """
     buf = np.frombuffer(body + bytes(PAD), dtype=np.uint8)
     seps = np.flatnonzero((buf == _COMMA) | (buf == _NEWLINE))
     if seps.size != rows * ncols:
         return None
-    seps = seps.reshape(rows, ncols)
+    table = seps.reshape(rows, ncols)
     # n newlines, all in the last slot of a row: every line has exactly ncols - 1 commas
-    if not (buf[seps[:, -1]] == _NEWLINE).all():
+    if not (buf[table[:, -1]] == _NEWLINE).all():
         return None
-    return Fields(buf, seps)
+    return Fields(buf, table)
 
 
 def _windows(buf: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
@@ -100,9 +341,16 @@ def _windows(buf: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
     return buf[idx]
 
 
-def loadtxt_columns(body: bytes, usecols: Sequence[int]) -> np.ndarray | None:
+def loadtxt_columns(
+    body: bytes,
+    usecols: Sequence[int],
+    quoted: bool = False,
+    converters: dict[int, Callable[[str], float]] | None = None,
+) -> np.ndarray | None:
     """The numeric fields ``usecols`` of a block as float64 ``(rows, len(usecols))`` by
-    :func:`numpy.loadtxt`; None when it rejects the block (the caller reparses it slowly).
+    :func:`numpy.loadtxt` (``quoted``: with ``"`` as its quote character, for a block whose
+    quoting :func:`quoted_fields` has checked); None when it rejects the block (the caller
+    reparses it slowly).
 
     Example:
         >>> loadtxt_columns(b"a,1,2.5\\nb,3,-1e2\\n", [1, 2]).tolist()
@@ -110,7 +358,11 @@ def loadtxt_columns(body: bytes, usecols: Sequence[int]) -> np.ndarray | None:
         >>> loadtxt_columns(b"a,1\\nb,x\\n", [1]) is None
         True
     """
-    kw = {"delimiter": ",", "usecols": usecols, "comments": None, "ndmin": 2}
+    kw: dict[str, Any] = {"delimiter": ",", "usecols": usecols, "comments": None, "ndmin": 2}
+    if converters:
+        kw["converters"] = converters
+    if quoted:
+        kw["quotechar"] = '"'
     try:
         if not _MEMFD:
             return np.loadtxt(io.BytesIO(body), dtype=np.float64, encoding="utf-8", **kw)
@@ -124,12 +376,13 @@ def loadtxt_columns(body: bytes, usecols: Sequence[int]) -> np.ndarray | None:
             return np.loadtxt(f"/proc/self/fd/{fd}", dtype=np.float64, encoding="utf-8", **kw)
         finally:
             os.close(fd)
-    except ValueError:
+    except ValueError:  # UnicodeDecodeError included
         return None
 
 
 def group_keys(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """One comparable key per field: equal keys if and only if equal bytes.
+    """One comparable key per field: equal keys if and only if equal bytes (NUL bytes and
+    lengths included).
 
     Example:
         >>> b = np.frombuffer(b"ab,a,ab" + bytes(PAD), dtype=np.uint8)
@@ -142,9 +395,24 @@ def group_keys(buf: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
     if width <= 7:  # bytes in the low 7 bytes, the length in the top one
         packed = np.ascontiguousarray(_windows(buf, start, 8)).view("<u8").ravel()
         return (packed & _BYTE_MASKS[length]) | (length.astype(np.uint64) << np.uint64(56))
-    w = _windows(buf, start, width).copy()
-    w[np.arange(width) >= length[:, None]] = 0
-    return w.view(f"S{width}").ravel()
+    # fixed-width bytes plus the length (numpy's bytes compare without trailing NULs)
+    w = np.zeros((length.size, width + 8), dtype=np.uint8)
+    w[:, :width] = _windows(buf, start, width)
+    w[:, :width][np.arange(width) >= length[:, None]] = 0
+    w[:, width:] = length.astype("<u8").view(np.uint8).reshape(-1, 8)
+    return w.view(f"S{width + 8}").ravel()
+
+
+def bad_value(column: str, text: str, where: str, kind: str) -> ValueError:
+    """The error for a value that does not parse as ``kind``."""
+    if kind == NUMBER:
+        return ValueError(f"{column}: {shown(text)} at {where} is not a number")
+    if kind == STATED:
+        return ValueError(f"{column}: {shown(text)} at {where} is not a number nor a percent")
+    return ValueError(
+        f"{column}: label {shown(text)} at {where} is not a number nor True/False "
+        "(map words such as yes/no to 1/0 first)"
+    )
 
 
 def slow_rows(
@@ -153,37 +421,207 @@ def slow_rows(
     numeric: Sequence[int],
     text: int | None,
     first_line: int,
+    kinds: Sequence[str] | None = None,
+    log: ReadLog | None = None,
 ) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """Parse a block with the :mod:`csv` module: the fields ``numeric`` as float64
-    ``(rows, len(numeric))``, the field ``text`` as strings (``[]`` when None) and each row's
-    file line number. Blank lines are skipped. Errors name the column, the value and the line.
+    """Parse a block with the :mod:`csv` module: the fields ``numeric`` (read as ``kinds``,
+    default all numbers) as float64 ``(rows, len(numeric))``, the field ``text`` as strings
+    (``[]`` when None) and each row's line number. Blank lines are skipped (and counted in
+    ``log``); a row whose stated confidence does not parse is left out and logged; any other
+    error names the column, the value and the line.
 
     Example:
         >>> v, g, lines = slow_rows(b'1,"a,b"\\n\\n2,c\\n', ["x", "g"], [0], 1, 2)
         >>> v.ravel().tolist(), g, lines.tolist()
         ([1.0, 2.0], ['a,b', 'c'], [2, 4])
     """
-    reader = csv.reader(io.StringIO(body.decode("utf-8"), newline=""))
+    kinds = [NUMBER] * len(numeric) if kinds is None else list(kinds)
+    log = ReadLog() if log is None else log
+    reader = csv.reader(
+        io.StringIO(body.decode("utf-8", "surrogateescape"), newline=""), strict=True
+    )
     values: list[list[float]] = []
     texts: list[str] = []
     lines: list[int] = []
-    for row in reader:
-        line = first_line + reader.line_num - 1
-        if not row:
-            continue
-        if len(row) != len(names):
-            raise ValueError(
-                f"line {line}: expected {len(names)} fields (as the header), got {len(row)}"
-            )
-        vals = []
-        for j in numeric:
+    done = 0  # physical lines read so far
+    with _field_limit():
+        while True:
+            line = first_line + done
             try:
-                vals.append(float(row[j]))
-            except ValueError:
-                raise ValueError(f"{names[j]}: {row[j]!r} at line {line} is not a number") from None
-        values.append(vals)
-        if text is not None:
-            texts.append(row[text])
-        lines.append(line)
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as e:
+                raise ValueError(
+                    f"line {line}: {e} (a quote is not closed where it should)"
+                ) from None
+            done = reader.line_num
+            if not row:
+                log.blank_lines += 1
+                continue
+            if len(row) != len(names):
+                raise ValueError(
+                    f"line {line}: expected {len(names)} fields (as the header), got {len(row)}"
+                )
+            vals = []
+            for j, kind in zip(numeric, kinds):
+                v = parse_value(row[j], kind)
+                if v is None:
+                    if kind != STATED:
+                        raise bad_value(names[j], row[j], f"line {line}", kind)
+                    log.exclude(names[j], "not a number nor a percent", f"line {line}", row[j])
+                    break
+                if kind == STATED and "%" in row[j]:
+                    log.percent[names[j]] = log.percent.get(names[j], 0) + 1
+                vals.append(v)
+            else:
+                values.append(vals)
+                if text is not None:
+                    texts.append(row[text])
+                lines.append(line)
     arr = np.array(values, dtype=np.float64).reshape(len(values), len(numeric))
     return arr, texts, np.array(lines, dtype=np.int64)
+
+
+def read_csv(
+    path: str | os.PathLike[str],
+    columns: list[str],
+    kinds: list[str],
+    header: list[str],
+    idx: list[int],
+    gidx: int | None,
+    block_bytes: int,
+    start: int,
+    first_line: int,
+    log: ReadLog,
+) -> Iterator[Chunk]:
+    """The numpy engine: the data after the header (``start`` bytes, ``first_line``) in
+    chunks of a block each."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        groups, offset = GroupIndex(), 0
+        for block in blocks(f, block_bytes, first_line):
+            values, gids, lines = _block_rows(block, header, idx, kinds, gidx, groups, log)
+            n = values.shape[0]
+            if n == 0:
+                continue
+            cols = {c: values[:, k] for k, c in enumerate(columns)}
+            yield Chunk(cols, gids, list(groups.names), lines, offset, f.tell())
+            offset += n
+
+
+def _block_rows(
+    block: Block,
+    header: list[str],
+    idx: list[int],
+    kinds: list[str],
+    gidx: int | None,
+    groups: GroupIndex,
+    log: ReadLog,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """One block: the fast way when it can (plain, or quoted as RFC 4180), else (or on any
+    rejection) the :mod:`csv` way."""
+    body = block.body
+    fields = None
+    if b"\x00" in body:
+        pass
+    elif block.quoted:
+        fields = quoted_fields(body, len(header), block.line)
+    elif not body.startswith(b"\n") and b"\n\n" not in body:
+        fields = split_fields(body, len(header), block.breaks)
+    values = loadtxt_columns(body, idx, block.quoted) if fields is not None else None
+    if values is None and fields is not None and any(k != NUMBER for k in kinds):
+        # percents or True/False: loadtxt again, those columns through parse_value
+        converters, percent = value_converters(header, idx, kinds)
+        values = loadtxt_columns(body, idx, block.quoted, converters)
+        if values is not None and values.shape[0] == fields.rows:
+            for name, k in percent.items():
+                if k:
+                    log.percent[name] = log.percent.get(name, 0) + k
+    if values is not None and fields is not None and values.shape[0] == fields.rows:
+        lines = fields.lines
+        if lines is None:
+            lines = np.arange(block.line, block.line + fields.rows)
+        if gidx is None:
+            return values, None, lines
+        keys = group_keys(fields.buf, fields.start(gidx), fields.end(gidx))
+        return values, _keys_to_ids(body, fields, gidx, keys, groups, header, lines), lines
+    problem = quote_problem(body) if block.quoted else None
+    if problem is not None:  # the records before it first: an earlier error is reported first
+        pos, what, opened = problem
+        head = body[: _cut(body[:opened], False)]
+        slow_rows(head, header, idx, gidx, block.line, kinds, ReadLog())
+        at, start = (block.line + _breaks(body[:i]) for i in (pos, opened))
+        where = f" (in the field quoted on line {start})" if start != at else ""
+        raise ValueError(
+            f"line {at}: {what}{where}: quote a field that holds a quote and double the "
+            'quotes inside ("5"" screen")'
+        )
+    values, texts, lines = slow_rows(body, header, idx, gidx, block.line, kinds, log)
+    if gidx is None or not texts:
+        return values, None if gidx is None else np.zeros(0, np.int64), lines
+    uniques, first, inverse = np.unique(
+        np.array(texts, dtype=object), return_index=True, return_inverse=True
+    )
+    first, inverse = first_appearance(first, inverse.reshape(-1))
+    names = [str(texts[i]) for i in first]
+    check_names(header[gidx], names, inverse, lambda i: f"line {int(lines[i])}")
+    return values, groups.ids_of(names, inverse.reshape(-1)), lines
+
+
+def value_converters(
+    header: list[str], idx: list[int], kinds: list[str]
+) -> tuple[dict[int, Callable[[str], float]], dict[str, int]]:
+    """loadtxt converters reading the non-number columns by :func:`parse_value` (a value that
+    does not parse raises: the block goes the csv way, which excludes or reports it), and the
+    count of percents each one read."""
+    percent: dict[str, int] = {}
+    converters: dict[int, Callable[[str], float]] = {}
+    for j, kind in zip(idx, kinds):
+        if kind == NUMBER:
+            continue
+        name = header[j]
+        percent[name] = 0
+
+        def read(text: str, kind: str = kind, name: str = name) -> float:
+            v = parse_value(text, kind)
+            if v is None:
+                raise ValueError(text)
+            if kind == STATED and "%" in text:
+                percent[name] += 1
+            return v
+
+        converters[j] = read
+    return converters, percent
+
+
+def _keys_to_ids(
+    body: bytes,
+    fields: Fields,
+    gidx: int,
+    keys: np.ndarray,
+    groups: GroupIndex,
+    header: list[str],
+    lines: np.ndarray,
+) -> np.ndarray:
+    """Map group keys to global ids: the distinct keys of a small head first (searchsorted
+    against them is cheap), the full np.unique only when the rest has new ones."""
+    head_keys = np.unique(keys[:4096])
+    pos = np.minimum(np.searchsorted(head_keys, keys), head_keys.size - 1)
+    if head_keys.size <= 64 and (head_keys[pos] == keys).all():
+        first = np.array([int(np.argmax(pos == k)) for k in range(head_keys.size)])
+        inverse = pos
+    else:
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    first, inverse = first_appearance(first, inverse.reshape(-1))
+    s, e = fields.start(gidx), fields.end(gidx)
+    names = [_unquote(body[s[i] : e[i]]).decode("utf-8", "surrogateescape") for i in first]
+    check_names(header[gidx], names, inverse, lambda i: f"line {int(lines[i])}")
+    return groups.ids_of(names, inverse)
+
+
+def _unquote(field: bytes) -> bytes:
+    """A field's value: a quoted one without its quotes, ``""`` read as ``"``."""
+    if field[:1] == b'"':
+        return field[1:-1].replace(b'""', b'"')
+    return field

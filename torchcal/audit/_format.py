@@ -1,48 +1,123 @@
 """Text and markdown renderings of a report dict (the JSON schema of
-:mod:`torchcal.audit.report`)."""
+:mod:`torchcal.audit.report`), and the one escaping of a group name for a console line."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["report_markdown", "report_text"]
+__all__ = [
+    "TABLE_GROUPS",
+    "display_name",
+    "report_markdown",
+    "report_text",
+    "rule_text",
+    "worst_groups",
+]
+
+#: longest group name shown in full on a line (longer ones are cut with "...")
+NAME_LIMIT = 60
+#: groups whose reliability table the text and markdown show (the worst first)
+TABLE_GROUPS = 20
+
+_SEVERITY = {"fail": 0, "inconclusive": 1, "pass": 2}
+
+
+def worst_groups(groups: dict[str, dict[str, Any]], limit: int | None) -> set[str]:
+    """The names of at most ``limit`` groups with items, worst first: FAIL, then
+    INCONCLUSIVE, then PASS; within each the largest |gap| near the threshold (or debiased
+    ECE) first; ``None``: all of them."""
+
+    def badness(kv: tuple[str, dict[str, Any]]) -> tuple[int, float]:
+        s = kv[1]
+        w = s.get("threshold_gap")
+        size = abs(w["gap"]) if w and w.get("gap") is not None else (s.get("ece_debiased") or 0.0)
+        return (_SEVERITY.get(s.get("verdict", "pass"), 2), -size)
+
+    items = sorted(((k, v) for k, v in groups.items() if v.get("n")), key=badness)
+    return {k for k, _ in items[:limit]}
+
+
+def display_name(name: Any, limit: int = NAME_LIMIT) -> str:
+    """``name`` safe on one console line: every non-printable character (escape sequences,
+    newlines, tabs, NUL, bidi controls) written as a Python escape (``\\x1b``, ``\\n``,
+    ``\\u202e``), a backslash doubled, and names longer than ``limit`` cut with ``...``, so no
+    group name can draw a fake line (``verdict: PASS``) or move the cursor.
+
+    Example:
+        >>> display_name("ok\\n\\x1b[32mverdict: PASS")
+        'ok\\\\n\\\\x1b[32mverdict: PASS'
+    """
+    text = str(name)
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    s = "".join(out)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
 def _f(x: Any, digits: int = 4) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
-def _ci(pair: Any, digits: int = 4) -> str:
-    return (
-        "n/a" if pair is None or None in pair else f"[{pair[0]:.{digits}f}, {pair[1]:.{digits}f}]"
-    )
+def _ci(pair: Any, digits: int = 4, sign: bool = False) -> str:
+    if pair is None or None in pair:
+        return "n/a"
+    fmt = f"{{:+.{digits}f}}" if sign else f"{{:.{digits}f}}"
+    return f"[{fmt.format(pair[0])}, {fmt.format(pair[1])}]"
 
 
-def _metric_cells(s: dict[str, Any]) -> list[str]:
+def _nll(s: dict[str, Any]) -> str:
+    if s.get("nll_infinite"):
+        return f"inf ({s.get('nll_infinite_rows', '?')} rows)"
+    return _f(s["nll"])
+
+
+def _deb(s: dict[str, Any]) -> str:
+    if s.get("ece_debiased") is None:
+        return "n/a"
+    return "0 (clipped)" if s.get("ece_debiased_clipped") else _f(s["ece_debiased"])
+
+
+def _metric_cells(s: dict[str, Any], level: str) -> list[str]:
     gap = s.get("threshold_gap")
-    g = "n/a" if gap is None or gap["gap"] is None else f"{gap['gap']:+.4f} (n={gap['n']})"
+    g = "n/a"
+    if gap is not None and gap.get("gap") is not None:
+        g = f"{gap['gap']:+.4f} {_ci(gap.get('gap_ci'), 3, sign=True)} (n={gap['n']})"
     return [
         str(s["n"]),
         _f(s["ece"]),
+        _deb(s),
         _ci(s["ece_ci"]),
-        _f(s["ece_debiased"]),
         _f(s["mce"]),
         _f(s["brier"]),
-        _f(s["nll"]),
+        _nll(s),
         _f(s["accuracy"]),
         g,
-        s["verdict"].upper(),
+        str(s.get("verdict", "-")).upper(),
     ]
 
 
-HEAD = ["group", "n", "ECE", "ECE 95% CI", "debiased", "MCE", "Brier", "NLL", "accuracy"]
-HEAD += ["gap near t", "verdict"]
+def _head(d: dict[str, Any]) -> list[str]:
+    level = _level(d)
+    binary = d["settings"].get("reading") == "binary"
+    head = ["group", "n", "ECE", "debiased", f"{level} CI", "MCE", "Brier", "NLL"]
+    return head + ["acc@0.5" if binary else "accuracy", f"gap near t [{level}]", "verdict"]
 
 
-def _rows(d: dict[str, Any]) -> list[list[str]]:
-    rows = [["pooled"] + _metric_cells(d["pooled"])]
+def _level(d: dict[str, Any]) -> str:
+    return f"{100 * d['settings'].get('interval_level', 0.9):g}%"
+
+
+def _rows(d: dict[str, Any], name: Any = display_name) -> list[list[str]]:
+    level = _level(d)
+    rows = [["pooled"] + _metric_cells(d["pooled"], level)]
     if d["settings"].get("grouped"):
-        rows += [[name] + _metric_cells(s) for name, s in d["groups"].items()]
+        rows += [[name(n)] + _metric_cells(s, level) for n, s in d["groups"].items()]
     return rows
 
 
@@ -66,28 +141,47 @@ def _bins(name: str, s: dict[str, Any]) -> list[list[str]]:
     ]
 
 
-BIN_HEAD = ["group", "bin", "n", "confidence", "accuracy", "95% Wilson"]
+def rule_text(d: dict[str, Any]) -> str:
+    """The rule, its level and its power in one sentence (printed under the title)."""
+    st = d["settings"]
+    t, tol = st.get("threshold"), st["tolerance"]
+    alpha, power = st.get("alpha", 0.05), st.get("power", 0.8)
+    what = f"the gap (confidence - observed rate) near {t:g}" if t is not None else "the ECE"
+    lv = f"{100 * (1 - 2 * alpha):g}%"
+    fam = st.get("family", 1)
+    return (
+        f"rule: each row is judged on {what} against the tolerance {tol:g}: PASS when its "
+        f"{lv} interval lies inside, FAIL when it lies outside (Holm over {fam} "
+        f"row{'s' if fam != 1 else ''}), else INCONCLUSIVE; each wrong PASS or FAIL has "
+        f"probability <= {alpha:g}; 'detects' = a FAIL with {100 * power:g}% power"
+    )
 
 
 def _sections(d: dict[str, Any]) -> list[tuple[str, str, list[str], list[list[str]]]]:
     st = d["settings"]
-    t = st["threshold"]
-    judged = f"|gap| near {t:g}" if t is not None else "ECE"
     title = (
         f"torchcal audit: {d['verdict'].upper()} ({st['n_rows']} rows, reading={st['reading']}, "
-        f"{st['n_bins']} bins; fails when {judged} > {st['tolerance']:g})"
+        f"{st['n_bins']} bins, tolerance {st['tolerance']:g}, alpha {st.get('alpha', 0.05):g})"
     )
-    out = [("summary", title, HEAD, _rows(d))]
+    out = [("summary", title, _head(d), _rows(d))]
     bins = _bins("pooled", d["pooled"])
+    title = "reliability tables (non-empty bins)"
     if st.get("grouped"):
-        bins += [r for name, s in d["groups"].items() for r in _bins(name, s)]
-    out.append(("reliability", "reliability tables (non-empty bins)", BIN_HEAD, bins))
+        shown = worst_groups(d["groups"], TABLE_GROUPS)
+        bins += [r for name, s in d["groups"].items() if name in shown
+                 for r in _bins(display_name(name), s)]  # fmt: skip
+        if len(shown) < len(d["groups"]):
+            title += (f" of the {len(shown)} worst of {len(d['groups'])} groups (every group's "
+                      f"table is in report.json)")  # fmt: skip
+    rate = "positive rate" if st.get("reading") == "binary" else "accuracy"
+    bin_head = ["group", "bin", "n", "confidence", rate, "95% Wilson"]
+    out.append(("reliability", title, bin_head, bins))
     costs = [(n, s.get("cost")) for n, s in [("pooled", d["pooled"]), *d["groups"].items()]]
     costs = [(n, c) for n, c in costs if c is not None and "threshold" in (c or {})]
     if costs:
         head = ["group", "threshold", "automated", "error rate", "95% Wilson", "cost/item", "naive"]
         rows = [
-            [n, _f(c["threshold"], 2), str(c["n_automated"]), _f(c["error_rate"]),
+            [display_name(n), _f(c["threshold"], 2), str(c["n_automated"]), _f(c["error_rate"]),
              _ci(c["error_rate_ci"], 3), _f(c["cost_per_item"]), _f(c["naive_threshold"], 3)]
             for n, c in costs
         ]  # fmt: skip
@@ -95,25 +189,95 @@ def _sections(d: dict[str, Any]) -> list[tuple[str, str, list[str], list[list[st
     return out
 
 
+def _judged(s: dict[str, Any], threshold: Any) -> str:
+    """The quantity a row's verdict is judged on (for the temperature lines)."""
+    w = s.get("threshold_gap")
+    if threshold is not None and w:
+        return f"gap {_f(w.get('gap'))} {_ci(w.get('gap_ci'), 3, sign=True)}"
+    return f"debiased ECE {_deb(s)} {_ci(s.get('ece_ci'), 3)}"
+
+
 def _temperature_lines(d: dict[str, Any]) -> list[str]:
     tp = d.get("temperature")
     if not tp:
         return []
-    lines = [f"temperature: pooled T = {tp['pooled_T']:.4f}; per group: "
-             + ", ".join(f"{k} {v:.4f}" for k, v in tp["group_T"].items())
-             + f" (fit on {tp['n_fit']} rows, evaluated on {tp['n_eval']} held-out rows)"]  # fmt: skip
+    t = d["settings"].get("threshold")
+    groups = ", ".join(f"{display_name(k)} {v:.4f}" for k, v in tp["group_T"].items())
+    lines = [f"temperature: pooled T = {tp['pooled_T']:.4f}; per group: {groups} (fit on "
+             f"{tp['n_fit']} rows, evaluated on {tp['n_eval']} held-out rows)"]  # fmt: skip
     for key in ("eval_before", "eval_after"):
         ev = tp[key]
-        parts = [f"{n} ECE {_f(s['ece'])} {s['verdict'].upper()}" for n, s in ev["groups"].items()]
+        rows = [("pooled", ev["pooled"])]
+        if d["settings"].get("grouped"):
+            rows += list(ev["groups"].items())
+        parts = [f"{display_name(n)} {_judged(s, t)} {s['verdict'].upper()}" for n, s in rows]
         lines.append(f"  {key}: {ev['verdict'].upper()}: " + "; ".join(parts))
     return lines
 
 
+def _concentration_lines(d: dict[str, Any]) -> list[str]:
+    c = d["settings"].get("confidences")
+    if not c:
+        return []
+    line = (
+        f"confidences: {c['distinct']} distinct values{' (in the sample)' if c.get('sampled') else ''}; "
+        f"most common {c['top_value']:.4g} ({100 * c['top_share']:.1f}% of rows); min "
+        f"{c['min']:.4g}, max {c['max']:.4g}, interquartile range {c['iqr']:.4g}"
+    )
+    out = [line]
+    if c.get("grid"):
+        out.append(
+            f"  the confidences sit on a {c['grid']:g} grid: {d['settings']['n_bins']} bins "
+            f"put each grid value in its own bin"
+        )
+    if c.get("top_share", 0) >= 0.5:
+        out.append(
+            f"  finding: {100 * c['top_share']:.0f}% of the rows state the same confidence "
+            f"{c['top_value']:.4g}: the model barely ranks its answers"
+        )
+    return out
+
+
+def _read_lines(d: dict[str, Any]) -> list[str]:
+    log = d.get("read") or {}
+    out = []
+    excluded = log.get("excluded") or []
+    if excluded:
+        total = sum(int(e.get("count", 0)) for e in excluded)
+        parts = [
+            f"{display_name(e.get('column'))}: {e.get('reason')}: {e.get('count')} (first "
+            f"{display_name(e.get('text'), 40)!s} at {e.get('where')})"
+            for e in excluded
+        ]
+        out.append(
+            f"excluded rows: {total} of {log.get('rows', '?')} left out; " + "; ".join(parts)
+        )
+    pct = {k: v for k, v in (log.get("percent") or {}).items() if v}
+    if pct:
+        out.append(
+            "percents read: "
+            + ", ".join(
+                f"{display_name(k)} {v} values such as '85%' as 0.85" for k, v in pct.items()
+            )
+        )
+    return out
+
+
 def _reason_lines(d: dict[str, Any]) -> list[str]:
     lines = [f"verdict: {d['verdict'].upper()}"]
-    lines += [f"  - {r}" for r in d["pooled"]["reasons"]]
+    lines += [f"  - {r}" for r in d.get("reasons") or []]
     lines += [f"warning: {w}" for w in d["warnings"]]
     return lines
+
+
+def _tail(d: dict[str, Any]) -> list[str]:
+    return (
+        _concentration_lines(d)
+        + _read_lines(d)
+        + _temperature_lines(d)
+        + [rule_text(d)]
+        + _reason_lines(d)
+    )
 
 
 def report_text(d: dict[str, Any]) -> str:
@@ -121,8 +285,12 @@ def report_text(d: dict[str, Any]) -> str:
     parts = []
     for _, title, head, rows in _sections(d):
         parts.append(title + "\n" + _grid(head, rows))
-    parts.append("\n".join(_temperature_lines(d) + _reason_lines(d)))
+    parts.append("\n".join(_tail(d)))
     return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def report_markdown(d: dict[str, Any]) -> str:
@@ -130,8 +298,10 @@ def report_markdown(d: dict[str, Any]) -> str:
     parts = []
     for i, (_, title, head, rows) in enumerate(_sections(d)):
         md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        md += ["| " + " | ".join(r) + " |" for r in rows]
+        md += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
         parts.append(("# " if i == 0 else "## ") + title + "\n\n" + "\n".join(md))
-    extra = _temperature_lines(d) + _reason_lines(d)
-    parts.append("\n".join(f"- {x.strip()}" if not x.startswith("verdict") else x for x in extra))
+    extra = _tail(d)
+    parts.append(
+        "\n".join(f"- {_md_cell(x.strip())}" if not x.startswith("verdict") else x for x in extra)
+    )
     return "\n\n".join(parts) + "\n"

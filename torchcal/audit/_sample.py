@@ -44,7 +44,12 @@ def sample_ece(report: Any, temperature: float, n_bins: int, group: str | None) 
     if binary:
         conf = torch.sigmoid(z / t)
         return float(calibration_error(conf, y, n_bins=n_bins, reading="binary", input="probs"))
-    return float(calibration_error(z / t, y, n_bins=n_bins, reading="confidence", input="logits"))
+    # softmax(z / t) shifted by the raw maximum first ((z - max) / t <= 0): logits near 1e308
+    # at t < 1 stay finite, as in the page; the first arg-max is the prediction
+    top = z.max(1, keepdim=True).values
+    conf = 1.0 / torch.exp((z - top) / t).sum(1)
+    right = (z.argmax(1) == y).long()
+    return float(calibration_error(conf, right, n_bins=n_bins, reading="binary", input="probs"))
 
 
 def table_of(summary: dict[str, Any], n_bins: int, reading: str) -> ReliabilityTable:

@@ -1,9 +1,13 @@
 """Drift between two audits: :func:`compare` and :class:`Comparison`.
 
-Per group present in both audits: the change in ECE (intervals from the bootstrap CIs) and in
-the absolute gap near the threshold (intervals from the Wilson interval of the window's
-accuracy), each through :func:`~torchcal.functional.decision.drift_from_summaries`; a group
-is flagged when either got significantly worse (the 95 % interval of the change lies above 0).
+Per group present in both audits: the change in the debiased ECE (intervals from each
+report's ECE interval at its ``interval_level``) and in the absolute gap near the threshold
+(intervals from each report's gap interval), each through
+:func:`~torchcal.functional.decision.drift_from_summaries`; a group is flagged when either got
+significantly worse (the 95 % interval of the change lies above 0). A group of the old audit
+missing from the new one (renamed?), or one whose estimates are missing on either side, is
+*unjudged*: listed, never a silent pass (the CLI exits with the INCONCLUSIVE code). Both
+reports are validated by the schema (:func:`~torchcal.audit.report.check_report_dict`).
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchcal.audit.report import AuditReport
+from torchcal.audit._format import display_name
+from torchcal.audit.report import AuditReport, load_report_dict
 from torchcal.functional.decision import drift_from_summaries
 
 __all__ = ["Comparison", "compare"]
@@ -20,51 +25,42 @@ __all__ = ["Comparison", "compare"]
 
 def _as_dict(x: AuditReport | dict[str, Any] | str | os.PathLike[str], name: str) -> dict[str, Any]:
     if isinstance(x, AuditReport):
-        d = x.to_dict()
-    elif isinstance(x, (dict, str, os.PathLike)):
-        try:
-            d = AuditReport.from_json(x).to_dict()
-        except ValueError as e:
-            raise ValueError(f"{name}: {e}") from e
-    else:
+        x = x.to_dict()
+    if not isinstance(x, (dict, str, os.PathLike)):
         raise ValueError(
             f"{name}: expected an AuditReport, a dict or a path, got {type(x).__name__}"
         )
-    _check_groups(d["groups"], name)
-    return d
+    try:
+        return load_report_dict(x)
+    except ValueError as e:
+        path = isinstance(x, os.PathLike) or (isinstance(x, str) and not x.lstrip().startswith("{"))
+        where = f"{os.fspath(x)}: " if path else ""
+        raise ValueError(f"{name}: {where}{str(e).removeprefix('source: ')}") from None
 
 
-def _check_groups(groups: Any, name: str) -> None:
-    """A clear error (not a KeyError) when a report's groups lack what :func:`compare` reads."""
-    if not isinstance(groups, dict):
-        raise ValueError(f"{name}: expected 'groups' to map names to summaries, got {groups!r:.60}")
-    for g, s in groups.items():
-        if not isinstance(s, dict):
-            raise ValueError(f"{name}: group {g!r}: expected a summary mapping, got {s!r:.60}")
-        w = s.get("threshold_gap")
-        need = [k for k in ("ece", "ece_ci", "threshold_gap") if k not in s]
-        if isinstance(w, dict):
-            need += [k for k in ("gap", "confidence", "accuracy_ci") if k not in w]
-        elif w is not None:
-            raise ValueError(f"{name}: group {g!r}: expected threshold_gap null or a mapping")
-        if need:
-            raise ValueError(f"{name}: group {g!r} has no {need[0]!r} entry")
+def _to_95(ci: list[float], level: float) -> list[float]:
+    """An interval at ``level`` rescaled to the 95 % that drift_from_summaries reads."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    mid, half = (ci[0] + ci[1]) / 2, (ci[1] - ci[0]) / 2
+    return [mid - half * 1.959963984540054 / z, mid + half * 1.959963984540054 / z]
 
 
-def _abs_gap(s: dict[str, Any]) -> dict[str, Any]:
-    """``|gap|`` near the threshold with an interval from the accuracy's Wilson interval."""
+def _abs_gap(s: dict[str, Any], level: float) -> dict[str, Any]:
+    """``|gap|`` near the threshold with its interval (the gap interval's half-width)."""
     w = s.get("threshold_gap")
-    if not w or w["gap"] is None or None in w["accuracy_ci"]:
+    if not w or w.get("gap") is None or not w.get("gap_ci") or None in w["gap_ci"]:
         return {"value": None, "ci": None}
-    lo, hi = w["confidence"] - w["accuracy_ci"][1], w["confidence"] - w["accuracy_ci"][0]
-    return {
-        "value": abs(w["gap"]),
-        "ci": [abs(w["gap"]) - (hi - lo) / 2, abs(w["gap"]) + (hi - lo) / 2],
-    }
+    lo, hi = _to_95(w["gap_ci"], level)
+    half = (hi - lo) / 2
+    return {"value": abs(w["gap"]), "ci": [abs(w["gap"]) - half, abs(w["gap"]) + half]}
 
 
-def _ece(s: dict[str, Any]) -> dict[str, Any]:
-    return {"value": s["ece"], "ci": s["ece_ci"]}
+def _ece(s: dict[str, Any], level: float) -> dict[str, Any]:
+    if s.get("ece_debiased") is None or not s.get("ece_ci") or None in s["ece_ci"]:
+        return {"value": None, "ci": None}
+    return {"value": s["ece_debiased"], "ci": _to_95(s["ece_ci"], level)}
 
 
 @dataclass(eq=False)
@@ -87,12 +83,26 @@ class Comparison:
     def flagged(self) -> list[str]:
         return [g for g, d in self.groups.items() if d["worse"]]
 
+    @property
+    def flagged_names(self) -> list[str]:
+        """:attr:`flagged`, escaped for a console line."""
+        return [display_name(g) for g in self.flagged]
+
+    @property
+    def unjudged(self) -> list[str]:
+        """Groups of the old audit missing from the new one, and groups whose ECE or gap
+        has no estimate on either side (not judged: never a silent pass)."""
+        none = [g for g, d in self.groups.items() if d["ece_delta"] is None
+                or (d["gap_old"] is not None or d["gap_new"] is not None) and d["gap_delta"] is None]  # fmt: skip
+        return self.only_old + none
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "groups": self.groups,
             "only_old": self.only_old,
             "only_new": self.only_new,
             "flagged": self.flagged,
+            "unjudged": self.unjudged,
         }
 
     def to_text(self) -> str:
@@ -107,18 +117,25 @@ class Comparison:
         def ci(p: Any) -> str:
             return "n/a" if p is None else f"[{p[0]:+.4f}, {p[1]:+.4f}]"
 
-        lines = ["group  ECE old -> new  change [95% CI]  |gap| old -> new  change [95% CI]  drift"]
+        lines = [
+            "group  debiased ECE old -> new  change [95% CI]  |gap| old -> new  change [95% CI]  drift"
+        ]
         for g, d in self.groups.items():
             ece = f"{_v(d['ece_old'])} -> {_v(d['ece_new'])}"
             gap = f"{_v(d['gap_old'])} -> {_v(d['gap_new'])}"
             lines.append(
-                f"{g}  {ece}  {f(d['ece_delta'])} {ci(d['ece_delta_ci'])}  {gap}  "
+                f"{display_name(g)}  {ece}  {f(d['ece_delta'])} {ci(d['ece_delta_ci'])}  {gap}  "
                 f"{f(d['gap_delta'])} {ci(d['gap_delta_ci'])}  {'WORSE' if d['worse'] else 'ok'}"
             )
         for name, only in (("old", self.only_old), ("new", self.only_new)):
             if only:
-                lines.append(f"only in the {name} audit: {', '.join(only)}")
-        lines.append(f"flagged: {', '.join(self.flagged) if self.flagged else 'none'}")
+                lines.append(f"only in the {name} audit: {', '.join(map(display_name, only))}")
+        if self.unjudged:
+            lines.append(
+                "not judged (missing in the new audit or no estimate): "
+                + ", ".join(map(display_name, self.unjudged))
+            )
+        lines.append(f"flagged: {', '.join(self.flagged_names) if self.flagged else 'none'}")
         return "\n".join(lines) + "\n"
 
 
@@ -139,15 +156,16 @@ def compare(
         ['all']
     """
     a, b = _as_dict(old, "old"), _as_dict(new, "new")
+    la, lb = a["settings"]["interval_level"], b["settings"]["interval_level"]
     out = {}
     for g in [k for k in b["groups"] if k in a["groups"]]:
         so, sn = a["groups"][g], b["groups"][g]
-        de = drift_from_summaries(_ece(so), _ece(sn))
-        go, gn = _abs_gap(so), _abs_gap(sn)
+        de = drift_from_summaries(_ece(so, la), _ece(sn, lb))
+        go, gn = _abs_gap(so, la), _abs_gap(sn, lb)
         dg = drift_from_summaries(go, gn)
         out[g] = {
-            "ece_old": so["ece"],
-            "ece_new": sn["ece"],
+            "ece_old": so.get("ece_debiased"),
+            "ece_new": sn.get("ece_debiased"),
             "ece_delta": de["delta"],
             "ece_delta_ci": de["delta_ci"],
             "gap_old": go["value"],

@@ -11,6 +11,7 @@ and the ``sample_size`` smallest keys are kept, so the sample is identical for a
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -22,14 +23,33 @@ from torchcal.functional.calibration import (
     INPUTS,
     BinnedStats,
     accumulate,
+    bin_index,
     nll_terms,
     prepare_inputs,
     warn_probs_as_logits,
 )
 
-__all__ = ["Auditor", "audit"]
+__all__ = ["TEMPERATURE_FORMAT", "Auditor", "audit", "fit_temperature_file", "load_temperatures"]
 
 AUDIT_READINGS = ("binary", "confidence")
+
+#: bins when none are given and the confidences sit on no 0.05/0.1 grid
+DEFAULT_BINS = 10
+#: the finest grid whose per-value counts are kept (1 / GRID)
+GRID = 100
+#: groups above which the per-value counts are dropped (memory: 16 bytes x 101 per group)
+MAX_GRID_GROUPS = 10_000
+
+#: most bins an audit accepts (40 bytes per bin and group of state; the tables list them)
+MAX_BINS = 10_000
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if nbytes < 1000 or unit == "TB":
+            return f"{nbytes:.3g} {unit}"
+        nbytes /= 1000
+    return f"{nbytes:.3g} TB"  # pragma: no cover
 
 
 def reading_of(preds: Tensor, reading: str | None) -> str:
@@ -56,12 +76,13 @@ class Auditor:
         input: ``"probs"`` (P(y=1) for binary, probability rows for multiclass) or
             ``"logits"``.
         num_classes: expected classes of multiclass preds (checked; inferred if ``None``).
-        n_bins: equal-width bins.
-        bootstrap: replicates of the ECE interval (0: no interval), see
-            :func:`~torchcal.functional.decision.ece_interval_from_stats`.
+        n_bins: equal-width bins (at most :data:`MAX_BINS`); ``None``: 10, or, when every
+            confidence sits on a 0.05 or 0.1 grid (stated confidences such as "85%"), one
+            bin per grid value (``1 / grid + 1`` bins: value ``k * grid`` lands in bin ``k``
+            by the usual rule), said in the report.
         sample_size: rows kept in the seeded uniform sample (the HTML page, :meth:`AuditReport
             .ece_at` and the temperature fit use it).
-        seed: seeds the sample, the bootstrap and the fit/eval split.
+        seed: seeds the sample and the fit/eval split.
         reading: ``None`` (from the shape), ``"binary"`` or ``"confidence"``.
 
     Example:
@@ -72,8 +93,8 @@ class Auditor:
         >>> a = Auditor(n_bins=10)
         >>> a.update(p[:300], y[:300]); a.update(p[300:], y[300:])
         >>> r = a.report(threshold=0.8)
-        >>> r.verdict, r.pooled["n"]
-        ('pass', 5000)
+        >>> r.verdict, r.pooled["n"], r.pooled["threshold_gap"]["n"]
+        ('pass', 5000, 963)
     """
 
     def __init__(
@@ -81,17 +102,19 @@ class Auditor:
         *,
         input: str = "probs",
         num_classes: int | None = None,
-        n_bins: int = 10,
-        bootstrap: int = 200,
+        n_bins: int | None = None,
         sample_size: int = 20000,
         seed: int = 0,
         reading: str | None = None,
     ) -> None:
         self.input = str(check_option("input", input, INPUTS))
-        self.n_bins = check_int("n_bins", n_bins, minimum=1)
-        self.bootstrap = check_int("bootstrap", bootstrap, minimum=0)
-        if self.bootstrap == 1:
-            raise ValueError("bootstrap: expected 0 (no interval) or at least 2 replicates, got 1")
+        self.auto_bins = n_bins is None
+        self.n_bins = DEFAULT_BINS if n_bins is None else check_int("n_bins", n_bins, minimum=1)
+        if self.n_bins > MAX_BINS:
+            raise ValueError(
+                f"n_bins: expected at most {MAX_BINS:,} bins, got {self.n_bins:,} (the audit "
+                f"keeps 40 bytes per bin and group: {_size(40 * self.n_bins)} per group)"
+            )
         self.sample_size = check_int("sample_size", sample_size, minimum=0)
         self.seed = check_int("seed", seed)
         if num_classes is not None:
@@ -103,8 +126,19 @@ class Auditor:
         self.n_rows = 0
         self.stats = BinnedStats.zeros(1, 1, self.n_bins)
         self.nll = torch.zeros(1, dtype=torch.float64)
+        self.nll_inf = torch.zeros(1, dtype=torch.int64)
+        self.saturated = 0
         self.hits = torch.zeros(1, dtype=torch.int64)
         self.grouped = False
+        # exact counts per (group, confidence on the 0.01 grid) while every value is on it
+        self.grid: tuple[Tensor, Tensor] | None = (
+            (
+                torch.zeros(1, GRID + 1, dtype=torch.int64),
+                torch.zeros(1, GRID + 1, dtype=torch.float64),
+            )
+            if self.auto_bins
+            else None
+        )
         self._gen = torch.Generator().manual_seed(self.seed)
         self._sample: dict[str, Tensor] | None = None
 
@@ -143,6 +177,16 @@ class Auditor:
             *(torch.cat([a, b]) for a, b in zip(_fields(self.stats), _fields(pad), strict=True))
         )
         self.nll = torch.cat([self.nll, torch.zeros(extra, dtype=torch.float64)])
+        self.nll_inf = torch.cat([self.nll_inf, torch.zeros(extra, dtype=torch.int64)])
+        if self.grid is not None:
+            if G > MAX_GRID_GROUPS:
+                self.grid = None
+            else:
+                pad = torch.zeros(extra, GRID + 1, dtype=torch.int64)
+                self.grid = (
+                    torch.cat([self.grid[0], pad]),
+                    torch.cat([self.grid[1], pad.double()]),
+                )
         self.hits = torch.cat([self.hits, torch.zeros(extra, dtype=torch.int64)])
 
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
@@ -162,12 +206,77 @@ class Auditor:
             pad = BinnedStats.zeros(G - prep.num_groups, 1, self.n_bins)
             chunk = BinnedStats(*(torch.cat(p) for p in zip(_fields(chunk), _fields(pad))))
         self.stats = self.stats + chunk
+        if self.grid is not None:
+            if self.input == "probs":
+                self._track_grid(prep, G)
+            else:
+                self.grid = None
         g = torch.zeros(target.shape[0], dtype=torch.int64) if groups is None else groups.long()
-        self.nll += torch.bincount(g, weights=_nll_items(preds, target, self.input), minlength=G)
+        items = _nll_items(preds, target, self.input)
+        inf = torch.isinf(items)
+        if bool(inf.any()):  # counted apart, so the other rows keep a finite NLL
+            self.nll_inf += torch.bincount(g[inf], minlength=G)
+            items = torch.where(inf, 0.0, items)
+        self.nll += torch.bincount(g, weights=items, minlength=G)
+        if self.input == "probs":
+            edge = (preds == 0) | (preds == 1)
+            self.saturated += int((edge if edge.dim() == 1 else edge.any(1)).sum())
         right = _right_decisions(prep.conf, prep.outcome, self.reading)
         self.hits += torch.bincount(g * 2 + right, minlength=2 * G).view(G, 2)[:, 1]
         self._keep_sample(preds, target, g)
         self.n_rows += target.shape[0]
+
+    def _track_grid(self, prep: Any, G: int) -> None:
+        """Exact per-value counts while every confidence is a multiple of 0.01 (to 1e-9)."""
+        if self.reading == "confidence" and prep.per_sample != 1:  # pragma: no cover
+            self.grid = None
+            return
+        c = prep.conf.to(torch.float64)
+        k = torch.round(c * GRID)
+        if not bool((torch.abs(c * GRID - k) <= 1e-9 * GRID).all()):
+            self.grid = None
+            return
+        lead = prep.lead if prep.lead is not None else torch.zeros_like(k, dtype=torch.int64)
+        idx = lead.to(torch.int64) * (GRID + 1) + k.to(torch.int64)
+        size = G * (GRID + 1)
+        cnt = torch.bincount(idx, minlength=size).view(G, GRID + 1)
+        pos = torch.bincount(idx, weights=prep.outcome.to(torch.float64), minlength=size)
+        self.grid = (self.grid[0] + cnt, self.grid[1] + pos.view(G, GRID + 1))  # type: ignore[index]
+
+    def grid_of_values(self) -> float | None:
+        """The coarsest of the grids 0.1 and 0.05 every confidence seen sits on, else None."""
+        if self.grid is None or self.n_rows == 0:
+            return None
+        used = self.grid[0].sum(0) > 0
+        k = torch.nonzero(used).squeeze(1)
+        for g in (10, 5):
+            if bool((k % g == 0).all()):
+                return g / GRID
+        return None
+
+    def grid_stats(self, step: float) -> BinnedStats:
+        """The per-group statistics with one bin per multiple of ``step`` (``1 / step + 1``
+        bins), from the exact per-value counts."""
+        assert self.grid is not None
+        cnt, pos = self.grid
+        m = round(step * GRID)
+        B = GRID // m + 1
+        values = torch.arange(GRID + 1, dtype=torch.float64) / GRID
+        # each grid value's bin by the one bin rule (k * step lands in bin k)
+        b = bin_index(values, B)
+
+        def per_bin(x: Tensor) -> Tensor:
+            out = torch.zeros(x.shape[0], B, dtype=x.dtype)
+            return out.index_add_(1, b, x)
+
+        cf = cnt.to(torch.float64)
+        return BinnedStats(
+            per_bin(cnt)[:, None],
+            per_bin(cf * values)[:, None],
+            per_bin(pos)[:, None],
+            per_bin(cf * values * values)[:, None],
+            per_bin(pos * values)[:, None],
+        )
 
     def _keep_sample(self, preds: Tensor, target: Tensor, g: Tensor) -> None:
         N = target.shape[0]
@@ -222,8 +331,21 @@ class Auditor:
         cost_escalation: float | None = None,
         fit_temperature: bool = False,
         min_group: int = 200,
+        alpha: float = 0.05,
+        power: float = 0.8,
+        read_log: dict[str, Any] | None = None,
     ) -> AuditReport:
         """The :class:`~torchcal.audit.AuditReport` of everything seen so far.
+
+        The verdict is a test at level ``alpha`` (docs/design.md section 6c): with a
+        ``threshold`` each row (pooled, each group) is judged on the gap ``mean confidence -
+        accuracy`` in the window around it, else on the binned ECE. A row PASSes when its
+        ``1 - 2 alpha`` interval lies inside the ``tolerance`` (two one-sided tests), FAILs
+        when it lies outside (Holm-adjusted over the pooled row and the groups), else is
+        INCONCLUSIVE; the report PASSes when every row does, FAILs when any does. The
+        smallest gap (or ECE) each row could detect with probability ``power`` is reported.
+        ``read_log`` (the reader's ``ReadLog.to_dict()``: rows excluded, percents read) is
+        reported as is.
 
         ``fit_temperature=True`` fits T (pooled and per group) on a seeded half of the kept
         sample (all rows when ``n_rows <= sample_size``) and reports the other half before and
@@ -241,6 +363,9 @@ class Auditor:
             cost_escalation=cost_escalation,
             fit_temperature=fit_temperature,
             min_group=min_group,
+            alpha=alpha,
+            power=power,
+            read_log=read_log,
         )
 
 
@@ -286,30 +411,32 @@ def audit(
     reading: str | None = None,
     threshold: float | None = None,
     tolerance: float = 0.05,
-    n_bins: int = 10,
+    n_bins: int | None = None,
     cost_error: float | None = None,
     cost_escalation: float | None = None,
     fit_temperature: bool = False,
-    bootstrap: int = 200,
     sample_size: int = 20000,
     seed: int = 0,
     min_group: int = 200,
+    alpha: float = 0.05,
+    power: float = 0.8,
 ) -> AuditReport:
     """Audit ``preds`` against ``target`` in one call (one :class:`Auditor` update + report).
 
     Example:
         >>> import torch
         >>> g = torch.Generator().manual_seed(0)
-        >>> p = torch.rand(2000, generator=g, dtype=torch.float64)
-        >>> y = (torch.rand(2000, generator=g, dtype=torch.float64) < p).long()
+        >>> p = torch.rand(5000, generator=g, dtype=torch.float64)
+        >>> y = (torch.rand(5000, generator=g, dtype=torch.float64) < p).long()
         >>> r = audit(p, y, threshold=0.8)
         >>> r.verdict, sorted(r.groups)
         ('pass', ['all'])
+        >>> audit(p[:300], y[:300], threshold=0.8).verdict  # 300 rows cannot show it
+        'inconclusive'
     """
     a = Auditor(
         input=input,
         n_bins=n_bins,
-        bootstrap=bootstrap,
         sample_size=sample_size,
         seed=seed,
         reading=reading,
@@ -323,4 +450,88 @@ def audit(
         cost_escalation=cost_escalation,
         fit_temperature=fit_temperature,
         min_group=min_group,
+        alpha=alpha,
+        power=power,
     )
+
+
+#: the ``format`` entry of a file written by ``torchcal fit-temperature -o``
+TEMPERATURE_FORMAT = "torchcal.temperatures/1"
+
+
+def fit_temperature_file(
+    preds: Tensor,
+    target: Tensor,
+    groups: Tensor | None = None,
+    group_names: list[str] | None = None,
+    *,
+    input: str = "probs",
+) -> dict[str, Any]:
+    """Fit a temperature on all rows (pooled, and per group with ``groups``), as
+    ``torchcal fit-temperature`` does; returns the dict it saves: ``format``
+    (:data:`TEMPERATURE_FORMAT`), ``input``, ``n``, ``pooled`` (T), ``temperatures``
+    (``{group name: T}``; ``{"pooled": T}`` without groups), ``clamped`` (probabilities of
+    exactly 0 or 1 given logits +-36.74) and ``state_dict`` (the scaler's).
+
+    Example:
+        >>> import torch
+        >>> z = torch.randn(400, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        >>> y = (torch.rand(400, generator=torch.Generator().manual_seed(1)) < torch.sigmoid(z)).long()
+        >>> fit = fit_temperature_file(z * 3, y, input="logits")
+        >>> sorted(fit["temperatures"]), 2 < fit["pooled"] < 5
+        (['pooled'], True)
+    """
+    from torchcal.functional.decision import probs_to_logits
+    from torchcal.scaling import GroupTemperatureScaler, TemperatureScaler
+
+    check_option("input", input, INPUTS)
+    z, clamped = preds, 0
+    if input == "probs":
+        z, clamped = probs_to_logits(preds, binary=preds.dim() == 1)
+    pooled = TemperatureScaler(method="newton")
+    pooled.fit(z, target)
+    out: dict[str, Any] = {
+        "format": TEMPERATURE_FORMAT,
+        "input": input,
+        "n": int(target.numel()),
+        "pooled": float(pooled.temperature),
+        "temperatures": {"pooled": float(pooled.temperature)},
+        "clamped": clamped,
+        "state_dict": pooled.state_dict(),
+    }
+    if groups is not None:
+        names = (
+            list(group_names)
+            if group_names is not None
+            else [str(i) for i in range(int(groups.max()) + 1)]
+        )
+        per = GroupTemperatureScaler(len(names))
+        per.fit(z, target, groups)
+        out["temperatures"] = dict(zip(names, (float(t) for t in per.temperatures), strict=True))
+        out["state_dict"] = per.state_dict()
+    return out
+
+
+def load_temperatures(path: Any) -> dict[str, float]:
+    """The ``{group name: T}`` of a file written by ``torchcal fit-temperature -o`` (or
+    ``{"pooled": T}``); ``ValueError`` for any other file.
+
+    Example:
+        >>> import tempfile, torch
+        >>> z = torch.randn(300, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        >>> y = (torch.rand(300, generator=torch.Generator().manual_seed(1)) < torch.sigmoid(z)).long()
+        >>> g = torch.arange(300) % 2
+        >>> path = tempfile.mkdtemp() + "/t.pt"
+        >>> torch.save(fit_temperature_file(z, y, g, ["a/b", "c"], input="logits"), path)
+        >>> sorted(load_temperatures(path))
+        ['a/b', 'c']
+    """
+    try:
+        d = torch.load(path, weights_only=True)
+    except Exception as e:
+        raise ValueError(
+            f"{path}: not a temperature file of torchcal fit-temperature ({e})"
+        ) from None
+    if not isinstance(d, dict) or d.get("format") != TEMPERATURE_FORMAT:
+        raise ValueError(f"{path}: not a temperature file of torchcal fit-temperature")
+    return {str(k): float(v) for k, v in d["temperatures"].items()}

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from torchcal.audit._format import rule_text
+
 __all__ = ["CSP", "json_safe", "page_data", "render_html", "script_json"]
 
 #: The page's Content-Security-Policy: inline script and style only, images from data: URLs.
@@ -160,37 +162,46 @@ def _row(cells: list[str], cls: list[str] | None = None, tag: str = "td") -> str
 
 
 def _gap_text(gap: dict[str, Any] | None) -> str:
-    if not gap:
+    if not gap or gap.get("gap") is None:
         return "-"
-    return f"{_fmt(gap.get('gap'), 3)} (n={_fmt(gap.get('n'))})"
+    return f"{_fmt(gap.get('gap'), 3)} {_fmt(gap.get('gap_ci'), 3)} (n={_fmt(gap.get('n'))})"
+
+
+def _deb_text(g: dict[str, Any]) -> str:
+    if g.get("ece_debiased") is None:
+        return "-"
+    return "0 (clipped)" if g.get("ece_debiased_clipped") else _fmt(g.get("ece_debiased"))
 
 
 def summary_table(d: dict[str, Any]) -> str:
-    """The per-group summary: pooled first, then each group, with the verdict per row."""
-    head = ["group", "n", "accuracy", "ECE", "ECE 95% CI", "debiased ECE", "MCE", "Brier"]
-    head += ["NLL", "threshold window", "gap near threshold", "verdict"]
-    rows = [_row([html.escape(h) for h in head], ["name"] + [""] * 11, "th")]
+    """The per-group summary: pooled first, then each group; the verdict is the second
+    column (in view on a narrow screen), the table scrolls inside its box."""
+    st = d.get("settings") or {}
+    level = f"{100 * st.get('interval_level', 0.9):g}%"
+    acc = "accuracy@0.5" if st.get("reading") == "binary" else "accuracy"
+    head = ["group", "verdict", "n", "gap near threshold [" + level + "]", "debiased ECE"]
+    head += [f"ECE {level} CI", "ECE", "MCE", "Brier", "NLL", acc]
+    rows = [_row([html.escape(h) for h in head], ["name"] + [""] * (len(head) - 1), "th")]
     entries = [("pooled", d.get("pooled") or {})] + list((d.get("groups") or {}).items())
     for name, g in entries:
         verdict = str(g.get("verdict", "-"))
-        cells = [html.escape(str(name))]
-        cells += [_fmt(g.get(k)) for k in ("n", "accuracy", "ece", "ece_ci", "ece_debiased")]
-        cells += [_fmt(g.get(k)) for k in ("mce", "brier", "nll")]
-        cells += [_fmt(g.get("threshold_window"), 2), _gap_text(g.get("threshold_gap"))]
-        cells.append(html.escape(verdict.upper()))
-        rows.append(_row(cells, ["name"] + [""] * 10 + [html.escape(verdict)]))
-    return '<table id="summary">' + "".join(rows) + "</table>"
+        nll = "inf" if g.get("nll_infinite") else _fmt(g.get("nll"))
+        cells = [html.escape(str(name)), html.escape(verdict.upper()), _fmt(g.get("n"))]
+        cells += [_gap_text(g.get("threshold_gap")), _deb_text(g), _fmt(g.get("ece_ci"))]
+        cells += [_fmt(g.get(k)) for k in ("ece", "mce", "brier")] + [nll, _fmt(g.get("accuracy"))]
+        rows.append(_row(cells, ["name", html.escape(verdict)] + [""] * (len(head) - 2)))
+    return '<div class="scroll"><table id="summary">' + "".join(rows) + "</table></div>"
 
 
 def banner(d: dict[str, Any]) -> str:
     """The verdict banner with every group's reasons, and the warnings."""
     verdict = str(d.get("verdict", "-"))
-    reasons = [str(r) for r in (d.get("pooled") or {}).get("reasons", [])]
-    for name, g in (d.get("groups") or {}).items():
-        reasons += [f"{name}: {r}" for r in g.get("reasons", [])]
+    reasons = [str(r) for r in d.get("reasons") or []]  # each row's reason, named, once
     items = "".join(f"<li>{html.escape(r)}</li>" for r in dict.fromkeys(reasons))
-    cls = "pass" if verdict == "pass" else "fail"
+    cls = verdict if verdict in ("pass", "fail", "inconclusive") else "fail"
     out = f'<div class="banner {cls}" id="verdict">Verdict: {html.escape(verdict.upper())}'
+    rule = rule_text(d) if "tolerance" in (d.get("settings") or {}) else ""
+    out += f'<p class="rule">{html.escape(rule)}</p>' if rule else ""
     out += f"<ul>{items}</ul></div>" if items else "</div>"
     warnings = d.get("warnings") or []
     if warnings:
@@ -216,12 +227,14 @@ def cost_section(d: dict[str, Any]) -> str:
 
 def _eval_table(ev: dict[str, Any]) -> str:
     """A held-out evaluation (``verdict``, ``pooled``, ``groups``) as a compact table."""
-    rows = [_row(["group", "n", "ECE", "gap near threshold", "verdict"], ["name"] + [""] * 4, "th")]
+    head = ["group", "verdict", "n", "gap near threshold", "debiased ECE [CI]", "ECE"]
+    rows = [_row(head, ["name"] + [""] * 5, "th")]
     for name, g in [("pooled", ev.get("pooled") or {})] + list((ev.get("groups") or {}).items()):
         verdict = str(g.get("verdict", "-"))
-        cells = [html.escape(str(name)), _fmt(g.get("n")), _fmt(g.get("ece"))]
-        cells += [_gap_text(g.get("threshold_gap")), html.escape(verdict.upper())]
-        rows.append(_row(cells, ["name", "", "", "", html.escape(verdict)]))
+        cells = [html.escape(str(name)), html.escape(verdict.upper()), _fmt(g.get("n"))]
+        cells += [_gap_text(g.get("threshold_gap"))]
+        cells += [f"{_deb_text(g)} {_fmt(g.get('ece_ci'))}", _fmt(g.get("ece"))]
+        rows.append(_row(cells, ["name", html.escape(verdict), "", "", "", ""]))
     return "<table>" + "".join(rows) + "</table>"
 
 
@@ -294,13 +307,15 @@ def render_html(report: Any) -> str:
     data = page_data(report)
     d = data["report"]
     interactive = ""
+    binary = (d.get("settings") or {}).get("reading") == "binary"
+    rate = "positive rate" if binary else "accuracy"  # binary: the observed rate of y = 1
     if data["sample"] is not None:
         interactive = (
             '<div class="interactive"><svg id="diagram" width="420" height="420" '
             'role="img" aria-label="reliability diagram"></svg>'
             f'<div class="controls">{_controls(data)}'
             '<table id="table"><thead><tr><th>bin</th><th>range</th><th>n</th>'
-            "<th>confidence</th><th>accuracy</th></tr></thead><tbody></tbody></table>"
+            f"<th>confidence</th><th>{rate}</th></tr></thead><tbody></tbody></table>"
             "</div></div>"
         )
     return (

@@ -5,113 +5,101 @@ chunks, with the group column's names mapped to integer ids.
 adds the audit's checks (probabilities in [0, 1], finite logits, labels in the classes) and
 yields tensors ready for :meth:`torchcal.audit.Auditor.update`.
 
-- **CSV** (``.csv``): streamed in blocks of about ``chunk_rows`` lines: memory is a block or
-  two, whatever the file's size. A header line names the columns. Two engines read it alike
+- **CSV** (``.csv``): RFC 4180 (a header line naming the columns; quoted fields may hold commas,
+  quotes written ``""`` and line breaks; a quote inside an unquoted field, ``5"``, is an error;
+  ``\\n``, ``\\r\\n`` or ``\\r`` line ends; an optional UTF-8 BOM), streamed in blocks of
+  about ``chunk_rows`` rows: memory is a block or two plus the longest record, whatever the
+  file's size. Every row must have the header's number of fields; blank lines are skipped
+  (counted in the :class:`ReadLog`); a row's line is the physical line where it starts (the
+  header is line 1). Two engines read it alike
   (``engine=``, default :data:`CSV_ENGINE` ``"auto"``):
 
-  - **pyarrow** (the fast path, used when :mod:`pyarrow` is installed): its streaming CSV
-    reader (``pyarrow.csv.open_csv``: blocks of ``chunk_rows`` lines or 1 MB, only the needed
-    columns, the group column dictionary-encoded, parsing in pyarrow's threads), set up so that
-    what it accepts it reads exactly as the numpy path: quoting off, blank lines and empty
-    values are errors, nothing is null. See :mod:`torchcal.audit._arrow`.
-  - **numpy** (the fallback, standard library and numpy only): see :mod:`torchcal.audit._csv`
-    (plain blocks go through :func:`numpy.loadtxt` and a vectorised pass over the bytes; quoted
-    fields through :mod:`csv`).
+  - **pyarrow** (the fast path, used when :mod:`pyarrow` is installed) reads files without a
+    quote character: its streaming CSV reader (``pyarrow.csv.open_csv``: blocks of 1 MB, only
+    the needed columns, the group column dictionary-encoded, parsing in pyarrow's threads), set
+    up so that what it accepts it reads exactly as the numpy path. See
+    :mod:`torchcal.audit._arrow`.
+  - **numpy** (the fallback, standard library and numpy only; all quoted files): see
+    :mod:`torchcal.audit._csv` (plain blocks through :func:`numpy.loadtxt` and a vectorised pass
+    over the bytes, the rest through :mod:`csv`).
 
   Where pyarrow cannot go on (a quote, a blank line, a value it cannot parse, a ragged row), the
   numpy path reads the rest of the file (re-reading from the top, skipping the rows already
-  delivered), so the error messages, which give the value and the file's line number (the
-  header is line 1), are the numpy path's whichever engine runs. Both give the same rows,
-  group ids and reports (``tests/audit/test_io_engines.py``).
+  delivered), so the error messages, which give the value and the file's line number, are the
+  numpy path's whichever engine runs. Both give the same rows, group ids, line numbers, errors
+  and reports (``tests/audit/test_io_engines.py``, ``tests/audit/test_readers_differential.py``).
   ``benchmarks/bench_audit.py`` measures both against :func:`numpy.loadtxt`.
 - **NPZ** (``.npz``) and **.pt** (a ``dict`` of tensors, arrays or, for the group column, a list of
-  strings, loaded with ``weights_only=True``): each key is a column; the prediction column may
-  also be one ``(N, C)`` array. Held in memory, then chunked. Messages give the 0-based index.
+  strings, loaded with ``weights_only=True``): each key is a column, 1-D (the prediction column
+  may also be one ``(N, C)`` array); float16/bfloat16 tensors are read as float64; sparse,
+  quantized, meta and complex tensors are errors. Held in memory, then chunked. Messages give
+  the 0-based index.
 - **Parquet** (``.parquet``, ``.pq``): streamed by row groups with :mod:`pyarrow` when it is
   installed (a clear error otherwise).
 
+Values (:mod:`torchcal.audit._columns` has the exact syntax): numbers are ASCII decimals
+(``0.5``, ``.5``, ``1e-3``, white space around ignored; ``nan``/``inf`` read, then rejected by
+the checks); ``0_8`` or ``0.0_5`` are not numbers. A **stated confidence** (a probability
+column of :func:`read_predictions`) may also be a percent (``85%``, `` 85 % ``: 0.85), mixed
+freely with fractions; a row whose confidence is neither is *excluded*: left out, counted in the
+:class:`ReadLog` with its first line and value, and the file rejected when more than
+``max_unparsed`` (default 1 %) of its rows are. A **label** may also be ``True``/``False`` (any
+case: 1/0, as pandas writes booleans); words such as ``yes``/``no`` are rejected by name.
+
 Group values (strings, or integers read as their decimal names) get ids in order of first
-appearance, stable across chunks. Every error is a :class:`ValueError` whose message starts with
-the column (or the file) it is about.
+appearance, stable across chunks; a name must hold a visible character and no NUL character
+(``"a"`` and ``"a\\0"`` are rejected, never merged). A column named twice in the header (or the
+Parquet schema) is an error when it is one of the columns read. Every error is a
+:class:`ValueError` with a one-line message that starts with the column (or the file) it is
+about and says where (``line N`` in a CSV, ``row i`` otherwise).
 """
 
 from __future__ import annotations
 
-import csv
 import os
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from torchcal.audit import _csv
+from torchcal.audit import _arrays, _arrow, _csv
+from torchcal.audit._columns import (
+    LABEL,
+    NUMBER,
+    STATED,
+    Chunk,
+    Excluded,
+    GroupIndex,
+    ReadLog,
+    first_appearance,
+    locate_columns,
+    shown,
+)
 
 __all__ = [
     "FORMATS",
-    "Chunk",
-    "GroupIndex",
     "Batch",
+    "Chunk",
+    "Excluded",
+    "GroupIndex",
+    "ReadLog",
+    "first_appearance",
+    "progress_total",
     "read_columns",
     "read_predictions",
-    "progress_total",
 ]
 
 FORMATS = {".csv": "csv", ".npz": "npz", ".pt": "pt", ".pth": "pt", ".parquet": "parquet"}
 FORMATS[".pq"] = "parquet"
 DEFAULT_CHUNK_ROWS = 1 << 20
 ENGINES = ("auto", "pyarrow", "numpy")
+KINDS = (NUMBER, STATED, LABEL)
 #: the CSV engine when none is given ("auto": pyarrow when it is installed, else numpy)
 CSV_ENGINE = "auto"
-
-
-@dataclass
-class GroupIndex:
-    """Group names to ids in order of first appearance.
-
-    Example:
-        >>> g = GroupIndex()
-        >>> g.ids_of(["b", "a"], np.array([0, 1, 0])).tolist(), g.names
-        ([0, 1, 0], ['b', 'a'])
-    """
-
-    names: list[str] = field(default_factory=list)
-    ids: dict[str, int] = field(default_factory=dict)
-
-    def ids_of(self, uniques: Sequence[str], inverse: np.ndarray) -> np.ndarray:
-        """Global ids of rows whose local value index is ``inverse`` into ``uniques``."""
-        lut = np.empty(len(uniques), dtype=np.int64)
-        for i, name in enumerate(uniques):
-            if name not in self.ids:
-                self.ids[name] = len(self.names)
-                self.names.append(name)
-            lut[i] = self.ids[name]
-        return lut[inverse]
-
-
-@dataclass
-class Chunk:
-    """Rows of a file: ``columns`` maps each requested column to a float64 array (``(n,)``, or
-    ``(n, C)`` for a 2-D column of an NPZ/.pt file); ``groups`` holds int64 ids into
-    ``group_names`` (all names so far) or None; ``where(i)`` says where row ``i`` is in the file;
-    ``done`` is the progress so far in :func:`progress_total`'s unit."""
-
-    columns: dict[str, np.ndarray]
-    groups: np.ndarray | None
-    group_names: list[str]
-    lines: np.ndarray | None  # CSV: each row's line number
-    offset: int  # index of the first row among all rows
-    done: int
-
-    @property
-    def rows(self) -> int:
-        return len(next(iter(self.columns.values())))
-
-    def where(self, i: int) -> str:
-        if self.lines is not None:
-            return f"line {int(self.lines[i])}"
-        return f"row {self.offset + i}"
+#: the share of rows whose stated confidence may fail to parse (excluded) before a file is rejected
+MAX_UNPARSED = 0.01
 
 
 def file_format(path: str | os.PathLike[str]) -> str:
@@ -154,11 +142,18 @@ def read_columns(
     group: str | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     engine: str | None = None,
+    kinds: dict[str, str] | None = None,
+    max_unparsed: float = MAX_UNPARSED,
+    log: ReadLog | None = None,
 ) -> Iterator[Chunk]:
     """Stream the numeric ``columns`` (and the ``group`` column's ids) of a file in chunks of
     about ``chunk_rows`` rows (see the module docstring for the formats). ``engine`` (CSV
     only): ``"auto"`` (pyarrow when installed, else numpy), ``"pyarrow"`` or ``"numpy"``;
-    ``None`` = :data:`CSV_ENGINE`.
+    ``None`` = :data:`CSV_ENGINE`. ``kinds`` maps a column to how its text values read:
+    ``"number"`` (the default), ``"stated"`` (a confidence: also percents; a row whose value
+    does not parse is excluded) or ``"label"`` (also True/False). ``log`` (a :class:`ReadLog`)
+    is filled while reading; once more than ``max_unparsed`` of the rows are excluded, the end
+    of the file raises.
 
     Example:
         >>> import tempfile
@@ -171,38 +166,72 @@ def read_columns(
         >>> c.groups.tolist(), c.group_names
         ([0, 1, 0], ['math', 'qa'])
     """
-    if int(chunk_rows) < 1:
+    if isinstance(chunk_rows, bool) or int(chunk_rows) < 1:
         raise ValueError(f"chunk_rows: expected a positive integer, got {chunk_rows}")
     engine = CSV_ENGINE if engine is None else engine
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
+    if isinstance(max_unparsed, bool) or not isinstance(max_unparsed, (int, float)):
+        raise ValueError(f"max_unparsed: expected a fraction in [0, 1), got {max_unparsed!r}")
+    if not (0.0 <= max_unparsed < 1.0):
+        raise ValueError(f"max_unparsed: expected a fraction in [0, 1), got {max_unparsed}")
+    kinds = dict(kinds or {})
+    for c, k in kinds.items():
+        if k not in KINDS:
+            raise ValueError(f"kinds: {c!r} has kind {k!r}, expected one of {KINDS}")
+    columns = list(columns)
+    kind_list = [kinds.get(c, NUMBER) for c in columns]
+    log = ReadLog() if log is None else log
     kind = file_format(path)
     if not os.path.isfile(path):
         raise ValueError(f"{os.fspath(path)}: no such file")
     if kind == "csv":
-        if engine == "pyarrow":
-            from torchcal.audit._arrow import available
+        if engine == "pyarrow" and not _arrow.available():
+            raise ValueError("engine: 'pyarrow' needs pyarrow (pip install pyarrow)")
+        chunks = _read_csv(path, columns, kind_list, group, int(chunk_rows), engine, log)
+    elif kind == "parquet":
+        chunks = _arrays.read_parquet(path, columns, kind_list, group, int(chunk_rows), log)
+    else:
+        chunks = _arrays.read_arrays(path, kind, columns, kind_list, group, int(chunk_rows), log)
+    return _counted(chunks, log, float(max_unparsed), os.fspath(path))
 
-            if not available():
-                raise ValueError("engine: 'pyarrow' needs pyarrow (pip install pyarrow)")
-        return _read_csv(path, list(columns), group, int(chunk_rows), engine)
-    from torchcal.audit._arrays import read_arrays, read_parquet
 
-    if kind == "parquet":
-        return read_parquet(path, list(columns), group, int(chunk_rows))
-    return read_arrays(path, kind, list(columns), group, int(chunk_rows))
+def _counted(
+    chunks: Iterator[Chunk], log: ReadLog, max_unparsed: float, file: str
+) -> Iterator[Chunk]:
+    """The chunks, with ``log.kept`` kept up to date and the share of excluded rows checked at
+    the end."""
+    for chunk in chunks:
+        log.kept += chunk.rows
+        yield chunk
+    if log.excluded_rows and log.excluded_rows > max_unparsed * log.rows:
+        e = min(log.excluded.values(), key=lambda e: int(e.where.split()[1]))  # the first
+        what = f"{shown(e.text)} at {e.where} is not a number nor a percent"
+        if e.reason == "missing value":
+            what = f"missing value at {e.where}"
+        k, n = log.excluded_rows, log.rows
+        raise ValueError(
+            f"{e.column}: {what}; {k} of {n} rows ({k / n:.2%}) do not parse, more than "
+            f"max_unparsed = {max_unparsed:g} allows"
+        )
+    if log.kept == 0:
+        raise ValueError(
+            f"{file}: no data rows" + (" after the header" if file.lower().endswith(".csv") else "")
+        )
 
 
 @dataclass
 class Batch:
     """Checked tensors for the Auditor: ``preds`` float64 ``(n,)`` or ``(n, C)``, ``target``
-    int64, ``groups`` int64 ids or None, with ``group_names`` so far."""
+    int64, ``groups`` int64 ids or None, with ``group_names`` so far; ``log`` is the reader's
+    :class:`ReadLog` (the same object in every batch, final after the last one)."""
 
     preds: Tensor
     target: Tensor
     groups: Tensor | None
     group_names: list[str]
     done: int
+    log: ReadLog
 
 
 def read_predictions(
@@ -214,32 +243,54 @@ def read_predictions(
     input: str = "probs",
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     engine: str | None = None,
+    max_unparsed: float = MAX_UNPARSED,
+    log: ReadLog | None = None,
 ) -> Iterator[Batch]:
     """:func:`read_columns` plus the audit's checks: ``preds`` names one column (binary:
     P(y = 1), or a 2-D NPZ/.pt array) or C >= 2 columns (the classes' probabilities or logits);
-    labels must be 0/1 (binary) or class indices in [0, C); probabilities must lie in [0, 1],
-    logits be finite. Errors name the column, the value and where it is.
+    labels must be 0/1 (binary, True/False too) or class indices in [0, C); probabilities must
+    lie in [0, 1] (percents read as such; a row whose probability does not parse is excluded,
+    see ``max_unparsed``), logits be finite. Errors name the column, the value and where it is.
 
     Example:
         >>> import tempfile
         >>> d = tempfile.mkdtemp()
         >>> with open(f"{d}/x.csv", "w") as f:
-        ...     _ = f.write("p,y\\n0.9,1\\n0.2,2\\n")
-        >>> next(read_predictions(f"{d}/x.csv", preds=["p"], label="y"))
+        ...     _ = f.write("p,y\\n0.9,1\\n85%,True\\nhigh,0\\n0.2,2\\n")
+        >>> reader = read_predictions(f"{d}/x.csv", preds=["p"], label="y", max_unparsed=0.5)
+        >>> next(reader)
         Traceback (most recent call last):
         ...
-        ValueError: y: label 2 at line 3 is not a class (expected 0 or 1)
+        ValueError: y: label 2 at line 5 is not a class (expected 0 or 1)
+        >>> with open(f"{d}/x.csv", "w") as f:
+        ...     _ = f.write("p,y\\n0.9,1\\n85%,True\\nhigh,0\\n")
+        >>> b = list(read_predictions(f"{d}/x.csv", preds=["p"], label="y", max_unparsed=0.5))
+        >>> b[0].preds.tolist(), b[0].target.tolist(), b[-1].log.excluded["p: not a number nor a percent"].where
+        ([0.9, 0.85], [1, 1], 'line 4')
     """
     if input not in ("probs", "logits"):
         raise ValueError(f"input: expected 'probs' or 'logits', got {input!r}")
     names = list(dict.fromkeys([*preds, label]))
-    chunks = read_columns(path, names, group=group, chunk_rows=chunk_rows, engine=engine)
+    kinds = {c: STATED if input == "probs" else NUMBER for c in preds}
+    kinds[label] = LABEL if label not in kinds else kinds[label]
+    log = ReadLog() if log is None else log
+    chunks = read_columns(
+        path,
+        names,
+        group=group,
+        chunk_rows=chunk_rows,
+        engine=engine,
+        kinds=kinds,
+        max_unparsed=max_unparsed,
+        log=log,
+    )
     for chunk in chunks:
         p = _stack_preds(chunk, list(preds))
         _check_preds(chunk, p, list(preds), input)
         y = _check_labels(chunk, chunk.columns[label], label, 1 if p.ndim == 1 else p.shape[1])
         groups = None if chunk.groups is None else torch.from_numpy(chunk.groups)
-        yield Batch(torch.from_numpy(p), torch.from_numpy(y), groups, chunk.group_names, chunk.done)
+        tensors = torch.from_numpy(p), torch.from_numpy(y)
+        yield Batch(*tensors, groups, chunk.group_names, chunk.done, log)
 
 
 def _stack_preds(chunk: Chunk, preds: list[str]) -> np.ndarray:
@@ -267,7 +318,7 @@ def _check_preds(chunk: Chunk, p: np.ndarray, names: list[str], input: str) -> N
             return  # the usual case: two passes, no temporaries
     if input == "probs":
         bad = ~((p >= 0.0) & (p <= 1.0))  # NaN is bad too
-        what = "is not a probability (expected a value in [0, 1])"
+        what = "is not a probability (expected a value in [0, 1]"
     else:
         bad = ~np.isfinite(p)
         what = "is not a finite logit"
@@ -275,8 +326,10 @@ def _check_preds(chunk: Chunk, p: np.ndarray, names: list[str], input: str) -> N
         i, where = _first(chunk, bad)
         j = int(np.flatnonzero(bad[i].reshape(-1))[0]) if p.ndim == 2 else 0
         col = names[j] if len(names) > 1 else names[0]
-        value = p[i, j] if p.ndim == 2 else p[i]
-        raise ValueError(f"{col}: value {float(value)!r} at {where} {what}")
+        value = float(p[i, j] if p.ndim == 2 else p[i])
+        if input == "probs":  # a stated 85 for 85 %: say how to write it
+            what += "; a percent is written 85%)" if 1.0 < value <= 100.0 else ")"
+        raise ValueError(f"{col}: value {value!r} at {where} {what}")
 
 
 def _check_labels(chunk: Chunk, y: np.ndarray, name: str, num_classes: int) -> np.ndarray:
@@ -292,69 +345,50 @@ def _check_labels(chunk: Chunk, y: np.ndarray, name: str, num_classes: int) -> n
         i, where = _first(chunk, bad)
         expected = "0 or 1" if num_classes == 1 else f"an integer class in [0, {top}]"
         v = float(y[i])
-        shown = int(v) if v.is_integer() else v
-        raise ValueError(f"{name}: label {shown} at {where} is not a class (expected {expected})")
+        label_text = int(v) if v.is_integer() else v
+        raise ValueError(
+            f"{name}: label {label_text} at {where} is not a class (expected {expected})"
+        )
     return y.astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------------- CSV
 
 
-def _header(path: str | os.PathLike[str], line: bytes) -> list[str]:
-    if not line.strip():
-        raise ValueError(
-            f"{os.fspath(path)}: empty file (expected a header line naming the columns)"
-        )
-    text = line.decode("utf-8-sig").rstrip("\r\n")
-    return [c.strip() for c in next(csv.reader([text]))]
-
-
-def locate_columns(path: str | os.PathLike[str], header: list[str], wanted: list[str]) -> list[int]:
-    idx = []
-    for name in wanted:
-        if name not in header:
-            cols = ", ".join(header)
-            raise ValueError(f"{name}: no such column in {os.fspath(path)} (columns: {cols})")
-        idx.append(header.index(name))
-    return idx
-
-
 def _read_csv(
     path: str | os.PathLike[str],
     columns: list[str],
+    kinds: list[str],
     group: str | None,
     chunk_rows: int,
     engine: str,
+    log: ReadLog,
 ) -> Iterator[Chunk]:
+    file = os.fspath(path)
     with open(path, "rb") as f:
-        head = f.readline()
-        header = _header(path, head)
-        idx = locate_columns(path, header, columns)
-        gidx = None if group is None else locate_columns(path, header, [group])[0]
+        header, start, header_lines = _csv.read_header(f, file)
+        f.seek(start)
         sample = f.read(1 << 16)
-    per_row = max(8, len(sample) // max(1, sample.count(b"\n")))
-    numpy_csv = (header, idx, gidx, chunk_rows * per_row, len(head))
+    idx = locate_columns(file, header, columns)
+    gidx = None if group is None else locate_columns(file, header, [group])[0]
+    per_row = max(8, len(sample) // max(1, sample.count(b"\n") + sample.count(b"\r")))
+    block_bytes = min(_csv.MAX_BLOCK, chunk_rows * per_row)
     rows = 0
-    if engine != "numpy":
-        from torchcal.audit import _arrow
-
-        if engine == "pyarrow" or _arrow.available():
-            try:
-                for chunk in _arrow.read_csv(path, header, columns, idx, gidx, chunk_rows):
-                    yield chunk
-                    rows += chunk.rows
-            except _arrow.Fallback:
-                pass  # the rest the numpy way (which names the line and value of an error)
-            else:
-                if rows == 0:
-                    raise ValueError(f"{os.fspath(path)}: no data rows after the header")
-                return
-    for chunk in _read_csv_numpy(path, columns, *numpy_csv):
+    if engine != "numpy" and _arrow.available() and header_lines == 1:
+        try:
+            for chunk in _arrow.read_csv(path, header, columns, idx, gidx, chunk_rows):
+                yield chunk
+                rows += chunk.rows
+            return
+        except _arrow.Fallback:
+            pass  # the rest the numpy way (which names the line and value of an error)
+    numpy_csv = _csv.read_csv(
+        path, columns, kinds, header, idx, gidx, block_bytes, start, 1 + header_lines, log
+    )
+    for chunk in numpy_csv:
         if chunk.offset + chunk.rows > rows:  # rows already read by pyarrow are skipped
             yield _skip(chunk, rows - chunk.offset) if chunk.offset < rows else chunk
             rows = chunk.offset + chunk.rows
-    if rows == 0:
-        raise ValueError(f"{os.fspath(path)}: no data rows after the header")
 
 
 def _skip(chunk: Chunk, k: int) -> Chunk:
@@ -363,109 +397,3 @@ def _skip(chunk: Chunk, k: int) -> Chunk:
     g = None if chunk.groups is None else chunk.groups[k:]
     lines = None if chunk.lines is None else chunk.lines[k:]
     return Chunk(cols, g, chunk.group_names, lines, chunk.offset + k, chunk.done)
-
-
-def _read_csv_numpy(
-    path: str | os.PathLike[str],
-    columns: list[str],
-    header: list[str],
-    idx: list[int],
-    gidx: int | None,
-    block_bytes: int,
-    start: int,
-) -> Iterator[Chunk]:
-    with open(path, "rb") as f:
-        f.seek(start)
-        groups, line, offset = GroupIndex(), 2, 0
-        for body in _csv.blocks(f, block_bytes):
-            rows_in_block = body.count(b"\n")
-            values, gids, lines = _csv_block(body, rows_in_block, header, idx, gidx, groups, line)
-            n = values.shape[0]
-            line += rows_in_block
-            if n == 0:
-                continue
-            cols = {c: values[:, k] for k, c in enumerate(columns)}
-            yield Chunk(cols, gids, list(groups.names), lines, offset, f.tell())
-            offset += n
-
-
-def _csv_block(
-    body: bytes,
-    rows: int,
-    header: list[str],
-    idx: list[int],
-    gidx: int | None,
-    groups: GroupIndex,
-    first_line: int,
-) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-    """One block of ``rows`` lines: the fast way when plain, else (or on any rejection) the
-    :mod:`csv` way."""
-    plain = b"\n\n" not in body and not body.startswith(b"\n") and b'"' not in body
-    fields = _csv.split_fields(body, len(header), rows) if plain and gidx is not None else None
-    values = _csv.loadtxt_columns(body, idx) if plain and (gidx is None or fields) else None
-    if values is not None and values.shape[0] == rows:
-        lines = np.arange(first_line, first_line + rows)
-        if gidx is None:
-            return values, None, lines
-        assert fields is not None
-        keys = _csv.group_keys(fields.buf, fields.start(gidx), fields.end(gidx))
-        return values, _keys_to_ids(body, fields, gidx, keys, groups, header, lines), lines
-    values, texts, lines = _csv.slow_rows(body, header, idx, gidx, first_line)
-    if gidx is None:
-        return values, None, lines
-    uniques, first, inverse = np.unique(
-        np.array(texts, dtype=object), return_index=True, return_inverse=True
-    )
-    first, inverse = first_appearance(first, inverse.reshape(-1))
-    names = [str(texts[i]) for i in first]
-    check_names(header[gidx], names, inverse, lambda i: f"line {int(lines[i])}")
-    return values, groups.ids_of(names, inverse.reshape(-1)), lines
-
-
-def _keys_to_ids(
-    body: bytes,
-    fields: _csv.Fields,
-    gidx: int,
-    keys: np.ndarray,
-    groups: GroupIndex,
-    header: list[str],
-    lines: np.ndarray,
-) -> np.ndarray:
-    """Map group keys to global ids: the distinct keys of a small head first (searchsorted
-    against them is cheap), the full np.unique only when the rest has new ones."""
-    head_keys = np.unique(keys[:4096])
-    pos = np.minimum(np.searchsorted(head_keys, keys), head_keys.size - 1)
-    if head_keys.size <= 64 and (head_keys[pos] == keys).all():
-        first = np.array([int(np.argmax(pos == k)) for k in range(head_keys.size)])
-        inverse = pos
-    else:
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    first, inverse = first_appearance(first, inverse.reshape(-1))
-    s, e = fields.start(gidx), fields.end(gidx)
-    names = [body[s[i] : e[i]].decode("utf-8") for i in first]
-    check_names(header[gidx], names, inverse, lambda i: f"line {int(lines[i])}")
-    return groups.ids_of(names, inverse)
-
-
-def first_appearance(first: np.ndarray, inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Renumber distinct values (``first``: the row of each one's first occurrence, ``inverse``:
-    each row's value) in order of first appearance.
-
-    Example:
-        >>> f, inv = first_appearance(np.array([1, 0]), np.array([1, 0, 1]))
-        >>> f.tolist(), inv.tolist()
-        ([0, 1], [0, 1, 0])
-    """
-    order = np.argsort(first, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    return first[order], rank[inverse]
-
-
-def check_names(
-    column: str, names: list[str], inverse: np.ndarray, where: Callable[[int], str]
-) -> None:
-    for k, name in enumerate(names):
-        if not name.strip():
-            i = int(np.flatnonzero(inverse == k)[0])
-            raise ValueError(f"{column}: empty group name at {where(i)}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 
 import torch
 from torch import Tensor
@@ -45,18 +46,29 @@ LOGIT_LIMIT = math.log((1 - 2.0**-53) / 2.0**-53)
 
 
 def threshold_window(threshold: float, n_bins: int) -> tuple[float, float]:
-    """The confidence range ``[lo, hi)`` around ``threshold``: the bin holding it (the bin
-    rule ``min(floor(t * B), B - 1)``) joined with its lower neighbour (if any).
+    """The confidence range ``[lo, hi)`` around ``threshold``: the bin ``k`` holding it joined
+    with its lower neighbour (if any), ``lo = (k - 1) / B``, ``hi = (k + 1) / B``.
+
+    ``k = min(floor(t B), B - 1)`` is computed **exactly** on the decimal the threshold was
+    written as (``repr(t)``, a :class:`~fractions.Fraction`): in float64 ``0.29 * 100`` is
+    ``28.999999999999996``, whose floor would give a window ``[0.27, 0.29)`` that does not
+    contain 0.29. The window always contains ``t`` (``lo <= t < hi``, or ``t <= hi = 1``) and
+    the float64 bin :func:`~torchcal.functional.calibration.bin_index` gives a confidence
+    equal to ``t`` (``k`` is the larger of the exact and the float64 bin; they differ by at
+    most one, so both are in the window).
 
     Example:
         >>> threshold_window(0.8, 10), threshold_window(0.85, 10), threshold_window(0.05, 10)
         ((0.7, 0.9), (0.7, 0.9), (0.0, 0.1))
+        >>> threshold_window(0.29, 100)
+        (0.28, 0.3)
     """
     threshold = check_number("threshold", threshold)
     if threshold > 1:
         raise ValueError(f"threshold: expected a value in [0, 1], got {threshold!r}")
     n_bins = check_int("n_bins", n_bins, minimum=1)
-    k = min(math.floor(threshold * n_bins), n_bins - 1)
+    exact = math.floor(Fraction(repr(float(threshold))) * n_bins)
+    k = min(max(exact, math.floor(float(threshold) * n_bins)), n_bins - 1)  # both in the window
     return max(k - 1, 0) / n_bins, (k + 1) / n_bins
 
 

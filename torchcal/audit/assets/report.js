@@ -33,20 +33,22 @@
   }
 
   function confidenceReading(T) {
+    // softmax(z / T) without overflow: shift by the raw maximum first ((z - max) / T <= 0),
+    // so logits near 1e308 at T < 1 stay finite (Python's ece_at does the same)
     const c = new Float64Array(N), y = new Float64Array(N), z = new Float64Array(C);
     for (let i = 0; i < N; i++) {
       const row = i * C;
       let top = -Infinity, arg = 0;
       for (let j = 0; j < C; j++) {
         const x = preds[row + j];
-        z[j] = T === 1 ? x : (probs ? Math.log(x) : x) / T;
+        z[j] = T === 1 ? x : (probs ? Math.log(x) : x);
         if (z[j] > top) { top = z[j]; arg = j; } // first maximum wins
       }
       if (T === 1 && probs) {
         c[i] = top;
       } else {
         let s = 0;
-        for (let j = 0; j < C; j++) s += Math.exp(z[j] - top);
+        for (let j = 0; j < C; j++) s += Math.exp((z[j] - top) / T);
         c[i] = 1 / s;
       }
       y[i] = arg === target[i] ? 1 : 0;
@@ -63,15 +65,16 @@
   // --- binning: the Python bin rule, float64 sums in row order ---------------------------
   function binStats(rows, g, B) {
     const n = new Float64Array(B), sc = new Float64Array(B), sy = new Float64Array(B);
-    let total = 0;
+    let total = 0, dropped = 0;
     for (let i = 0; i < N; i++) {
       if (g >= 0 && group[i] !== g) continue;
+      if (!Number.isFinite(rows.c[i])) { dropped += 1; continue; } // in no bin: not in n
       const b = Math.min(Math.floor(rows.c[i] * B), B - 1);
       n[b] += 1; sc[b] += rows.c[i]; sy[b] += rows.y[i]; total += 1;
     }
     let gap = 0;
     for (let b = 0; b < B; b++) gap += Math.abs(sc[b] - sy[b]);
-    return { n, sc, sy, total, ece: total > 0 ? gap / total : NaN };
+    return { n, sc, sy, total, dropped, ece: total > 0 ? gap / total : NaN };
   }
 
   // --- drawing -------------------------------------------------------------------------
@@ -97,7 +100,7 @@
     el("text", { x: X(0.5), y: H - 4, class: "label", "text-anchor": "middle" }, svg,
       "confidence");
     el("text", { x: 12, y: Y(0.5), class: "label", "text-anchor": "middle",
-      transform: `rotate(-90 12 ${Y(0.5)})` }, svg, "accuracy");
+      transform: `rotate(-90 12 ${Y(0.5)})` }, svg, C === 1 ? "positive rate" : "accuracy");
   }
 
   function draw(st, B) {
@@ -111,7 +114,7 @@
         const bar = el("rect", { x: x0, y: Y(acc), width: w, height: Y(0) - Y(acc),
           class: "bar" }, svg);
         el("title", {}, bar, `bin ${b}: n=${st.n[b]}, confidence ${conf.toFixed(3)}, ` +
-          `accuracy ${acc.toFixed(3)}`);
+          `${C === 1 ? "positive rate" : "accuracy"} ${acc.toFixed(3)}`);
         el("rect", { x: x0, y: Y(Math.max(acc, conf)), width: w,
           height: Math.abs(Y(acc) - Y(conf)), class: conf > acc ? "gap over" : "gap under" }, svg);
       }
@@ -152,7 +155,9 @@
     bv.textContent = String(B);
     ece.dataset.value = String(st.ece);
     ece.textContent = Number.isNaN(st.ece) ? "n/a (no rows)" : st.ece.toFixed(4);
-    $("n").textContent = String(st.total);
+    $("n").textContent = String(st.total) +
+      (st.dropped ? ` (${st.dropped} rows without a finite confidence left out)` : "");
+    $("n").dataset.dropped = String(st.dropped);
     draw(st, B);
     fill(st, B);
   }

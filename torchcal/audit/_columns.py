@@ -1,0 +1,270 @@
+"""(internal) What every audit reader shares: the :class:`Chunk` it yields, group names to ids
+(:class:`GroupIndex`), the :class:`ReadLog` of rows it excluded, and the one definition of how a
+text value reads as a number, a stated confidence or a label (:func:`parse_value`).
+
+:mod:`torchcal.audit.io` is the public face (it re-exports the public names); the CSV engines
+(:mod:`torchcal.audit._csv`, :mod:`torchcal.audit._arrow`) and the array readers
+(:mod:`torchcal.audit._arrays`) import this module, never each other's.
+
+Numbers (every engine reads exactly these, ``tests/audit/test_readers_differential.py``): ASCII
+decimal digits with an optional sign, fraction and exponent (``1``, ``-0.5``, ``.5``, ``5.``,
+``1e-3``, ``1E+3``), or ``nan``/``inf``/``infinity`` in any case with an optional sign (read, then
+rejected by the audit's checks); surrounding white space is ignored. Rejected: digit separators
+(``0_8``, ``0.0_5``), non-ASCII digits, hex, an empty field. A *stated confidence* (a probability
+column) may also be a percent, ``85%`` or `` 85 % `` = 0.85 (the decimal divided by 100 exactly,
+then rounded once), mixed freely with fractions; a label may also be ``True``/``False`` (any
+case) = 1/0, as pandas writes booleans.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+import numpy as np
+
+__all__ = [
+    "Chunk",
+    "Excluded",
+    "GroupIndex",
+    "ReadLog",
+    "check_names",
+    "first_appearance",
+    "locate_columns",
+    "parse_value",
+    "shown",
+]
+
+#: how a column's text values are read (see the module docstring)
+NUMBER, STATED, LABEL = "number", "stated", "label"
+
+_NUMBER = re.compile(
+    r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan(\([0-9a-z_]*\))?)",
+    re.ASCII | re.IGNORECASE,
+)
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+_BOOLS = {"true": 1.0, "false": 0.0}
+
+
+def shown(text: str, limit: int = 60) -> str:
+    """``text`` as a message shows it: :func:`repr` of at most ``limit`` characters (then
+    ``...``), so control characters and bytes that were not UTF-8 are escaped.
+
+    Example:
+        >>> print(shown("high"), shown("a" * 70, 8), shown("\\udcff!"), shown("a\\x1b[2J"))
+        'high' 'aaaaaaaa...' '\\udcff!' 'a\\x1b[2J'
+    """
+    return repr(text[:limit] + ("..." if len(text) > limit else ""))
+
+
+def parse_number(text: str) -> float | None:
+    """``text`` as a float by the readers' number syntax, or None.
+
+    Example:
+        >>> [parse_number(t) for t in ["0.5", " .5 ", "1e-3", "-inf", "0_8", "", "٣"]]
+        [0.5, 0.5, 0.001, -inf, None, None, None]
+    """
+    t = text.strip()
+    m = _NUMBER.fullmatch(t)
+    if m is None:
+        return None
+    if m.group(1):  # nan(payload), as pyarrow reads it
+        t = t[: m.start(1)]
+    return float(t)
+
+
+def parse_value(text: str, kind: str) -> float | None:
+    """A text field as a float for a column of ``kind`` (``"number"``, ``"stated"``: also a
+    percent, ``"label"``: also ``True``/``False``), or None when it does not parse.
+
+    Example:
+        >>> parse_value(" 85 % ", "stated"), parse_value("85%", "number")
+        (0.85, None)
+        >>> parse_value("True", "label"), parse_value("yes", "label")
+        (1.0, None)
+    """
+    v = parse_number(text)
+    if v is not None or kind == NUMBER:
+        return v
+    t = text.strip()
+    if kind == LABEL:
+        return _BOOLS.get(t.lower())
+    if t.endswith("%") and _DECIMAL.fullmatch(core := t[:-1].rstrip()):
+        return float(Decimal(core).scaleb(-2))  # exact decimal / 100, rounded once
+    return None
+
+
+@dataclass
+class Excluded:
+    """Rows of a column whose value did not parse: how many, and the first one (``where``:
+    ``"line 17"`` in a CSV, ``"row 16"`` otherwise; ``text``: its value as read)."""
+
+    column: str
+    reason: str
+    count: int
+    where: str
+    text: str
+
+
+@dataclass
+class ReadLog:
+    """What a reader kept and left out, filled while it reads (final once it is exhausted):
+    ``kept`` rows delivered, ``excluded`` rows left out by reason (a stated confidence that is
+    neither a number nor a percent), ``blank_lines`` skipped in a CSV (not rows),
+    ``percent`` per column: how many values were read as percents.
+
+    Example:
+        >>> log = ReadLog()
+        >>> log.exclude("p", "not a number", "line 3", "high")
+        >>> log.kept = 9
+        >>> log.to_dict()["excluded"][0]["count"], log.rows, log.excluded_rows
+        (1, 10, 1)
+    """
+
+    kept: int = 0
+    excluded: dict[str, Excluded] = field(default_factory=dict)
+    blank_lines: int = 0
+    percent: dict[str, int] = field(default_factory=dict)
+
+    def exclude(self, column: str, reason: str, where: str, text: str, count: int = 1) -> None:
+        """Count ``count`` rows left out; the first one's ``text`` is kept (at most 200
+        characters, bytes that were not UTF-8 as ``\\xNN``)."""
+        key = f"{column}: {reason}"
+        if key in self.excluded:
+            self.excluded[key].count += count
+        else:
+            text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            self.excluded[key] = Excluded(column, reason, count, where, text[:200])
+
+    @property
+    def excluded_rows(self) -> int:
+        return sum(e.count for e in self.excluded.values())
+
+    @property
+    def rows(self) -> int:
+        """Data rows seen: kept plus excluded."""
+        return self.kept + self.excluded_rows
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "rows": self.rows,
+            "kept": self.kept,
+            "excluded": [vars(e).copy() for e in self.excluded.values()],
+            "blank_lines": self.blank_lines,
+            "percent": dict(self.percent),
+        }
+
+
+@dataclass
+class GroupIndex:
+    """Group names to ids in order of first appearance.
+
+    Example:
+        >>> g = GroupIndex()
+        >>> g.ids_of(["b", "a"], np.array([0, 1, 0])).tolist(), g.names
+        ([0, 1, 0], ['b', 'a'])
+    """
+
+    names: list[str] = field(default_factory=list)
+    ids: dict[str, int] = field(default_factory=dict)
+
+    def ids_of(self, uniques: Sequence[str], inverse: np.ndarray) -> np.ndarray:
+        """Global ids of rows whose local value index is ``inverse`` into ``uniques``."""
+        lut = np.empty(len(uniques), dtype=np.int64)
+        for i, name in enumerate(uniques):
+            if name not in self.ids:
+                self.ids[name] = len(self.names)
+                self.names.append(name)
+            lut[i] = self.ids[name]
+        return lut[inverse]
+
+
+@dataclass
+class Chunk:
+    """Rows of a file: ``columns`` maps each requested column to a float64 array (``(n,)``, or
+    ``(n, C)`` for a 2-D column of an NPZ/.pt file); ``groups`` holds int64 ids into
+    ``group_names`` (all names so far) or None; ``where(i)`` says where row ``i`` is in the file;
+    ``done`` is the progress so far in :func:`torchcal.audit.io.progress_total`'s unit;
+    ``index`` (arrays, when rows were excluded) each row's 0-based index in the file."""
+
+    columns: dict[str, np.ndarray]
+    groups: np.ndarray | None
+    group_names: list[str]
+    lines: np.ndarray | None  # CSV: each row's line number (where the row starts)
+    offset: int  # index of the first row among all rows
+    done: int
+    index: np.ndarray | None = None
+
+    @property
+    def rows(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+    def where(self, i: int) -> str:
+        if self.lines is not None:
+            return f"line {int(self.lines[i])}"
+        if self.index is not None:
+            return f"row {int(self.index[i])}"
+        return f"row {self.offset + i}"
+
+
+def locate_columns(file: str, header: Sequence[str], wanted: Sequence[str]) -> list[int]:
+    """The index of each ``wanted`` column in ``header``: an error names a missing column, or
+    one whose name the header holds twice (which one is meant cannot be known).
+
+    Example:
+        >>> locate_columns("x.csv", ["a", "p", "a"], ["p"])
+        [1]
+        >>> locate_columns("x.csv", ["a", "p", "a"], ["a"])
+        Traceback (most recent call last):
+        ...
+        ValueError: a: 2 columns of this name in x.csv (columns 1 and 3): rename one
+    """
+    idx = []
+    for name in wanted:
+        at = [j for j, h in enumerate(header) if h == name]
+        if not at:
+            cols = ", ".join(header)
+            raise ValueError(f"{name}: no such column in {file} (columns: {cols})")
+        if len(at) > 1:
+            where = ", ".join(str(j + 1) for j in at[:-1]) + f" and {at[-1] + 1}"
+            raise ValueError(
+                f"{name}: {len(at)} columns of this name in {file} (columns {where}): rename one"
+            )
+        idx.append(at[0])
+    return idx
+
+
+def first_appearance(first: np.ndarray, inverse: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Renumber distinct values (``first``: the row of each one's first occurrence, ``inverse``:
+    each row's value) in order of first appearance.
+
+    Example:
+        >>> f, inv = first_appearance(np.array([1, 0]), np.array([1, 0, 1]))
+        >>> f.tolist(), inv.tolist()
+        ([0, 1], [0, 1, 0])
+    """
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return first[order], rank[inverse]
+
+
+def check_names(
+    column: str, names: Sequence[str], inverse: np.ndarray, where: Callable[[int], str]
+) -> None:
+    """Group names must hold a visible character, and no NUL (``"a"`` and ``"a\\0"`` would look
+    alike everywhere a name is shown, and numpy's string arrays drop trailing NULs) nor bytes
+    that are not UTF-8."""
+    for k, name in enumerate(names):
+        problem = None
+        if not name.strip():
+            problem = "empty group name"
+        elif "\x00" in name:
+            problem = f"group name {shown(name)} holds a NUL character"
+        elif any("\udc80" <= ch <= "\udcff" for ch in name):
+            problem = f"group name {shown(name)} is not UTF-8"
+        if problem is not None:
+            i = int(np.flatnonzero(inverse == k)[0])
+            raise ValueError(f"{column}: {problem} at {where(i)}")
