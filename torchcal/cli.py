@@ -34,6 +34,8 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from torchcal.audit.engine_input import add_engine_options
+
 __all__ = ["main", "build_parser"]
 
 PROGRESS_BYTES = 50 * 2**20  # files above this size get a progress bar
@@ -48,12 +50,17 @@ class _Parser(argparse.ArgumentParser):
         raise InputError(message)
 
 
-def _add_columns(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="CSV, NPZ, .pt or Parquet file of predictions and labels")
-    src = p.add_mutually_exclusive_group(required=True)
+def _add_columns(p: argparse.ArgumentParser, required: bool = True) -> None:
+    # required=False (audit): --state needs none of them; audit checks them itself
+    p.add_argument(
+        "file",
+        nargs=None if required else "?",
+        help="CSV, NPZ, .pt or Parquet file of predictions and labels",
+    )
+    src = p.add_mutually_exclusive_group(required=required)
     src.add_argument("--probs", nargs="+", metavar="COL", help="P(y=1), or one column per class")
     src.add_argument("--logits", nargs="+", metavar="COL", help="logit, or one column per class")
-    p.add_argument("--label", required=True, metavar="COL", help="0/1 label or class index")
+    p.add_argument("--label", required=required, metavar="COL", help="0/1 label or class index")
     p.add_argument("--group", metavar="COL", help="domain column: one verdict per group")
     p.add_argument("--chunk-rows", type=int, default=1 << 20, help="rows per chunk (memory)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on large files")
@@ -81,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="torchcal", description="Calibration audits from the command line.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     a = sub.add_parser("audit", help="audit probabilities against labels; exit 1 on FAIL")
-    _add_columns(a)
+    _add_columns(a, required=False)
+    add_engine_options(a)  # issue 20: --engine, --state, --table, --weight, --write-state
     a.add_argument("--threshold", type=float, help="decision threshold (p >= T automates)")
     a.add_argument("--tolerance", type=float, default=0.05, help="largest allowed |gap|")
     a.add_argument("--bins", type=int, default=10, help="equal-width bins")
@@ -160,11 +168,38 @@ def _check_audit_args(args: argparse.Namespace) -> None:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    import torch
-
-    from torchcal.audit import Auditor, compare
+    from torchcal.audit import compare
+    from torchcal.audit.engine_input import audit_engine, require_rows_args, wants_engine
 
     _check_audit_args(args)
+    if wants_engine(args):  # issue 20: engines and state files (torchcal/audit/engine_input.py)
+        report, caught = audit_engine(args), []
+    else:
+        require_rows_args(args)
+        report, caught = _stream_report(args)
+    for w in dict.fromkeys(str(w.message) for w in caught):
+        if w not in report.warnings:
+            print(f"torchcal: warning: {w}", file=sys.stderr)
+    print(report.to_text(), end="")
+    code = 0 if report.verdict == "pass" else 1
+    if args.reference is not None:
+        comparison = compare(args.reference, report)
+        print(f"\ncompared with {args.reference}:")
+        print(comparison.to_text(), end="")
+        if comparison.flagged:
+            print(f"DRIFT: calibration got worse in {', '.join(comparison.flagged)}")
+            code = 1
+    if args.out is not None:
+        paths = report.save(args.out)
+        print(f"wrote {len(paths)} files to {args.out}")
+    return code
+
+
+def _stream_report(args: argparse.Namespace) -> tuple[Any, list[Any]]:
+    import torch
+
+    from torchcal.audit import Auditor
+
     auditor = Auditor(input="probs" if args.probs else "logits", n_bins=args.bins, seed=args.seed)
     names: list[str] = []
     threads = torch.get_num_threads()
@@ -187,22 +222,7 @@ def _audit(args: argparse.Namespace) -> int:
             )
     finally:
         torch.set_num_threads(threads)
-    for w in dict.fromkeys(str(w.message) for w in caught):
-        if w not in report.warnings:
-            print(f"torchcal: warning: {w}", file=sys.stderr)
-    print(report.to_text(), end="")
-    code = 0 if report.verdict == "pass" else 1
-    if args.reference is not None:
-        comparison = compare(args.reference, report)
-        print(f"\ncompared with {args.reference}:")
-        print(comparison.to_text(), end="")
-        if comparison.flagged:
-            print(f"DRIFT: calibration got worse in {', '.join(comparison.flagged)}")
-            code = 1
-    if args.out is not None:
-        paths = report.save(args.out)
-        print(f"wrote {len(paths)} files to {args.out}")
-    return code
+    return report, caught
 
 
 def _compare(args: argparse.Namespace) -> int:

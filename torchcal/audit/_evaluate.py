@@ -93,7 +93,7 @@ def summaries(
     """One summary dict per leading row of statistics ``S`` ``(R, 1, B)`` (the JSON schema
     of :mod:`torchcal.audit.report`, without verdicts)."""
     n = S.count.sum((-2, -1))
-    nf = n.to(torch.float64)
+    nf = S.mass().sum((-2, -1))  # the weight total when weighted (docs/design.md 6e)
     ece = calibration_error_from_stats(S, reading="binary")
     deb = debiased_calibration_error_from_stats(S, reading="binary")
     mce = calibration_error_from_stats(S, norm="max", reading="binary")
@@ -281,7 +281,7 @@ def build_report(
     names = check_names(group_names, auditor.num_groups, auditor.grouped)
     auditor.grow(len(names))
     st = auditor.stats
-    S = BinnedStats(*(torch.cat([t.sum(0, keepdim=True), t]) for t in _fields(st)))
+    S = st.map(lambda t: torch.cat([t.sum(0, keepdim=True), t]))  # keeps weight sums
     nll = torch.cat([auditor.nll.sum(0, keepdim=True), auditor.nll])
     hits = torch.cat([auditor.hits.sum(0, keepdim=True), auditor.hits])
     costs = None if cost_error is None else (float(cost_error), float(cost_escalation))  # type: ignore[arg-type]
