@@ -170,8 +170,12 @@ def _batches(path: str, names: list[str], chunk_rows: int) -> Any:
     elif ext == ".csv":
         import pyarrow.csv as pcsv
 
-        opts = pcsv.ConvertOptions(include_columns=names, strings_can_be_null=True)
-        yield from pcsv.open_csv(path, convert_options=opts)
+        # as DuckDB reads it: only an empty field is NULL ("nan" is NaN), no line is skipped
+        conv = pcsv.ConvertOptions(
+            include_columns=names, null_values=[""], strings_can_be_null=True
+        )
+        parse = pcsv.ParseOptions(ignore_empty_lines=False)
+        yield from pcsv.open_csv(path, parse_options=parse, convert_options=conv)
     else:
         raise ValueError(f"{path}: expected a .parquet/.pq/.csv file")
 

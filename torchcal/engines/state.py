@@ -211,7 +211,7 @@ class BinnedState:
                 cols[name] = pa.nulls(len(g), pa.float64())
             else:
                 cols[name] = pa.array(t.numpy()[g, k, b], pa.float64())
-        meta = {METADATA_KEY: json.dumps(self.header.to_dict(), sort_keys=True).encode()}
+        meta = {METADATA_KEY: json.dumps(self.header.to_dict()).encode()}
         return pa.table(cols).replace_schema_metadata(meta)
 
     @classmethod
