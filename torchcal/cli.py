@@ -173,7 +173,7 @@ def _audit(args: argparse.Namespace) -> int:
 
     _check_audit_args(args)
     if wants_engine(args):  # issue 20: engines and state files (torchcal/audit/engine_input.py)
-        report, caught = audit_engine(args), []
+        report, caught = audit_engine(args)
     else:
         require_rows_args(args)
         report, caught = _stream_report(args)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -244,18 +245,21 @@ def state_of_args(args: argparse.Namespace) -> tuple[BinnedState, dict[str, Any]
     return state, sample
 
 
-def audit_engine(args: argparse.Namespace) -> AuditReport:
-    """The report of ``torchcal audit`` on the engine/state path."""
+def audit_engine(args: argparse.Namespace) -> tuple[AuditReport, list[Any]]:
+    """The report of ``torchcal audit`` on the engine/state path, and the warnings raised."""
     state, sample = state_of_args(args)
     if args.write_state:
         write_state(state, args.write_state)
-    return report_from_state(
-        state,
-        threshold=args.threshold,
-        tolerance=args.tolerance,
-        cost_error=args.cost_error,
-        cost_escalation=args.cost_escalation,
-        fit_temperature=args.fit_temperature,
-        seed=args.seed,
-        sample=sample,
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = report_from_state(
+            state,
+            threshold=args.threshold,
+            tolerance=args.tolerance,
+            cost_error=args.cost_error,
+            cost_escalation=args.cost_escalation,
+            fit_temperature=args.fit_temperature,
+            seed=args.seed,
+            sample=sample,
+        )
+    return report, list(caught)
