@@ -87,3 +87,44 @@ def write_parts(table: pa.Table, directory: str, parts: int = 3, csv: bool = Fal
         else:
             pq.write_table(t, path, row_group_size=max(1, t.num_rows // 3))
     return os.path.join(directory, f"part-*.{ext}")
+
+
+def class_rows(n: int = 1500, seed: int = 0, C: int = 3, *, bad: bool = True) -> pa.Table:
+    """Class-probability columns q0..q{C-1} (rows summing to 1: Dirichlet draws, rows whose
+    maximum sits on every edge k/B, tied maxima), a class label y and a group g; with ``bad``
+    NaN, NULL, out-of-range and unnormalised rows and bad labels."""
+    rng = np.random.default_rng(seed)
+    P = rng.dirichlet(np.ones(C), n)
+    k = np.arange((B + 1) // 2, B + 1) / B  # maxima on the edges >= 1/2
+    e = np.zeros((len(k), C))
+    e[:, 0], e[:, 1] = k, 1 - k
+    ties = np.zeros((2, C))
+    ties[0, :2] = 0.5
+    ties[1, :] = 1 / C
+    P = np.concatenate([P, e, e[:, ::-1].copy(), ties])
+    m = len(P)
+    y = np.array([rng.choice(C, p=row / row.sum()) for row in P], dtype=np.float64)
+    g = rng.choice(GROUPS, m).astype(object)
+    null = np.zeros(m, bool)
+    if bad:
+        idx = rng.permutation(m)[:20]
+        P[idx[0], 1] = np.nan
+        P[idx[1], 0] = 1.5
+        P[idx[2]] = P[idx[2]] * 1.1
+        null[idx[3]] = True
+        y[idx[4:7]] = [C, 0.5, -1]
+        g[idx[7]] = None
+    perm = rng.permutation(m)
+    P, y, g, null = P[perm], y[perm], g[perm], null[perm]
+    cols = {f"q{j}": pa.array(P[:, j], mask=null if j == 0 else None) for j in range(C)}
+    return pa.table({**cols, "y": y, "g": pa.array(list(g), pa.string())})
+
+
+def class_arrays(table: pa.Table, C: int = 3) -> dict[str, object]:
+    P = np.stack([table.column(f"q{j}").to_numpy(zero_copy_only=False) for j in range(C)], 1)
+    return {
+        "preds": P.astype(np.float64),
+        "target": table.column("y").to_numpy(),
+        "preds_null": table.column("q0").is_null().to_numpy(zero_copy_only=False),
+        "groups": np.array(table.column("g").to_pylist(), dtype=object),
+    }

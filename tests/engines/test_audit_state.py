@@ -104,7 +104,6 @@ def test_cli_weight_table_and_fit_temperature(tmp_path, capsys):
         (["--state", "S", "--fit-temperature"], "--fit-temperature: a state holds binned sums"),
         (["--state", "NONE-*.parquet"], "--state: no file matches"),
         (["G", "--logits", "p", "--label", "y"], "--logits: the engines read probabilities"),
-        (["G", "--probs", "p", "q", "--label", "y"], "--probs: the engines read one"),
         (["G", "--probs", "p"], "the following arguments are required: --label"),
         (["--engine", "duckdb"], "the following arguments are required: file"),
         (["G", "--probs", "nope", "--label", "y"], "DuckDB could not compute the state"),

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _engine_data import arrays, rows, write_parts
+from _engine_data import arrays, class_arrays, class_rows, rows, write_parts
 from test_weights import assert_reports_close
 
+from torchcal.audit import audit
 from torchcal.audit.engine_input import report_from_state
 from torchcal.engines import state_from_arrays, state_from_duckdb, state_from_files
 
@@ -91,7 +92,7 @@ def test_duckdb_and_pyarrow_equal_the_in_memory_path(data, case):
 
 
 @pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas")
-def test_spark_equals_the_in_memory_path(data, spark):
+def test_spark_equals_the_in_memory_path(data, class_data, spark):
     from torchcal.engines import state_from_spark
 
     df = spark.read.parquet(data["dir"])
@@ -104,3 +105,44 @@ def test_spark_equals_the_in_memory_path(data, spark):
         assert_same_report(st, ref)
     with pytest.raises(ValueError, match="nope: no such column in the DataFrame"):
         state_from_spark(df, preds="nope", label="y")
+    ref = state_from_arrays(**class_arrays(class_data["table"]), group_column="g")
+    cdf = spark.read.parquet(class_data["dir"])
+    st = state_from_spark(cdf, preds=CLASSES, label="y", group="g")
+    assert_same_state(st, ref)
+    assert_same_report(st, ref)
+
+
+CLASSES = ["q0", "q1", "q2"]
+
+
+@pytest.fixture(scope="module")
+def class_data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("classes")
+    t = class_rows(1500, seed=1)
+    return {"table": t, "parquet": write_parts(t, str(d / "pq"), parts=2), "dir": str(d / "pq")}
+
+
+def test_confidence_reading_engines_equal_the_in_memory_path(class_data):
+    ref = state_from_arrays(**class_arrays(class_data["table"]), group_column="g")
+    assert ref.header.reading == "confidence" and ref.header.num_classes == 3
+    assert all(ref.header.rows_rejected[r] for r in ("preds_nan", "preds_not_normalised"))
+    kw = {"preds": CLASSES, "label": "y", "group": "g"}
+    for st in (
+        state_from_duckdb(class_data["parquet"], **kw),
+        state_from_files(class_data["parquet"], **kw),
+    ):
+        assert (st.header.reading, st.header.num_classes) == ("confidence", 3)
+        assert_same_state(st, ref)
+        assert_same_report(st, ref)
+
+
+def test_confidence_state_reports_what_the_streaming_auditor_reports():
+    t = class_rows(2000, seed=2, bad=False)
+    a = class_arrays(t)
+    names = sorted(set(a["groups"]))
+    ids = torch.tensor([names.index(x) for x in a["groups"]])
+    p, y = torch.tensor(a["preds"]), torch.tensor(a["target"]).long()
+    ref = audit(p, y, groups=ids, group_names=names, threshold=0.6, seed=4).to_dict()
+    got = report_from_state(state_from_arrays(**a), threshold=0.6, seed=4).to_dict()
+    assert_reports_close(got["pooled"], ref["pooled"])
+    assert_reports_close(got["groups"], ref["groups"])

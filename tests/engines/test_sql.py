@@ -85,6 +85,7 @@ def test_bad_rows_are_counted_by_reason_like_the_memory_path(tmp_path):
         "preds_null": 1,
         "preds_nan": 1,
         "preds_out_of_range": 3,
+        "preds_not_normalised": 0,
         "label_invalid": 2,
         "group_null": 1,
         "weight_invalid": 1,
@@ -169,9 +170,9 @@ def test_dialect_text():
         "proj.ds.preds", preds="p", label="y", group="g", weight="w", dialect="bigquery"
     )
     for part in (
-        "CAST(`p` AS FLOAT64) AS c",
+        "CAST(`p` AS FLOAT64) AS p0",
         "CAST(`g` AS STRING) AS g",
-        "WHEN IS_NAN(c) THEN 'preds_nan'",
+        "WHEN IS_NAN(p0) THEN 'preds_nan'",
         "CAST(LEAST(FLOOR(c * 10), 9) AS INT64)",
         "SUM(w * (c * c)) AS sum_c2",
         "FROM proj.ds.preds",
@@ -180,6 +181,6 @@ def test_dialect_text():
     spark = state_sql("v", preds="my col", label="y", dialect="spark")
     assert "CAST(`my col` AS DOUBLE)" in spark and "AS INT)" in spark and "fsum" not in spark
     snow = state_sql("db.s.t", preds="P", label="Y", n_bins=15, dialect="snowflake")
-    assert "(c = 'NaN'::DOUBLE)" in snow and "LEAST(FLOOR(c * 15), 14)" in snow
+    assert "(p0 = 'NaN'::DOUBLE)" in snow and "LEAST(FLOOR(c * 15), 14)" in snow
     duck = state_sql("t", preds='we"ird', label="y")
     assert 'CAST("we""ird" AS DOUBLE)' in duck and "fsum(c)" in duck

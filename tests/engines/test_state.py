@@ -168,6 +168,7 @@ def test_rejected_rows_are_counted_by_their_first_reason():
         "preds_null": 0,
         "preds_nan": 2,
         "preds_out_of_range": 1,
+        "preds_not_normalised": 0,
         "label_invalid": 1,
         "group_null": 1,
         "weight_invalid": 1,

@@ -64,6 +64,8 @@ class StateAuditor(Auditor):
         n = len(sample["target"]) if sample else 0
         a = cls(input=h.input, n_bins=h.n_bins, bootstrap=bootstrap, sample_size=n, seed=seed)
         a.reading = h.reading
+        if h.reading == "confidence":
+            a.num_classes = h.num_classes
         a.stats = state.stats
         G = len(state.groups)
         nan = torch.full((G,), float("nan"), dtype=torch.float64)
@@ -207,8 +209,6 @@ def _check(args: argparse.Namespace) -> None:
     require_rows_args(args)
     if args.logits:
         raise ValueError("--logits: the engines read probabilities (--probs COL)")
-    if len(args.probs) != 1:
-        raise ValueError("--probs: the engines read one P(y = 1) column (binary reading)")
     if args.fit_temperature and args.weight:
         raise ValueError("--fit-temperature: the temperature fit reads rows without weights")
     if args.table and not os.path.isfile(args.file):
@@ -224,7 +224,8 @@ def state_of_args(args: argparse.Namespace) -> tuple[BinnedState, dict[str, Any]
     _check(args)
     if args.state:
         return read_states(args.state), None
-    kw = {"preds": args.probs[0], "label": args.label, "group": args.group, "weight": args.weight}
+    preds = args.probs[0] if len(args.probs) == 1 else list(args.probs)  # binary | confidence
+    kw = {"preds": preds, "label": args.label, "group": args.group, "weight": args.weight}
     engine = "duckdb" if args.table else _engine_of(args)
     sample = None
     if engine == "duckdb":
@@ -232,7 +233,7 @@ def state_of_args(args: argparse.Namespace) -> tuple[BinnedState, dict[str, Any]
         if args.fit_temperature:
             sample = duck.sample_rows(
                 args.file,
-                preds=args.probs[0],
+                preds=preds,
                 label=args.label,
                 group=args.group,
                 seed=args.seed,

@@ -5,10 +5,11 @@ so rows never cross into Python (docs/design.md section 6e)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
-from torchcal.engines.sql import state_from_rows, state_sql
-from torchcal.engines.state import BinnedState, StateHeader
+from torchcal.engines.sql import checked_rows_sql, header_for, state_from_rows, state_sql
+from torchcal.engines.state import BinnedState
 
 __all__ = ["NO_STATS", "available", "sample_rows", "source_sql", "state_from_duckdb"]
 
@@ -71,7 +72,7 @@ def _connect(source: str, table: str | None, threads: int | None) -> Any:
 def state_from_duckdb(
     source: str | os.PathLike[str],
     *,
-    preds: str,
+    preds: str | Sequence[str],
     label: str,
     group: str | None = None,
     weight: str | None = None,
@@ -112,11 +113,12 @@ def state_from_duckdb(
     finally:
         if connection is None:
             con.close()
-    header = StateHeader(
-        n_bins=n_bins,
-        columns={"preds": [preds], "label": label},
+    header = header_for(
+        preds,
+        label,
         group=group,
         weight=weight,
+        n_bins=n_bins,
         producer=f"duckdb {duckdb.__version__}",
     )
     return state_from_rows(rows, header)
@@ -125,32 +127,35 @@ def state_from_duckdb(
 def sample_rows(
     source: str | os.PathLike[str],
     *,
-    preds: str,
+    preds: str | Sequence[str],
     label: str,
     group: str | None = None,
     size: int = 20000,
     seed: int = 0,
     table: str | None = None,
 ) -> dict[str, list[Any]]:
-    """A seeded reservoir sample of at most ``size`` valid rows (``p`` in [0, 1], 0/1 label),
+    """A seeded reservoir sample of at most ``size`` kept rows (the checks of the state),
     by ``USING SAMPLE reservoir(size ROWS) REPEATABLE (seed)`` on one thread (DuckDB's sample
     is repeatable only single-threaded), ordered by ``(p, y, g)``: the rows the temperature
     fit and the HTML page use on this path. Not the in-memory path's sample (another
     generator), so ``--fit-temperature`` numbers differ between the paths."""
     s = os.fspath(source)
     con = _connect(s, table, 1)
-    p, y = '"' + preds.replace('"', '""') + '"', '"' + label.replace('"', '""') + '"'
-    g = ('CAST("' + group.replace('"', '""') + '" AS VARCHAR)') if group else "'all'"
-    sql = f"""SELECT c, y, g FROM (SELECT c, y, g FROM (
-  SELECT CAST({p} AS DOUBLE) AS c, CAST({y} AS DOUBLE) AS y, {g} AS g FROM {source_sql(s, table)}
-) WHERE c >= 0 AND c <= 1 AND NOT isnan(c) AND (y = 0 OR y = 1) AND g IS NOT NULL)
+    with_sql = checked_rows_sql(
+        source_sql(s, table), preds=preds, label=label, group=group, n_bins=10
+    )
+    C = 1 if isinstance(preds, str) else len(preds)
+    pv = ", ".join(f"p{k}" for k in range(C))
+    sql = f"""{with_sql}
+SELECT {pv}, y, g FROM (SELECT {pv}, y, g FROM scored WHERE reason IS NULL)
 USING SAMPLE reservoir({int(size)} ROWS) REPEATABLE ({int(seed)})"""
     try:
         rows = sorted(con.execute(sql).fetchall())
     finally:
         con.close()
+    preds_out = [r[0] if C == 1 else list(r[:C]) for r in rows]
     return {
-        "preds": [r[0] for r in rows],
-        "target": [int(r[1]) for r in rows],
-        "group": [r[2] for r in rows],
+        "preds": preds_out,
+        "target": [int(r[C]) for r in rows],
+        "group": [r[C + 1] for r in rows],
     }

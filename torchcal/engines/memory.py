@@ -30,6 +30,7 @@ from torchcal.engines.state import (
 from torchcal.functional._validation import check_int, validation_enabled
 from torchcal.functional.calibration import accumulate, bin_ids, nll_terms, prepare_inputs
 from torchcal.functional.calibration.binning import BinnedStats
+from torchcal.functional.calibration.readings import probability_sum_tolerance
 from torchcal.functional.calibration.weights import accumulate_weighted, cell_sums
 
 __all__ = ["state_from_arrays", "state_from_files", "state_from_metric"]
@@ -57,7 +58,8 @@ def state_from_arrays(
     group_column: str | None = None,
     weight_column: str | None = None,
 ) -> BinnedState:
-    """The binned state (binary reading) of ``preds`` (P(y = 1)), ``target`` (0/1), optional
+    """The binned state of ``preds`` (P(y = 1) ``(N,)``: binary reading, 0/1 ``target``; or
+    class probabilities ``(N, C)``: confidence reading, class-index ``target``), optional
     ``groups`` (names; ``None`` entries are rejected) and ``weight`` (frequency weights).
 
     Bad rows are counted by reason and left out, never raised on (``preds_null`` /
@@ -69,8 +71,13 @@ def state_from_arrays(
         (2, 1)
     """
     n_bins = check_int("n_bins", n_bins, minimum=1)
-    c = _as_float("preds", preds, None)
-    n = c.shape[0]
+    x = np.asarray(preds, dtype=np.float64)
+    if x.ndim == 2 and x.shape[1] == 1:
+        x = x[:, 0]
+    if x.ndim not in (1, 2):
+        raise ValueError(f"preds: expected (N,) or (N, C) probabilities, got shape {x.shape}")
+    C = 1 if x.ndim == 1 else x.shape[1]
+    n = x.shape[0]
     y = _as_float("target", target, n)
     w = None if weight is None else _as_float("weight", weight, n)
     g = None if groups is None else np.asarray(groups, dtype=object)
@@ -81,19 +88,31 @@ def state_from_arrays(
     def mark(i: int, bad: np.ndarray) -> None:
         reason[(reason < 0) & bad] = i
 
+    x2 = x.reshape(n, C)
+
+    def rows_any(bad: np.ndarray) -> np.ndarray:
+        return bad.reshape(n, -1).any(1)
+
     with np.errstate(invalid="ignore"):
         if preds_null is not None:
-            mark(0, np.asarray(preds_null, bool))
-        mark(1, np.isnan(c))
-        mark(2, (c < 0) | (c > 1))
-        bad_y = ~((y == 0) | (y == 1))
+            mark(0, rows_any(np.asarray(preds_null, bool)))
+        mark(1, rows_any(np.isnan(x2)))
+        mark(2, rows_any((x2 < 0) | (x2 > 1)))
+        if C == 1:
+            bad_y = ~((y == 0) | (y == 1))
+        else:
+            total = x2[:, 0].copy()
+            for k in range(1, C):  # left to right, as the SQL adds them
+                total = total + x2[:, k]
+            mark(3, np.abs(total - 1) > probability_sum_tolerance(torch.float64, C))
+            bad_y = ~((y == np.floor(y)) & (y >= 0) & (y <= C - 1))
         if target_null is not None:
             bad_y |= np.asarray(target_null, bool)
-        mark(3, bad_y)
+        mark(4, bad_y)
         if g is not None:
-            mark(4, np.array([v is None for v in g], bool))
+            mark(5, np.array([v is None for v in g], bool))
         if w is not None:
-            mark(5, ~(np.isfinite(w) & (w >= 0)))
+            mark(6, ~(np.isfinite(w) & (w >= 0)))
     rejected = {r: int((reason == i).sum()) for i, r in enumerate(REJECT_REASONS)}
     keep = reason < 0
     names: list[str]
@@ -105,6 +124,8 @@ def state_from_arrays(
         ids = np.searchsorted(np.array(names, dtype=object), kept_g).astype(np.int64)
     header = StateHeader(
         n_bins=n_bins,
+        reading="binary" if C == 1 else "confidence",
+        num_classes=C,
         columns=dict(columns or {}),
         group=None if g is None else (group_column or "group"),
         weight=None if w is None else (weight_column or "weight"),
@@ -112,8 +133,9 @@ def state_from_arrays(
         rows_rejected=rejected,
         producer=PRODUCER,
     )
-    p = torch.from_numpy(np.ascontiguousarray(c[keep]))
+    p = torch.from_numpy(np.ascontiguousarray(x[keep]))
     t = torch.from_numpy(y[keep]).long()
+    reading = "binary" if C == 1 else "confidence"
     G = len(names)
     gt = None if ids is None else torch.from_numpy(ids)
     B = n_bins
@@ -124,19 +146,23 @@ def state_from_arrays(
             stats = BinnedStats(s.count, s.conf, s.acc, s.conf2, s.conf_acc, weight=s.conf.clone())
         z = torch.zeros(G, 1, B, dtype=torch.float64)
         return BinnedState(header, tuple(names), stats, z, z.clone())
-    prep = prepare_inputs(p, t, reading="binary", input="probs", groups=gt, num_groups=G)
+    prep = prepare_inputs(p, t, reading=reading, input="probs", groups=gt, num_groups=G)
     if w is None:
         stats = accumulate(prep, B)
         wk = None
     else:
         wk = torch.from_numpy(np.ascontiguousarray(w[keep]))
         stats = accumulate_weighted(prep, B, wk)
-    idx = bin_ids(p, B)
+    idx = bin_ids(prep.conf, B)
     if gt is not None:
         idx = idx + gt * B
     with validation_enabled(False):
-        nll, _ = nll_terms(torch.stack([1.0 - p, p], 1), t, input="probs")
-    hit = ((p >= 0.5) == (t == 1)).to(torch.float64)
+        rows2 = torch.stack([1.0 - p, p], 1) if C == 1 else p
+        nll, _ = nll_terms(rows2, t, input="probs")
+    if C == 1:
+        hit = ((p >= 0.5) == (t == 1)).to(torch.float64)
+    else:
+        hit = prep.outcome.to(torch.float64)  # the arg-max was the label
     if wk is not None:
         nll = torch.where(wk == 0, 0.0, wk * nll)
         hit = wk * hit
@@ -183,7 +209,7 @@ def _batches(path: str, names: list[str], chunk_rows: int) -> Any:
 def state_from_files(
     paths: str | Sequence[str],
     *,
-    preds: str,
+    preds: str | Sequence[str],
     label: str,
     group: str | None = None,
     weight: str | None = None,
@@ -194,11 +220,19 @@ def state_from_files(
     the in-process twin of :func:`~torchcal.engines.duck.state_from_duckdb` (same checks,
     same state)."""
     files = expand_paths(paths, what="source")
-    names = list(dict.fromkeys(c for c in (preds, label, group, weight) if c))
+    pcols = [preds] if isinstance(preds, str) else list(preds)
+    names = list(dict.fromkeys(c for c in (*pcols, label, group, weight) if c))
     parts = []
     for path in files:
         for batch in _batches(path, names, int(chunk_rows)):
-            c, c_null = _column(batch, preds, path)
+            got = [_column(batch, name, path) for name in pcols]
+            c = got[0][0] if len(got) == 1 else np.stack([v for v, _ in got], 1)
+            nulls = [m for _, m in got if m is not None]
+            c_null = None
+            if nulls:
+                c_null = np.zeros(batch.num_rows, bool)
+                for m in nulls:
+                    c_null |= m
             y, y_null = _column(batch, label, path)
             w = None if weight is None else _column(batch, weight, path)
             g = None
@@ -221,7 +255,7 @@ def state_from_files(
                     n_bins=n_bins,
                     preds_null=c_null,
                     target_null=y_null,
-                    columns={"preds": [preds], "label": label},
+                    columns={"preds": pcols, "label": label},
                     group_column=group,
                     weight_column=weight,
                 )

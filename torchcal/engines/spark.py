@@ -6,10 +6,11 @@ binning and the sums run on the executors; only the O(groups x bins) result is c
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
-from torchcal.engines.sql import state_from_rows, state_sql
-from torchcal.engines.state import BinnedState, StateHeader
+from torchcal.engines.sql import header_for, state_from_rows, state_sql
+from torchcal.engines.state import BinnedState
 
 __all__ = ["state_from_spark"]
 
@@ -17,7 +18,7 @@ __all__ = ["state_from_spark"]
 def state_from_spark(
     df: Any,
     *,
-    preds: str,
+    preds: str | Sequence[str],
     label: str,
     group: str | None = None,
     weight: str | None = None,
@@ -33,7 +34,8 @@ def state_from_spark(
     """
     import pyspark
 
-    missing = [c for c in (preds, label, group, weight) if c and c not in df.columns]
+    cols = [preds] if isinstance(preds, str) else list(preds)
+    missing = [c for c in (*cols, label, group, weight) if c and c not in df.columns]
     if missing:
         raise ValueError(f"{missing[0]}: no such column in the DataFrame (columns: {df.columns})")
     view = f"torchcal_state_{uuid.uuid4().hex}"
@@ -51,11 +53,12 @@ def state_from_spark(
         rows = [tuple(r) for r in df.sparkSession.sql(sql).collect()]
     finally:
         df.sparkSession.catalog.dropTempView(view)
-    header = StateHeader(
-        n_bins=n_bins,
-        columns={"preds": [preds], "label": label},
+    header = header_for(
+        preds,
+        label,
         group=group,
         weight=weight,
+        n_bins=n_bins,
         producer=f"spark {pyspark.__version__}",
     )
     return state_from_rows(rows, header)

@@ -64,6 +64,7 @@ REJECT_REASONS = (
     "preds_null",
     "preds_nan",
     "preds_out_of_range",
+    "preds_not_normalised",
     "label_invalid",
     "group_null",
     "weight_invalid",
