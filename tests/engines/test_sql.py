@@ -184,3 +184,28 @@ def test_dialect_text():
     assert "(p0 = 'NaN'::DOUBLE)" in snow and "LEAST(FLOOR(c * 15), 14)" in snow
     duck = state_sql("t", preds='we"ird', label="y")
     assert 'CAST("we""ird" AS DOUBLE)' in duck and "fsum(c)" in duck
+
+
+def test_duckdb_sums_do_not_depend_on_the_thread_count(tmp_path):
+    # fsum (compensated) makes DuckDB's sums the correctly rounded ones here, whatever the
+    # threads' partial aggregates: identical bits for 1, 2 and 4 threads
+    import math
+
+    rng = np.random.default_rng(0)
+    n = 100_000
+    p, w = rng.random(n), rng.random(n) * 3
+    y = (rng.random(n) < p).astype(np.int8)
+    pq.write_table(
+        pa.table({"p": p, "y": y, "w": w}), tmp_path / "d.parquet", row_group_size=20_000
+    )
+    states = [
+        state_from_duckdb(tmp_path / "d.parquet", preds="p", label="y", weight="w", threads=t)
+        for t in (1, 2, 4)
+    ]
+    for st in states[1:]:
+        for f in ("conf", "acc", "conf2", "conf_acc", "weight"):
+            a, b = getattr(st.stats, f), getattr(states[0].stats, f)
+            assert torch.equal(a.view(torch.int64), b.view(torch.int64))
+    b = np.minimum(np.floor(p * 10), 9).astype(int)
+    exact = [math.fsum((w * p)[b == k]) for k in range(10)]
+    assert states[0].stats.conf.flatten().tolist() == exact
