@@ -7,6 +7,9 @@ Subcommands (``torchcal SUBCOMMAND --help`` for every option)::
         [--threshold T] [--tolerance 0.05] [--bins 10] [--cost-error X --cost-escalation Y]
         [--fit-temperature] [--reference OLD.json] [--out DIR] [--seed 0] [--chunk-rows N]
         [--no-progress] [--threads 1]
+    torchcal audit 'GLOB' --probs COL... --label COL [--group COL] [--weight COL]
+        [--engine auto|duckdb|memory] [--table NAME] [--write-state STATE.parquet] [...]
+    torchcal audit --state STATE_OR_GLOB... [--threshold T] [...]   (docs/engines.md)
     torchcal compare OLD.json NEW.json
     torchcal fit-temperature FILE (--probs COL... | --logits COL...) --label COL [--group COL]
         [-o temperature.pt]

@@ -63,6 +63,11 @@ def test_cli_glob_engines_and_state_files_agree(tmp_path, capsys):
     assert code3 == code and out_state.startswith(out_duck)
     rep = json.loads((tmp_path / "o" / "report.json").read_text())
     assert rep["settings"]["engine"].startswith("duckdb")
+    ref = str(tmp_path / "o" / "report.json")  # drift against an earlier report: none
+    code5, out_ref, _ = _cli(
+        capsys, "audit", "--state", s, "--threshold", "0.8", "--reference", ref
+    )
+    assert code5 == code and f"compared with {ref}" in out_ref and "DRIFT" not in out_ref
     # a glob alone picks the engine (auto)
     code4, out_auto, _ = _cli(capsys, "audit", glob, *cols)
     assert code4 == code and out_auto == out_duck
