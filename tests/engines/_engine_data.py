@@ -128,3 +128,19 @@ def class_arrays(table: pa.Table, C: int = 3) -> dict[str, object]:
         "preds_null": table.column("q0").is_null().to_numpy(zero_copy_only=False),
         "groups": np.array(table.column("g").to_pylist(), dtype=object),
     }
+
+
+def assert_reports_close(a, b, rtol=1e-12):
+    """Equal report dicts: floats within ``rtol`` (relative and absolute), the rest exact."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_reports_close(a[k], b[k], rtol)
+    elif isinstance(a, list):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_reports_close(x, y, rtol)
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=rtol, abs_tol=rtol), (a, b)
+    else:
+        assert a == b

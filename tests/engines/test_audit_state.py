@@ -10,8 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from _engine_data import rows, write_parts
-from test_weights import assert_reports_close
+from _engine_data import assert_reports_close, rows, write_parts
 
 from torchcal.audit import audit
 from torchcal.audit.engine_input import report_from_state

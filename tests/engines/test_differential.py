@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _engine_data import arrays, class_arrays, class_rows, rows, write_parts
-from test_weights import assert_reports_close
+from _engine_data import (
+    arrays,
+    assert_reports_close,
+    class_arrays,
+    class_rows,
+    rows,
+    write_parts,
+)
 
 from torchcal.audit import audit
 from torchcal.audit.engine_input import report_from_state

@@ -4,12 +4,10 @@ every number."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
-from _engine_data import arrays, rows
+from _engine_data import arrays, assert_reports_close, rows
 
 from torchcal.audit.engine_input import report_from_state
 from torchcal.engines import state_from_arrays, state_from_duckdb
@@ -119,21 +117,6 @@ def _strip_n(x):
     if isinstance(x, list):
         return [_strip_n(v) for v in x]
     return x
-
-
-def assert_reports_close(a, b, rtol=1e-12):
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert_reports_close(a[k], b[k], rtol)
-    elif isinstance(a, list):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_reports_close(x, y, rtol)
-    elif isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=rtol, abs_tol=rtol), (a, b)
-    else:
-        assert a == b
 
 
 def test_weighted_report_equals_the_repeated_rows_report_memory_and_duckdb(tmp_path):

@@ -322,7 +322,3 @@ def build_report(
     smp = auditor.sample()
     sample = {"preds": smp["preds"], "target": smp["target"], "group": smp["group"], "names": names}
     return AuditReport(verdict, pooled, groups, settings, warn, temperature, sample)
-
-
-def _fields(s: BinnedStats) -> tuple[Tensor, ...]:
-    return (s.count, s.conf, s.acc, s.conf2, s.conf_acc)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -257,7 +258,7 @@ def state_from_rows(rows: Iterable[Sequence[Any]], header: StateHeader) -> Binne
     t = [torch.from_numpy(v.copy()) for v in vals]
     weighted = header.weight is not None
     stats = BinnedStats(torch.from_numpy(count), *t[:4], weight=t[4] if weighted else None)
-    h = StateHeader(**{**header.__dict__, "rows_seen": seen, "rows_rejected": rejected})
+    h = replace(header, rows_seen=seen, rows_rejected=rejected)
     return BinnedState(h, tuple(names), stats, t[5], t[6])
 
 
