@@ -7,6 +7,9 @@ Subcommands (``torchcal SUBCOMMAND --help`` for every option and its default)::
         [--threshold T] [--tolerance 0.05] [--alpha 0.05] [--power 0.8] [--bins N]
         [--inconclusive-exit 3] [--cost-error X --cost-escalation Y] [--fit-temperature]
         [--reference OLD.json] [--out DIR] [--diagrams 20] [--seed 0] ...
+    torchcal audit 'GLOB' --probs COL... --label COL [--group COL] [--weight COL]
+        [--engine auto|duckdb|memory] [--table NAME] [--write-state STATE.parquet] [...]
+    torchcal audit --state STATE_OR_GLOB... [--threshold T] [...]   (docs/engines.md)
     torchcal compare OLD.json NEW.json
     torchcal fit-temperature FILE (--probs COL... | --logits COL...) --label COL [--group COL]
         [-o temperature.pt]
@@ -125,9 +128,15 @@ def _diagrams(text: str) -> int | None:
     return v
 
 
-def _add_columns(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="CSV, NPZ, .pt or Parquet file of predictions and labels")
-    src = p.add_mutually_exclusive_group(required=True)
+def _add_columns(p: argparse.ArgumentParser, required: bool = True) -> None:
+    # required=False (audit): --state needs none of them; _audit checks them itself
+    p.add_argument(
+        "file",
+        nargs=None if required else "?",
+        help="CSV, NPZ, .pt or Parquet file of predictions and labels (audit: also a glob, "
+        "or a DuckDB database with --table)",
+    )
+    src = p.add_mutually_exclusive_group(required=required)
     src.add_argument(
         "--probs",
         nargs="+",
@@ -135,7 +144,7 @@ def _add_columns(p: argparse.ArgumentParser) -> None:
         help="P(y=1) (or a stated confidence: 0.85 or 85%%), or one column per class",
     )
     src.add_argument("--logits", nargs="+", metavar="COL", help="logit, or one column per class")
-    p.add_argument("--label", required=True, metavar="COL", help="0/1 label or class index")
+    p.add_argument("--label", required=required, metavar="COL", help="0/1 label or class index")
     p.add_argument("--group", metavar="COL", help="domain column: one verdict per group")
     p.add_argument(
         "--chunk-rows", type=positive_int, default=1 << 20, help="rows per chunk (memory)"
@@ -149,6 +158,53 @@ def _add_columns(p: argparse.ArgumentParser) -> None:
         "the file is rejected",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on large files")
+
+
+ENGINE_CHOICES = ("auto", "duckdb", "memory")
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    """``--engine``, ``--state``, ``--table``, ``--weight`` and ``--write-state`` (issue 20;
+    torchcal/audit/engine_input.py does the work)."""
+    p.add_argument(
+        "--engine",
+        choices=ENGINE_CHOICES,
+        help="compute the binned state in an engine: duckdb (Parquet/CSV paths and globs, "
+        "a DuckDB table), memory (pyarrow in process), auto (duckdb when installed)",
+    )
+    p.add_argument(
+        "--state", nargs="+", metavar="FILE_OR_GLOB", help="audit merged state files instead"
+    )
+    p.add_argument("--table", metavar="NAME", help="table of the DuckDB database FILE")
+    p.add_argument("--weight", metavar="COL", help="sample-weight column (frequency weights)")
+    p.add_argument("--write-state", metavar="FILE", help="also write the state (Parquet)")
+
+
+def _wants_engine(args: argparse.Namespace) -> bool:
+    """Whether the engine/state path audits (else the streaming reader does)."""
+    import glob
+
+    if not hasattr(args, "state"):  # fit-temperature: a file of rows
+        return False
+    file = args.file or ""
+    return bool(
+        args.state
+        or args.engine
+        or args.table
+        or args.weight
+        or args.write_state
+        or glob.has_magic(file)
+    )
+
+
+def _require_rows_args(args: argparse.Namespace) -> None:
+    """The file and column arguments a file of rows needs."""
+    if not args.file:
+        raise InputError("the following arguments are required: file (or --state FILE_OR_GLOB)")
+    if not (args.probs or args.logits):
+        raise InputError("one of the arguments --probs --logits is required")
+    if not args.label:
+        raise InputError("the following arguments are required: --label")
 
 
 #: API argument -> the flag that sets it (error messages name what the user typed)
@@ -194,7 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=_Help,
     )
-    _add_columns(a)
+    _add_columns(a, required=False)
+    _add_engine_options(a)
     a.add_argument(
         "--threshold",
         type=_fraction("--threshold"),
@@ -363,8 +420,10 @@ def _check_audit_args(args: argparse.Namespace) -> Any:
     for flag, v in (("--cost-error", args.cost_error), ("--cost-escalation", args.cost_escalation)):
         if v is not None and not (math.isfinite(v) and v > 0):
             raise InputError(f"{flag}: expected a positive number, got {v}")
-    if not os.path.isfile(args.file):
-        raise InputError(f"{args.file}: no such file")
+    if not _wants_engine(args):
+        _require_rows_args(args)
+        if not os.path.isfile(args.file):
+            raise InputError(f"{args.file}: no such file")
     if args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
         raise InputError(f"--out: {args.out} exists and is not a directory")
     ref = None
@@ -382,9 +441,41 @@ def _check_audit_args(args: argparse.Namespace) -> Any:
 
 def _audit(args: argparse.Namespace) -> int:
     ref = _check_audit_args(args)
+    from torchcal.audit import compare
+
+    if _wants_engine(args):  # engines and state files (torchcal/audit/engine_input.py)
+        from torchcal.audit.engine_input import audit_engine
+
+        report, caught = audit_engine(args)
+    else:
+        report, caught = _stream_report(args)
+    for w in dict.fromkeys(str(w.message) for w in caught):
+        if w not in report.warnings:
+            print(f"torchcal: warning: {w}", file=sys.stderr)
+    codes = {**EXIT_CODES, "inconclusive": args.inconclusive_exit}
+    code = codes[report.verdict]
+    if args.out is not None:  # before the text: report.json names the diagrams
+        paths = report.save(args.out, max_diagrams=args.diagrams)
+    print(report.to_text(), end="")
+    if ref is not None:
+        comparison = compare(ref, report)
+        print(f"\ncompared with {args.reference}:")
+        print(comparison.to_text(), end="")
+        if comparison.flagged:
+            print(f"DRIFT: calibration got worse in {', '.join(comparison.flagged_names)}")
+            code = EXIT_CODES["fail"]
+        elif comparison.unjudged and code == EXIT_CODES["pass"]:
+            code = args.inconclusive_exit
+    if args.out is not None:
+        print(f"wrote {len(paths)} files to {args.out}")
+    return code
+
+
+def _stream_report(args: argparse.Namespace) -> tuple[Any, list[Any]]:
+    """The streaming reader's report of a file of rows, and the warnings raised."""
     import torch
 
-    from torchcal.audit import Auditor, compare
+    from torchcal.audit import Auditor
 
     input = "probs" if args.probs else "logits"
     auditor = Auditor(input=input, n_bins=args.bins, seed=args.seed)
@@ -412,26 +503,7 @@ def _audit(args: argparse.Namespace) -> int:
             )
     finally:
         torch.set_num_threads(threads)
-    for w in dict.fromkeys(str(w.message) for w in caught):
-        if w not in report.warnings:
-            print(f"torchcal: warning: {w}", file=sys.stderr)
-    codes = {**EXIT_CODES, "inconclusive": args.inconclusive_exit}
-    code = codes[report.verdict]
-    if args.out is not None:  # before the text: report.json names the diagrams
-        paths = report.save(args.out, max_diagrams=args.diagrams)
-    print(report.to_text(), end="")
-    if ref is not None:
-        comparison = compare(ref, report)
-        print(f"\ncompared with {args.reference}:")
-        print(comparison.to_text(), end="")
-        if comparison.flagged:
-            print(f"DRIFT: calibration got worse in {', '.join(comparison.flagged_names)}")
-            code = EXIT_CODES["fail"]
-        elif comparison.unjudged and code == EXIT_CODES["pass"]:
-            code = args.inconclusive_exit
-    if args.out is not None:
-        print(f"wrote {len(paths)} files to {args.out}")
-    return code
+    return report, list(caught)
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -458,8 +530,10 @@ def _check_output(path: str | None) -> None:
 
 def _fit_temperature(args: argparse.Namespace) -> int:
     _check_output(args.output)
-    if not os.path.isfile(args.file):
-        raise InputError(f"{args.file}: no such file")
+    if not _wants_engine(args):
+        _require_rows_args(args)
+        if not os.path.isfile(args.file):
+            raise InputError(f"{args.file}: no such file")
     import torch
 
     from torchcal.audit import fit_temperature_file

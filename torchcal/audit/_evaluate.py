@@ -99,7 +99,7 @@ def _tables(S: BinnedStats) -> list[list[dict[str, Any]]]:
     .reliability_table_from_stats`: mean confidence, mean outcome, 95 % Wilson interval)."""
     B = S.n_bins
     count = S.count.sum(-2)
-    n = count.to(torch.float64)
+    n = S.mass().sum(-2)  # the weight total when weighted (frequency weights)
     hits = S.acc.sum(-2)
     conf, acc = S.conf.sum(-2) / n, hits / n
     lo, hi = wilson_interval(hits, n)
@@ -140,7 +140,7 @@ def summaries(
     FAIL claims are adjusted over (for the detectable gap). Every number is computed for all
     rows at once (linear in rows x bins; 100k groups take seconds)."""
     n = S.count.sum((-2, -1))
-    nf = n.to(torch.float64)
+    nf = S.mass().sum((-2, -1))  # the weight total when weighted (docs/design.md 6f)
     et = _lists(ece_test_from_stats(S, tolerance, alpha=alpha, family=family, power=power))
     mce = calibration_error_from_stats(S, norm="max", reading="binary").tolist()
     brier = _lists(brier_decomposition_from_stats(S, reading="binary"))
@@ -458,7 +458,7 @@ def build_report(
         if grid is not None:
             st = auditor.grid_stats(grid)
             n_bins = st.n_bins
-    S = BinnedStats(*(torch.cat([t.sum(0, keepdim=True), t]) for t in _fields(st)))
+    S = st.map(lambda t: torch.cat([t.sum(0, keepdim=True), t]))  # keeps weight sums
     nll = torch.cat([auditor.nll.sum(0, keepdim=True), auditor.nll])
     nll_inf = torch.cat([auditor.nll_inf.sum(0, keepdim=True), auditor.nll_inf])
     hits = torch.cat([auditor.hits.sum(0, keepdim=True), auditor.hits])
@@ -522,7 +522,3 @@ def build_report(
     return AuditReport(
         verdict, pooled, groups, settings, warn, temperature, sample, reasons, dict(read_log or {})
     )
-
-
-def _fields(s: BinnedStats) -> tuple[Tensor, ...]:
-    return (s.count, s.conf, s.acc, s.conf2, s.conf_acc)

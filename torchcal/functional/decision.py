@@ -98,13 +98,14 @@ def window_gap_from_stats(stats: BinnedStats, lo: float, hi: float) -> dict[str,
     """
     a, b = _window_bins(stats, lo, hi)
     n = stats.count[..., a:b].sum((-2, -1))
-    nf = n.to(torch.float64)
+    nf = stats.mass()[..., a:b].sum((-2, -1))  # the weight total when weighted
     conf = stats.conf[..., a:b].sum((-2, -1)) / nf
     hits = stats.acc[..., a:b].sum((-2, -1))
     acc = hits / nf
     ci_lo, ci_hi = wilson_interval(hits, nf)
     return {
         "n": n,
+        "mass": nf,
         "confidence": conf,
         "accuracy": acc,
         "gap": conf - acc,
@@ -139,7 +140,7 @@ def cost_threshold_from_stats(
     ce = check_number("cost_error", cost_error, strict=True)
     cx = check_number("cost_escalation", cost_escalation, strict=True)
     B = stats.n_bins
-    count = stats.count.sum(-2).to(torch.float64)  # (..., B)
+    count = stats.mass().sum(-2)  # (..., B); the weight total when weighted
     miss = count - stats.acc.sum(-2)
     zero = torch.zeros_like(count[..., :1])
     # automated from bin k up (k = 0 .. B-1), then nothing (k = B)
@@ -190,7 +191,7 @@ def ece_interval_from_stats(
     """
     replicates = check_int("replicates", replicates, minimum=2)
     z_of_level(level)
-    n = stats.count.flatten(-2).to(torch.float64)
+    n = stats.mass().flatten(-2)  # the weight total when weighted (frequency weights)
     d = (stats.conf - stats.acc).flatten(-2)
     v = (stats.conf2 - 2 * stats.conf_acc + stats.acc).flatten(-2)
     safe = n.clamp_min(1)

@@ -160,7 +160,7 @@ def window_gap_test(
     alpha = check_alpha(alpha)
     w = window_gap_from_stats(stats, lo, hi)  # n, confidence, accuracy, 95 % Wilson
     n, conf, acc = w["n"], w["confidence"], w["accuracy"]
-    nf = n.to(torch.float64)
+    nf = w["mass"]  # the row count, or the weight total (frequency weights: repeated rows)
     hits = torch.round(acc * nf)  # a count of 0/1 outcomes: exact after rounding
     w_lo, w_hi = wilson_cc_interval(hits, nf, level=1 - 2 * alpha)
     q_over, q_under = conf - tol, conf + tol
@@ -253,7 +253,7 @@ def ece_test_from_stats(
     """
     tol = check_number("tolerance", tolerance, strict=True)
     alpha = check_alpha(alpha)
-    count = stats.count.flatten(-2).to(torch.float64)
+    count = stats.mass().flatten(-2)  # the weight total when weighted (frequency weights)
     n = count.sum(-1)
     safe_n = n.clamp_min(1)
     d = (stats.conf - stats.acc).flatten(-2)

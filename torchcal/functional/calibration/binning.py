@@ -46,6 +46,12 @@ class BinnedStats:
         acc: sum of outcomes, 0/1 (float64).
         conf2: sum of squared confidences (float64).
         conf_acc: sum of confidence x outcome (float64).
+        weight: ``None`` (unweighted), or the sum of the sample weights per bin (float64);
+            then ``conf``, ``acc``, ``conf2`` and ``conf_acc`` are weighted sums
+            (``sum w c``, ...) and every estimator reads ``weight`` where it read ``count``
+            (:meth:`mass`): frequency weights, so integer weights give the numbers of the
+            dataset with each row repeated ``w`` times (docs/design.md section 6f).
+            ``count`` stays the number of rows.
 
     Example:
         >>> import torch
@@ -61,6 +67,15 @@ class BinnedStats:
     acc: Tensor
     conf2: Tensor
     conf_acc: Tensor
+    # --- sample weights (issue 20; docs/design.md section 6f) ---
+    weight: Tensor | None = None
+
+    def mass(self) -> Tensor:
+        """float64 ``count`` (unweighted) or ``weight`` (weighted): the ``n`` of every
+        estimator."""
+        return self.count.to(torch.float64) if self.weight is None else self.weight
+
+    # --- end sample weights ---
 
     @classmethod
     def zeros(cls, *shape: int, device: torch.device | str | None = None) -> BinnedStats:
@@ -71,7 +86,8 @@ class BinnedStats:
         )
 
     def map(self, fn: Any) -> BinnedStats:
-        return BinnedStats(*(fn(getattr(self, f.name)) for f in fields(self)))
+        vals = (getattr(self, f.name) for f in fields(self))
+        return BinnedStats(*(None if v is None else fn(v) for v in vals))
 
     def __add__(self, other: BinnedStats) -> BinnedStats:
         if not isinstance(other, BinnedStats):
@@ -81,7 +97,13 @@ class BinnedStats:
                 f"other: expected statistics of shape {tuple(self.count.shape)}, "
                 f"got {tuple(other.count.shape)}"
             )
-        return BinnedStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+        if (self.weight is None) != (other.weight is None):
+            raise ValueError(
+                "other: cannot add weighted and unweighted statistics (one has weight sums, "
+                "the other not)"
+            )
+        pairs = ((getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+        return BinnedStats(*(None if a is None else a + b for a, b in pairs))
 
     @property
     def n_bins(self) -> int:

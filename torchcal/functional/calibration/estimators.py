@@ -49,7 +49,7 @@ def calibration_error_from_stats(
     """
     check_option("norm", norm, NORMS)
     check_option("reading", reading, READINGS)
-    n = stats.count.to(torch.float64)
+    n = stats.mass()
     gap = stats.conf - stats.acc  # sums
     if reading != "classwise":  # flatten (K, B) cells
         n = n.flatten(-2)
@@ -99,7 +99,7 @@ def debiased_calibration_error_from_stats(
         0.2769
     """
     check_option("reading", reading, READINGS)
-    n = stats.count.to(torch.float64)
+    n = stats.mass()
     gap = stats.conf - stats.acc
     acc = stats.acc
     if reading != "classwise":
@@ -141,7 +141,7 @@ def brier_decomposition_from_stats(
         0.41
     """
     check_option("reading", reading, READINGS)
-    n = stats.count.to(torch.float64)
+    n = stats.mass()
     sc, sa, scc, sca = stats.conf, stats.acc, stats.conf2, stats.conf_acc
     if reading != "classwise":
         n, sc, sa, scc, sca = (t.flatten(-2).unsqueeze(-2) for t in (n, sc, sa, scc, sca))

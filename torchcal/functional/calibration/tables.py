@@ -26,7 +26,7 @@ def _tables(
     edges = torch.arange(B + 1, dtype=torch.float64) / B
     with torch.no_grad():
         count = stats.count.cpu()
-        n = count.to(torch.float64)
+        n = stats.mass().cpu()  # the weight total when weighted
         s_acc = stats.acc.cpu()
         conf = stats.conf.cpu() / n
         acc = s_acc / n

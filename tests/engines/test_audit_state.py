@@ -1,0 +1,152 @@
+"""``torchcal audit`` on states and engines: the state path reports what the streaming
+Auditor reports, the command line (--engine, --state, --write-state, --weight, --table), and
+states written by DDP ranks (one metric per rank) merged by ``torchcal audit --state``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from _engine_data import assert_reports_close, rows, write_parts
+
+from torchcal.audit import audit
+from torchcal.audit.engine_input import report_from_state
+from torchcal.cli import main
+from torchcal.engines import read_states, state_from_arrays, state_from_metric, write_state
+from torchcal.functional.calibration import calibration_error
+from torchcal.metrics import CalibrationError
+
+
+def _clean(n=4000, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.rand(n, generator=g, dtype=torch.float64)
+    y = (torch.rand(n, generator=g, dtype=torch.float64) < p**1.2).long()
+    grp = torch.randint(0, 3, (n,), generator=g)
+    return p, y, grp
+
+
+def test_the_state_path_reports_what_the_streaming_auditor_reports():
+    p, y, grp = _clean()
+    names = ["a", "b", "c"]
+    kw = {"threshold": 0.7, "cost_error": 5.0, "cost_escalation": 1.0, "seed": 2}
+    ref = audit(p, y, groups=grp, group_names=names, **kw).to_dict()
+    st = state_from_arrays(p.numpy(), y.numpy(), groups=np.array(names, dtype=object)[grp.numpy()])
+    got = report_from_state(st, **kw).to_dict()
+    assert got["verdict"] == ref["verdict"]
+    assert_reports_close(got["pooled"], ref["pooled"])
+    assert_reports_close(got["groups"], ref["groups"])
+
+
+def _cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_glob_engines_and_state_files_agree(tmp_path, capsys):
+    glob = write_parts(rows(1500, seed=4), str(tmp_path / "logs"))
+    cols = ["--probs", "p", "--label", "y", "--group", "g", "--threshold", "0.8"]
+    s = str(tmp_path / "state.parquet")
+    code, out_duck, err = _cli(
+        capsys, "audit", glob, *cols, "--engine", "duckdb", "--write-state", s
+    )
+    assert code in (0, 1, 3) and "rows were left out of the state" in out_duck
+    code2, out_mem, _ = _cli(capsys, "audit", glob, *cols, "--engine", "memory")
+    assert code2 == code and out_mem == out_duck
+    code3, out_state, _ = _cli(
+        capsys, "audit", "--state", s, "--threshold", "0.8", "--out", str(tmp_path / "o")
+    )
+    assert code3 == code and out_state.startswith(out_duck)
+    rep = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert rep["settings"]["engine"].startswith("duckdb")
+    ref = str(tmp_path / "o" / "report.json")  # drift against an earlier report: none
+    code5, out_ref, _ = _cli(
+        capsys, "audit", "--state", s, "--threshold", "0.8", "--reference", ref
+    )
+    assert code5 == code and f"compared with {ref}" in out_ref and "DRIFT" not in out_ref
+    # a glob alone picks the engine (auto)
+    code4, out_auto, _ = _cli(capsys, "audit", glob, *cols)
+    assert code4 == code and out_auto == out_duck
+
+
+def test_cli_weight_table_and_fit_temperature(tmp_path, capsys):
+    import duckdb
+
+    t = rows(1500, seed=5, bad=False)
+    pq.write_table(t, tmp_path / "a.parquet")
+    db = str(tmp_path / "db.duckdb")
+    con = duckdb.connect(db)
+    con.execute(
+        "CREATE TABLE preds AS SELECT * FROM read_parquet(?)", [str(tmp_path / "a.parquet")]
+    )
+    con.close()
+    cols = ["--probs", "p", "--label", "y"]
+    code, out_w, _ = _cli(capsys, "audit", str(tmp_path / "a.parquet"), *cols, "--weight", "w")
+    assert code in (0, 1, 3)
+    _, out_t, _ = _cli(capsys, "audit", db, "--table", "preds", *cols, "--weight", "w")
+    assert out_t == out_w
+    _, fit1, _ = _cli(capsys, "audit", db, "--table", "preds", *cols, "--fit-temperature")
+    _, fit2, _ = _cli(
+        capsys,
+        "audit",
+        str(tmp_path / "a.parquet"),
+        *cols,
+        "--engine",
+        "duckdb",
+        "--fit-temperature",
+    )
+    assert "temperature: pooled T" in fit1 and fit1 == fit2  # seeded, repeatable sample
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--state", "S", "--probs", "p"], "--state: audits state files; --probs belongs"),
+        (["--state", "S", "--fit-temperature"], "--fit-temperature: a state holds binned sums"),
+        (["--state", "NONE-*.parquet"], "--state: no file matches"),
+        (["G", "--logits", "p", "--label", "y"], "--logits: the engines read probabilities"),
+        (["G", "--probs", "p"], "the following arguments are required: --label"),
+        (["--engine", "duckdb"], "the following arguments are required: file"),
+        (["G", "--probs", "nope", "--label", "y"], "DuckDB could not compute the state"),
+    ],
+)
+def test_cli_errors_are_one_line_exit_2(tmp_path, capsys, argv, message):
+    glob = write_parts(rows(200, seed=6), str(tmp_path / "g"))
+    s = str(tmp_path / "s.parquet")
+    write_state(state_from_arrays([0.5], [1]), s)
+    argv = [
+        {"S": s, "G": glob}.get(a, str(tmp_path / a) if a.startswith("NONE") else a) for a in argv
+    ]
+    code, out, err = _cli(capsys, "audit", *argv)
+    assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_ddp_ranks_write_parts_and_audit_state_merges_them(tmp_path, capsys):
+    """Each rank updates its metric on its shard and writes ``state_from_metric`` (the local,
+    unsynchronised statistics); ``torchcal audit --state 'part-*'`` merges them into the
+    numbers of one metric over all rows (2 ranks simulated in one process)."""
+    p, y, grp = _clean(3000, seed=8)
+    ranks = [
+        CalibrationError(n_bins=10, reading="binary", input="probs", num_groups=3) for _ in range(2)
+    ]
+    for r, m in enumerate(ranks):
+        sl = slice(r, None, 2)  # a DistributedSampler-like shard
+        m.update(p[sl], y[sl], grp[sl])
+        write_state(
+            state_from_metric(m, group_names=["x", "y", "z"]), tmp_path / f"part-{r}.parquet"
+        )
+    merged = read_states(str(tmp_path / "part-*.parquet"))
+    whole = CalibrationError(n_bins=10, reading="binary", input="probs", num_groups=3)
+    whole.update(p, y, grp)
+    assert torch.equal(merged.stats.count, whole.statistics().stats.count)
+    code, out, err = _cli(
+        capsys, "audit", "--state", str(tmp_path / "part-*.parquet"), "--out", str(tmp_path / "o")
+    )
+    rep = json.loads((tmp_path / "o" / "report.json").read_text())
+    want = calibration_error(p, y, n_bins=10, reading="binary", input="probs")
+    assert rep["pooled"]["ece"] == pytest.approx(float(want), rel=1e-12)
+    assert rep["pooled"]["n"] == 3000 and sorted(rep["groups"]) == ["x", "y", "z"]
+    assert rep["pooled"]["nll"] is None  # a metric keeps no NLL

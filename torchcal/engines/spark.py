@@ -1,0 +1,64 @@
+"""The binned state computed by Spark from a DataFrame: the query of
+:func:`~torchcal.engines.sql.state_sql` in the Spark dialect on a temporary view, so the
+binning and the sums run on the executors; only the O(groups x bins) result is collected
+(docs/design.md section 6f)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from torchcal.engines.sql import header_for, state_from_rows, state_sql
+from torchcal.engines.state import BinnedState
+
+__all__ = ["state_from_spark"]
+
+
+def state_from_spark(
+    df: Any,
+    *,
+    preds: str | Sequence[str],
+    label: str,
+    group: str | None = None,
+    weight: str | None = None,
+    n_bins: int = 10,
+) -> BinnedState:
+    """The binned state (binary reading, ``preds`` = P(y = 1)) of a PySpark DataFrame, with
+    the column semantics of :func:`~torchcal.engines.duck.state_from_duckdb`; write it with
+    :func:`~torchcal.engines.state.write_state` and audit it anywhere with
+    ``torchcal audit --state FILE``.
+
+    Spark sums doubles in the order its tasks finish: the last bits of a sum may differ from
+    run to run (counts never do); merging states is exact (``math.fsum``).
+    """
+    import pyspark
+
+    cols = [preds] if isinstance(preds, str) else list(preds)
+    missing = [c for c in (*cols, label, group, weight) if c and c not in df.columns]
+    if missing:
+        raise ValueError(f"{missing[0]}: no such column in the DataFrame (columns: {df.columns})")
+    view = f"torchcal_state_{uuid.uuid4().hex}"
+    df.createOrReplaceTempView(view)
+    try:
+        sql = state_sql(
+            view,
+            preds=preds,
+            label=label,
+            group=group,
+            weight=weight,
+            n_bins=n_bins,
+            dialect="spark",
+        )
+        rows = [tuple(r) for r in df.sparkSession.sql(sql).collect()]
+    finally:
+        df.sparkSession.catalog.dropTempView(view)
+    header = header_for(
+        preds,
+        label,
+        group=group,
+        weight=weight,
+        n_bins=n_bins,
+        producer=f"spark {pyspark.__version__}",
+    )
+    return state_from_rows(rows, header)

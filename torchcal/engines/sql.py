@@ -1,0 +1,284 @@
+"""The binned state as one SQL query, generated from the one bin rule for each dialect.
+
+:func:`state_sql` writes a ``SELECT`` that reads the prediction, label (and optional group and
+weight) columns of a source, checks every row, bins it and sums it, grouped by
+``(reason, group, bin)``: rows never leave the engine, and the result has one row per
+non-empty cell plus one row per (reason, group) of rejected rows. The rule, as in
+:func:`torchcal.functional.calibration.bin_ids` (docs/design.md sections 3 and 6e):
+
+* ``c = CAST(p AS DOUBLE)`` **before** ``* B`` (a FLOAT column times ``B`` in float32 moves
+  ``0.3 * 10`` across the edge); ``bin = CAST(LEAST(FLOOR(c * B), B - 1) AS INTEGER)``, so
+  ``1.0`` is in the last bin (``width_bucket`` puts it in bin ``B + 1``);
+* rows are rejected, first reason first: ``preds_null``, ``preds_nan``, ``preds_out_of_range``
+  (outside [0, 1]), ``label_invalid`` (NULL or not 0/1), ``group_null``, ``weight_invalid``
+  (NULL, NaN, negative or infinite); they are counted by reason and enter no sum;
+* per cell: ``COUNT(*)`` (an integer), the sums of ``c``, ``y``, ``c * c``, ``c * y`` (weighted:
+  ``w * c``, ``w * y``, ``w * (c * c)``, ``w * (c * y)`` and ``w``), the NLL ``-ln(q)`` with
+  ``q = c`` if ``y = 1`` else ``1 - c`` (``+inf`` at ``q = 0``; weight 0 adds 0) and the right
+  decisions ``(c >= 0.5) = (y = 1)``.
+
+Dialects: ``duckdb`` (``fsum``: compensated sums), ``spark``, ``bigquery``, ``snowflake``
+(plain ``SUM``; the engine's order decides the last bits; merging states is exact).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchcal.engines.state import REJECT_REASONS, UNGROUPED, BinnedState, StateHeader
+from torchcal.functional._validation import check_int
+from torchcal.functional.calibration.binning import BinnedStats
+from torchcal.functional.calibration.readings import probability_sum_tolerance
+
+__all__ = ["DIALECTS", "checked_rows_sql", "header_for", "quote", "state_from_rows", "state_sql"]
+
+DIALECTS = ("duckdb", "spark", "bigquery", "snowflake")
+
+_D = {  # per dialect: the few spellings that differ
+    "duckdb": {
+        "double": "DOUBLE",
+        "int": "INTEGER",
+        "str": "VARCHAR",
+        "isnan": "isnan({})",
+        "sum": "fsum",
+        "q": '"',
+    },
+    "spark": {
+        "double": "DOUBLE",
+        "int": "INT",
+        "str": "STRING",
+        "isnan": "isnan({})",
+        "sum": "SUM",
+        "q": "`",
+    },
+    "bigquery": {
+        "double": "FLOAT64",
+        "int": "INT64",
+        "str": "STRING",
+        "isnan": "IS_NAN({})",
+        "sum": "SUM",
+        "q": "`",
+    },
+    "snowflake": {
+        "double": "DOUBLE",
+        "int": "INTEGER",
+        "str": "VARCHAR",
+        "isnan": "({} = 'NaN'::DOUBLE)",
+        "sum": "SUM",
+        "q": '"',
+    },
+}
+
+
+def quote(name: str, dialect: str) -> str:
+    """``name`` as a quoted identifier of ``dialect`` (the quote character doubled inside).
+
+    Example:
+        >>> print(quote('a"b', "duckdb"), quote("p", "spark"))
+        "a""b" `p`
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"column: expected a non-empty name, got {name!r}")
+    q = _D[dialect]["q"]
+    return q + name.replace(q, q + q) + q
+
+
+def _as_columns(preds: str | Sequence[str]) -> list[str]:
+    cols = [preds] if isinstance(preds, str) else list(preds)
+    if not cols:
+        raise ValueError("preds: expected a column name or C >= 2 class columns, got none")
+    return cols
+
+
+def checked_rows_sql(
+    source: str,
+    *,
+    preds: str | Sequence[str],
+    label: str,
+    group: str | None = None,
+    weight: str | None = None,
+    n_bins: int = 10,
+    dialect: str = "duckdb",
+) -> str:
+    """The ``WITH`` clause shared by :func:`state_sql` and the DuckDB sample: CTEs ``src``
+    (casts), ``checked`` (``reason``), ``conf`` (``c``) and ``kept`` (``bin``, ``c``, ``o`` the
+    outcome, ``w``, ``nll``, ``hit``; NULL on rejected rows)."""
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect: expected one of {DIALECTS}, got {dialect!r}")
+    B = check_int("n_bins", n_bins, minimum=1)
+    cols = _as_columns(preds)
+    C = len(cols)
+    d = _D[dialect]
+    dbl = d["double"]
+    inf = f"CAST('inf' AS {dbl})"
+    g = f"CAST({quote(group, dialect)} AS {d['str']})" if group else "'all'"
+    w = f"CAST({quote(weight, dialect)} AS {dbl})" if weight else f"CAST(1 AS {dbl})"
+    ps = [f"p{k}" for k in range(C)]
+    cast = ", ".join(f"CAST({quote(c, dialect)} AS {dbl}) AS {v}" for c, v in zip(cols, ps))
+    any_of = " OR ".join
+    checks = [
+        f"WHEN {any_of(f'{v} IS NULL' for v in ps)} THEN 'preds_null'",
+        f"WHEN {any_of(d['isnan'].format(v) for v in ps)} THEN 'preds_nan'",
+        f"WHEN {any_of(f'{v} < 0 OR {v} > 1' for v in ps)} THEN 'preds_out_of_range'",
+    ]
+    if C == 1:
+        checks.append("WHEN y IS NULL OR NOT (y = 0 OR y = 1) THEN 'label_invalid'")
+    else:
+        tol = repr(float(probability_sum_tolerance(torch.float64, C)))
+        checks.append(f"WHEN ABS({' + '.join(ps)} - 1) > {tol} THEN 'preds_not_normalised'")
+        checks.append(
+            f"WHEN y IS NULL OR NOT (y = FLOOR(y) AND y >= 0 AND y <= {C - 1}) THEN 'label_invalid'"
+        )
+    checks.append("WHEN g IS NULL THEN 'group_null'")
+    if weight:
+        checks.append(f"WHEN w IS NULL OR NOT (w >= 0 AND w < {inf}) THEN 'weight_invalid'")
+    case = "\n".join("      " + c for c in checks)
+    pv = ", ".join(ps)
+    if C == 1:
+        conf = "p0"
+        outcome = "CASE WHEN reason IS NULL THEN y END"
+        q = "(CASE WHEN y = 1 THEN c ELSE 1 - c END)"
+        hit = f"""CASE WHEN reason IS NOT NULL THEN NULL
+      WHEN (c >= 0.5) = (y = 1) THEN CAST(1 AS {dbl}) ELSE CAST(0 AS {dbl}) END"""
+    else:
+        conf = f"GREATEST({pv})"
+        first = " ".join(f"WHEN {v} = c THEN {k}" for k, v in enumerate(ps))
+        outcome = f"""CASE WHEN reason IS NOT NULL THEN NULL
+      WHEN (CASE {first} END) = y THEN CAST(1 AS {dbl}) ELSE CAST(0 AS {dbl}) END"""
+        q = "(CASE " + " ".join(f"WHEN y = {k} THEN {v}" for k, v in enumerate(ps)) + " END)"
+        hit = "o"
+    sql = f"""WITH src AS (
+  SELECT {cast}, CAST({quote(label, dialect)} AS {dbl}) AS y, {g} AS g, {w} AS w
+  FROM {source}
+), checked AS (
+  SELECT {pv}, y, g, w, CASE
+{case}
+    END AS reason
+  FROM src
+), conf AS (
+  SELECT reason, g, y, w, {pv}, CASE WHEN reason IS NULL THEN {conf} END AS c
+  FROM checked
+), kept AS (
+  SELECT reason, g, y, {pv},
+    CAST(LEAST(FLOOR(c * {B}), {B - 1}) AS {d["int"]}) AS bin,
+    c,
+    {outcome} AS o,
+    CASE WHEN reason IS NULL THEN w END AS w,
+    CASE WHEN reason IS NOT NULL THEN NULL
+      WHEN {q} > 0 THEN -LN({q}) ELSE {inf} END AS nll
+  FROM conf
+), scored AS (
+  SELECT reason, g, y, {pv}, bin, c, o, w, nll, {hit} AS hit
+  FROM kept
+)"""
+    return re.sub(r"[ \t]+\n", "\n", sql)
+
+
+def state_sql(
+    source: str,
+    *,
+    preds: str | Sequence[str],
+    label: str,
+    group: str | None = None,
+    weight: str | None = None,
+    n_bins: int = 10,
+    dialect: str = "duckdb",
+) -> str:
+    """The query computing the binned state of ``source`` (a table name or a table expression
+    such as ``read_parquet('x/*.parquet')``; inserted as given) in ``dialect``. ``preds``: one
+    P(y = 1) column (binary reading, 0/1 labels) or C >= 2 class-probability columns (the
+    confidence reading: ``c`` the row maximum, the outcome whether the first arg-max is the
+    label, rows summing to 1 within the in-memory tolerance, else ``preds_not_normalised``).
+
+    Output columns: ``reason`` (NULL for kept rows), ``grp`` (the group as a string, ``'all'``
+    without ``group``), ``bin`` (NULL for rejected rows), ``n``, ``sum_c``, ``sum_y``,
+    ``sum_c2``, ``sum_cy``, ``sum_w`` (NULL when unweighted), ``nll``, ``hits``.
+
+    Example:
+        >>> sql = state_sql("t", preds="p", label="y", n_bins=10)
+        >>> "LEAST(FLOOR(c * 10), 9)" in sql and "CAST(\\"p\\" AS DOUBLE)" in sql
+        True
+    """
+    with_sql = checked_rows_sql(
+        source,
+        preds=preds,
+        label=label,
+        group=group,
+        weight=weight,
+        n_bins=n_bins,
+        dialect=dialect,
+    )
+    d = _D[dialect]
+    dbl, S = d["double"], d["sum"]
+    if weight:
+        sums = (
+            f"{S}(w * c) AS sum_c, {S}(w * o) AS sum_y, {S}(w * (c * c)) AS sum_c2, "
+            f"{S}(w * (c * o)) AS sum_cy, {S}(w) AS sum_w, "
+            f"{S}(CASE WHEN w = 0 THEN 0 ELSE w * nll END) AS nll, {S}(w * hit) AS hits"
+        )
+    else:
+        sums = (
+            f"{S}(c) AS sum_c, {S}(o) AS sum_y, {S}(c * c) AS sum_c2, {S}(c * o) AS sum_cy, "
+            f"CAST(NULL AS {dbl}) AS sum_w, {S}(nll) AS nll, {S}(hit) AS hits"
+        )
+    return f"""{with_sql}
+SELECT reason, g AS grp, bin, COUNT(*) AS n, {sums}
+FROM scored
+GROUP BY reason, g, bin"""
+
+
+def state_from_rows(rows: Iterable[Sequence[Any]], header: StateHeader) -> BinnedState:
+    """The :class:`~torchcal.engines.state.BinnedState` of the rows :func:`state_sql` returns
+    (``header`` gives the configuration; ``rows_seen``/``rows_rejected`` are filled in)."""
+    rows = list(rows)
+    rejected = dict.fromkeys(REJECT_REASONS, 0)
+    kept = []
+    for r in rows:
+        if r[0] is None:
+            kept.append(r)
+        else:
+            rejected[r[0]] += int(r[3])
+    seen = sum(int(r[3]) for r in rows)
+    names = sorted({str(r[1]) for r in kept}) or [UNGROUPED]
+    pos = {g: i for i, g in enumerate(names)}
+    B = header.n_bins
+    shape = (len(names), 1, B)
+    count = np.zeros(shape, np.int64)
+    vals = np.zeros((7, *shape), np.float64)  # sum_c, sum_y, sum_c2, sum_cy, sum_w, nll, hits
+    for r in kept:
+        gi, b = pos[str(r[1])], int(r[2])
+        count[gi, 0, b] = int(r[3])
+        vals[:, gi, 0, b] = [np.nan if v is None else float(v) for v in r[4:11]]
+    t = [torch.from_numpy(v.copy()) for v in vals]
+    weighted = header.weight is not None
+    stats = BinnedStats(torch.from_numpy(count), *t[:4], weight=t[4] if weighted else None)
+    h = replace(header, rows_seen=seen, rows_rejected=rejected)
+    return BinnedState(h, tuple(names), stats, t[5], t[6])
+
+
+def header_for(
+    preds: str | Sequence[str],
+    label: str,
+    *,
+    group: str | None,
+    weight: str | None,
+    n_bins: int,
+    producer: str,
+) -> StateHeader:
+    """The header of a state computed from these columns (the reading from their number)."""
+    cols = _as_columns(preds)
+    return StateHeader(
+        n_bins=n_bins,
+        reading="binary" if len(cols) == 1 else "confidence",
+        num_classes=len(cols),
+        columns={"preds": cols, "label": label},
+        group=group,
+        weight=weight,
+        producer=producer,
+    )
