@@ -11,16 +11,6 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
-def pytest_collection_modifyitems(config, items):
-    """Tests marked ``cuda`` skip where no CUDA device is available."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "cuda" in item.keywords:
-            item.add_marker(skip)
-
-
 @pytest.fixture(autouse=True)
 def _seed_and_one_thread():
     """Every test starts from seed 0 on one intra-op thread: most tests use many small ops,
@@ -45,15 +35,23 @@ SLOW = (
     "tests/scaling/test_scaling_temperature.py::test_multiclass_reaches_brent_optimum_and_keeps_argmax",
     "tests/functional/test_calibration.py::test_22_million_samples_exact",
     "tests/audit/test_cli.py::test_module_entry_point_subprocess",
+    "tests/functional/test_compile.py::",
+    "tests/engines/test_spark.py::",
 )
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the SLOW tests; leave out the multi-process tests unless `-m` names `ddp` (so that
-    `-m "not slow"` does not bring them back, as an `-m` in addopts would)."""
+    """Mark the SLOW tests; tests marked ``cuda`` skip where no CUDA device is available; leave
+    out the multi-process tests unless `-m` names `ddp` (so that `-m "not slow"` does not bring
+    them back, as an `-m` in addopts would)."""
+    skip_cuda = (
+        None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
+    )
     for item in items:
         if item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
+        if skip_cuda is not None and "cuda" in item.keywords:
+            item.add_marker(skip_cuda)
     if "ddp" not in (config.option.markexpr or ""):
         ddp = [item for item in items if item.get_closest_marker("ddp")]
         if ddp:

@@ -24,7 +24,8 @@ MAY_IMPORT = {
     "metrics": {"functional", "report", "plotting"},
     "scaling": {"functional", "report"},
     "callbacks": {"functional", "report", "metrics", "scaling", "plotting"},
-    "audit": {"functional", "report", "metrics", "scaling", "plotting"},
+    "engines": {"functional"},
+    "audit": {"functional", "report", "metrics", "scaling", "plotting", "engines"},
     "cli": {"torchcal", "functional", "report", "metrics", "scaling", "plotting", "audit"},
     "torchcal": {
         "functional",
@@ -36,6 +37,7 @@ MAY_IMPORT = {
         "scaling",
         "callbacks",
         "audit",
+        "engines",
         "cli",
     },
 }

@@ -361,10 +361,12 @@ def _plot(audit: AuditResult, output_dir: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from torchcal.plotting import reliability_diagram
+
     paths = []
     for key in ("before", "after"):
         fig, ax = plt.subplots(figsize=(4.5, 4.5))
-        audit.tables[key].plot(ax=ax)
+        reliability_diagram(audit.tables[key], ax=ax)
         t = audit.summary["temperature"]
         label = "before scaling" if key == "before" else f"after T = {t:.3f}"
         ece = audit.summary[f"ece_{key}"]

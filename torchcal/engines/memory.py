@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import numpy as np
 import torch
 
-import torchcal
 from torchcal.engines.state import (
     REJECT_REASONS,
     UNGROUPED,
@@ -35,7 +35,11 @@ from torchcal.functional.calibration.weights import accumulate_weighted, cell_su
 
 __all__ = ["state_from_arrays", "state_from_files", "state_from_metric"]
 
-PRODUCER = f"torchcal {torchcal.__version__} (memory)"
+try:  # the package's version without importing the package (docs/design.md section 1)
+    VERSION = version("torchcal")
+except PackageNotFoundError:  # pragma: no cover - a checkout never installed
+    VERSION = "0+unknown"
+PRODUCER = f"torchcal {VERSION} (memory)"
 
 
 def _as_float(name: str, a: Any, n: int | None) -> np.ndarray:
@@ -300,7 +304,7 @@ def state_from_metric(metric: Any, *, group_names: Sequence[str] | None = None) 
         num_classes=int(metric.num_classes or (1 if metric.reading == "binary" else 0)),
         group="group" if grouped else None,
         rows_seen=int(stats.count.sum()),
-        producer=f"torchcal {torchcal.__version__} ({type(metric).__name__})",
+        producer=f"torchcal {VERSION} ({type(metric).__name__})",
     )
     gnames = tuple(names[i] for i in order) if grouped else (UNGROUPED,)
     return BinnedState(header, gnames, stats)

@@ -232,7 +232,11 @@ class BinnedState:
         if missing:
             raise ValueError(f"{where}: the state table lacks the columns {missing}")
         d = {c: table.column(c).to_numpy(zero_copy_only=False) for c in need}
-        names = sorted(set(d["group"].tolist()) or {UNGROUPED})
+        names = sorted(set(d["group"].tolist()))
+        if not names and header.group is None:  # an ungrouped state without rows
+            names = [UNGROUPED]
+        # a grouped state without rows (a DDP rank with an empty shard) has no group, never
+        # a phantom ungrouped one (tests/engines/test_ddp_state.py)
         gi = np.searchsorted(np.array(names, dtype=object), d["group"]).astype(np.int64)
         K = 1 if header.reading in ("binary", "confidence") else header.num_classes
         B = header.n_bins

@@ -393,12 +393,15 @@ class ReliabilityDiagram(BinnedMetric):
         )
 
     def plot(self, val: Any = None, ax: Any = None) -> Any:
-        """Draw the (pooled) reliability diagram (see :meth:`ReliabilityTable.plot`);
-        returns ``(figure, axis)`` like torchmetrics' ``plot``."""
+        """Draw the (pooled) reliability diagram
+        (:func:`torchcal.plotting.reliability_diagram`); returns ``(figure, axis)`` like
+        torchmetrics' ``plot``."""
+        from torchcal.plotting import reliability_diagram
+
         val = self.compute() if val is None else val
         if isinstance(val, GroupedResult):
             val = val.pooled
-        axis = val.plot(ax=ax)
+        axis = reliability_diagram(val, ax=ax)
         return axis.figure, axis
 
 
