@@ -130,7 +130,8 @@ def main() -> int:
         text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
-    if audit.returncode not in (0, 1) or "torchcal audit:" not in audit.stdout:
+    # 0 PASS, 1 FAIL, 3 INCONCLUSIVE: any verdict; 2 (an error) is a failure
+    if audit.returncode not in (0, 1, 3) or "torchcal audit:" not in audit.stdout:
         sys.exit(f"FAILED: torchcal audit (exit {audit.returncode})\n{audit.stdout}{audit.stderr}")
     print(audit.stdout.splitlines()[0])
     print("wheel smoke test: ok")
