@@ -36,7 +36,7 @@ SLOW = (
     "tests/functional/test_calibration.py::test_22_million_samples_exact",
     "tests/audit/test_cli.py::test_module_entry_point_subprocess",
     "tests/functional/test_compile.py::",
-    "tests/engines/test_spark.py::",
+    "tests/engines/test_differential.py::test_spark_equals_the_in_memory_path",
 )
 
 
