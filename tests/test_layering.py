@@ -8,8 +8,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "torchcal"
 
 #: docs/design.md section 1: what each part may import besides itself (and the standard
@@ -49,7 +47,6 @@ ALLOWED_AGAINST_LAYERS = {
     # removed in the release after next)
     ("torchcal.functional.calibration.results", "torchcal.plotting"),
 }
-ALLOWED_CYCLES: set[frozenset[str]] = set()  # none left: an entry must name a real cycle
 
 
 def module_name(path: Path) -> str:
@@ -176,17 +173,7 @@ def test_the_parser_sees_the_imports():
 
 def test_no_import_cycle():
     found = set(cycles(GRAPH))
-    unexpected = found - ALLOWED_CYCLES
-    assert not unexpected, "import cycles: " + "; ".join(
-        " <-> ".join(sorted(c)) for c in unexpected
-    )
-
-
-@pytest.mark.parametrize("allowed", sorted(ALLOWED_CYCLES, key=sorted), ids=lambda c: min(c))
-def test_allowed_cycles_still_exist(allowed):
-    # an entry that no longer occurs must be deleted, so the allow-list only shrinks
-    if allowed not in set(cycles(GRAPH)):
-        pytest.fail(f"cycle {sorted(allowed)} is gone: delete it from ALLOWED_CYCLES")
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in found)
 
 
 def test_imports_follow_the_layers():
