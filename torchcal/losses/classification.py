@@ -18,6 +18,13 @@ from torchcal.functional._validation import (
     check_number,
     check_reduction,
 )
+from torchcal.functional.regularizers import focal_loss_fast
+from torchcal.functional.scoring import (
+    brier_score_fast,
+    log_score_fast,
+    ranked_probability_score_fast,
+    spherical_score_fast,
+)
 from torchcal.losses._buffers import KeepBufferDtype
 
 __all__ = [
@@ -37,10 +44,18 @@ __all__ = [
 class _ClassScoreLoss(KeepBufferDtype):
     """Shared shell: stores ``weight`` (buffer), ``ignore_index``, ``reduction``,
     ``multilabel`` (independent sigmoids over ``(N, C, *)`` 0/1 float targets); a subclass
-    sets ``_score`` and passes its own options through ``_options``."""
+    sets ``_score`` (and ``_fast``, its hot path) and passes its own options through
+    ``_options`` (``_fast_options``).
+
+    ``forward`` first tries the rule's hot path (docs/design.md section 3): without
+    ``weight`` and ``multilabel``, the options checked here once, ``_fast(logits, target,
+    ignore_index, reduction, *options)`` decides from the shapes whether it applies, runs
+    the kernel and its one value check, and returns ``None`` otherwise; then the functional
+    rule runs with its full validation (the same numbers, today's messages)."""
 
     weight: Tensor | None
     _score: staticmethod  # the functional rule, set by each subclass
+    _fast: staticmethod  # its hot path: (logits, target, ignore_index, reduction, *options)
     is_proper: str = "strict"  # "strict" | "proper" | "no" (see each subclass)
 
     def __init__(
@@ -62,7 +77,17 @@ class _ClassScoreLoss(KeepBufferDtype):
         """Keyword options of ``_score`` beyond the shared ones."""
         return {}
 
+    def _fast_options(self) -> tuple[object, ...] | None:
+        """Extra positional options of ``_fast``; ``None`` where the hot path never applies."""
+        return ()
+
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        if self._buffers["weight"] is None and not self.multilabel:
+            options = self._fast_options()
+            if options is not None:
+                out = self._fast(logits, target, self.ignore_index, self.reduction, *options)
+                if out is not None:
+                    return out
         return self._score(
             logits,
             target,
@@ -103,6 +128,7 @@ class LogScoreLoss(_ClassScoreLoss):
     """
 
     _score = staticmethod(TF.log_score)
+    _fast = staticmethod(log_score_fast)
 
     def __init__(
         self,
@@ -123,6 +149,9 @@ class LogScoreLoss(_ClassScoreLoss):
 
     def _options(self) -> dict[str, object]:
         return {"label_smoothing": self.label_smoothing}
+
+    def _fast_options(self) -> tuple[object, ...] | None:
+        return None if self.label_smoothing else ()
 
     def extra_repr(self) -> str:
         extra = super().extra_repr()
@@ -145,6 +174,7 @@ class BrierLoss(_ClassScoreLoss):
     """
 
     _score = staticmethod(TF.brier_score)
+    _fast = staticmethod(brier_score_fast)
 
 
 class SphericalLoss(_ClassScoreLoss):
@@ -160,6 +190,7 @@ class SphericalLoss(_ClassScoreLoss):
     """
 
     _score = staticmethod(TF.spherical_score)
+    _fast = staticmethod(spherical_score_fast)
 
 
 class RPSLoss(_ClassScoreLoss):
@@ -177,6 +208,7 @@ class RPSLoss(_ClassScoreLoss):
     """
 
     _score = staticmethod(TF.ranked_probability_score)
+    _fast = staticmethod(ranked_probability_score_fast)
 
 
 class FocalLoss(_ClassScoreLoss):
@@ -194,6 +226,7 @@ class FocalLoss(_ClassScoreLoss):
     """
 
     _score = staticmethod(TF.focal_loss)
+    _fast = staticmethod(focal_loss_fast)
 
     def __init__(
         self,
@@ -214,6 +247,9 @@ class FocalLoss(_ClassScoreLoss):
 
     def _options(self) -> dict[str, object]:
         return {"gamma": self.gamma}
+
+    def _fast_options(self) -> tuple[object, ...] | None:
+        return (self.gamma,)
 
     def extra_repr(self) -> str:
         return f"gamma={self.gamma!r}, " + super().extra_repr()
