@@ -63,6 +63,7 @@ from torchcal.functional._validation import (
 __all__ = ["focal_loss", "mmce", "soft_binned_ece", "confidence_penalty", "dca", "mdca"]
 
 _LOG_0_2 = math.log(0.2)
+_TINY64 = torch.finfo(torch.float64).smallest_normal * torch.finfo(torch.float64).eps
 
 
 def _no_soft(prep: Prepared, name: str) -> None:
@@ -215,6 +216,25 @@ def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor, Tensor]:
     return conf, correct.reshape(-1).to(conf.dtype), prep.used.reshape(-1).to(conf.dtype)
 
 
+def _fast_reading(
+    logits: Tensor, target: Tensor, ignore_index: int
+) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The confidence reading on the hot path (:func:`~torchcal.functional._layouts.fast_case`
+    arguments): ``(conf, correct, true_logit)`` of every item, ``torch.max`` of the softmax
+    as :func:`_confidence_reading`; the gather of the true logits rejects a label outside
+    ``[0, C)`` (out of range, or an ignored item: the full path leaves those out), and its
+    result is what :func:`~torchcal.functional._layouts.fast_ok` checks for a ``-inf`` true
+    class. ``None`` where the hot path does not apply."""
+    if not fast_case(logits, target, ignore_index):
+        return None
+    try:
+        true_logit = logits.detach().gather(1, target.unsqueeze(1))
+    except (IndexError, RuntimeError):
+        return None
+    conf, top = torch.softmax(logits, dim=1).max(dim=1)
+    return conf, top == target, true_logit
+
+
 def mmce(
     logits: Tensor,
     target: Tensor,
@@ -250,24 +270,52 @@ def mmce(
     """
     width = check_kernel_width(width)
     squared = check_bool("squared", squared)
+    if multilabel is False:
+        out = mmce_fast(logits, target, ignore_index, width, squared)
+        if out is not None:
+            return out
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "mmce")
     with autocast_off(prep.logits):
         conf, correct, used = _confidence_reading(prep)
+        value = _mmce_squared(conf, correct, used, width)
+        return (value if squared else _safe_root(value, 2.0)).to(prep.logits.dtype)
+
+
+def _mmce_squared(conf: Tensor, correct: Tensor, used: Tensor | None, width: float) -> Tensor:
+    """``MMCE^2`` in float64 from the flat confidence reading; ``used`` (0/1 weights) leaves
+    ignored items out, ``None``: every item is used."""
+    r = conf.double()
+    a = correct.double() - r
+    if used is None:
+        m = float(r.numel())
+    else:
         m = used.double().sum()  # ignored items: a = 0, no term
-        r = conf.double()
-        a = (correct.double() - r) * used.double()
-        r_sorted, order = torch.sort(r)
-        a_sorted = a[order]
-        centred = (r_sorted - 0.5) / width
-        up = a_sorted * torch.exp(centred)
-        prefix = torch.cumsum(up, dim=0) - up  # sum_{j<i} a_j e^{r_j / w}
-        cross = (a_sorted * torch.exp(-centred) * prefix).sum()
-        total = (a_sorted * a_sorted).sum() + 2.0 * cross
-        value = total / (m * m)  # 0 / 0 = NaN when every item is ignored
-        if not squared:
-            value = _safe_root(value, 2.0)
-        return value.to(prep.logits.dtype)
+        a = a * used.double()
+    r_sorted, order = torch.sort(r)
+    a_sorted = a[order]
+    centred = (r_sorted - 0.5) / width
+    up = a_sorted * torch.exp(centred)
+    prefix = torch.cumsum(up, dim=0) - up  # sum_{j<i} a_j e^{r_j / w}
+    cross = (a_sorted * torch.exp(-centred) * prefix).sum()
+    total = (a_sorted * a_sorted).sum() + 2.0 * cross
+    return total / (m * m)  # 0 / 0 = NaN when every item is ignored
+
+
+def mmce_fast(
+    logits: Tensor, target: Tensor, ignore_index: int, width: float, squared: bool
+) -> Tensor | None:
+    """The hot path of :func:`mmce` (and :class:`~torchcal.losses.MMCELoss`), options
+    already checked: :func:`_fast_reading` and the same kernel, one value check of the
+    result and the true logits; ``None`` sends the call to the full path."""
+    reading = _fast_reading(logits, target, ignore_index)
+    if reading is None:
+        return None
+    conf, correct, true_logit = reading
+    value = _mmce_squared(conf, correct, None, width)
+    if values_checked() and not fast_ok(value, true_logit):  # before the root (NaN -> 0)
+        return None
+    return (value if squared else _safe_root(value, 2.0)).to(logits.dtype)
 
 
 def soft_binned_ece(
@@ -310,22 +358,63 @@ def soft_binned_ece(
     temperature = check_number("temperature", temperature, strict=True)
     p = check_norm_power("p", p)
     root = check_bool("root", root)
+    if multilabel is False:
+        out = soft_binned_ece_fast(logits, target, ignore_index, bins, temperature, p, root)
+        if out is not None:
+            return out
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "soft_binned_ece")
     with autocast_off(prep.logits):
         conf, correct, used = _confidence_reading(prep)
+        value = _soft_binned_power(conf, correct, used, bins, temperature, p)
+        return (_safe_root(value, p) if root else value).to(prep.logits.dtype)
+
+
+def _soft_binned_power(
+    conf: Tensor, correct: Tensor, used: Tensor | None, bins: int, temperature: float, p: float
+) -> Tensor:
+    """``SB-ECE_p^p`` in float64 from the flat confidence reading; ``used``
+    (0/1 weights) leaves ignored items out, ``None``: every item is used."""
+    r = conf.double()
+    centres = (torch.arange(bins, dtype=torch.float64, device=r.device) + 0.5) / bins
+    u = torch.softmax(-(r.unsqueeze(1) - centres).square() / temperature, dim=1)
+    if used is None:
+        m = float(r.numel())
+    else:
         w = used.double()
         m = w.sum()
-        r = conf.double()
-        centres = (torch.arange(bins, dtype=torch.float64, device=r.device) + 0.5) / bins
-        u = torch.softmax(-(r.unsqueeze(1) - centres).square() / temperature, dim=1)
         u = u * w.unsqueeze(1)  # ignored items: no soft count
-        counts = u.sum(dim=0)
-        gaps = ((correct.double() - r).unsqueeze(1) * u).sum(dim=0)
-        safe_counts = torch.where(counts > 0, counts, torch.ones_like(counts))
+    counts = u.sum(dim=0)
+    gaps = ((correct.double() - r).unsqueeze(1) * u).sum(dim=0)
+    # a bin whose soft count underflows to 0 has a zero gap: it contributes 0 (never 0 / 0)
+    safe_counts = counts.clamp_min(_TINY64)
+    if p == 2.0:  # the default: the same numbers as the general power, fewer kernels
+        total = (gaps.square() / safe_counts).sum()
+    else:
         total = (gaps.abs().pow(p) / safe_counts.pow(p - 1.0)).sum()
-        value = total / m  # 0 / 0 = NaN when every item is ignored
-        return (_safe_root(value, p) if root else value).to(prep.logits.dtype)
+    return total / m  # 0 / 0 = NaN when every item is ignored
+
+
+def soft_binned_ece_fast(
+    logits: Tensor,
+    target: Tensor,
+    ignore_index: int,
+    bins: int,
+    temperature: float,
+    p: float,
+    root: bool,
+) -> Tensor | None:
+    """The hot path of :func:`soft_binned_ece` (and :class:`~torchcal.losses.SoftBinnedECELoss`),
+    options already checked: :func:`_fast_reading` and the same kernel, one value check of
+    the result and the true logits; ``None`` sends the call to the full path."""
+    reading = _fast_reading(logits, target, ignore_index)
+    if reading is None:
+        return None
+    conf, correct, true_logit = reading
+    value = _soft_binned_power(conf, correct, None, bins, temperature, p)
+    if values_checked() and not fast_ok(value, true_logit):  # before the root (NaN -> 0)
+        return None
+    return (_safe_root(value, p) if root else value).to(logits.dtype)
 
 
 # ------------------------------------------------------------------- confidence penalty
@@ -357,20 +446,6 @@ def _prepare_logits_only(logits: Tensor, reduction: str) -> Prepared:
     )
 
 
-def _plain_logits(logits: object, reduction: object) -> bool:
-    """Multiclass float32/float64 logits ``(N, C, *)``, ``C >= 2``, non-empty, a known
-    reduction, on CPU in eager mode: the case :func:`_confidence_penalty_plain` handles."""
-    return (
-        isinstance(logits, Tensor)
-        and reduction in REDUCTIONS
-        and logits.dtype in (torch.float32, torch.float64)
-        and logits.dim() >= 2
-        and logits.shape[1] >= 2
-        and logits.numel() > 0
-        and not sync_free(logits)
-    )
-
-
 def _entropy_of_logits(z: Tensor) -> Tensor:
     """``H(softmax(z))`` over dim 1 with ``p log p = 0`` where ``log p = -inf`` (a ``-inf``
     mask, or a logit so far below the maximum that ``z - max z`` overflows: never
@@ -380,13 +455,28 @@ def _entropy_of_logits(z: Tensor) -> Tensor:
     return -(log_p.exp() * safe_log_p).sum(dim=1)
 
 
-def _confidence_penalty_plain(logits: Tensor, beta: float, reduction: str) -> Tensor | None:
-    """The penalty of target-free logits with one host read as its check: a NaN or +inf
-    logit, or an item whose logits are all ``-inf``, makes the result NaN. ``None`` then:
-    the caller runs the full path, whose check names the culprit."""
-    with autocast_off(logits):
-        out = reduce(-beta * _entropy_of_logits(logits), reduction)
-    if values_checked() and not math.isfinite(out.detach().sum(dtype=torch.float64).item()):
+def confidence_penalty_fast(logits: Tensor, reduction: str, beta: float) -> Tensor | None:
+    """The hot path of :func:`confidence_penalty` (and
+    :class:`~torchcal.losses.ConfidencePenaltyLoss`) without a target, options already
+    checked: 2-D float32/float64 logits ``(N, C)``, ``C >= 2``, on the CPU in eager mode:
+    ``beta * sum_c p_c log p_c`` from one ``log_softmax``, checked with one host read. A
+    NaN or +inf logit or an all ``-inf`` item makes the result NaN, and so does a ``-inf``
+    mask (``0 * -inf``): ``None`` then, and the full path (which reads a mask as
+    ``0 log 0 = 0``) decides."""
+    if not (
+        isinstance(logits, Tensor)
+        and logits.dim() == 2
+        and logits.dtype in (torch.float32, torch.float64)
+        and logits.shape[0] > 0
+        and logits.shape[1] >= 2
+        and not sync_free(logits)
+        and not torch.is_autocast_enabled("cpu")
+    ):
+        return None
+    log_p = torch.log_softmax(logits, dim=1)
+    items = (log_p.exp() * log_p).sum(dim=1)  # -H(p), as the full path's -beta * H
+    out = reduce(items if beta == 1.0 else items * beta, reduction)
+    if values_checked() and not fast_ok(out):
         return None
     return out
 
@@ -433,8 +523,8 @@ def confidence_penalty(
     """
     beta = check_number("beta", beta)
     check_int("ignore_index", ignore_index)
-    if target is None and _plain_logits(logits, reduction):
-        out = _confidence_penalty_plain(logits, beta, reduction)
+    if target is None and reduction in REDUCTIONS:
+        out = confidence_penalty_fast(logits, reduction, beta)
         if out is not None:
             return out
     if target is None:
@@ -481,6 +571,10 @@ def dca(
         >>> round(dca(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
         0.0467
     """
+    if multilabel is False:
+        out = dca_fast(logits, target, ignore_index)
+        if out is not None:
+            return out
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "dca")
     with autocast_off(prep.logits):
@@ -488,6 +582,21 @@ def dca(
         w = used.double()
         gap = ((conf.double() - correct.double()) * w).sum()
         return (gap / w.sum()).abs().to(prep.logits.dtype)  # NaN when every item is ignored
+
+
+def dca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None:
+    """The hot path of :func:`dca` (and :class:`~torchcal.losses.DCALoss`):
+    :func:`_fast_reading`, ``|sum_i r_i - #correct| / N`` in float64, one value check of the
+    result and the true logits; ``None`` sends the call to the full path."""
+    reading = _fast_reading(logits, target, ignore_index)
+    if reading is None:
+        return None
+    conf, correct, true_logit = reading
+    gap = conf.sum(dtype=torch.float64) - correct.sum()
+    out = (gap / conf.shape[0]).abs().to(logits.dtype)
+    if values_checked() and not fast_ok(out, true_logit):
+        return None
+    return out
 
 
 def mdca(
@@ -515,6 +624,10 @@ def mdca(
         >>> round(mdca(logits, torch.tensor([0, 2])).item(), 4)
         0.2082
     """
+    if multilabel is False:
+        out = mdca_fast(logits, target, ignore_index)
+        if out is not None:
+            return out
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     z = prep.logits
     with autocast_off(z):
@@ -539,3 +652,24 @@ def mdca(
         counts = torch.zeros(num_classes, dtype=torch.float64, device=z.device)
         counts.scatter_add_(0, prep.target.reshape(-1), used)
         return ((p_sum - counts) / m).abs().mean().to(z.dtype)
+
+
+def mdca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None:
+    """The hot path of :func:`mdca` (and :class:`~torchcal.losses.MDCALoss`) for
+    :func:`~torchcal.functional._layouts.fast_case` arguments: the per-class sums of the
+    softmax in float64 against ``bincount`` of the labels (a gather of the true logits first
+    rejects a label outside ``[0, C)``), one value check of the result and the true logits;
+    ``None`` sends the call to the full path."""
+    if not fast_case(logits, target, ignore_index):
+        return None
+    try:
+        true_logit = logits.detach().gather(1, target.unsqueeze(1))
+    except (IndexError, RuntimeError):
+        return None
+    num_classes = logits.shape[1]
+    p_sum = torch.softmax(logits, dim=1).sum(dim=0, dtype=torch.float64)
+    counts = torch.bincount(target, minlength=num_classes)
+    out = ((p_sum - counts) / logits.shape[0]).abs().mean().to(logits.dtype)
+    if values_checked() and not fast_ok(out, true_logit):
+        return None
+    return out

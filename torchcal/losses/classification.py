@@ -18,7 +18,14 @@ from torchcal.functional._validation import (
     check_number,
     check_reduction,
 )
-from torchcal.functional.regularizers import focal_loss_fast
+from torchcal.functional.regularizers import (
+    confidence_penalty_fast,
+    dca_fast,
+    focal_loss_fast,
+    mdca_fast,
+    mmce_fast,
+    soft_binned_ece_fast,
+)
 from torchcal.functional.scoring import (
     brier_score_fast,
     log_score_fast,
@@ -293,6 +300,10 @@ class MMCELoss(KeepBufferDtype):
         self.multilabel = check_bool("multilabel", multilabel)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        if not self.multilabel:  # the hot path (docs/design.md section 3), else the full one
+            out = mmce_fast(logits, target, self.ignore_index, self.width, self.squared)
+            if out is not None:
+                return out
         return TF.mmce(
             logits,
             target,
@@ -343,6 +354,12 @@ class SoftBinnedECELoss(KeepBufferDtype):
         self.multilabel = check_bool("multilabel", multilabel)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        if not self.multilabel:  # the hot path (docs/design.md section 3), else the full one
+            out = soft_binned_ece_fast(
+                logits, target, self.ignore_index, self.bins, self.temperature, self.p, self.root
+            )
+            if out is not None:
+                return out
         return TF.soft_binned_ece(
             logits,
             target,
@@ -392,6 +409,10 @@ class ConfidencePenaltyLoss(KeepBufferDtype):
         self.multilabel = check_bool("multilabel", multilabel)
 
     def forward(self, logits: Tensor, target: Tensor | None = None) -> Tensor:
+        if target is None:  # the hot path (docs/design.md section 3), else the full one
+            out = confidence_penalty_fast(logits, self.reduction, self.beta)
+            if out is not None:
+                return out
         return TF.confidence_penalty(
             logits,
             target,
@@ -409,6 +430,7 @@ class _BatchPenaltyLoss(KeepBufferDtype):
     """Shared shell of the batch-level penalties: ``beta * fn(logits, target)``."""
 
     _penalty: staticmethod
+    _fast: staticmethod  # its hot path: (logits, target, ignore_index) -> Tensor | None
     is_proper = "no"
 
     def __init__(
@@ -420,9 +442,14 @@ class _BatchPenaltyLoss(KeepBufferDtype):
         self.multilabel = check_bool("multilabel", multilabel)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
-        return self.beta * self._penalty(
-            logits, target, ignore_index=self.ignore_index, multilabel=self.multilabel
-        )
+        out = None
+        if not self.multilabel:  # the hot path (docs/design.md section 3), else the full one
+            out = self._fast(logits, target, self.ignore_index)
+        if out is None:
+            out = self._penalty(
+                logits, target, ignore_index=self.ignore_index, multilabel=self.multilabel
+            )
+        return out if self.beta == 1.0 else self.beta * out
 
     def extra_repr(self) -> str:
         return f"beta={self.beta}, ignore_index={self.ignore_index}"
@@ -443,6 +470,7 @@ class DCALoss(_BatchPenaltyLoss):
     """
 
     _penalty = staticmethod(TF.dca)
+    _fast = staticmethod(dca_fast)
 
 
 class MDCALoss(_BatchPenaltyLoss):
@@ -460,3 +488,4 @@ class MDCALoss(_BatchPenaltyLoss):
     """
 
     _penalty = staticmethod(TF.mdca)
+    _fast = staticmethod(mdca_fast)
