@@ -142,8 +142,7 @@ def fast_ok(score: Tensor, true_logit: Tensor | None = None) -> bool:
     per-item scores) is finite and no ``true_logit`` (the logits gathered at the labels,
     where a ``-inf`` true class would not show in the score) is ``-inf``. Conservative: a
     float32 sum of finite scores that overflows only sends the call to the full path."""
-    value = score.detach()
-    if not math.isfinite((value if value.dim() == 0 else value.sum()).item()):
+    if not math.isfinite((score if score.dim() == 0 else score.detach().sum()).item()):
         return False
     return true_logit is None or true_logit.min().item() > NEG_INF  # NaN fails
 

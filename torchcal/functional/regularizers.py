@@ -376,8 +376,8 @@ def _soft_binned_power(
     """``SB-ECE_p^p`` in float64 from the flat confidence reading; ``used``
     (0/1 weights) leaves ignored items out, ``None``: every item is used."""
     r = conf.double()
-    centres = (torch.arange(bins, dtype=torch.float64, device=r.device) + 0.5) / bins
-    u = torch.softmax(-(r.unsqueeze(1) - centres).square() / temperature, dim=1)
+    centres = torch.arange(0.5, bins, dtype=torch.float64, device=r.device) / bins
+    u = torch.softmax((r.unsqueeze(1) - centres).square() / -temperature, dim=1)
     if used is None:
         m = float(r.numel())
     else:
@@ -586,14 +586,14 @@ def dca(
 
 def dca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None:
     """The hot path of :func:`dca` (and :class:`~torchcal.losses.DCALoss`):
-    :func:`_fast_reading`, ``|sum_i r_i - #correct| / N`` in float64, one value check of the
+    :func:`_fast_reading`, ``|mean_i r_i - mean_i o_i|`` in float64, one value check of the
     result and the true logits; ``None`` sends the call to the full path."""
     reading = _fast_reading(logits, target, ignore_index)
     if reading is None:
         return None
     conf, correct, true_logit = reading
-    gap = conf.sum(dtype=torch.float64) - correct.sum()
-    out = (gap / conf.shape[0]).abs().to(logits.dtype)
+    gap = conf.mean(dtype=torch.float64) - correct.mean(dtype=torch.float64)
+    out = gap.abs().to(logits.dtype)
     if values_checked() and not fast_ok(out, true_logit):
         return None
     return out
