@@ -209,6 +209,7 @@ def plain_dawid_sebastiani(mu, sigma, y):
 
 def _cases() -> list[Case]:
     interval = L.IntervalScoreLoss(alpha=0.1)
+    penalty = L.ConfidencePenaltyLoss()  # built once, as a training loop does
     quantile = L.QuantileLoss(list(LEVELS))
     return [
         Case("LogScoreLoss", "F.cross_entropy", _class_inputs, L.LogScoreLoss(), F.cross_entropy),
@@ -232,7 +233,7 @@ def _cases() -> list[Case]:
             "ConfidencePenaltyLoss",
             "plain -H(p)",
             _class_inputs,
-            lambda z, y: L.ConfidencePenaltyLoss()(z),
+            lambda z, y: penalty(z),
             lambda z, y: plain_confidence_penalty(z),
         ),
         Case("DCALoss", "plain DCA", _class_inputs, L.DCALoss(), plain_dca),

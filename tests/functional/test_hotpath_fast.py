@@ -217,3 +217,19 @@ def test_validation_off_still_takes_the_fast_path_and_ignores():
             torch.testing.assert_close(
                 rule(z, y), rule(z.unsqueeze(2), y.unsqueeze(1)), rtol=1e-12, atol=1e-15
             )
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_cpu_autocast_does_not_change_the_fast_path(name):
+    """The fast path has no autocast switch: under CPU autocast (bfloat16) every fast kernel
+    still computes in the logits' float32, bit for bit."""
+    rule, fast, _ = RULES[name]
+    z, y = _batch(32, 6, torch.float32)
+    z = z.detach()
+    want = fast(z, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = fast(z, y)
+        full = rule(z.unsqueeze(2), y.unsqueeze(1))
+    assert got is not None and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-6)

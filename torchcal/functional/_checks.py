@@ -93,9 +93,9 @@ def values_checked() -> bool:
 def sync_free(x: Tensor | None = None) -> bool:
     """Whether a value check must not read its result on the host: ``x`` lives on a device
     other than the CPU, ``torch.compile`` is tracing, or :func:`force_sync_free` is active."""
-    if _FORCE_SYNC_FREE or _is_compiling():
+    if x is not None and not x.is_cpu:
         return True
-    return x is not None and not x.is_cpu
+    return _FORCE_SYNC_FREE or _is_compiling()
 
 
 @contextlib.contextmanager

@@ -219,31 +219,35 @@ def log_score_fast(
     :func:`~torchcal.functional._layouts.fast_case` arguments without ``weight`` and
     ``label_smoothing``, options already checked: ``F.cross_entropy`` itself, checked with
     two host reads (docs/design.md section 3). ``F.cross_entropy`` rejects a label out of
-    range; :func:`_none_ignored` tells whether an item is ignored (the full path also checks
+    range; the count of used items tells whether one is ignored (the full path also checks
     an ignored item's logits); a NaN/+inf logit, an all ``-inf`` item or a ``-inf`` true class
     makes the result non-finite. ``None`` then (and outside the fast case): the caller runs
     the full path, which names the culprit."""
     if not fast_case(logits, target, ignore_index):
         return None
-    try:
-        out = F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
+    try:  # F.cross_entropy's own kernel (its Python wrapper only maps the reduction)
+        out = _cross_entropy(logits, target, None, _REDUCTION[reduction], ignore_index, 0.0)
     except (IndexError, RuntimeError):  # a label out of range: the full check names it
         return None
-    if values_checked() and not (_none_ignored(out, target, ignore_index) and fast_ok(out)):
-        return None
-    return out
-
-
-def _none_ignored(out: Tensor, target: Tensor, ignore_index: int) -> bool:
-    """Whether no item of ``target`` (whose labels ``F.cross_entropy`` has accepted) equals
-    ``ignore_index``. With a graph, ``F.cross_entropy``'s 'mean'/'sum' node keeps the number
-    of used items (``total_weight``, an exact count in floating point up to ``2**24``):
-    reading it costs no kernel. Else (no graph, ``'none'``) the extreme label decides."""
-    total = getattr(out.grad_fn, "_saved_total_weight", None) if out.dim() == 0 else None
-    if isinstance(total, Tensor) and total.dim() == 0:
-        return total.item() == target.shape[0]
+    if not values_checked():
+        return out
+    # no ignored item: F.cross_entropy's graph node keeps the number of used items (an exact
+    # count up to 2**24) for 'mean'/'sum', read without a kernel; else the extreme label
+    if reduction != "none":
+        try:
+            used = out.grad_fn._saved_total_weight.item()
+        except AttributeError:  # no graph (no_grad, or an input without grad)
+            used = None
+        if used is not None:
+            ok = used == target.shape[0] and math.isfinite(out.item())
+            return out if ok else None
     extreme = target.min() if ignore_index < 0 else target.max()
-    return extreme.item() != ignore_index
+    return out if extreme.item() != ignore_index and fast_ok(out) else None
+
+
+_cross_entropy = torch._C._nn.cross_entropy_loss
+_mse_loss = torch._C._nn.mse_loss
+_REDUCTION = {"none": 0, "mean": 1, "sum": 2}  # torch.nn._reduction.get_enum
 
 
 def _log_score_indices(
@@ -368,8 +372,8 @@ def _squared_distance(a: Tensor, b: Tensor, reduction: str) -> Tensor:
     its ``'sum'`` runs on one thread for :func:`~torchcal.functional._layouts.small_sum`
     inputs, so the last bit does not depend on the thread count)."""
     if reduction == "none":
-        return F.mse_loss(a, b, reduction="none").sum(dim=1)
-    total = F.mse_loss(a, b, reduction="sum")
+        return _mse_loss(a, b, _REDUCTION["none"]).sum(dim=1)
+    total = _mse_loss(a, b, _REDUCTION["sum"])  # the kernel of F.mse_loss (same shapes)
     return total / a.shape[0] if reduction == "mean" else total
 
 

@@ -157,8 +157,16 @@ class LogScoreLoss(_ClassScoreLoss):
     def _options(self) -> dict[str, object]:
         return {"label_smoothing": self.label_smoothing}
 
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        # the shell's hot path, spelled out for the cheapest call (F.cross_entropy's cost)
+        if self._buffers["weight"] is None and not (self.multilabel or self.label_smoothing):
+            out = log_score_fast(logits, target, self.ignore_index, self.reduction)
+            if out is not None:
+                return out
+        return super().forward(logits, target)
+
     def _fast_options(self) -> tuple[object, ...] | None:
-        return None if self.label_smoothing else ()
+        return None  # forward above has tried the hot path
 
     def extra_repr(self) -> str:
         extra = super().extra_repr()
