@@ -52,6 +52,7 @@ __all__ = [
     "fast_case",
     "fast_ok",
     "fused_multiclass",
+    "labels_in_range",
     "log_score_items",
     "plain_indices",
     "prepare",
@@ -140,14 +141,30 @@ def fast_case(logits: object, target: object, ignore_index: object) -> bool:
     return logits.dtype in _FAST_DTYPES and not sync_free(logits)  # type: ignore[attr-defined]
 
 
-def fast_ok(score: Tensor, true_logit: Tensor | None = None) -> bool:
+def fast_ok(score: Tensor, logits: Tensor | None = None, target: Tensor | None = None) -> bool:
     """The value check of a fast path (:func:`fast_case`): ``score`` (the reduced result, or
-    per-item scores) is finite and no ``true_logit`` (the logits gathered at the labels,
-    where a ``-inf`` true class would not show in the score) is ``-inf``. Conservative: a
-    float32 sum of finite scores that overflows only sends the call to the full path."""
+    per-item scores) is finite and, given ``logits`` and ``target``, no true class is
+    masked with ``-inf`` (which the Brier, spherical, RPS and confidence readings do not
+    show): a one-thread-sized batch (:func:`small_sum`) tests every logit with one reduction
+    (conservative: any ``-inf`` mask sends the call to the full path, which allows masks
+    of the other classes), a larger one the gathered true logits. A float32 sum of finite
+    scores that overflows also only sends the call to the full path."""
     if not math.isfinite((score if score.dim() == 0 else score.detach().sum()).item()):
         return False
-    return true_logit is None or true_logit.min().item() > NEG_INF  # NaN fails
+    if logits is None or target is None:
+        return True
+    z = logits.detach()
+    if not small_sum(z):
+        z = z.gather(1, target.unsqueeze(1))
+    return z.amin().item() > NEG_INF  # NaN fails
+
+
+def labels_in_range(target: Tensor, num_classes: int) -> bool:
+    """CPU: every label of the non-empty ``target`` lies in ``[0, num_classes)`` (one
+    ``aminmax``, two host reads); False for an ignored item too (``ignore_index`` is outside
+    that range on the fast path)."""
+    lo, hi = torch.aminmax(target)
+    return lo.item() >= 0 and hi.item() < num_classes
 
 
 def small_sum(x: Tensor) -> bool:

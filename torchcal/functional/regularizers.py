@@ -40,6 +40,7 @@ from torchcal.functional._layouts import (
     check_rows,
     fast_case,
     fast_ok,
+    labels_in_range,
     prepare,
 )
 from torchcal.functional._validation import (
@@ -218,21 +219,18 @@ def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor, Tensor]:
 
 def _fast_reading(
     logits: Tensor, target: Tensor, ignore_index: int
-) -> tuple[Tensor, Tensor, Tensor] | None:
+) -> tuple[Tensor, Tensor] | None:
     """The confidence reading on the hot path (:func:`~torchcal.functional._layouts.fast_case`
-    arguments): ``(conf, correct, true_logit)`` of every item, ``torch.max`` of the softmax
-    as :func:`_confidence_reading`; the gather of the true logits rejects a label outside
-    ``[0, C)`` (out of range, or an ignored item: the full path leaves those out), and its
-    result is what :func:`~torchcal.functional._layouts.fast_ok` checks for a ``-inf`` true
-    class. ``None`` where the hot path does not apply."""
+    arguments): ``(conf, correct)`` of every item, ``torch.max`` of the softmax as
+    :func:`_confidence_reading`, after one ``aminmax`` of the labels (a label outside
+    ``[0, C)``, out of range or an ignored item, which the full path leaves out, sends the
+    call there). ``None`` where the hot path does not apply."""
     if not fast_case(logits, target, ignore_index):
         return None
-    try:
-        true_logit = logits.detach().gather(1, target.unsqueeze(1))
-    except (IndexError, RuntimeError):
+    if not labels_in_range(target, logits.shape[1]):
         return None
     conf, top = torch.softmax(logits, dim=1).max(dim=1)
-    return conf, top == target, true_logit
+    return conf, top == target
 
 
 def mmce(
@@ -307,13 +305,13 @@ def mmce_fast(
 ) -> Tensor | None:
     """The hot path of :func:`mmce` (and :class:`~torchcal.losses.MMCELoss`), options
     already checked: :func:`_fast_reading` and the same kernel, one value check of the
-    result and the true logits; ``None`` sends the call to the full path."""
+    result and the true class; ``None`` sends the call to the full path."""
     reading = _fast_reading(logits, target, ignore_index)
     if reading is None:
         return None
-    conf, correct, true_logit = reading
+    conf, correct = reading
     value = _mmce_squared(conf, correct, None, width)
-    if values_checked() and not fast_ok(value, true_logit):  # before the root (NaN -> 0)
+    if values_checked() and not fast_ok(value, logits, target):  # before the root (NaN -> 0)
         return None
     return (value if squared else _safe_root(value, 2.0)).to(logits.dtype)
 
@@ -406,13 +404,13 @@ def soft_binned_ece_fast(
 ) -> Tensor | None:
     """The hot path of :func:`soft_binned_ece` (and :class:`~torchcal.losses.SoftBinnedECELoss`),
     options already checked: :func:`_fast_reading` and the same kernel, one value check of
-    the result and the true logits; ``None`` sends the call to the full path."""
+    the result and the true class; ``None`` sends the call to the full path."""
     reading = _fast_reading(logits, target, ignore_index)
     if reading is None:
         return None
-    conf, correct, true_logit = reading
+    conf, correct = reading
     value = _soft_binned_power(conf, correct, None, bins, temperature, p)
-    if values_checked() and not fast_ok(value, true_logit):  # before the root (NaN -> 0)
+    if values_checked() and not fast_ok(value, logits, target):  # before the root (NaN -> 0)
         return None
     return (_safe_root(value, p) if root else value).to(logits.dtype)
 
@@ -586,14 +584,14 @@ def dca(
 def dca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None:
     """The hot path of :func:`dca` (and :class:`~torchcal.losses.DCALoss`):
     :func:`_fast_reading`, ``|mean_i r_i - mean_i o_i|`` in float64, one value check of the
-    result and the true logits; ``None`` sends the call to the full path."""
+    result and the true class; ``None`` sends the call to the full path."""
     reading = _fast_reading(logits, target, ignore_index)
     if reading is None:
         return None
-    conf, correct, true_logit = reading
+    conf, correct = reading
     gap = conf.mean(dtype=torch.float64) - correct.mean(dtype=torch.float64)
     out = gap.abs().to(logits.dtype)
-    if values_checked() and not fast_ok(out, true_logit):
+    if values_checked() and not fast_ok(out, logits, target):
         return None
     return out
 
@@ -656,19 +654,18 @@ def mdca(
 def mdca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None:
     """The hot path of :func:`mdca` (and :class:`~torchcal.losses.MDCALoss`) for
     :func:`~torchcal.functional._layouts.fast_case` arguments: the per-class sums of the
-    softmax in float64 against ``bincount`` of the labels (a gather of the true logits first
-    rejects a label outside ``[0, C)``), one value check of the result and the true logits;
+    softmax in float64 against ``bincount`` of the labels (after one ``aminmax`` of the
+    labels: a label outside ``[0, C)`` goes to the full path), one value check of the result
+    and the true class;
     ``None`` sends the call to the full path."""
     if not fast_case(logits, target, ignore_index):
         return None
-    try:
-        true_logit = logits.detach().gather(1, target.unsqueeze(1))
-    except (IndexError, RuntimeError):
-        return None
     num_classes = logits.shape[1]
+    if not labels_in_range(target, num_classes):
+        return None
     p_sum = torch.softmax(logits, dim=1).sum(dim=0, dtype=torch.float64)
     counts = torch.bincount(target, minlength=num_classes)
     out = ((p_sum - counts) / logits.shape[0]).abs().mean().to(logits.dtype)
-    if values_checked() and not fast_ok(out, true_logit):
+    if values_checked() and not fast_ok(out, logits, target):
         return None
     return out

@@ -381,8 +381,8 @@ def _fast_rule(logits: Tensor, target: Tensor, small, fused, reduction: str) -> 
     """The hot path shared by the softmax rules (:func:`brier_score_fast` ...): ``small(p,
     index, reduction)`` on a one-thread-sized batch (:func:`small_sum`), else the fused
     ``autograd.Function`` ``fused``; a label outside ``[0, C)`` makes the gather/scatter
-    raise, the result and the true logits are checked with two host reads (a ``-inf``
-    true class does not show in these scores). ``None`` sends the call to the full path."""
+    raise, the result and the true class (a ``-inf`` true class does not show in these
+    scores) are checked with two host reads (:func:`fast_ok`). ``None`` sends the call to the full path."""
     index = target.unsqueeze(1)
     try:
         if small is not None and small_sum(logits):
@@ -391,7 +391,7 @@ def _fast_rule(logits: Tensor, target: Tensor, small, fused, reduction: str) -> 
             score = reduce(fused.apply(logits, index), reduction)
     except (IndexError, RuntimeError):  # a label out of range or ignored: the full path
         return None
-    if values_checked() and not fast_ok(score, logits.detach().gather(1, index)):
+    if values_checked() and not fast_ok(score, logits, target):
         return None
     return score
 
