@@ -113,7 +113,7 @@ def plain_indices(
     )
 
 
-def fast_case(logits: object, target: object, ignore_index: object) -> bool:
+def fast_case(logits: Tensor, target: Tensor, ignore_index: int) -> bool:
     """Whether a rule may take its fast path (docs/design.md section 3, the hot path):
     2-D float32/float64 logits ``(N, C)`` with ``C >= 2`` and ``N >= 1``, torch.long class
     indices ``(N,)``, an int ``ignore_index`` outside ``[0, C)``, on the CPU in eager mode
@@ -130,15 +130,19 @@ def fast_case(logits: object, target: object, ignore_index: object) -> bool:
     where the fast test was only conservative, returns the same value). Written for the
     per-call cost (a few hundred nanoseconds): the shapes decide first."""
     try:
-        n, num_classes = logits.shape  # type: ignore[attr-defined]
-        (m,) = target.shape  # type: ignore[attr-defined]
-    except (AttributeError, TypeError, ValueError):  # not a tensor, or not 2-D / 1-D
+        n, num_classes = logits.shape
+        (m,) = target.shape
+    except (
+        AttributeError,
+        TypeError,
+        ValueError,
+    ):  # not a tensor (a caller's object), or not 2-D / 1-D
         return False
     if m != n or n == 0 or num_classes < 2 or type(ignore_index) is not int:
         return False
-    if 0 <= ignore_index < num_classes or target.dtype != torch.long:  # type: ignore[attr-defined]
+    if 0 <= ignore_index < num_classes or target.dtype != torch.long:
         return False
-    return logits.dtype in _FAST_DTYPES and not sync_free(logits)  # type: ignore[attr-defined]
+    return logits.dtype in _FAST_DTYPES and not sync_free(logits)
 
 
 def fast_ok(score: Tensor, logits: Tensor | None = None, target: Tensor | None = None) -> bool:

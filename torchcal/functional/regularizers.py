@@ -154,7 +154,7 @@ def focal_items(log_p: Tensor, gamma: float | str) -> Tensor:
     if gamma == 0.0:
         return -log_p
     one_minus = -torch.expm1(log_p)
-    if gamma == "adaptive":  # FLSD-53: 5 where p < 0.2, else 3 (exponents >= 1: no NaN)
+    if isinstance(gamma, str):  # 'adaptive', FLSD-53: 5 where p < 0.2, else 3 (no NaN)
         g = torch.where(log_p.detach() < _LOG_0_2, 5.0, 3.0).to(log_p.dtype)
         return -one_minus.pow(g) * log_p
     if gamma >= 1.0:
@@ -167,7 +167,7 @@ def focal_items(log_p: Tensor, gamma: float | str) -> Tensor:
 def _focal_binary(log_p: Tensor, log_1mp: Tensor, gamma: float | str) -> Tensor:
     """Per-element binary focal loss from ``log p`` and ``log(1 - p)`` (both ``logsigmoid``,
     exact): ``-exp(gamma log(1 - p)) log p``, no NaN gradient at saturation."""
-    if gamma == "adaptive":
+    if isinstance(gamma, str):  # 'adaptive'
         g = torch.where(log_p.detach() < _LOG_0_2, 5.0, 3.0).to(log_p.dtype)
         return -torch.exp(g * log_1mp) * log_p
     if gamma == 0.0:
@@ -285,6 +285,7 @@ def _mmce_squared(conf: Tensor, correct: Tensor, used: Tensor | None, width: flo
     ignored items out, ``None``: every item is used."""
     r = conf.double()
     a = correct.double() - r
+    m: float | Tensor
     if used is None:
         m = float(r.numel())
     else:
@@ -376,6 +377,7 @@ def _soft_binned_power(
     r = conf.double()
     centres = torch.arange(0.5, bins, dtype=torch.float64, device=r.device) / bins
     u = torch.softmax((r.unsqueeze(1) - centres).square() / -temperature, dim=1)
+    m: float | Tensor
     if used is None:
         m = float(r.numel())
     else:

@@ -226,7 +226,8 @@ def log_score_fast(
     if not fast_case(logits, target, ignore_index):
         return None
     try:  # F.cross_entropy's own kernel (its Python wrapper only maps the reduction)
-        out = _cross_entropy(logits, target, None, _REDUCTION[reduction], ignore_index, 0.0)
+        reduction_enum = _REDUCTION[reduction]  # the stub says str; the kernel takes the enum
+        out = _cross_entropy(logits, target, None, reduction_enum, ignore_index, 0.0)  # type: ignore[arg-type]
     except (IndexError, RuntimeError):  # a label out of range: the full check names it
         return None
     if not values_checked():
@@ -235,7 +236,7 @@ def log_score_fast(
     # count up to 2**24) for 'mean'/'sum', read without a kernel; else the extreme label
     if reduction != "none":
         try:
-            used = out.grad_fn._saved_total_weight.item()
+            used = out.grad_fn._saved_total_weight.item()  # type: ignore[union-attr]
         except AttributeError:  # no graph (no_grad, or an input without grad)
             used = None
         if used is not None:
@@ -372,8 +373,8 @@ def _squared_distance(a: Tensor, b: Tensor, reduction: str) -> Tensor:
     its ``'sum'`` runs on one thread for :func:`~torchcal.functional._layouts.small_sum`
     inputs, so the last bit does not depend on the thread count)."""
     if reduction == "none":
-        return _mse_loss(a, b, _REDUCTION["none"]).sum(dim=1)
-    total = _mse_loss(a, b, _REDUCTION["sum"])  # the kernel of F.mse_loss (same shapes)
+        return _mse_loss(a, b, _REDUCTION["none"]).sum(dim=1)  # type: ignore[arg-type]
+    total = _mse_loss(a, b, _REDUCTION["sum"])  # type: ignore[arg-type]  # F.mse_loss's kernel
     return total / a.shape[0] if reduction == "mean" else total
 
 
