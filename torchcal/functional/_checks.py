@@ -93,9 +93,9 @@ def values_checked() -> bool:
 def sync_free(x: Tensor | None = None) -> bool:
     """Whether a value check must not read its result on the host: ``x`` lives on a device
     other than the CPU, ``torch.compile`` is tracing, or :func:`force_sync_free` is active."""
-    if _FORCE_SYNC_FREE or _is_compiling():
+    if x is not None and not x.is_cpu:
         return True
-    return x is not None and not x.is_cpu
+    return _FORCE_SYNC_FREE or _is_compiling()
 
 
 @contextlib.contextmanager
@@ -425,22 +425,30 @@ PARALLEL_GRAIN = 32768
 def fixed_sum(x: Tensor) -> Tensor:
     """``x.sum()`` whose last bit does not depend on the thread count (docs/design.md section
     3, Determinism): a CPU sum of more than :data:`PARALLEL_GRAIN` values is taken in float64
-    in index order (a cumulative sum, sequential along its dim) and rounded once to ``x``'s
-    dtype; smaller sums (one thread) and other devices (their reductions do not depend on
-    the host's threads) are ``x.sum()``."""
+    over fixed blocks of :data:`PARALLEL_GRAIN` values (a reduction with several outputs is
+    split between threads by output only, so each block is summed on one thread) and rounded
+    once to ``x``'s dtype; smaller sums (one thread) and other devices (their reductions do
+    not depend on the host's threads) are ``x.sum()``."""
     if x.numel() <= PARALLEL_GRAIN or not x.is_cpu or not x.is_floating_point():
         return x.sum()
     return _FixedSum.apply(x)
 
 
 class _FixedSum(torch.autograd.Function):
-    """:func:`fixed_sum` of a large CPU tensor: the forward in float64 in index order (a
-    cumulative sum is sequential along its dim), the backward that of ``sum`` (no cumsum)."""
+    """:func:`fixed_sum` of a large CPU tensor: the forward in float64 by blocks of
+    :data:`PARALLEL_GRAIN` values (each block on one thread, the block sums and the tail in
+    one thread each), the backward that of ``sum``."""
 
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
         ctx.shape = x.shape
-        return x.detach().reshape(-1).to(torch.float64).cumsum(0)[-1].to(x.dtype)
+        flat = x.detach().reshape(-1)
+        blocks = flat.numel() // PARALLEL_GRAIN
+        head = blocks * PARALLEL_GRAIN
+        total = flat[:head].view(blocks, PARALLEL_GRAIN).sum(dim=1, dtype=torch.float64).sum()
+        if head < flat.numel():
+            total = total + flat[head:].sum(dtype=torch.float64)
+        return total.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torchcal.functional._checks import PARALLEL_GRAIN
 from torchcal.functional._validation import (
     REDUCTIONS,
     check_binary_target,
@@ -48,11 +49,14 @@ __all__ = [
     "check_rows",
     "check_weight_values",
     "diagnose",
-    "fused_indices",
+    "fast_case",
+    "fast_ok",
     "fused_multiclass",
+    "labels_in_range",
     "log_score_items",
     "plain_indices",
     "prepare",
+    "small_sum",
     "soft_expected",
 ]
 
@@ -107,6 +111,71 @@ def plain_indices(
         and weight.dtype == logits.dtype
         and weight.device == logits.device
     )
+
+
+def fast_case(logits: Tensor, target: Tensor, ignore_index: int) -> bool:
+    """Whether a rule may take its fast path (docs/design.md section 3, the hot path):
+    2-D float32/float64 logits ``(N, C)`` with ``C >= 2`` and ``N >= 1``, torch.long class
+    indices ``(N,)``, an int ``ignore_index`` outside ``[0, C)``, on the CPU in eager mode
+    (not :func:`~torchcal.functional._checks.sync_free`). The options are the caller's (a
+    Module validated them in ``__init__``, a functional before calling). CPU autocast needs
+    no switch here: the fast kernels use no operation it lowers, and it never casts float32
+    or float64 to a wider type.
+
+    On this path the kernel runs first and the value checks read what it computed: a label
+    outside ``[0, C)`` (out of range or ``ignore_index``) makes the kernel's gather or
+    scatter raise, and a NaN/+inf logit or an all ``-inf`` item makes the result non-finite;
+    :func:`fast_ok` reads both with at most two host reads. Where a test fails the rule
+    returns ``None`` and its caller runs the full path, which raises today's message (or,
+    where the fast test was only conservative, returns the same value). Written for the
+    per-call cost (a few hundred nanoseconds): the shapes decide first."""
+    try:
+        n, num_classes = logits.shape
+        (m,) = target.shape
+    except (
+        AttributeError,
+        TypeError,
+        ValueError,
+    ):  # not a tensor (a caller's object), or not 2-D / 1-D
+        return False
+    if m != n or n == 0 or num_classes < 2 or type(ignore_index) is not int:
+        return False
+    if 0 <= ignore_index < num_classes or target.dtype != torch.long:
+        return False
+    return logits.dtype in _FAST_DTYPES and not sync_free(logits)
+
+
+def fast_ok(score: Tensor, logits: Tensor | None = None, target: Tensor | None = None) -> bool:
+    """The value check of a fast path (:func:`fast_case`): ``score`` (the reduced result, or
+    per-item scores) is finite and, given ``logits`` and ``target``, no true class is
+    masked with ``-inf`` (which the Brier, spherical, RPS and confidence readings do not
+    show): a one-thread-sized batch (:func:`small_sum`) tests every logit with one reduction
+    (conservative: any ``-inf`` mask sends the call to the full path, which allows masks
+    of the other classes), a larger one the gathered true logits. A float32 sum of finite
+    scores that overflows also only sends the call to the full path."""
+    if not math.isfinite((score if score.dim() == 0 else score.detach().sum()).item()):
+        return False
+    if logits is None or target is None:
+        return True
+    z = logits.detach()
+    if not small_sum(z):
+        z = z.gather(1, target.unsqueeze(1))
+    return z.amin().item() > NEG_INF  # NaN fails
+
+
+def labels_in_range(target: Tensor, num_classes: int) -> bool:
+    """CPU: every label of the non-empty ``target`` lies in ``[0, num_classes)`` (one
+    ``aminmax``, two host reads); False for an ignored item too (``ignore_index`` is outside
+    that range on the fast path)."""
+    lo, hi = torch.aminmax(target)
+    return lo.item() >= 0 and hi.item() < num_classes
+
+
+def small_sum(x: Tensor) -> bool:
+    """Whether a sum over every element of ``x`` runs on one thread on the CPU (at most
+    :data:`~torchcal.functional._checks.PARALLEL_GRAIN` values), so that its last bit does
+    not depend on the thread count."""
+    return x.numel() <= PARALLEL_GRAIN
 
 
 def prepare(
@@ -360,34 +429,6 @@ def fused_multiclass(fn: type[torch.autograd.Function], prep: Prepared, reductio
     if values_checked():
         check_rows(prep, score.detach(), z.detach().gather(1, index).squeeze(1))
     return reduce(score, reduction, prep.weight)
-
-
-def fused_indices(
-    fn: type[torch.autograd.Function], logits: Tensor, target: Tensor, reduction: str
-) -> Tensor | None:
-    """The common case of a fused softmax rule on CPU in eager mode: :func:`plain_indices`
-    arguments without ``weight`` and without ignored items, checked with two host reads
-    instead of :func:`prepare` and :func:`fused_multiclass` (the same numbers, a few
-    dispatches instead of about twenty). ``None`` where it does not apply (an ignored item,
-    a label out of range, a non-finite score or true-class logit, the device path): the
-    caller then runs :func:`prepare`, whose checks name the culprit."""
-    if sync_free(logits):
-        return None
-    lo, hi = torch.aminmax(target)
-    if not (lo.item() >= 0 and hi.item() < logits.shape[1]):
-        return None
-    index = target.unsqueeze(1)
-    with autocast_off(logits):
-        score = fn.apply(logits, index)
-    if values_checked():
-        # one read: a NaN/+inf logit makes its item's score NaN, a -inf true class (a masked
-        # target) makes the true-logit sum -inf; float64 sums of float32 values cannot
-        # overflow (a float64 overflow only sends the call to the full check)
-        true_logit = logits.detach().gather(1, index)
-        total = score.detach().sum(dtype=torch.float64) + true_logit.sum(dtype=torch.float64)
-        if not math.isfinite(total.item()):
-            return None
-    return reduce(score, reduction)
 
 
 def binary_brier(prep: Prepared) -> Tensor:

@@ -38,7 +38,9 @@ from torchcal.functional._layouts import (
     autocast_off,
     check_multiclass_rows,
     check_rows,
-    plain_indices,
+    fast_case,
+    fast_ok,
+    labels_in_range,
     prepare,
 )
 from torchcal.functional._validation import (
@@ -54,7 +56,6 @@ from torchcal.functional._validation import (
     check_reduction,
     check_tensor,
     compute_dtype,
-    host_range,
     reduce,
     sync_free,
     values_checked,
@@ -63,6 +64,7 @@ from torchcal.functional._validation import (
 __all__ = ["focal_loss", "mmce", "soft_binned_ece", "confidence_penalty", "dca", "mdca"]
 
 _LOG_0_2 = math.log(0.2)
+_TINY64 = torch.finfo(torch.float64).smallest_normal * torch.finfo(torch.float64).eps
 
 
 def _no_soft(prep: Prepared, name: str) -> None:
@@ -86,25 +88,6 @@ def _safe_root(value: Tensor, power: float) -> Tensor:
     return torch.where(positive, root, torch.zeros_like(value))
 
 
-def _log_p_and_complement(prep: Prepared) -> tuple[Tensor, Tensor]:
-    """Multiclass ``(log p_y, log(1 - p_y))``, the latter as ``logsumexp`` over the other
-    classes minus ``logsumexp`` over all (no cancellation as ``p_y -> 1``)."""
-    z = prep.logits
-    index = prep.target.unsqueeze(1)
-    lse = torch.logsumexp(z, dim=1)
-    z_y = z.gather(1, index).squeeze(1)
-    check_rows(prep, lse.detach(), z_y.detach())
-    others = z.scatter(1, index, float("-inf"))
-    lse_other = torch.logsumexp(others, dim=1)
-    all_masked = lse_other.detach() == float("-inf")
-    if sync_free(all_masked) or bool(all_masked.any()):
-        # logsumexp over an all -inf row has a NaN gradient: route those rows
-        # through a finite dummy and put the exact -inf back with `where`.
-        safe = torch.where(all_masked.unsqueeze(1), torch.zeros_like(others), others)
-        lse_other = torch.where(all_masked, float("-inf"), torch.logsumexp(safe, dim=1))
-    return z_y - lse, lse_other - lse
-
-
 def focal_loss(
     logits: Tensor,
     target: Tensor,
@@ -125,11 +108,14 @@ def focal_loss(
     ``multilabel=True`` with 0/1 float targets of the logits' shape is the sigmoid focal
     loss per element (RetinaNet's form); class-probability targets raise.
 
-    Numerics: ``log(1 - p_y)`` is computed as ``logsumexp`` over the other classes minus
-    ``logsumexp`` over all (binary: ``logsigmoid``), so ``(1 - p_y)^gamma`` is
-    ``exp(gamma * log(1 - p_y))`` and the gradient has no NaN at saturation
-    (``p_y -> 1``), also for ``gamma < 1``. Items whose other classes are all masked
-    with ``-inf`` (``p_y = 1`` exactly) score 0 with zero gradient.
+    Numerics: multiclass, one ``log_softmax``, the true class's ``log p_y`` and
+    ``1 - p_y = -expm1(log p_y)`` (the plain formula, without cancellation in ``1 - p_y``:
+    its absolute error is that of ``log p_y``, a few eps; the items it affects score
+    ``(1 - p_y)^(gamma + 1)``, below float32 rounding of a batch mean); binary,
+    ``log p`` and ``log(1 - p)`` both from ``logsigmoid``. The gradient has no NaN at
+    saturation (``p_y -> 1``), also for ``gamma < 1`` (subgradient 0 of ``(1 - p_y)^gamma``
+    at ``p_y = 1``). Items whose other classes are all masked with ``-inf``
+    (``p_y = 1`` exactly) score 0 with zero gradient.
 
     Example:
         >>> import torch
@@ -141,8 +127,8 @@ def focal_loss(
         0.1631
     """
     gamma = check_gamma(gamma)
-    if weight is None and plain_indices(logits, target, None, ignore_index, reduction, multilabel):
-        out = _focal_indices(logits, target, gamma, reduction)
+    if weight is None and multilabel is False and reduction in REDUCTIONS:
+        out = focal_loss_fast(logits, target, ignore_index, reduction, gamma)
         if out is not None:
             return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
@@ -152,15 +138,36 @@ def focal_loss(
         if prep.binary:
             signed = (2.0 * prep.target - 1.0) * z
             log_p = F.logsigmoid(signed)
-            log_1mp = F.logsigmoid(-signed)
+            items = _focal_binary(log_p, F.logsigmoid(-signed), gamma)
         else:
-            log_p, log_1mp = _log_p_and_complement(prep)
-        return reduce(_focal_items(log_p, log_1mp, gamma), reduction, prep.weight)
+            check_multiclass_rows(prep)
+            log_p = torch.log_softmax(z, dim=1).gather(1, prep.target.unsqueeze(1)).squeeze(1)
+            # an ignored item (its target mapped to class 0) scores 0, also under a -inf mask
+            items = focal_items(torch.where(prep.used, log_p, 0.0), gamma)
+        return reduce(items, reduction, prep.weight)
 
 
-def _focal_items(log_p: Tensor, log_1mp: Tensor, gamma: float | str) -> Tensor:
-    """Per-item ``-(1 - p)^gamma log p`` from ``log p`` and ``log(1 - p)``."""
-    if gamma == "adaptive":
+def focal_items(log_p: Tensor, gamma: float | str) -> Tensor:
+    """Per-item multiclass focal loss ``-(1 - p)^gamma log p`` from ``log p`` (the true
+    class's ``log_softmax``), with ``1 - p = -expm1(log p)``; ``(1 - p)^gamma`` takes the
+    subgradient 0 at ``p = 1`` for ``0 < gamma < 1`` (its slope is infinite there)."""
+    if gamma == 0.0:
+        return -log_p
+    one_minus = -torch.expm1(log_p)
+    if isinstance(gamma, str):  # 'adaptive', FLSD-53: 5 where p < 0.2, else 3 (no NaN)
+        g = torch.where(log_p.detach() < _LOG_0_2, 5.0, 3.0).to(log_p.dtype)
+        return -one_minus.pow(g) * log_p
+    if gamma >= 1.0:
+        return -one_minus.pow(gamma) * log_p
+    positive = one_minus > 0
+    safe = torch.where(positive, one_minus, 1.0).pow(gamma)
+    return -torch.where(positive, safe, 0.0) * log_p
+
+
+def _focal_binary(log_p: Tensor, log_1mp: Tensor, gamma: float | str) -> Tensor:
+    """Per-element binary focal loss from ``log p`` and ``log(1 - p)`` (both ``logsigmoid``,
+    exact): ``-exp(gamma log(1 - p)) log p``, no NaN gradient at saturation."""
+    if isinstance(gamma, str):  # 'adaptive'
         g = torch.where(log_p.detach() < _LOG_0_2, 5.0, 3.0).to(log_p.dtype)
         return -torch.exp(g * log_1mp) * log_p
     if gamma == 0.0:
@@ -168,33 +175,25 @@ def _focal_items(log_p: Tensor, log_1mp: Tensor, gamma: float | str) -> Tensor:
     return -torch.exp(gamma * log_1mp) * log_p
 
 
-def _focal_indices(
-    logits: Tensor, target: Tensor, gamma: float | str, reduction: str
+def focal_loss_fast(
+    logits: Tensor, target: Tensor, ignore_index: int, reduction: str, gamma: float | str
 ) -> Tensor | None:
-    """The common multiclass case on CPU in eager mode (:func:`plain_indices`, no weight, no
-    ignored item): the formula of :func:`_log_p_and_complement` without :func:`prepare`,
-    checked with one host read of three float64 sums (a NaN/+inf logit or an all ``-inf``
-    item makes the normaliser non-finite, a ``-inf`` true class the true logit, an item
-    whose other classes are all masked the complement). ``None`` then, and for an ignored
-    item or a bad label: the caller's full path names the culprit or handles the mask."""
-    if sync_free(logits):
+    """The hot path of :func:`focal_loss` (and :class:`~torchcal.losses.FocalLoss`) for
+    :func:`~torchcal.functional._layouts.fast_case` arguments without ``weight``, options
+    already checked: one ``log_softmax``, a gather (which rejects a label outside
+    ``[0, C)``) and :func:`focal_items`, checked with one host read (a NaN/+inf logit, an
+    all ``-inf`` item or a ``-inf`` true class makes the result non-finite). ``None`` sends
+    the call to the full path, which names the culprit."""
+    if not fast_case(logits, target, ignore_index):
         return None
-    lo, hi = host_range(target)
-    if not (lo >= 0 and hi < logits.shape[1]):
+    try:
+        log_p = torch.log_softmax(logits, dim=1).gather(1, target.unsqueeze(1)).squeeze(1)
+    except (IndexError, RuntimeError):  # a label out of range or ignored: the full path
         return None
-    index = target.unsqueeze(1)
-    with autocast_off(logits):
-        lse = torch.logsumexp(logits, dim=1)
-        z_y = logits.gather(1, index).squeeze(1)
-        lse_other = torch.logsumexp(logits.scatter(1, index, float("-inf")), dim=1)
-        total = (
-            lse.detach().sum(dtype=torch.float64)
-            + z_y.detach().sum(dtype=torch.float64)
-            + lse_other.detach().sum(dtype=torch.float64)
-        )
-        if not math.isfinite(total.item()):
-            return None
-        return reduce(_focal_items(z_y - lse, lse_other - lse, gamma), reduction)
+    out = reduce(focal_items(log_p, gamma), reduction)
+    if values_checked() and not fast_ok(out):
+        return None
+    return out
 
 
 def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor, Tensor]:
@@ -216,6 +215,22 @@ def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor, Tensor]:
         correct = top == prep.target.reshape(-1)
     conf = conf.reshape(-1)
     return conf, correct.reshape(-1).to(conf.dtype), prep.used.reshape(-1).to(conf.dtype)
+
+
+def _fast_reading(
+    logits: Tensor, target: Tensor, ignore_index: int
+) -> tuple[Tensor, Tensor] | None:
+    """The confidence reading on the hot path (:func:`~torchcal.functional._layouts.fast_case`
+    arguments): ``(conf, correct)`` of every item, ``torch.max`` of the softmax as
+    :func:`_confidence_reading`, after one ``aminmax`` of the labels (a label outside
+    ``[0, C)``, out of range or an ignored item, which the full path leaves out, sends the
+    call there). ``None`` where the hot path does not apply."""
+    if not fast_case(logits, target, ignore_index):
+        return None
+    if not labels_in_range(target, logits.shape[1]):
+        return None
+    conf, top = torch.softmax(logits, dim=1).max(dim=1)
+    return conf, top == target
 
 
 def mmce(
@@ -253,24 +268,53 @@ def mmce(
     """
     width = check_kernel_width(width)
     squared = check_bool("squared", squared)
+    if multilabel is False:
+        out = mmce_fast(logits, target, ignore_index, width, squared)
+        if out is not None:
+            return out
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "mmce")
     with autocast_off(prep.logits):
         conf, correct, used = _confidence_reading(prep)
+        value = _mmce_squared(conf, correct, used, width)
+        return (value if squared else _safe_root(value, 2.0)).to(prep.logits.dtype)
+
+
+def _mmce_squared(conf: Tensor, correct: Tensor, used: Tensor | None, width: float) -> Tensor:
+    """``MMCE^2`` in float64 from the flat confidence reading; ``used`` (0/1 weights) leaves
+    ignored items out, ``None``: every item is used."""
+    r = conf.double()
+    a = correct.double() - r
+    m: float | Tensor
+    if used is None:
+        m = float(r.numel())
+    else:
         m = used.double().sum()  # ignored items: a = 0, no term
-        r = conf.double()
-        a = (correct.double() - r) * used.double()
-        r_sorted, order = torch.sort(r)
-        a_sorted = a[order]
-        centred = (r_sorted - 0.5) / width
-        up = a_sorted * torch.exp(centred)
-        prefix = torch.cumsum(up, dim=0) - up  # sum_{j<i} a_j e^{r_j / w}
-        cross = (a_sorted * torch.exp(-centred) * prefix).sum()
-        total = (a_sorted * a_sorted).sum() + 2.0 * cross
-        value = total / (m * m)  # 0 / 0 = NaN when every item is ignored
-        if not squared:
-            value = _safe_root(value, 2.0)
-        return value.to(prep.logits.dtype)
+        a = a * used.double()
+    r_sorted, order = torch.sort(r)
+    a_sorted = a[order]
+    centred = (r_sorted - 0.5) / width
+    up = a_sorted * torch.exp(centred)
+    prefix = torch.cumsum(up, dim=0) - up  # sum_{j<i} a_j e^{r_j / w}
+    cross = (a_sorted * torch.exp(-centred) * prefix).sum()
+    total = (a_sorted * a_sorted).sum() + 2.0 * cross
+    return total / (m * m)  # 0 / 0 = NaN when every item is ignored
+
+
+def mmce_fast(
+    logits: Tensor, target: Tensor, ignore_index: int, width: float, squared: bool
+) -> Tensor | None:
+    """The hot path of :func:`mmce` (and :class:`~torchcal.losses.MMCELoss`), options
+    already checked: :func:`_fast_reading` and the same kernel, one value check of the
+    result and the true class; ``None`` sends the call to the full path."""
+    reading = _fast_reading(logits, target, ignore_index)
+    if reading is None:
+        return None
+    conf, correct = reading
+    value = _mmce_squared(conf, correct, None, width)
+    if values_checked() and not fast_ok(value, logits, target):  # before the root (NaN -> 0)
+        return None
+    return (value if squared else _safe_root(value, 2.0)).to(logits.dtype)
 
 
 def soft_binned_ece(
@@ -313,22 +357,64 @@ def soft_binned_ece(
     temperature = check_number("temperature", temperature, strict=True)
     p = check_norm_power("p", p)
     root = check_bool("root", root)
+    if multilabel is False:
+        out = soft_binned_ece_fast(logits, target, ignore_index, bins, temperature, p, root)
+        if out is not None:
+            return out
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "soft_binned_ece")
     with autocast_off(prep.logits):
         conf, correct, used = _confidence_reading(prep)
+        value = _soft_binned_power(conf, correct, used, bins, temperature, p)
+        return (_safe_root(value, p) if root else value).to(prep.logits.dtype)
+
+
+def _soft_binned_power(
+    conf: Tensor, correct: Tensor, used: Tensor | None, bins: int, temperature: float, p: float
+) -> Tensor:
+    """``SB-ECE_p^p`` in float64 from the flat confidence reading; ``used``
+    (0/1 weights) leaves ignored items out, ``None``: every item is used."""
+    r = conf.double()
+    centres = torch.arange(0.5, bins, dtype=torch.float64, device=r.device) / bins
+    u = torch.softmax((r.unsqueeze(1) - centres).square() / -temperature, dim=1)
+    m: float | Tensor
+    if used is None:
+        m = float(r.numel())
+    else:
         w = used.double()
         m = w.sum()
-        r = conf.double()
-        centres = (torch.arange(bins, dtype=torch.float64, device=r.device) + 0.5) / bins
-        u = torch.softmax(-(r.unsqueeze(1) - centres).square() / temperature, dim=1)
         u = u * w.unsqueeze(1)  # ignored items: no soft count
-        counts = u.sum(dim=0)
-        gaps = ((correct.double() - r).unsqueeze(1) * u).sum(dim=0)
-        safe_counts = torch.where(counts > 0, counts, torch.ones_like(counts))
+    counts = u.sum(dim=0)
+    gaps = ((correct.double() - r).unsqueeze(1) * u).sum(dim=0)
+    # a bin whose soft count underflows to 0 has a zero gap: it contributes 0 (never 0 / 0)
+    safe_counts = counts.clamp_min(_TINY64)
+    if p == 2.0:  # the default: the same numbers as the general power, fewer kernels
+        total = (gaps.square() / safe_counts).sum()
+    else:
         total = (gaps.abs().pow(p) / safe_counts.pow(p - 1.0)).sum()
-        value = total / m  # 0 / 0 = NaN when every item is ignored
-        return (_safe_root(value, p) if root else value).to(prep.logits.dtype)
+    return total / m  # 0 / 0 = NaN when every item is ignored
+
+
+def soft_binned_ece_fast(
+    logits: Tensor,
+    target: Tensor,
+    ignore_index: int,
+    bins: int,
+    temperature: float,
+    p: float,
+    root: bool,
+) -> Tensor | None:
+    """The hot path of :func:`soft_binned_ece` (and :class:`~torchcal.losses.SoftBinnedECELoss`),
+    options already checked: :func:`_fast_reading` and the same kernel, one value check of
+    the result and the true class; ``None`` sends the call to the full path."""
+    reading = _fast_reading(logits, target, ignore_index)
+    if reading is None:
+        return None
+    conf, correct = reading
+    value = _soft_binned_power(conf, correct, None, bins, temperature, p)
+    if values_checked() and not fast_ok(value, logits, target):  # before the root (NaN -> 0)
+        return None
+    return (_safe_root(value, p) if root else value).to(logits.dtype)
 
 
 # ------------------------------------------------------------------- confidence penalty
@@ -360,20 +446,6 @@ def _prepare_logits_only(logits: Tensor, reduction: str) -> Prepared:
     )
 
 
-def _plain_logits(logits: object, reduction: object) -> bool:
-    """Multiclass float32/float64 logits ``(N, C, *)``, ``C >= 2``, non-empty, a known
-    reduction, on CPU in eager mode: the case :func:`_confidence_penalty_plain` handles."""
-    return (
-        isinstance(logits, Tensor)
-        and reduction in REDUCTIONS
-        and logits.dtype in (torch.float32, torch.float64)
-        and logits.dim() >= 2
-        and logits.shape[1] >= 2
-        and logits.numel() > 0
-        and not sync_free(logits)
-    )
-
-
 def _entropy_of_logits(z: Tensor) -> Tensor:
     """``H(softmax(z))`` over dim 1 with ``p log p = 0`` where ``log p = -inf`` (a ``-inf``
     mask, or a logit so far below the maximum that ``z - max z`` overflows: never
@@ -383,13 +455,27 @@ def _entropy_of_logits(z: Tensor) -> Tensor:
     return -(log_p.exp() * safe_log_p).sum(dim=1)
 
 
-def _confidence_penalty_plain(logits: Tensor, beta: float, reduction: str) -> Tensor | None:
-    """The penalty of target-free logits with one host read as its check: a NaN or +inf
-    logit, or an item whose logits are all ``-inf``, makes the result NaN. ``None`` then:
-    the caller runs the full path, whose check names the culprit."""
-    with autocast_off(logits):
-        out = reduce(-beta * _entropy_of_logits(logits), reduction)
-    if values_checked() and not math.isfinite(out.detach().sum(dtype=torch.float64).item()):
+def confidence_penalty_fast(logits: Tensor, reduction: str, beta: float) -> Tensor | None:
+    """The hot path of :func:`confidence_penalty` (and
+    :class:`~torchcal.losses.ConfidencePenaltyLoss`) without a target, options already
+    checked: 2-D float32/float64 logits ``(N, C)``, ``C >= 2``, on the CPU in eager mode:
+    ``beta * sum_c p_c log p_c`` from one ``log_softmax``, checked with one host read. A
+    NaN or +inf logit or an all ``-inf`` item makes the result NaN, and so does a ``-inf``
+    mask (``0 * -inf``): ``None`` then, and the full path (which reads a mask as
+    ``0 log 0 = 0``) decides."""
+    if not (
+        isinstance(logits, Tensor)
+        and logits.dim() == 2
+        and logits.dtype in (torch.float32, torch.float64)
+        and logits.shape[0] > 0
+        and logits.shape[1] >= 2
+        and not sync_free(logits)  # CPU autocast lowers none of these kernels
+    ):
+        return None
+    log_p = torch.log_softmax(logits, dim=1)
+    items = (log_p.exp() * log_p).sum(dim=1)  # -H(p), as the full path's -beta * H
+    out = reduce(items if beta == 1.0 else items * beta, reduction)
+    if values_checked() and not fast_ok(out):
         return None
     return out
 
@@ -436,8 +522,8 @@ def confidence_penalty(
     """
     beta = check_number("beta", beta)
     check_int("ignore_index", ignore_index)
-    if target is None and _plain_logits(logits, reduction):
-        out = _confidence_penalty_plain(logits, beta, reduction)
+    if target is None and reduction in REDUCTIONS:
+        out = confidence_penalty_fast(logits, reduction, beta)
         if out is not None:
             return out
     if target is None:
@@ -484,6 +570,10 @@ def dca(
         >>> round(dca(logits, torch.tensor([0, 0, 0, 1])).item(), 4)
         0.0467
     """
+    if multilabel is False:
+        out = dca_fast(logits, target, ignore_index)
+        if out is not None:
+            return out
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     _no_soft(prep, "dca")
     with autocast_off(prep.logits):
@@ -491,6 +581,21 @@ def dca(
         w = used.double()
         gap = ((conf.double() - correct.double()) * w).sum()
         return (gap / w.sum()).abs().to(prep.logits.dtype)  # NaN when every item is ignored
+
+
+def dca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None:
+    """The hot path of :func:`dca` (and :class:`~torchcal.losses.DCALoss`):
+    :func:`_fast_reading`, ``|mean_i r_i - mean_i o_i|`` in float64, one value check of the
+    result and the true class; ``None`` sends the call to the full path."""
+    reading = _fast_reading(logits, target, ignore_index)
+    if reading is None:
+        return None
+    conf, correct = reading
+    gap = conf.mean(dtype=torch.float64) - correct.mean(dtype=torch.float64)
+    out = gap.abs().to(logits.dtype)
+    if values_checked() and not fast_ok(out, logits, target):
+        return None
+    return out
 
 
 def mdca(
@@ -518,6 +623,10 @@ def mdca(
         >>> round(mdca(logits, torch.tensor([0, 2])).item(), 4)
         0.2082
     """
+    if multilabel is False:
+        out = mdca_fast(logits, target, ignore_index)
+        if out is not None:
+            return out
     prep = prepare(logits, target, None, ignore_index, "mean", multilabel)
     z = prep.logits
     with autocast_off(z):
@@ -542,3 +651,23 @@ def mdca(
         counts = torch.zeros(num_classes, dtype=torch.float64, device=z.device)
         counts.scatter_add_(0, prep.target.reshape(-1), used)
         return ((p_sum - counts) / m).abs().mean().to(z.dtype)
+
+
+def mdca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None:
+    """The hot path of :func:`mdca` (and :class:`~torchcal.losses.MDCALoss`) for
+    :func:`~torchcal.functional._layouts.fast_case` arguments: the per-class sums of the
+    softmax in float64 against ``bincount`` of the labels (after one ``aminmax`` of the
+    labels: a label outside ``[0, C)`` goes to the full path), one value check of the result
+    and the true class;
+    ``None`` sends the call to the full path."""
+    if not fast_case(logits, target, ignore_index):
+        return None
+    num_classes = logits.shape[1]
+    if not labels_in_range(target, num_classes):
+        return None
+    p_sum = torch.softmax(logits, dim=1).sum(dim=0, dtype=torch.float64)
+    counts = torch.bincount(target, minlength=num_classes)
+    out = ((p_sum - counts) / logits.shape[0]).abs().mean().to(logits.dtype)
+    if values_checked() and not fast_ok(out, logits, target):
+        return None
+    return out

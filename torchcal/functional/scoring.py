@@ -60,16 +60,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torchcal.functional._checks import REDUCTIONS
 from torchcal.functional._layouts import (
     Prepared,
     autocast_off,
     binary_brier,
     check_rows,
-    fused_indices,
+    fast_case,
+    fast_ok,
     fused_multiclass,
     log_score_items,
     plain_indices,
     prepare,
+    small_sum,
     soft_expected,
 )
 from torchcal.functional._validation import (
@@ -159,6 +162,15 @@ def log_score(
         0.7417
     """
     label_smoothing = check_label_smoothing(label_smoothing)
+    if (
+        label_smoothing == 0.0
+        and weight is None
+        and multilabel is False
+        and reduction in REDUCTIONS
+    ):
+        out = log_score_fast(logits, target, ignore_index, reduction)
+        if out is not None:
+            return out
     if label_smoothing == 0.0 and plain_indices(
         logits, target, weight, ignore_index, reduction, multilabel
     ):
@@ -198,6 +210,45 @@ def log_score(
                 row_ok = row_ok + lse
             check_rows(prep, row_ok, None)
         return reduce(score, reduction, prep.weight)
+
+
+def log_score_fast(
+    logits: Tensor, target: Tensor, ignore_index: int, reduction: str
+) -> Tensor | None:
+    """The hot path of :func:`log_score` (and :class:`~torchcal.losses.LogScoreLoss`), for
+    :func:`~torchcal.functional._layouts.fast_case` arguments without ``weight`` and
+    ``label_smoothing``, options already checked: ``F.cross_entropy`` itself, checked with
+    two host reads (docs/design.md section 3). ``F.cross_entropy`` rejects a label out of
+    range; the count of used items tells whether one is ignored (the full path also checks
+    an ignored item's logits); a NaN/+inf logit, an all ``-inf`` item or a ``-inf`` true class
+    makes the result non-finite. ``None`` then (and outside the fast case): the caller runs
+    the full path, which names the culprit."""
+    if not fast_case(logits, target, ignore_index):
+        return None
+    try:  # F.cross_entropy's own kernel (its Python wrapper only maps the reduction)
+        reduction_enum = _REDUCTION[reduction]  # the stub says str; the kernel takes the enum
+        out = _cross_entropy(logits, target, None, reduction_enum, ignore_index, 0.0)  # type: ignore[arg-type]
+    except (IndexError, RuntimeError):  # a label out of range: the full check names it
+        return None
+    if not values_checked():
+        return out
+    # no ignored item: F.cross_entropy's graph node keeps the number of used items (an exact
+    # count up to 2**24) for 'mean'/'sum', read without a kernel; else the extreme label
+    if reduction != "none":
+        try:
+            used = out.grad_fn._saved_total_weight.item()  # type: ignore[union-attr]
+        except AttributeError:  # no graph (no_grad, or an input without grad)
+            used = None
+        if used is not None:
+            ok = used == target.shape[0] and math.isfinite(out.item())
+            return out if ok else None
+    extreme = target.min() if ignore_index < 0 else target.max()
+    return out if extreme.item() != ignore_index and fast_ok(out) else None
+
+
+_cross_entropy = torch._C._nn.cross_entropy_loss
+_mse_loss = torch._C._nn.mse_loss
+_REDUCTION = {"none": 0, "mean": 1, "sum": 2}  # torch.nn._reduction.get_enum
 
 
 def _log_score_indices(
@@ -317,6 +368,53 @@ class _SoftmaxBrier(torch.autograd.Function):
         return out, None
 
 
+def _squared_distance(a: Tensor, b: Tensor, reduction: str) -> Tensor:
+    """``sum_c (a - b)^2`` per item (dim 1), reduced: ``F.mse_loss`` (one kernel each way;
+    its ``'sum'`` runs on one thread for :func:`~torchcal.functional._layouts.small_sum`
+    inputs, so the last bit does not depend on the thread count)."""
+    if reduction == "none":
+        return _mse_loss(a, b, _REDUCTION["none"]).sum(dim=1)  # type: ignore[arg-type]
+    total = _mse_loss(a, b, _REDUCTION["sum"])  # type: ignore[arg-type]  # F.mse_loss's kernel
+    return total / a.shape[0] if reduction == "mean" else total
+
+
+def _fast_rule(logits: Tensor, target: Tensor, small, fused, reduction: str) -> Tensor | None:
+    """The hot path shared by the softmax rules (:func:`brier_score_fast` ...): ``small(p,
+    index, reduction)`` on a one-thread-sized batch (:func:`small_sum`), else the fused
+    ``autograd.Function`` ``fused``; a label outside ``[0, C)`` makes the gather/scatter
+    raise, the result and the true class (a ``-inf`` true class does not show in these
+    scores) are checked with two host reads (:func:`fast_ok`). ``None`` sends the call to the full path."""
+    index = target.unsqueeze(1)
+    try:
+        if small is not None and small_sum(logits):
+            score = small(torch.softmax(logits, dim=1), index, reduction)
+        else:
+            score = reduce(fused.apply(logits, index), reduction)
+    except (IndexError, RuntimeError):  # a label out of range or ignored: the full path
+        return None
+    if values_checked() and not fast_ok(score, logits, target):
+        return None
+    return score
+
+
+def _brier_small(p: Tensor, index: Tensor, reduction: str) -> Tensor:
+    """``||p - e_y||^2`` reduced, with the one-hot built by ``scatter_`` (which rejects a
+    label outside ``[0, C)``)."""
+    return _squared_distance(p, torch.zeros_like(p).scatter_(1, index, 1.0), reduction)
+
+
+def brier_score_fast(
+    logits: Tensor, target: Tensor, ignore_index: int, reduction: str
+) -> Tensor | None:
+    """The hot path of :func:`brier_score` (and :class:`~torchcal.losses.BrierLoss`) for
+    :func:`~torchcal.functional._layouts.fast_case` arguments without ``weight``, options
+    already checked: small batches ``F.mse_loss(softmax(z), one_hot(y))``, larger ones the
+    fused :class:`_SoftmaxBrier`; ``None`` sends the call to the full path."""
+    if not fast_case(logits, target, ignore_index):
+        return None
+    return _fast_rule(logits, target, _brier_small, _SoftmaxBrier, reduction)
+
+
 def brier_score(
     logits: Tensor,
     target: Tensor,
@@ -348,8 +446,8 @@ def brier_score(
         >>> brier_score(torch.tensor([0.0]), torch.tensor([1.0])).item()
         0.25
     """
-    if weight is None and plain_indices(logits, target, None, ignore_index, reduction, multilabel):
-        out = fused_indices(_SoftmaxBrier, logits, target, reduction)
+    if weight is None and multilabel is False and reduction in REDUCTIONS:
+        out = brier_score_fast(logits, target, ignore_index, reduction)
         if out is not None:
             return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
@@ -399,6 +497,18 @@ class _SoftmaxSpherical(torch.autograd.Function):
         return out.scatter_add_(1, index, -ga), None
 
 
+def spherical_score_fast(
+    logits: Tensor, target: Tensor, ignore_index: int, reduction: str
+) -> Tensor | None:
+    """The hot path of :func:`spherical_score` (and :class:`~torchcal.losses.SphericalLoss`)
+    for :func:`~torchcal.functional._layouts.fast_case` arguments without ``weight``, options
+    already checked: the fused :class:`_SoftmaxSpherical`; ``None`` sends the call to the
+    full path."""
+    if not fast_case(logits, target, ignore_index):
+        return None
+    return _fast_rule(logits, target, None, _SoftmaxSpherical, reduction)
+
+
 def spherical_score(
     logits: Tensor,
     target: Tensor,
@@ -426,8 +536,8 @@ def spherical_score(
         >>> round(spherical_score(torch.tensor([0.0]), torch.tensor([1.0])).item(), 4)
         0.2929
     """
-    if weight is None and plain_indices(logits, target, None, ignore_index, reduction, multilabel):
-        out = fused_indices(_SoftmaxSpherical, logits, target, reduction)
+    if weight is None and multilabel is False and reduction in REDUCTIONS:
+        out = spherical_score_fast(logits, target, ignore_index, reduction)
         if out is not None:
             return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)
@@ -519,6 +629,27 @@ def _soft_rps(prep: Prepared) -> Tensor:
     return (w_below * above.square() + w_above * below.square()).sum(dim=1)
 
 
+def _rps_small(p: Tensor, index: Tensor, reduction: str) -> Tensor:
+    """``sum_{k < C-1} (P_k - [y <= k])^2`` reduced, the cumulative one-hot built by
+    ``scatter_`` (which rejects a label outside ``[0, C)``) and ``cumsum_``."""
+    head = p.shape[1] - 1
+    cdf = p.cumsum(dim=1).narrow(1, 0, head)
+    step = torch.zeros_like(p).scatter_(1, index, 1.0).cumsum_(dim=1).narrow(1, 0, head)
+    return _squared_distance(cdf, step, reduction)
+
+
+def ranked_probability_score_fast(
+    logits: Tensor, target: Tensor, ignore_index: int, reduction: str
+) -> Tensor | None:
+    """The hot path of :func:`ranked_probability_score` (and :class:`~torchcal.losses.RPSLoss`)
+    for :func:`~torchcal.functional._layouts.fast_case` arguments without ``weight``, options
+    already checked: small batches ``F.mse_loss`` of the two cumulative distributions,
+    larger ones the fused :class:`_SoftmaxRPS`; ``None`` sends the call to the full path."""
+    if not fast_case(logits, target, ignore_index):
+        return None
+    return _fast_rule(logits, target, _rps_small, _SoftmaxRPS, reduction)
+
+
 def ranked_probability_score(
     logits: Tensor,
     target: Tensor,
@@ -547,8 +678,8 @@ def ranked_probability_score(
         >>> round(ranked_probability_score(logits, torch.tensor([2])).item(), 4)
         0.26
     """
-    if weight is None and plain_indices(logits, target, None, ignore_index, reduction, multilabel):
-        out = fused_indices(_SoftmaxRPS, logits, target, reduction)
+    if weight is None and multilabel is False and reduction in REDUCTIONS:
+        out = ranked_probability_score_fast(logits, target, ignore_index, reduction)
         if out is not None:
             return out
     prep = prepare(logits, target, weight, ignore_index, reduction, multilabel)

@@ -18,6 +18,20 @@ from torchcal.functional._validation import (
     check_number,
     check_reduction,
 )
+from torchcal.functional.regularizers import (
+    confidence_penalty_fast,
+    dca_fast,
+    focal_loss_fast,
+    mdca_fast,
+    mmce_fast,
+    soft_binned_ece_fast,
+)
+from torchcal.functional.scoring import (
+    brier_score_fast,
+    log_score_fast,
+    ranked_probability_score_fast,
+    spherical_score_fast,
+)
 from torchcal.losses._buffers import KeepBufferDtype
 
 __all__ = [
@@ -37,10 +51,18 @@ __all__ = [
 class _ClassScoreLoss(KeepBufferDtype):
     """Shared shell: stores ``weight`` (buffer), ``ignore_index``, ``reduction``,
     ``multilabel`` (independent sigmoids over ``(N, C, *)`` 0/1 float targets); a subclass
-    sets ``_score`` and passes its own options through ``_options``."""
+    sets ``_score`` (and ``_fast``, its hot path) and passes its own options through
+    ``_options`` (``_fast_options``).
+
+    ``forward`` first tries the rule's hot path (docs/design.md section 3): without
+    ``weight`` and ``multilabel``, the options checked here once, ``_fast(logits, target,
+    ignore_index, reduction, *options)`` decides from the shapes whether it applies, runs
+    the kernel and its one value check, and returns ``None`` otherwise; then the functional
+    rule runs with its full validation (the same numbers, today's messages)."""
 
     weight: Tensor | None
     _score: staticmethod  # the functional rule, set by each subclass
+    _fast: staticmethod  # its hot path: (logits, target, ignore_index, reduction, *options)
     is_proper: str = "strict"  # "strict" | "proper" | "no" (see each subclass)
 
     def __init__(
@@ -62,7 +84,17 @@ class _ClassScoreLoss(KeepBufferDtype):
         """Keyword options of ``_score`` beyond the shared ones."""
         return {}
 
+    def _fast_options(self) -> tuple[object, ...] | None:
+        """Extra positional options of ``_fast``; ``None`` where the hot path never applies."""
+        return ()
+
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        if self._buffers["weight"] is None and not self.multilabel:
+            options = self._fast_options()
+            if options is not None:
+                out = self._fast(logits, target, self.ignore_index, self.reduction, *options)
+                if out is not None:
+                    return out
         return self._score(
             logits,
             target,
@@ -103,6 +135,7 @@ class LogScoreLoss(_ClassScoreLoss):
     """
 
     _score = staticmethod(TF.log_score)
+    _fast = staticmethod(log_score_fast)
 
     def __init__(
         self,
@@ -123,6 +156,17 @@ class LogScoreLoss(_ClassScoreLoss):
 
     def _options(self) -> dict[str, object]:
         return {"label_smoothing": self.label_smoothing}
+
+    def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        # the shell's hot path, spelled out for the cheapest call (F.cross_entropy's cost)
+        if self._buffers["weight"] is None and not (self.multilabel or self.label_smoothing):
+            out = log_score_fast(logits, target, self.ignore_index, self.reduction)
+            if out is not None:
+                return out
+        return super().forward(logits, target)
+
+    def _fast_options(self) -> tuple[object, ...] | None:
+        return None  # forward above has tried the hot path
 
     def extra_repr(self) -> str:
         extra = super().extra_repr()
@@ -145,6 +189,7 @@ class BrierLoss(_ClassScoreLoss):
     """
 
     _score = staticmethod(TF.brier_score)
+    _fast = staticmethod(brier_score_fast)
 
 
 class SphericalLoss(_ClassScoreLoss):
@@ -160,6 +205,7 @@ class SphericalLoss(_ClassScoreLoss):
     """
 
     _score = staticmethod(TF.spherical_score)
+    _fast = staticmethod(spherical_score_fast)
 
 
 class RPSLoss(_ClassScoreLoss):
@@ -177,6 +223,7 @@ class RPSLoss(_ClassScoreLoss):
     """
 
     _score = staticmethod(TF.ranked_probability_score)
+    _fast = staticmethod(ranked_probability_score_fast)
 
 
 class FocalLoss(_ClassScoreLoss):
@@ -194,6 +241,7 @@ class FocalLoss(_ClassScoreLoss):
     """
 
     _score = staticmethod(TF.focal_loss)
+    _fast = staticmethod(focal_loss_fast)
 
     def __init__(
         self,
@@ -214,6 +262,9 @@ class FocalLoss(_ClassScoreLoss):
 
     def _options(self) -> dict[str, object]:
         return {"gamma": self.gamma}
+
+    def _fast_options(self) -> tuple[object, ...] | None:
+        return (self.gamma,)
 
     def extra_repr(self) -> str:
         return f"gamma={self.gamma!r}, " + super().extra_repr()
@@ -257,6 +308,10 @@ class MMCELoss(KeepBufferDtype):
         self.multilabel = check_bool("multilabel", multilabel)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        if not self.multilabel:  # the hot path (docs/design.md section 3), else the full one
+            out = mmce_fast(logits, target, self.ignore_index, self.width, self.squared)
+            if out is not None:
+                return out
         return TF.mmce(
             logits,
             target,
@@ -307,6 +362,12 @@ class SoftBinnedECELoss(KeepBufferDtype):
         self.multilabel = check_bool("multilabel", multilabel)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
+        if not self.multilabel:  # the hot path (docs/design.md section 3), else the full one
+            out = soft_binned_ece_fast(
+                logits, target, self.ignore_index, self.bins, self.temperature, self.p, self.root
+            )
+            if out is not None:
+                return out
         return TF.soft_binned_ece(
             logits,
             target,
@@ -356,6 +417,10 @@ class ConfidencePenaltyLoss(KeepBufferDtype):
         self.multilabel = check_bool("multilabel", multilabel)
 
     def forward(self, logits: Tensor, target: Tensor | None = None) -> Tensor:
+        if target is None:  # the hot path (docs/design.md section 3), else the full one
+            out = confidence_penalty_fast(logits, self.reduction, self.beta)
+            if out is not None:
+                return out
         return TF.confidence_penalty(
             logits,
             target,
@@ -373,6 +438,7 @@ class _BatchPenaltyLoss(KeepBufferDtype):
     """Shared shell of the batch-level penalties: ``beta * fn(logits, target)``."""
 
     _penalty: staticmethod
+    _fast: staticmethod  # its hot path: (logits, target, ignore_index) -> Tensor | None
     is_proper = "no"
 
     def __init__(
@@ -384,9 +450,14 @@ class _BatchPenaltyLoss(KeepBufferDtype):
         self.multilabel = check_bool("multilabel", multilabel)
 
     def forward(self, logits: Tensor, target: Tensor) -> Tensor:
-        return self.beta * self._penalty(
-            logits, target, ignore_index=self.ignore_index, multilabel=self.multilabel
-        )
+        out = None
+        if not self.multilabel:  # the hot path (docs/design.md section 3), else the full one
+            out = self._fast(logits, target, self.ignore_index)
+        if out is None:
+            out = self._penalty(
+                logits, target, ignore_index=self.ignore_index, multilabel=self.multilabel
+            )
+        return out if self.beta == 1.0 else self.beta * out
 
     def extra_repr(self) -> str:
         return f"beta={self.beta}, ignore_index={self.ignore_index}"
@@ -407,6 +478,7 @@ class DCALoss(_BatchPenaltyLoss):
     """
 
     _penalty = staticmethod(TF.dca)
+    _fast = staticmethod(dca_fast)
 
 
 class MDCALoss(_BatchPenaltyLoss):
@@ -424,3 +496,4 @@ class MDCALoss(_BatchPenaltyLoss):
     """
 
     _penalty = staticmethod(TF.mdca)
+    _fast = staticmethod(mdca_fast)
