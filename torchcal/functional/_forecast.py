@@ -9,6 +9,7 @@ checks (estimator, alpha, levels) live in :mod:`torchcal.functional._validation`
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -23,7 +24,60 @@ from torchcal.functional._validation import (
     compute_dtype,
 )
 
-__all__ = ["broadcast_or_none", "check_target_shape", "cast_forecast", "check_location_scale"]
+__all__ = [
+    "broadcast_or_none",
+    "check_target_shape",
+    "cast_forecast",
+    "check_location_scale",
+    "renamed_keyword",
+    "gaussian_spread",
+]
+
+
+def renamed_keyword(owner: str, new: str, value: object, old: str, old_value: object) -> object:
+    """The value of keyword ``new`` of ``owner`` where ``old`` is its deprecated alias (kept
+    for one release): ``old_value`` when only the alias was given (with a ``FutureWarning``
+    naming ``new``), ``value`` otherwise (``None`` when neither was); both given raise a
+    ``ValueError`` naming both."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise ValueError(f"{owner}: got both {new}= and its deprecated alias {old}=; pass {new}=")
+    warnings.warn(
+        f"{owner}({old}=...) is deprecated and will be removed in the next release; use {new}=...",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return old_value
+
+
+def gaussian_spread(
+    owner: str, spread: object, var: object, sd: object, positional: str
+) -> tuple[object, bool]:
+    """``(spread tensor, is_variance)`` of a Gaussian forecast given as ``spread`` (read as
+    ``positional``: ``"var"`` or ``"sd"``) or by name, ``var=`` (the variance) or ``sd=``
+    (the standard deviation): exactly one of the three. ``var=`` with ``sd=`` raise a
+    ``ValueError`` naming both; a positional spread with a named one a ``TypeError`` (as
+    Python's "multiple values"); none a ``TypeError``. Never guessed from the values."""
+    if var is not None and sd is not None:
+        raise ValueError(
+            f"{owner}: got both var= and sd=; give the spread once, as the variance (var=) "
+            f"or as the standard deviation (sd=)"
+        )
+    named = "var" if var is not None else "sd" if sd is not None else None
+    if named is not None:
+        if spread is not None:
+            raise TypeError(
+                f"{owner}: got the spread twice, positionally and as {named}=; the forecast "
+                f"comes first and the target last: (loc, target=..., {named}=...) or "
+                f"(loc, spread, target)"
+            )
+        return (var if named == "var" else sd), named == "var"
+    if spread is None:
+        raise TypeError(
+            f"{owner}: missing the spread: pass var= (the variance) or sd= (the standard deviation)"
+        )
+    return spread, positional == "var"
 
 
 def broadcast_or_none(shapes: Sequence[Sequence[int]]) -> torch.Size | None:

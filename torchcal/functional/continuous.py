@@ -29,6 +29,7 @@ accurate for data far from zero.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -39,6 +40,7 @@ from torchcal.functional._forecast import (
     cast_forecast,
     check_location_scale,
     check_target_shape,
+    gaussian_spread,
 )
 from torchcal.functional._validation import (
     check_alpha,
@@ -253,10 +255,11 @@ def _normal_log_term(loc: Tensor, scale: Tensor, target: Tensor) -> Tensor:
 
 def gaussian_nll(
     loc: Tensor,
-    spread: Tensor,
-    target: Tensor,
+    spread: Tensor | None = None,
+    target: Tensor | None = None,
     *,
-    var: bool = False,
+    var: Tensor | None = None,
+    sd: Tensor | None = None,
     full: bool = True,
     reduction: str = "mean",
 ) -> Tensor:
@@ -264,22 +267,31 @@ def gaussian_nll(
 
     :math:`\frac12\left[\log\sigma^2 + (y-\mu)^2/\sigma^2\right] + \frac12\log 2\pi`
     (the constant only with ``full=True``, the default: then this is exactly the
-    logarithmic score, Gneiting & Raftery 2007). ``spread`` is the standard deviation
-    :math:`\sigma` by default, the variance :math:`\sigma^2` with ``var=True``. Unlike
-    ``F.gaussian_nll_loss`` nothing is clamped: non-positive spreads raise.
+    logarithmic score, Gneiting & Raftery 2007). Unlike ``F.gaussian_nll_loss`` nothing is
+    clamped: non-positive spreads raise.
+
+    **The spread** is given once: by name, ``var=`` (the variance :math:`\sigma^2`) or
+    ``sd=`` (the standard deviation :math:`\sigma`), or positionally as ``spread``, which
+    is the **standard deviation** (as the ``GaussianNLL`` metric's ``scale``; the loss
+    ``GaussianNLLLoss`` reads its positional spread as the variance, as torch). ``var=`` with
+    ``sd=`` raise ``ValueError``; a positional spread with a named one, or none, raise
+    ``TypeError``. The spread is never guessed from its values. The old flag ``var=True``
+    (the positional spread is the variance) still works for one release, with a
+    ``FutureWarning``.
 
     Argument order: forecast first, observations last, as every score in this module
     (``crps_normal(loc, scale, target)``). This is **not** the order of
-    ``F.gaussian_nll_loss(input, target, var)``; the keyword-only ``var=True`` flag
-    makes an old call ``gaussian_nll(loc, target, var=v)`` fail with a ``TypeError``
-    instead of running with swapped arguments.
+    ``F.gaussian_nll_loss(input, target, var)``: an old call ``gaussian_nll(loc, target,
+    var=v)`` gives the spread twice and fails with a ``TypeError`` instead of running with
+    swapped arguments.
 
     Args:
         loc: mean :math:`\mu`, broadcastable to the target's shape.
-        spread: standard deviation :math:`\sigma > 0` (or the variance with
-            ``var=True``), broadcastable to the target's shape.
+        spread: the standard deviation :math:`\sigma > 0`, broadcastable to the target's
+            shape (or pass ``var=`` / ``sd=`` by name instead).
         target: observations, never broadcast.
-        var: read ``spread`` as the variance.
+        var: the variance :math:`\sigma^2 > 0`, by name.
+        sd: the standard deviation :math:`\sigma > 0`, by name.
         full: include :math:`\frac12\log 2\pi`.
         reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (the target's shape).
 
@@ -288,20 +300,47 @@ def gaussian_nll(
         >>> from torchcal.functional import gaussian_nll
         >>> round(gaussian_nll(torch.tensor(0.0), torch.tensor(1.0), torch.tensor(0.0)).item(), 5)
         0.91894
-        >>> round(gaussian_nll(torch.tensor(0.0), torch.tensor(4.0), torch.tensor(2.0),
-        ...                    var=True).item(), 5)
+        >>> loc, y = torch.tensor(0.0), torch.tensor(2.0)
+        >>> round(gaussian_nll(loc, target=y, var=torch.tensor(4.0)).item(), 5)
+        2.11209
+        >>> round(gaussian_nll(loc, target=y, sd=torch.tensor(2.0)).item(), 5)
         2.11209
     """
     check_reduction(reduction)
-    if not isinstance(var, bool):
-        raise TypeError(
-            f"var: expected a bool (spread is the variance), got "
-            f"{type(var).__name__}; the signature is gaussian_nll(loc, spread, "
-            f"target, *, var=False)"
+    positional = "sd"
+    if isinstance(var, bool):  # the flag of the previous release: spread is the variance
+        warnings.warn(
+            "gaussian_nll(..., var=True) is deprecated and will be removed in the next "
+            "release; pass the variance by name, gaussian_nll(loc, target=y, var=v), or the "
+            "standard deviation, sd=s",
+            FutureWarning,
+            stacklevel=2,
         )
+        positional, var = ("var" if var else "sd"), None
+    elif var is not None and not isinstance(var, Tensor):
+        raise TypeError(f"var: expected a Tensor (the variance), got {type(var).__name__}")
+    name = "var" if var is not None else "sd" if sd is not None else "spread"
+    spread, is_var = gaussian_spread("gaussian_nll", spread, var, sd, positional)
+    if target is None:
+        raise TypeError("gaussian_nll: missing target (the observations, after the forecast)")
     check_bool("full", full)
-    (loc, spread, target) = check_location_scale(loc, spread, target, "spread")
-    if var:
+    return gaussian_nll_of(loc, spread, target, is_var, full, reduction, name)
+
+
+def gaussian_nll_of(
+    loc: Tensor,
+    spread: Tensor,
+    target: Tensor,
+    is_var: bool,
+    full: bool,
+    reduction: str,
+    spread_name: str = "spread",
+) -> Tensor:
+    """:func:`gaussian_nll` once the spread is resolved (``is_var``: it is the variance) and
+    the options checked; the tensors are checked here (``spread_name`` names the spread in
+    the messages). The one formula, shared by the loss and the metric."""
+    (loc, spread, target) = check_location_scale(loc, spread, target, spread_name)
+    if is_var:
         d = target - loc
         nll = 0.5 * (torch.log(spread) + d * d / spread)
     else:
