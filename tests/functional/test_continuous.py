@@ -720,15 +720,19 @@ def test_hypothesis_ensemble_and_closed_forms(batch, m, est, seed, scale, shift)
 
 
 def test_crps_ensemble_torch_sort_path_matches(monkeypatch):
-    # off-CPU devices sort with torch.sort; check that path gives the same values and grads
+    # small inputs and off-CPU devices sort with torch.sort, large CPU ones with numpy's
+    # argsort; check that both paths give the same values and grads
     from torchcal.functional import crps
 
     g = torch.Generator().manual_seed(8)
     x = torch.randn(7, 9, dtype=D64, generator=g).requires_grad_()
     y = torch.randn(7, dtype=D64, generator=g).requires_grad_()
+    monkeypatch.setattr(crps, "_TORCH_SORT_MEMBERS", 0)
+    monkeypatch.setattr(crps, "_TORCH_SORT_VALUES", 0)
     out = crps_ensemble(x, y, reduction="none")
     gx, gy = torch.autograd.grad(out.sum(), (x, y))
-    monkeypatch.setattr(crps, "_argsort_last", lambda t: torch.sort(t.detach(), dim=-1).indices)
+    monkeypatch.setattr(crps, "_TORCH_SORT_MEMBERS", 10**9)
+    monkeypatch.setattr(crps, "_TORCH_SORT_VALUES", 10**9)
     out2 = crps_ensemble(x, y, reduction="none")
     gx2, gy2 = torch.autograd.grad(out2.sum(), (x, y))
     torch.testing.assert_close(out2, out, rtol=1e-14, atol=1e-14)

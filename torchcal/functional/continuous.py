@@ -38,9 +38,11 @@ from torch import Tensor
 from torchcal.functional._forecast import (
     broadcast_or_none,
     cast_forecast,
+    check_after,
     check_location_scale,
     check_target_shape,
     gaussian_spread,
+    plain_cpu,
 )
 from torchcal.functional._validation import (
     check_alpha,
@@ -339,7 +341,9 @@ def gaussian_nll_of(
     """:func:`gaussian_nll` once the spread is resolved (``is_var``: it is the variance) and
     the options checked; the tensors are checked here (``spread_name`` names the spread in
     the messages). The one formula, shared by the loss and the metric."""
-    (loc, spread, target) = check_location_scale(loc, spread, target, spread_name)
+    fast = plain_cpu(loc, spread, target)
+    if not fast:
+        (loc, spread, target) = check_location_scale(loc, spread, target, spread_name)
     if is_var:
         d = target - loc
         nll = 0.5 * (torch.log(spread) + d * d / spread)
@@ -347,7 +351,10 @@ def gaussian_nll_of(
         nll = _normal_log_term(loc, spread, target)
     if full:
         nll = nll + 0.5 * _LOG_2PI
-    return reduce(nll, reduction)
+    out = reduce(nll, reduction)
+    if fast:  # log(spread) is -inf or NaN for spread <= 0: the result shows every bad value
+        check_after(out, reduction, lambda: check_location_scale(loc, spread, target, spread_name))
+    return out
 
 
 def dawid_sebastiani_score(
@@ -372,5 +379,12 @@ def dawid_sebastiani_score(
         4.0
     """
     check_reduction(reduction)
-    (loc, scale, target) = check_location_scale(loc, scale, target)
-    return reduce(2.0 * _normal_log_term(loc, scale, target), reduction)
+    fast = plain_cpu(loc, scale, target)
+    if not fast:
+        (loc, scale, target) = check_location_scale(loc, scale, target)
+    # z^2 + 2 log s, bitwise 2 (log s + z^2 / 2) (scaling by 2 is exact), two ops fewer
+    z = (target - loc) / scale
+    out = reduce(z * z + 2.0 * torch.log(scale), reduction)
+    if fast:  # log(scale) is -inf or NaN for scale <= 0: the result shows every bad value
+        check_after(out, reduction, lambda: check_location_scale(loc, scale, target))
+    return out

@@ -8,7 +8,6 @@ import warnings
 import torch
 from torch import Tensor
 
-import torchcal.functional as TF
 from torchcal.functional._forecast import gaussian_spread, renamed_keyword
 from torchcal.functional._validation import (
     check_alpha,
@@ -19,8 +18,19 @@ from torchcal.functional._validation import (
     check_option,
     check_reduction,
 )
-from torchcal.functional.continuous import gaussian_nll_of
-from torchcal.functional.crps import crps_ensemble, crps_laplace, crps_logistic, crps_normal
+from torchcal.functional.continuous import (
+    dawid_sebastiani_score,
+    gaussian_nll_of,
+    interval_score,
+    quantile_score,
+)
+from torchcal.functional.crps import (
+    crps_ensemble,
+    crps_laplace,
+    crps_logistic,
+    crps_normal,
+    energy_score,
+)
 from torchcal.losses._buffers import KeepBufferDtype
 
 __all__ = [
@@ -33,6 +43,7 @@ __all__ = [
 ]
 
 _CRPS_FAMILIES = ("normal", "laplace", "logistic", "ensemble")
+_CLOSED_FORMS = {"normal": crps_normal, "laplace": crps_laplace, "logistic": crps_logistic}
 
 
 class CRPSLoss(KeepBufferDtype):
@@ -84,6 +95,8 @@ class CRPSLoss(KeepBufferDtype):
         self.ensemble_dim = check_int("ensemble_dim", ensemble_dim)
         self.estimator = check_estimator(estimator)
         self.reduction = check_reduction(reduction)
+        self._arity = 2 if self.family == "ensemble" else 3
+        self._fn = _CLOSED_FORMS.get(self.family)
 
     @property
     def distribution(self) -> str:
@@ -126,8 +139,13 @@ class CRPSLoss(KeepBufferDtype):
     ) -> Tensor:
         """``forward(loc, scale, target)`` (closed forms) or ``forward(samples, target)``
         (ensembles), positional or by name."""
-        named = {"loc": loc, "scale": scale, "samples": samples, "target": target}
-        args = self._arguments(inputs, named)
+        if len(inputs) == self._arity and loc is scale is samples is target is None:
+            args = list(inputs)  # the positional call: nothing to sort out
+        else:
+            named = {"loc": loc, "scale": scale, "samples": samples, "target": target}
+            args = self._arguments(inputs, named)
+        if self._fn is not None:
+            return self._fn(*args, reduction=self.reduction)
         if self.family == "ensemble":
             return crps_ensemble(
                 *args,
@@ -135,8 +153,7 @@ class CRPSLoss(KeepBufferDtype):
                 ensemble_dim=self.ensemble_dim,
                 reduction=self.reduction,
             )
-        fn = {"normal": crps_normal, "laplace": crps_laplace, "logistic": crps_logistic}
-        return fn[self.family](*args, reduction=self.reduction)
+        raise AssertionError("unreachable")
 
     def extra_repr(self) -> str:
         if self.family == "ensemble":
@@ -169,7 +186,7 @@ class EnergyScoreLoss(KeepBufferDtype):
         self.reduction = check_reduction(reduction)
 
     def forward(self, samples: Tensor, target: Tensor) -> Tensor:
-        return TF.energy_score(samples, target, estimator=self.estimator, reduction=self.reduction)
+        return energy_score(samples, target, estimator=self.estimator, reduction=self.reduction)
 
     def extra_repr(self) -> str:
         return f"estimator={self.estimator!r}, reduction={self.reduction!r}"
@@ -205,7 +222,7 @@ class IntervalScoreLoss(KeepBufferDtype):
         self.reduction = check_reduction(reduction)
 
     def forward(self, lower: Tensor, upper: Tensor, target: Tensor) -> Tensor:
-        return TF.interval_score(lower, upper, target, alpha=self.alpha, reduction=self.reduction)
+        return interval_score(lower, upper, target, alpha=self.alpha, reduction=self.reduction)
 
     def extra_repr(self) -> str:
         alpha = self.alpha if isinstance(self.alpha, float) else "tensor"
@@ -242,7 +259,7 @@ class QuantileLoss(KeepBufferDtype):
         self.reduction = check_reduction(reduction)
 
     def forward(self, pred: Tensor, target: Tensor) -> Tensor:
-        return TF.quantile_score(pred, target, self.quantiles, reduction=self.reduction)
+        return quantile_score(pred, target, self.quantiles, reduction=self.reduction)
 
     def extra_repr(self) -> str:
         return f"quantiles={self.quantiles.tolist()}, reduction={self.reduction!r}"
@@ -328,7 +345,7 @@ class DawidSebastianiLoss(KeepBufferDtype):
         self.reduction = check_reduction(reduction)
 
     def forward(self, loc: Tensor, scale: Tensor, target: Tensor) -> Tensor:
-        return TF.dawid_sebastiani_score(loc, scale, target, reduction=self.reduction)
+        return dawid_sebastiani_score(loc, scale, target, reduction=self.reduction)
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}"
