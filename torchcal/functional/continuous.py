@@ -137,7 +137,8 @@ def interval_parts(lower: Tensor, upper: Tensor, target: Tensor) -> tuple[Tensor
     ``width`` :math:`u - l` (the bounds' broadcast shape) and ``penalty``, the distance
     :math:`|y - \mathrm{clamp}(y, l, u)| = (l - y)\,1\{y < l\} + (y - u)\,1\{y > u\}`
     from the target to the interval (the shape of all three broadcast), in the inputs'
-    dtype (for ``lower <= upper``; unchecked ``lower > upper`` clamps to ``upper``).
+    dtype (for ``lower <= upper``; unchecked ``lower > upper`` gives
+    :math:`(l - y)^+ + (y - u)^+`).
     ``penalty == 0`` exactly when :math:`l \le y \le u` (IEEE subtraction of two different
     floats is never 0 without flush-to-zero), so the coverage is read from it.
 
@@ -150,11 +151,15 @@ def interval_parts(lower: Tensor, upper: Tensor, target: Tensor) -> tuple[Tensor
         ([1.0, 1.0, 1.0], [0.5, 0.0, 2.0])
     """
     width = upper - lower
-    shape = broadcast_or_none([lower.shape, upper.shape, target.shape])
+    if lower.shape == upper.shape == target.shape:
+        shape = target.shape
+    else:
+        shape = broadcast_or_none([lower.shape, upper.shape, target.shape])
     if target.shape != shape:  # e.g. (N, 1) against (N, K) bounds: contiguous loops are faster
         target = target.expand(shape).contiguous()
-    # the nearest point of [l, u] is y itself inside, so y - y = 0 there (in-place: one buffer)
-    penalty = torch.clamp(target, lower, upper).sub_(target).abs_()
+    # (l - y)^+ + (y - u)^+: one term is exactly 0, so this is the distance to [l, u] with one
+    # rounding; cheaper to differentiate than a clamp between tensor bounds
+    penalty = (lower - target).clamp_min(0.0) + (target - upper).clamp_min(0.0)
     return width, penalty
 
 
@@ -192,6 +197,18 @@ def interval_score(
         [1.0, 5.0]
     """
     check_reduction(reduction)
+    if type(alpha) is float and 0.0 < alpha < 1.0 and plain_cpu(lower, upper, target):
+        # the common layout: nothing to cast or broadcast; checked from what is computed
+        width, penalty = interval_parts(lower, upper, target)
+        out = reduce(interval_score_from_parts(width, penalty, alpha), reduction)
+
+        def full_checks() -> None:  # today's checks in today's order
+            interval_inputs(lower, upper, target, alpha)
+            check_interval_width(width, lower, upper)
+
+        # NaN/Inf anywhere: the result is not finite; lower > upper: a negative width
+        check_after(out, reduction, full_checks, lambda: float(width.detach().amin()) >= 0)
+        return out
     lower, upper, target, alpha = interval_inputs(lower, upper, target, alpha)
     width, penalty = interval_parts(lower, upper, target)
     check_interval_width(width, lower, upper)
@@ -226,7 +243,32 @@ def quantile_score(
         [0.15, 0.25, 0.05]
     """
     check_reduction(reduction)
-    quantiles = check_levels(quantiles)
+    return quantile_score_of(pred, target, check_levels(quantiles), reduction)
+
+
+def quantile_score_of(pred: Tensor, target: Tensor, quantiles: Tensor, reduction: str) -> Tensor:
+    """:func:`quantile_score` of checked ``quantiles`` (:func:`check_levels`, e.g. the buffer of
+    ``QuantileLoss``) and ``reduction``; ``pred`` and ``target`` are checked here."""
+    if (
+        plain_cpu(target)
+        and type(pred) is Tensor
+        and pred.dtype == target.dtype
+        and pred.is_cpu
+        and pred.dim() == target.dim() + 1
+        and pred.shape[:-1] == target.shape
+        and pred.shape[-1] == quantiles.shape[0]
+    ):  # the common layout: nothing to broadcast; checked from the result
+        levels = quantiles.to(pred.dtype)
+        diff = target.unsqueeze(-1) - pred  # y - q
+        out = reduce(torch.maximum(levels * diff, (levels - 1.0) * diff), reduction)
+        check_after(
+            out,
+            reduction,
+            lambda: cast_forecast(
+                [("pred", pred), ("target", target.unsqueeze(-1))], [("quantiles", quantiles)]
+            ),
+        )
+        return out
     check_tensor("pred", pred)
     check_tensor("target", target)
     check_floating("pred", pred)
@@ -382,7 +424,8 @@ def dawid_sebastiani_score(
     fast = plain_cpu(loc, scale, target)
     if not fast:
         (loc, scale, target) = check_location_scale(loc, scale, target)
-    # z^2 + 2 log s, bitwise 2 (log s + z^2 / 2) (scaling by 2 is exact), two ops fewer
+    # z^2 + 2 log s, bitwise 2 (log s + z^2 / 2) (scaling by 2 is exact), two ops fewer (not
+    # addcmul: it fuses the product and the sum, another rounding)
     z = (target - loc) / scale
     out = reduce(z * z + 2.0 * torch.log(scale), reduction)
     if fast:  # log(scale) is -inf or NaN for scale <= 0: the result shows every bad value

@@ -543,6 +543,17 @@ def energy_score(
     """
     check_reduction(reduction)
     check_estimator(estimator)
+    if (
+        plain_cpu(target)
+        and type(samples) is Tensor
+        and samples.is_cpu
+        and samples.dtype == target.dtype
+        and samples.dim() == target.dim() + 1 >= 2
+        and samples.shape[:-2] == target.shape[:-1]
+        and samples.shape[-1] == target.shape[-1]
+        and samples.shape[-2] >= (2 if estimator == "fair" else 1)
+    ):  # the common layout: every structural check holds; the values are checked after
+        return _energy(samples, target.unsqueeze(-2), estimator, reduction, fast=True)
     check_tensor("samples", samples)
     check_tensor("target", target)
     check_floating("samples", samples)
@@ -561,12 +572,14 @@ def energy_score(
             f"samples), got {tuple(target.shape)}"
         )
     check_target_shape(target.shape[:-1], [("samples' batch dims", samples.shape[:-2])], "batch ")
-    fast = plain_cpu(target) and plain_cpu(samples) and samples.dtype == target.dtype
-    if fast and samples.shape[:-2] == target.shape[:-1]:  # nothing to cast; checked after
-        x, y = samples, target.unsqueeze(-2)
-    else:
-        fast = False
-        (x, y) = cast_forecast([("samples", samples), ("target", target.unsqueeze(-2))])
+    (x, y) = cast_forecast([("samples", samples), ("target", target.unsqueeze(-2))])
+    return _energy(x, y, estimator, reduction, fast=False)
+
+
+def _energy(x: Tensor, y: Tensor, estimator: str, reduction: str, *, fast: bool) -> Tensor:
+    """The energy score of checked members ``x`` ``(..., M, D)`` and target ``y``
+    ``(..., 1, D)``; ``fast``: the values are not checked yet (:func:`check_after`)."""
+    m, dim = x.shape[-2], x.shape[-1]
     # no centring: every difference is taken directly (cdist without the matmul form), so
     # the score is shift-invariant as computed
     abs_err = torch.linalg.vector_norm(x - y, dim=-1).mean(dim=-1)
@@ -577,9 +590,5 @@ def energy_score(
     denom = 2 * m * (m - 1) if estimator == "fair" else 2 * m * m
     out = reduce(abs_err - pair_sum / denom, reduction)
     if fast:  # a NaN or an infinity in either makes the result non-finite
-        check_after(
-            out,
-            reduction,
-            lambda: cast_forecast([("samples", samples), ("target", target.unsqueeze(-2))]),
-        )
+        check_after(out, reduction, lambda: cast_forecast([("samples", x), ("target", y)]))
     return out

@@ -22,7 +22,7 @@ from torchcal.functional.continuous import (
     dawid_sebastiani_score,
     gaussian_nll_of,
     interval_score,
-    quantile_score,
+    quantile_score_of,
 )
 from torchcal.functional.crps import (
     crps_ensemble,
@@ -259,7 +259,7 @@ class QuantileLoss(KeepBufferDtype):
         self.reduction = check_reduction(reduction)
 
     def forward(self, pred: Tensor, target: Tensor) -> Tensor:
-        return quantile_score(pred, target, self.quantiles, reduction=self.reduction)
+        return quantile_score_of(pred, target, self.quantiles, self.reduction)
 
     def extra_repr(self) -> str:
         return f"quantiles={self.quantiles.tolist()}, reduction={self.reduction!r}"
