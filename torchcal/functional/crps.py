@@ -583,10 +583,14 @@ def _energy(x: Tensor, y: Tensor, estimator: str, reduction: str, *, fast: bool)
     # no centring: every difference is taken directly (cdist without the matmul form), so
     # the score is shift-invariant as computed
     abs_err = torch.linalg.vector_norm(x - y, dim=-1).mean(dim=-1)
-    batch = x.shape[:-2]
-    flat = x.reshape(-1, m, dim)
-    pair_sum = torch.cdist(flat, flat, compute_mode="donot_use_mm_for_euclid_dist")
-    pair_sum = pair_sum.sum(dim=(-2, -1)).reshape(batch)
+    # torch's default takes the exact (no-matmul) kernel itself for at most 25 members
+    mode = "use_mm_for_euclid_dist_if_necessary" if m <= 25 else "donot_use_mm_for_euclid_dist"
+    if x.dim() == 3:
+        pair_sum = torch.cdist(x, x, compute_mode=mode).sum(dim=(-2, -1))
+    else:
+        flat = x.reshape(-1, m, dim)
+        pair_sum = torch.cdist(flat, flat, compute_mode=mode).sum(dim=(-2, -1))
+        pair_sum = pair_sum.reshape(x.shape[:-2])
     denom = 2 * m * (m - 1) if estimator == "fair" else 2 * m * m
     out = reduce(abs_err - pair_sum / denom, reduction)
     if fast:  # a NaN or an infinity in either makes the result non-finite
