@@ -332,14 +332,15 @@ def _ensemble_weights(m: int, denom: int, dtype: torch.dtype, device: torch.devi
     """``(gap, rank)`` weights of an ensemble of ``m``: ``k (m - k)`` for the ``m - 1`` gaps of
     the sorted members, and ``-(2i - m - 1) / denom`` per rank (the pair term's gradient); built
     once per (m, denom, dtype, device) in eager mode."""
+    eager = not sync_free()  # compiling: no cache (a global dict read would be guarded)
     key = (m, denom, dtype, device)
-    cached = _WEIGHTS.get(key)
+    cached = _WEIGHTS.get(key) if eager else None
     if cached is not None:
         return cached
     k = torch.arange(1, m, dtype=dtype, device=device)
     rank = torch.arange(1 - m, m, 2, dtype=dtype, device=device) / -denom
     weights = (k * (m - k), rank)
-    if not sync_free() and len(_WEIGHTS) < 256:
+    if eager and len(_WEIGHTS) < 256:
         _WEIGHTS[key] = weights
     return weights
 
