@@ -5,7 +5,7 @@
    has them) against one ``torch.distributions.Normal(loc, scale).cdf(y)`` pass on the same
    tensors (target: the updates within 2x of it). Rows for one level and for the default four
    levels, with and without the value checks (``validate_args``), for bounds given as
-   ``(N, L)`` tensors and for ``IntervalCoverage(forecast="normal")``, which reads ``(loc,
+   ``(N, L)`` tensors and for ``IntervalCoverage(family="normal")``, which reads ``(loc,
    scale)`` and scores every level's central interval in one pass.
 2. ``VarianceScaler`` fit (``objective="nll"``, the closed form, and ``"crps"``) on 1M points
    on one thread (target < 50 ms), if torchcal.scaling has it.
@@ -93,7 +93,7 @@ def bench_updates(n: int, repeats: int) -> None:
                 f"ratio {ratio:5.2f}x  (PITHistogram alone {t_pit:.2f} ms)"
             )
             # the forecast itself (loc, scale): every level's interval in one pass
-            fast = IntervalCoverage(levels, forecast="normal", validate_args=validate)
+            fast = IntervalCoverage(levels, family="normal", validate_args=validate)
 
             def both_fast(pit_m=pit_m, fast=fast) -> None:
                 pit_m.update(u)
@@ -102,7 +102,7 @@ def bench_updates(n: int, repeats: int) -> None:
             t_fast = timed(both_fast, repeats)
             ratio = timed_against(both_fast, normal_cdf, repeats)
             print(
-                f"  PITHistogram + IntervalCoverage(L={len(levels)}, forecast='normal') "
+                f"  PITHistogram + IntervalCoverage(L={len(levels)}, family='normal') "
                 f"validate_args={validate!s:5}  {t_fast:8.2f} ms  ratio {ratio:5.2f}x"
             )
 

@@ -291,14 +291,14 @@ def test_gaussian_nll_and_dss_against_references():
     loc, scale, y = _params(50, seed=5)
     _close(gaussian_nll(_t(loc), _t(scale), _t(y), reduction="none"), -norm.logpdf(y, loc, scale))
     _close(
-        gaussian_nll(_t(loc), _t(scale**2), _t(y), var=True, reduction="none"),
+        gaussian_nll(_t(loc), target=_t(y), var=_t(scale**2), reduction="none"),
         -norm.logpdf(y, loc, scale),
     )
     torch_nll = torch.nn.functional.gaussian_nll_loss(
         _t(loc), _t(y), _t(scale**2), full=False, reduction="none"
     )
     _close(
-        gaussian_nll(_t(loc), _t(scale**2), _t(y), var=True, full=False, reduction="none"),
+        gaussian_nll(_t(loc), target=_t(y), var=_t(scale**2), full=False, reduction="none"),
         torch_nll.numpy(),
     )
     dss = dawid_sebastiani_score(_t(loc), _t(scale), _t(y), reduction="none")
@@ -472,7 +472,7 @@ def test_remaining_functions_gradcheck():
     tg = torch.randn(6, dtype=D64, generator=g).requires_grad_()
     assert gradcheck(lambda a, b, c: gaussian_nll(a, b, c, reduction="none"), (loc, sc, tg))
     assert gradcheck(
-        lambda a, b, c: gaussian_nll(a, b, c, var=True, reduction="none"), (loc, sc, tg)
+        lambda a, b, c: gaussian_nll(a, target=c, var=b, reduction="none"), (loc, sc, tg)
     )
     assert gradcheck(
         lambda a, b, c: dawid_sebastiani_score(a, b, c, reduction="none"), (loc, sc, tg)
@@ -720,15 +720,19 @@ def test_hypothesis_ensemble_and_closed_forms(batch, m, est, seed, scale, shift)
 
 
 def test_crps_ensemble_torch_sort_path_matches(monkeypatch):
-    # off-CPU devices sort with torch.sort; check that path gives the same values and grads
+    # small inputs and off-CPU devices sort with torch.sort, large CPU ones with numpy's
+    # argsort; check that both paths give the same values and grads
     from torchcal.functional import crps
 
     g = torch.Generator().manual_seed(8)
     x = torch.randn(7, 9, dtype=D64, generator=g).requires_grad_()
     y = torch.randn(7, dtype=D64, generator=g).requires_grad_()
+    monkeypatch.setattr(crps, "_TORCH_SORT_MEMBERS", 0)
+    monkeypatch.setattr(crps, "_TORCH_SORT_VALUES", 0)
     out = crps_ensemble(x, y, reduction="none")
     gx, gy = torch.autograd.grad(out.sum(), (x, y))
-    monkeypatch.setattr(crps, "_argsort_last", lambda t: torch.sort(t.detach(), dim=-1).indices)
+    monkeypatch.setattr(crps, "_TORCH_SORT_MEMBERS", 10**9)
+    monkeypatch.setattr(crps, "_TORCH_SORT_VALUES", 10**9)
     out2 = crps_ensemble(x, y, reduction="none")
     gx2, gy2 = torch.autograd.grad(out2.sum(), (x, y))
     torch.testing.assert_close(out2, out, rtol=1e-14, atol=1e-14)
@@ -815,7 +819,7 @@ N_BY_1 = {
     "crps_logistic": lambda y, v: crps_logistic(v, v.abs() + 1, y),
     "dss": lambda y, v: dawid_sebastiani_score(v, v.abs() + 1, y),
     "nll": lambda y, v: gaussian_nll(v, v.abs() + 1, y),
-    "nll_var": lambda y, v: gaussian_nll(v, v.abs() + 1, y, var=True),
+    "nll_var": lambda y, v: gaussian_nll(v, target=y, var=v.abs() + 1),
     "interval": lambda y, v: interval_score(v - 1, v + 1, y, alpha=0.1),
     "quantile": lambda y, v: quantile_score(v[:, None] + torch.tensor([-1.0, 1.0]), y, [0.1, 0.9]),
     "ensemble": lambda y, v: crps_ensemble(v[:, None] + torch.tensor([-1.0, 0.0, 1.0]), y),
@@ -852,10 +856,47 @@ def test_gaussian_nll_argument_order_is_forecast_then_target():
     loc, sd, y = torch.tensor([0.0]), torch.tensor([2.0]), torch.tensor([1.0])
     ref = 0.5 * math.log(2 * math.pi) + math.log(2.0) + 0.5 * (1.0 / 2.0) ** 2
     assert gaussian_nll(loc, sd, y).item() == pytest.approx(ref, rel=1e-6)
-    assert gaussian_nll(loc, sd**2, y, var=True).item() == pytest.approx(ref, rel=1e-6)
-    with pytest.raises(TypeError):  # missing target
+    assert gaussian_nll(loc, target=y, var=sd**2).item() == pytest.approx(ref, rel=1e-6)
+    with pytest.raises(TypeError, match="spread twice"):  # torch's order: spread given twice
         gaussian_nll(loc, y, var=sd**2)
-    with pytest.raises(TypeError):  # no keyword scale any more
+    with pytest.raises(TypeError):  # no keyword scale
         gaussian_nll(loc, y, scale=sd)
-    with pytest.raises(TypeError, match="^var: expected a bool"):
+    with pytest.raises(TypeError, match="spread twice"):
         gaussian_nll(loc, sd, y, var=sd**2)
+    with pytest.raises(TypeError, match="^var: expected a Tensor"):
+        gaussian_nll(loc, target=y, var=4.0)
+
+
+def test_gaussian_nll_spread_by_name():
+    """var=s**2 and sd=s give the same value (float32 rounding); the positional spread is the
+    sd; both names raise ValueError naming both, none (or a missing target) TypeError."""
+    g = torch.Generator().manual_seed(3)
+    loc, y = torch.randn(50, generator=g), torch.randn(50, generator=g)
+    s = torch.rand(50, generator=g) + 0.3
+    for full in (True, False):
+        by_sd = gaussian_nll(loc, target=y, sd=s, full=full, reduction="none")
+        by_var = gaussian_nll(loc, target=y, var=s**2, full=full, reduction="none")
+        torch.testing.assert_close(by_sd, by_var, rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(gaussian_nll(loc, s, y, full=full, reduction="none"), by_sd)
+    m, sd, t = (x.double() for x in (loc, s, y))
+    ref = (0.5 * torch.log(2 * math.pi * sd**2) + 0.5 * ((t - m) / sd) ** 2).mean()
+    assert gaussian_nll(m, target=t, var=sd**2).item() == pytest.approx(ref.item(), rel=1e-12)
+    with pytest.raises(ValueError, match="var=.*sd="):
+        gaussian_nll(loc, target=y, var=s**2, sd=s)
+    with pytest.raises(TypeError, match="missing the spread"):
+        gaussian_nll(loc, target=y)
+    with pytest.raises(TypeError, match="missing target"):
+        gaussian_nll(loc, sd=s)
+    with pytest.raises(ValueError, match="^sd: expected values > 0"):
+        gaussian_nll(loc, target=y, sd=-s)
+    with pytest.raises(ValueError, match="^var: expected values > 0"):
+        gaussian_nll(loc, target=y, var=-s)
+
+
+def test_gaussian_nll_var_flag_is_deprecated_but_works():
+    loc, s, y = torch.tensor([0.0]), torch.tensor([2.0]), torch.tensor([1.0])
+    with pytest.warns(FutureWarning, match="var="):
+        old = gaussian_nll(loc, s**2, y, var=True)
+    assert old.item() == gaussian_nll(loc, target=y, var=s**2).item()
+    with pytest.warns(FutureWarning):
+        assert gaussian_nll(loc, s, y, var=False).item() == gaussian_nll(loc, s, y).item()

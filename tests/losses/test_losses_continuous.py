@@ -77,7 +77,7 @@ def test_modules_equal_functional(data, reduction):
         atol=0,
     )
     torch.testing.assert_close(
-        GaussianNLLLoss(**r)(loc, scale**2, y), TF.gaussian_nll(loc, scale**2, y, var=True, **r)
+        GaussianNLLLoss(**r)(loc, scale**2, y), TF.gaussian_nll(loc, target=y, var=scale**2, **r)
     )
     torch.testing.assert_close(
         GaussianNLLLoss(spread="scale", full=False, **r)(loc, scale, y),
@@ -103,7 +103,7 @@ def test_gaussian_nll_matches_torch_without_clamp(data):
 
 
 BAD_INIT = [
-    ("distribution", lambda: CRPSLoss("gamma")),
+    ("family", lambda: CRPSLoss("gamma")),
     ("estimator", lambda: CRPSLoss("ensemble", estimator="pwm")),
     ("reduction", lambda: CRPSLoss("normal", reduction="avg")),
     ("estimator", lambda: EnergyScoreLoss(estimator="qd")),
@@ -168,7 +168,7 @@ def test_buffers_state_dict_and_repr():
     # dtype casts keep the buffers' own dtype (issue 9 item 6): alpha stays float32 here
     assert a.to(D64).alpha.dtype == torch.float32
     assert "estimator='fair'" in repr(CRPSLoss("ensemble"))
-    assert "distribution='laplace'" in repr(CRPSLoss("laplace"))
+    assert "family='laplace'" in repr(CRPSLoss("laplace"))
     assert "quantiles=[0.25, 0.75]" in repr(q)
 
 

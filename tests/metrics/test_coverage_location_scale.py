@@ -1,4 +1,4 @@
-"""IntervalCoverage(forecast=family): central intervals of a location-scale forecast, scored in
+"""IntervalCoverage(family=family): central intervals of a location-scale forecast, scored in
 one pass (functional.coverage.central_interval_sums), against the bounds path and scipy."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _numpy_reference(family, loc, scale, y, groups, G):
 def test_location_scale_path_matches_scipy_intervals_per_group(family):
     loc, scale, y, groups = _data()
     assert _clear_of_the_bounds(family, loc, scale, y)
-    m = IntervalCoverage(LEVELS, forecast=family, num_groups=3)
+    m = IntervalCoverage(LEVELS, family=family, num_groups=3)
     m.update(loc, scale, y, groups)
     res = m.compute()
     ref = _numpy_reference(family, loc, scale, y, groups, 3)
@@ -71,13 +71,13 @@ def test_location_scale_path_matches_scipy_intervals_per_group(family):
 
 @pytest.mark.parametrize("family", ["normal", "laplace", "logistic"])
 def test_location_scale_path_equals_the_bounds_path(family):
-    """Same hits, width and interval score as ``forecast='bounds'`` given float64 bounds built
+    """Same hits, width and interval score as ``family="bounds"`` given float64 bounds built
     from the same forecast (the only difference is summation order)."""
     loc, scale, y, _ = _data(seed=1)
     assert _clear_of_the_bounds(family, loc, scale, y)
     k = central_interval_factor(family, LEVELS)
     lower, upper = loc[:, None] - k * scale[:, None], loc[:, None] + k * scale[:, None]
-    fast, slow = IntervalCoverage(LEVELS, forecast=family), IntervalCoverage(LEVELS)
+    fast, slow = IntervalCoverage(LEVELS, family=family), IntervalCoverage(LEVELS)
     fast.update(loc, scale, y)
     slow.update(lower, upper, y)
     a, b = fast.compute(), slow.compute()
@@ -88,16 +88,16 @@ def test_location_scale_path_equals_the_bounds_path(family):
 
 def test_streaming_in_odd_chunks_equals_one_call_and_broadcast_forecasts():
     loc, scale, y, groups = _data(seed=2, dtype=torch.float32)
-    one = IntervalCoverage(LEVELS, forecast="normal", num_groups=3)
+    one = IntervalCoverage(LEVELS, family="normal", num_groups=3)
     one.update(loc, scale, y, groups)
-    many = IntervalCoverage(LEVELS, forecast="normal", num_groups=3)
+    many = IntervalCoverage(LEVELS, family="normal", num_groups=3)
     for part in torch.split(torch.arange(y.numel()), 457):
         many.update(loc[part], scale[part], y[part], groups[part])
     a, b = one.compute(), many.compute()
     for key in ("coverage", "width", "interval_score"):
         torch.testing.assert_close(a.per_group[key], b.per_group[key], rtol=1e-12, atol=1e-15)
     # a scalar scale broadcasts to the target (the forecast may broadcast, the target never)
-    m = IntervalCoverage((0.9,), forecast="laplace")
+    m = IntervalCoverage((0.9,), family="laplace")
     m.update(torch.zeros(4), torch.tensor(2.0), torch.tensor([0.0, 1.0, -5.0, 7.0]))
     k = float(central_interval_factor("laplace", [0.9])[0])
     assert m.compute()["width"].item() == pytest.approx(4 * k, rel=1e-15)
@@ -115,7 +115,7 @@ def test_many_blocks_and_a_last_block_of_one_match_the_reference(grouped, monkey
     y[-1] = loc[-1] + 50.0 * scale[-1]  # the last value misses every level
     if not grouped:
         groups = torch.zeros_like(groups)
-    m = IntervalCoverage(LEVELS, forecast="logistic", num_groups=3 if grouped else None)
+    m = IntervalCoverage(LEVELS, family="logistic", num_groups=3 if grouped else None)
     m.update(loc, scale, y, groups if grouped else None)
     res = m.compute()
     ref = _numpy_reference("logistic", loc, scale, y, groups, 3 if grouped else 1)
@@ -139,15 +139,15 @@ def test_hand_worked_sums_and_a_target_on_the_bound_is_covered():
 
 
 def test_bad_input_names_the_argument_and_configs_do_not_merge():
-    m = IntervalCoverage(LEVELS, forecast="normal")
+    m = IntervalCoverage(LEVELS, family="normal")
     with pytest.raises(ValueError, match="^scale"):
         m.update(torch.zeros(3), torch.tensor([1.0, 0.0, 1.0]), torch.zeros(3))
     with pytest.raises(ValueError, match="^target"):
         m.update(torch.zeros(3), torch.ones(3), torch.tensor([0.0, float("nan"), 1.0]))
     with pytest.raises(ValueError, match="^target"):
         m.update(torch.zeros(3, 2), torch.ones(3, 2), torch.zeros(3))  # target never broadcasts
-    with pytest.raises(ValueError, match="^forecast"):
-        IntervalCoverage(LEVELS, forecast="gamma")
+    with pytest.raises(ValueError, match="^family"):
+        IntervalCoverage(LEVELS, family="gamma")
     other = IntervalCoverage(LEVELS)
     other.update(-torch.ones(2, 4), torch.ones(2, 4), torch.zeros(2))
     with pytest.raises(ValueError, match="^other"):
@@ -158,7 +158,7 @@ def test_unchecked_nan_covers_nothing_as_in_the_bounds_path():
     """validate_args=False: a NaN target is a miss at every level (not a hit), as with bounds."""
     y = torch.tensor([0.0, float("nan"), 1.0], dtype=torch.float64)
     k = central_interval_factor("normal", (0.5, 0.9))
-    fast = IntervalCoverage((0.5, 0.9), forecast="normal", validate_args=False)
+    fast = IntervalCoverage((0.5, 0.9), family="normal", validate_args=False)
     fast.update(torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64), y)
     slow = IntervalCoverage((0.5, 0.9), validate_args=False)
     slow.update(-k.expand(3, 2), k.expand(3, 2), y)
@@ -173,7 +173,7 @@ def test_unchecked_nan_covers_nothing_as_in_the_bounds_path():
 def test_non_finite_forecast_or_target_raises_before_the_state_moves(name, bad):
     """loc/target finiteness is read from the pass's own sums; the error still names the
     argument and nothing is added to the state."""
-    m = IntervalCoverage(LEVELS, forecast="normal", num_groups=2)
+    m = IntervalCoverage(LEVELS, family="normal", num_groups=2)
     good = {"loc": torch.zeros(6), "scale": torch.ones(6), "target": torch.linspace(-2, 2, 6)}
     m.update(good["loc"], good["scale"], good["target"], torch.tensor([0, 1, 0, 1, 0, 1]))
     before = [s.clone() for s in (m.hits, m.width_sum, m.score_sum, m.n)]

@@ -89,7 +89,7 @@ CASES = {
     "brier_conf": lambda: BrierDecomposition(n_bins=6, reading="confidence"),
     "pit": lambda: PITHistogram(n_bins=8),
     "coverage": lambda: IntervalCoverage(levels=(0.5, 0.9)),
-    "coverage_normal": lambda: IntervalCoverage(levels=(0.5, 0.9), forecast="normal"),
+    "coverage_normal": lambda: IntervalCoverage(levels=(0.5, 0.9), family="normal"),
     "qce": lambda: QuantileCalibrationError(levels=(0.25, 0.5, 0.75)),
     "crps": lambda: CRPS("normal"),
     "gnll": lambda: GaussianNLL(),

@@ -9,21 +9,120 @@ checks (estimator, alpha, levels) live in :mod:`torchcal.functional._validation`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import warnings
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_finite,
     check_floating,
     check_nonempty,
     check_positive,
     check_tensor,
     compute_dtype,
+    sync_free,
+    values_checked,
 )
 
-__all__ = ["broadcast_or_none", "check_target_shape", "cast_forecast", "check_location_scale"]
+__all__ = [
+    "broadcast_or_none",
+    "check_target_shape",
+    "cast_forecast",
+    "check_location_scale",
+    "renamed_keyword",
+    "gaussian_spread",
+    "plain_cpu",
+    "check_after",
+]
+
+_FAST_DTYPES = (torch.float32, torch.float64)
+
+
+def plain_cpu(*xs: object) -> bool:
+    """Whether ``xs`` take the scores' fast path: plain CPU tensors (no subclass), one float32 or
+    float64 dtype, one non-empty shape, eager (not compiling, no :func:`force_sync_free`). There
+    nothing is cast or broadcast, and the value checks read the result once
+    (:func:`check_after`) instead of scanning every input (issue 18)."""
+    if sync_free():
+        return False
+    first = xs[0]
+    if type(first) is not Tensor:
+        return False
+    shape, dtype = first.shape, first.dtype
+    if dtype not in _FAST_DTYPES or not first.is_cpu or not first.numel():
+        return False
+    for x in xs[1:]:
+        if type(x) is not Tensor or x.dtype != dtype or x.shape != shape or not x.is_cpu:
+            return False
+    return True
+
+
+def check_after(
+    result: Tensor,
+    reduction: str,
+    full_checks: Callable[[], object],
+    extra_ok: Callable[[], bool] | None = None,
+) -> None:
+    """The value checks of a fast path (CPU eager, :func:`plain_cpu`), read from its result:
+    a NaN or an infinity in any input makes the (reduced) result non-finite, so one host read
+    of it decides (``reduction='none'``: one sum), with ``extra_ok`` for what the result
+    cannot show (e.g. ``scale > 0`` of the CRPS). Only when that fails, ``full_checks()``
+    runs the entry point's usual checks, which raise today's messages (naming the argument
+    and the position), or return where the inputs were fine and the result overflowed."""
+    if not values_checked():
+        return
+    total = result.detach() if reduction != "none" else result.detach().sum()
+    if not (math.isfinite(float(total)) and (extra_ok is None or extra_ok())):
+        full_checks()
+
+
+def renamed_keyword(owner: str, new: str, value: object, old: str, old_value: object) -> object:
+    """The value of keyword ``new`` of ``owner`` where ``old`` is its deprecated alias (kept
+    for one release): ``old_value`` when only the alias was given (with a ``FutureWarning``
+    naming ``new``), ``value`` otherwise (``None`` when neither was); both given raise a
+    ``ValueError`` naming both."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise ValueError(f"{owner}: got both {new}= and its deprecated alias {old}=; pass {new}=")
+    warnings.warn(
+        f"{owner}({old}=...) is deprecated and will be removed in the next release; use {new}=...",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return old_value
+
+
+def gaussian_spread(
+    owner: str, spread: object, var: object, sd: object, positional: str
+) -> tuple[object, bool]:
+    """``(spread tensor, is_variance)`` of a Gaussian forecast given as ``spread`` (read as
+    ``positional``: ``"var"`` or ``"sd"``) or by name, ``var=`` (the variance) or ``sd=``
+    (the standard deviation): exactly one of the three. ``var=`` with ``sd=`` raise a
+    ``ValueError`` naming both; a positional spread with a named one a ``TypeError`` (as
+    Python's "multiple values"); none a ``TypeError``. Never guessed from the values."""
+    if var is not None and sd is not None:
+        raise ValueError(
+            f"{owner}: got both var= and sd=; give the spread once, as the variance (var=) "
+            f"or as the standard deviation (sd=)"
+        )
+    named = "var" if var is not None else "sd" if sd is not None else None
+    if named is not None:
+        if spread is not None:
+            raise TypeError(
+                f"{owner}: got the spread twice, positionally and as {named}=; the forecast "
+                f"comes first and the target last: (loc, target=..., {named}=...) or "
+                f"(loc, spread, target)"
+            )
+        return (var if named == "var" else sd), named == "var"
+    if spread is None:
+        raise TypeError(
+            f"{owner}: missing the spread: pass var= (the variance) or sd= (the standard deviation)"
+        )
+    return spread, positional == "var"
 
 
 def broadcast_or_none(shapes: Sequence[Sequence[int]]) -> torch.Size | None:

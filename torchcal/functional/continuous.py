@@ -29,6 +29,7 @@ accurate for data far from zero.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -37,8 +38,11 @@ from torch import Tensor
 from torchcal.functional._forecast import (
     broadcast_or_none,
     cast_forecast,
+    check_after,
     check_location_scale,
     check_target_shape,
+    gaussian_spread,
+    plain_cpu,
 )
 from torchcal.functional._validation import (
     check_alpha,
@@ -133,7 +137,8 @@ def interval_parts(lower: Tensor, upper: Tensor, target: Tensor) -> tuple[Tensor
     ``width`` :math:`u - l` (the bounds' broadcast shape) and ``penalty``, the distance
     :math:`|y - \mathrm{clamp}(y, l, u)| = (l - y)\,1\{y < l\} + (y - u)\,1\{y > u\}`
     from the target to the interval (the shape of all three broadcast), in the inputs'
-    dtype (for ``lower <= upper``; unchecked ``lower > upper`` clamps to ``upper``).
+    dtype (for ``lower <= upper``; unchecked ``lower > upper`` gives
+    :math:`(l - y)^+ + (y - u)^+`).
     ``penalty == 0`` exactly when :math:`l \le y \le u` (IEEE subtraction of two different
     floats is never 0 without flush-to-zero), so the coverage is read from it.
 
@@ -146,11 +151,15 @@ def interval_parts(lower: Tensor, upper: Tensor, target: Tensor) -> tuple[Tensor
         ([1.0, 1.0, 1.0], [0.5, 0.0, 2.0])
     """
     width = upper - lower
-    shape = broadcast_or_none([lower.shape, upper.shape, target.shape])
+    if lower.shape == upper.shape == target.shape:
+        shape = target.shape
+    else:
+        shape = broadcast_or_none([lower.shape, upper.shape, target.shape])
     if target.shape != shape:  # e.g. (N, 1) against (N, K) bounds: contiguous loops are faster
         target = target.expand(shape).contiguous()
-    # the nearest point of [l, u] is y itself inside, so y - y = 0 there (in-place: one buffer)
-    penalty = torch.clamp(target, lower, upper).sub_(target).abs_()
+    # (l - y)^+ + (y - u)^+: one term is exactly 0, so this is the distance to [l, u] with one
+    # rounding; cheaper to differentiate than a clamp between tensor bounds
+    penalty = (lower - target).clamp_min(0.0) + (target - upper).clamp_min(0.0)
     return width, penalty
 
 
@@ -188,6 +197,18 @@ def interval_score(
         [1.0, 5.0]
     """
     check_reduction(reduction)
+    if type(alpha) is float and 0.0 < alpha < 1.0 and plain_cpu(lower, upper, target):
+        # the common layout: nothing to cast or broadcast; checked from what is computed
+        width, penalty = interval_parts(lower, upper, target)
+        out = reduce(interval_score_from_parts(width, penalty, alpha), reduction)
+
+        def full_checks() -> None:  # today's checks in today's order
+            interval_inputs(lower, upper, target, alpha)
+            check_interval_width(width, lower, upper)
+
+        # NaN/Inf anywhere: the result is not finite; lower > upper: a negative width
+        check_after(out, reduction, full_checks, lambda: float(width.detach().amin()) >= 0)
+        return out
     lower, upper, target, alpha = interval_inputs(lower, upper, target, alpha)
     width, penalty = interval_parts(lower, upper, target)
     check_interval_width(width, lower, upper)
@@ -222,7 +243,32 @@ def quantile_score(
         [0.15, 0.25, 0.05]
     """
     check_reduction(reduction)
-    quantiles = check_levels(quantiles)
+    return quantile_score_of(pred, target, check_levels(quantiles), reduction)
+
+
+def quantile_score_of(pred: Tensor, target: Tensor, quantiles: Tensor, reduction: str) -> Tensor:
+    """:func:`quantile_score` of checked ``quantiles`` (:func:`check_levels`, e.g. the buffer of
+    ``QuantileLoss``) and ``reduction``; ``pred`` and ``target`` are checked here."""
+    if (
+        plain_cpu(target)
+        and type(pred) is Tensor
+        and pred.dtype == target.dtype
+        and pred.is_cpu
+        and pred.dim() == target.dim() + 1
+        and pred.shape[:-1] == target.shape
+        and pred.shape[-1] == quantiles.shape[0]
+    ):  # the common layout: nothing to broadcast; checked from the result
+        levels = quantiles.to(pred.dtype)
+        diff = target.unsqueeze(-1) - pred  # y - q
+        out = reduce(torch.maximum(levels * diff, (levels - 1.0) * diff), reduction)
+        check_after(
+            out,
+            reduction,
+            lambda: cast_forecast(
+                [("pred", pred), ("target", target.unsqueeze(-1))], [("quantiles", quantiles)]
+            ),
+        )
+        return out
     check_tensor("pred", pred)
     check_tensor("target", target)
     check_floating("pred", pred)
@@ -253,10 +299,11 @@ def _normal_log_term(loc: Tensor, scale: Tensor, target: Tensor) -> Tensor:
 
 def gaussian_nll(
     loc: Tensor,
-    spread: Tensor,
-    target: Tensor,
+    spread: Tensor | None = None,
+    target: Tensor | None = None,
     *,
-    var: bool = False,
+    var: Tensor | None = None,
+    sd: Tensor | None = None,
     full: bool = True,
     reduction: str = "mean",
 ) -> Tensor:
@@ -264,22 +311,31 @@ def gaussian_nll(
 
     :math:`\frac12\left[\log\sigma^2 + (y-\mu)^2/\sigma^2\right] + \frac12\log 2\pi`
     (the constant only with ``full=True``, the default: then this is exactly the
-    logarithmic score, Gneiting & Raftery 2007). ``spread`` is the standard deviation
-    :math:`\sigma` by default, the variance :math:`\sigma^2` with ``var=True``. Unlike
-    ``F.gaussian_nll_loss`` nothing is clamped: non-positive spreads raise.
+    logarithmic score, Gneiting & Raftery 2007). Unlike ``F.gaussian_nll_loss`` nothing is
+    clamped: non-positive spreads raise.
+
+    **The spread** is given once: by name, ``var=`` (the variance :math:`\sigma^2`) or
+    ``sd=`` (the standard deviation :math:`\sigma`), or positionally as ``spread``, which
+    is the **standard deviation** (as the ``GaussianNLL`` metric's ``scale``; the loss
+    ``GaussianNLLLoss`` reads its positional spread as the variance, as torch). ``var=`` with
+    ``sd=`` raise ``ValueError``; a positional spread with a named one, or none, raise
+    ``TypeError``. The spread is never guessed from its values. The old flag ``var=True``
+    (the positional spread is the variance) still works for one release, with a
+    ``FutureWarning``.
 
     Argument order: forecast first, observations last, as every score in this module
     (``crps_normal(loc, scale, target)``). This is **not** the order of
-    ``F.gaussian_nll_loss(input, target, var)``; the keyword-only ``var=True`` flag
-    makes an old call ``gaussian_nll(loc, target, var=v)`` fail with a ``TypeError``
-    instead of running with swapped arguments.
+    ``F.gaussian_nll_loss(input, target, var)``: an old call ``gaussian_nll(loc, target,
+    var=v)`` gives the spread twice and fails with a ``TypeError`` instead of running with
+    swapped arguments.
 
     Args:
         loc: mean :math:`\mu`, broadcastable to the target's shape.
-        spread: standard deviation :math:`\sigma > 0` (or the variance with
-            ``var=True``), broadcastable to the target's shape.
+        spread: the standard deviation :math:`\sigma > 0`, broadcastable to the target's
+            shape (or pass ``var=`` / ``sd=`` by name instead).
         target: observations, never broadcast.
-        var: read ``spread`` as the variance.
+        var: the variance :math:`\sigma^2 > 0`, by name.
+        sd: the standard deviation :math:`\sigma > 0`, by name.
         full: include :math:`\frac12\log 2\pi`.
         reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (the target's shape).
 
@@ -288,27 +344,59 @@ def gaussian_nll(
         >>> from torchcal.functional import gaussian_nll
         >>> round(gaussian_nll(torch.tensor(0.0), torch.tensor(1.0), torch.tensor(0.0)).item(), 5)
         0.91894
-        >>> round(gaussian_nll(torch.tensor(0.0), torch.tensor(4.0), torch.tensor(2.0),
-        ...                    var=True).item(), 5)
+        >>> loc, y = torch.tensor(0.0), torch.tensor(2.0)
+        >>> round(gaussian_nll(loc, target=y, var=torch.tensor(4.0)).item(), 5)
+        2.11209
+        >>> round(gaussian_nll(loc, target=y, sd=torch.tensor(2.0)).item(), 5)
         2.11209
     """
     check_reduction(reduction)
-    if not isinstance(var, bool):
-        raise TypeError(
-            f"var: expected a bool (spread is the variance), got "
-            f"{type(var).__name__}; the signature is gaussian_nll(loc, spread, "
-            f"target, *, var=False)"
+    positional = "sd"
+    if isinstance(var, bool):  # the flag of the previous release: spread is the variance
+        warnings.warn(
+            "gaussian_nll(..., var=True) is deprecated and will be removed in the next "
+            "release; pass the variance by name, gaussian_nll(loc, target=y, var=v), or the "
+            "standard deviation, sd=s",
+            FutureWarning,
+            stacklevel=2,
         )
+        positional, var = ("var" if var else "sd"), None
+    elif var is not None and not isinstance(var, Tensor):
+        raise TypeError(f"var: expected a Tensor (the variance), got {type(var).__name__}")
+    name = "var" if var is not None else "sd" if sd is not None else "spread"
+    spread, is_var = gaussian_spread("gaussian_nll", spread, var, sd, positional)
+    if target is None:
+        raise TypeError("gaussian_nll: missing target (the observations, after the forecast)")
     check_bool("full", full)
-    (loc, spread, target) = check_location_scale(loc, spread, target, "spread")
-    if var:
+    return gaussian_nll_of(loc, spread, target, is_var, full, reduction, name)
+
+
+def gaussian_nll_of(
+    loc: Tensor,
+    spread: Tensor,
+    target: Tensor,
+    is_var: bool,
+    full: bool,
+    reduction: str,
+    spread_name: str = "spread",
+) -> Tensor:
+    """:func:`gaussian_nll` once the spread is resolved (``is_var``: it is the variance) and
+    the options checked; the tensors are checked here (``spread_name`` names the spread in
+    the messages). The one formula, shared by the loss and the metric."""
+    fast = plain_cpu(loc, spread, target)
+    if not fast:
+        (loc, spread, target) = check_location_scale(loc, spread, target, spread_name)
+    if is_var:
         d = target - loc
         nll = 0.5 * (torch.log(spread) + d * d / spread)
     else:
         nll = _normal_log_term(loc, spread, target)
     if full:
         nll = nll + 0.5 * _LOG_2PI
-    return reduce(nll, reduction)
+    out = reduce(nll, reduction)
+    if fast:  # log(spread) is -inf or NaN for spread <= 0: the result shows every bad value
+        check_after(out, reduction, lambda: check_location_scale(loc, spread, target, spread_name))
+    return out
 
 
 def dawid_sebastiani_score(
@@ -333,5 +421,13 @@ def dawid_sebastiani_score(
         4.0
     """
     check_reduction(reduction)
-    (loc, scale, target) = check_location_scale(loc, scale, target)
-    return reduce(2.0 * _normal_log_term(loc, scale, target), reduction)
+    fast = plain_cpu(loc, scale, target)
+    if not fast:
+        (loc, scale, target) = check_location_scale(loc, scale, target)
+    # z^2 + 2 log s, bitwise 2 (log s + z^2 / 2) (scaling by 2 is exact), two ops fewer (not
+    # addcmul: it fuses the product and the sum, another rounding)
+    z = (target - loc) / scale
+    out = reduce(z * z + 2.0 * torch.log(scale), reduction)
+    if fast:  # log(scale) is -inf or NaN for scale <= 0: the result shows every bad value
+        check_after(out, reduction, lambda: check_location_scale(loc, scale, target))
+    return out

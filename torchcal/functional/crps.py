@@ -27,8 +27,10 @@ from torchcal.functional._ensemble import SharedLayout, members_last, shared_lay
 from torchcal.functional._forecast import (
     broadcast_or_none,
     cast_forecast,
+    check_after,
     check_location_scale,
     check_target_shape,
+    plain_cpu,
 )
 from torchcal.functional._validation import (
     check_ensemble_size,
@@ -228,6 +230,17 @@ _CRPSLogistic = _make_crps_function(_logistic_value, _logistic_grads, "_CRPSLogi
 
 def _crps_closed_form(fn, loc: Tensor, scale: Tensor, target: Tensor, reduction: str) -> Tensor:
     check_reduction(reduction)
+    if plain_cpu(loc, scale, target):  # the common layout: nothing to cast or broadcast
+        out = reduce(fn.apply(loc, scale, target), reduction)
+        # a non-finite input makes the result non-finite; scale <= 0 it does not (s -> 0
+        # gives |y - mu|): one amin for that
+        check_after(
+            out,
+            reduction,
+            lambda: check_location_scale(loc, scale, target),
+            lambda: float(scale.detach().amin()) > 0,
+        )
+        return out
     (loc, scale, target) = check_location_scale(loc, scale, target)
     loc, scale, target = torch.broadcast_tensors(loc, scale, target)
     return reduce(fn.apply(loc, scale, target), reduction)
@@ -307,34 +320,56 @@ def crps_logistic(loc: Tensor, scale: Tensor, target: Tensor, *, reduction: str 
 # ------------------------------------------------------------------------ ensemble scores
 
 
-def _centred(x: Tensor, y: Tensor, dim: int) -> tuple[Tensor, Tensor]:
-    """Members ``x`` and target ``y`` minus the detached ensemble mean along ``dim`` (the
-    scores are shift-invariant; centring keeps float32 accurate far from zero)."""
-    # the mean taken in float64: a float32 sum of members near float max would overflow
-    centre = x.detach().mean(dim=dim, keepdim=True, dtype=torch.float64).to(x.dtype)
-    return x - centre, y - centre
+#: the sort of an ensemble's members: ``torch.sort`` up to this many members and values (its
+#: per-call cost is lowest for small batches), numpy's argsort above (an order of magnitude
+#: faster for many short rows: 1.2 ms vs 15 ms for 2000 x 100 float32, measured)
+_TORCH_SORT_MEMBERS, _TORCH_SORT_VALUES = 24, 8192
+
+_WEIGHTS: dict[tuple[int, int, torch.dtype, torch.device], tuple[Tensor, Tensor]] = {}
 
 
-def _argsort_last(x: Tensor) -> Tensor:
-    """Indices sorting ``x`` along its last dim.
+def _ensemble_weights(m: int, denom: int, dtype: torch.dtype, device: torch.device):
+    """``(gap, rank)`` weights of an ensemble of ``m``: ``k (m - k)`` for the ``m - 1`` gaps of
+    the sorted members, and ``-(2i - m - 1) / denom`` per rank (the pair term's gradient); built
+    once per (m, denom, dtype, device) in eager mode."""
+    eager = not sync_free()  # compiling: no cache (a global dict read would be guarded)
+    key = (m, denom, dtype, device)
+    cached = _WEIGHTS.get(key) if eager else None
+    if cached is not None:
+        return cached
+    k = torch.arange(1, m, dtype=dtype, device=device)
+    rank = torch.arange(1 - m, m, 2, dtype=dtype, device=device) / -denom
+    weights = (k * (m - k), rank)
+    if eager and len(_WEIGHTS) < 256:
+        _WEIGHTS[key] = weights
+    return weights
 
-    On CPU, numpy's introsort is an order of magnitude faster than ``torch.sort`` for many
-    short rows (measured 1.2 ms vs 15 ms for 2000 x 100 float32); elsewhere ``torch.sort``.
+
+def _sort_last(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Sorted values and indices of ``x`` along its last dim.
+
+    ``torch.sort`` for small inputs (see :data:`_TORCH_SORT_MEMBERS`) and when compiling or off
+    the CPU; otherwise numpy's introsort (argsort, then a gather).
     """
     if (
         not sync_free(x)  # not compiling
         and x.device.type == "cpu"
         and type(x) is Tensor
         and x.dtype in (torch.float32, torch.float64)
+        and (x.shape[-1] > _TORCH_SORT_MEMBERS or x.numel() > _TORCH_SORT_VALUES)
     ):
-        return torch.from_numpy(x.detach().contiguous().numpy().argsort(axis=-1))
-    return torch.sort(x.detach(), dim=-1).indices
+        idx = torch.from_numpy(x.detach().contiguous().numpy().argsort(axis=-1))
+        return x.detach().gather(-1, idx), idx
+    return torch.sort(x.detach(), dim=-1)
 
 
 class _CRPSEnsemble(torch.autograd.Function):
-    """Ensemble CRPS of centred members ``x`` (..., M) and target ``y`` (..., 1).
+    """Ensemble CRPS of members ``x`` (..., M) and target ``y`` (..., 1).
 
-    ``mean_i |x_i - y| - sum_i (2i - M - 1) x_(i) / denom``. The score is piecewise linear,
+    ``mean_i |x_i - y| - sum_k k (M - k) (x_(k+1) - x_(k)) / denom``: the pair sum
+    ``(1/2) sum_ij |x_i - x_j| = sum_i (2i - M - 1) x_(i)`` written over the gaps of the sorted
+    members, so it is shift-invariant as computed (no centring: float32 stays accurate far from
+    zero, and members near float max do not overflow a sum). The score is piecewise linear,
     so its gradient is a per-element coefficient saved in the forward:
     ``d/dx_j = sign(x_j - y)/M - (2 rank_j - M - 1)/denom`` and
     ``d/dy = -sum_j sign(x_j - y)/M`` (the rank weights sum to zero). The backward is
@@ -345,15 +380,14 @@ class _CRPSEnsemble(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, y: Tensor, denom: int) -> Tensor:
         m = x.shape[-1]
-        idx = _argsort_last(x).to(x.device)
-        sorted_x = x.gather(-1, idx)
-        w = torch.arange(1 - m, m, 2, dtype=x.dtype, device=x.device)  # 2i - M - 1
-        half_pairs = (sorted_x * w).sum(dim=-1)  # = (1/2) sum_ij |x_i - x_j|
+        sorted_x, idx = _sort_last(x)
+        gap_w, rank_w = _ensemble_weights(m, denom, x.dtype, x.device)
+        half_pairs = ((sorted_x[..., 1:] - sorted_x[..., :-1]) * gap_w).sum(dim=-1)
         diff = x - y
         score = diff.abs().mean(dim=-1) - half_pairs / denom
         if any(ctx.needs_input_grad[:2]):
             coef = torch.sign(diff).div_(m)
-            coef.scatter_add_(-1, idx, (w / -denom).expand_as(x))
+            coef.scatter_add_(-1, idx.to(x.device), rank_w.expand_as(x))
             ctx.save_for_backward(coef)
         return score
 
@@ -406,12 +440,13 @@ def crps_ensemble(
     (the kernel form, Gneiting & Raftery 2007, eq. 21: the CRPS of the empirical law, as in
     properscoring and scoringrules' ``estimator='nrg'``). The pair sum uses the sorted
     members: :math:`\sum_{i,j}|x_i - x_j| = 2\sum_i (2i - M - 1)\,x_{(i)}` (Zamo &
-    Naveau 2018). Samples and target are centred on the detached ensemble mean first,
-    which keeps float32 accurate at large offsets. The gradient is exact (the score is
+    Naveau 2018), summed over the gaps of the sorted members (:math:`\sum_k k(M-k)(x_{(k+1)}
+    - x_{(k)})`), which is shift-invariant as computed and keeps float32 accurate at large
+    offsets without centring. The gradient is exact (the score is
     piecewise linear: ``sign(x_j - y)/M`` minus the rank weight of ``x_j``) and saved
     during the forward, so the backward costs one multiply; ties get the subgradient of
-    one ordering. On CPU the sort uses numpy's argsort (much faster than ``torch.sort``
-    for many short rows), elsewhere ``torch.sort``.
+    one ordering. On CPU the sort of more than a few thousand values uses numpy's argsort
+    (much faster than ``torch.sort`` for many short rows), otherwise ``torch.sort``.
 
     An ensemble shared by several targets (its batch shape broadcasts to the target's, e.g.
     members ``(M,)`` for a target ``(N,)``: a climatology) is sorted once, in float64:
@@ -443,6 +478,28 @@ def crps_ensemble(
     """
     check_reduction(reduction)
     check_estimator(estimator)
+    if (
+        plain_cpu(target)
+        and type(samples) is Tensor
+        and samples.dim() == target.dim() + 1
+        and type(ensemble_dim) is int
+        and ensemble_dim in (-1, target.dim())
+        and samples.dtype == target.dtype
+        and samples.is_cpu
+        and samples.shape[:-1] == target.shape
+        and samples.shape[-1] > 0
+    ):  # the common layout (N, M) for (N,): nothing to move, cast or broadcast
+        m = samples.shape[-1]
+        check_ensemble_size(m, estimator)
+        denom = m * (m - 1) if estimator == "fair" else m * m
+        out = reduce(_CRPSEnsemble.apply(samples, target.unsqueeze(-1), denom), reduction)
+        # a NaN or an infinity in either makes the result non-finite; the usual checks name it
+        check_after(
+            out,
+            reduction,
+            lambda: cast_forecast([("samples", samples), ("target", target.unsqueeze(-1))]),
+        )
+        return out
     x = members_last(samples, ensemble_dim)
     m = x.shape[-1]
     check_ensemble_size(m, estimator)
@@ -456,8 +513,7 @@ def crps_ensemble(
         return reduce(_crps_shared(x, target.squeeze(-1), layout, denom), reduction)
     x = x.expand(*broadcast_or_none([x.shape[:-1], target.shape[:-1]]), m)
 
-    x, y = _centred(x, target, -1)
-    y = y.expand(*x.shape[:-1], 1)
+    y = target.expand(*x.shape[:-1], 1)
     return reduce(_CRPSEnsemble.apply(x, y, denom), reduction)
 
 
@@ -488,6 +544,17 @@ def energy_score(
     """
     check_reduction(reduction)
     check_estimator(estimator)
+    if (
+        plain_cpu(target)
+        and type(samples) is Tensor
+        and samples.is_cpu
+        and samples.dtype == target.dtype
+        and samples.dim() == target.dim() + 1 >= 2
+        and samples.shape[:-2] == target.shape[:-1]
+        and samples.shape[-1] == target.shape[-1]
+        and samples.shape[-2] >= (2 if estimator == "fair" else 1)
+    ):  # the common layout: every structural check holds; the values are checked after
+        return _energy(samples, target.unsqueeze(-2), estimator, reduction, fast=True)
     check_tensor("samples", samples)
     check_tensor("target", target)
     check_floating("samples", samples)
@@ -507,12 +574,26 @@ def energy_score(
         )
     check_target_shape(target.shape[:-1], [("samples' batch dims", samples.shape[:-2])], "batch ")
     (x, y) = cast_forecast([("samples", samples), ("target", target.unsqueeze(-2))])
+    return _energy(x, y, estimator, reduction, fast=False)
 
-    x, y = _centred(x, y, -2)  # y: (..., 1, D)
+
+def _energy(x: Tensor, y: Tensor, estimator: str, reduction: str, *, fast: bool) -> Tensor:
+    """The energy score of checked members ``x`` ``(..., M, D)`` and target ``y``
+    ``(..., 1, D)``; ``fast``: the values are not checked yet (:func:`check_after`)."""
+    m, dim = x.shape[-2], x.shape[-1]
+    # no centring: every difference is taken directly (cdist without the matmul form), so
+    # the score is shift-invariant as computed
     abs_err = torch.linalg.vector_norm(x - y, dim=-1).mean(dim=-1)
-    batch = x.shape[:-2]
-    flat = x.reshape(-1, m, dim)
-    pair_sum = torch.cdist(flat, flat, compute_mode="donot_use_mm_for_euclid_dist")
-    pair_sum = pair_sum.sum(dim=(-2, -1)).reshape(batch)
+    # torch's default takes the exact (no-matmul) kernel itself for at most 25 members
+    mode = "use_mm_for_euclid_dist_if_necessary" if m <= 25 else "donot_use_mm_for_euclid_dist"
+    if x.dim() == 3:
+        pair_sum = torch.cdist(x, x, compute_mode=mode).sum(dim=(-2, -1))
+    else:
+        flat = x.reshape(-1, m, dim)
+        pair_sum = torch.cdist(flat, flat, compute_mode=mode).sum(dim=(-2, -1))
+        pair_sum = pair_sum.reshape(x.shape[:-2])
     denom = 2 * m * (m - 1) if estimator == "fair" else 2 * m * m
-    return reduce(abs_err - pair_sum / denom, reduction)
+    out = reduce(abs_err - pair_sum / denom, reduction)
+    if fast:  # a NaN or an infinity in either makes the result non-finite
+        check_after(out, reduction, lambda: cast_forecast([("samples", x), ("target", y)]))
+    return out

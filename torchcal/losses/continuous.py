@@ -3,10 +3,12 @@ and :mod:`torchcal.functional.crps` (forecast first, observations last)."""
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
 
-import torchcal.functional as TF
+from torchcal.functional._forecast import gaussian_spread, renamed_keyword
 from torchcal.functional._validation import (
     check_alpha,
     check_bool,
@@ -15,6 +17,19 @@ from torchcal.functional._validation import (
     check_levels,
     check_option,
     check_reduction,
+)
+from torchcal.functional.continuous import (
+    dawid_sebastiani_score,
+    gaussian_nll_of,
+    interval_score,
+    quantile_score_of,
+)
+from torchcal.functional.crps import (
+    crps_ensemble,
+    crps_laplace,
+    crps_logistic,
+    crps_normal,
+    energy_score,
 )
 from torchcal.losses._buffers import KeepBufferDtype
 
@@ -27,14 +42,15 @@ __all__ = [
     "DawidSebastianiLoss",
 ]
 
-_CRPS_DISTRIBUTIONS = ("normal", "laplace", "logistic", "ensemble")
+_CRPS_FAMILIES = ("normal", "laplace", "logistic", "ensemble")
+_CLOSED_FORMS = {"normal": crps_normal, "laplace": crps_laplace, "logistic": crps_logistic}
 
 
 class CRPSLoss(KeepBufferDtype):
     r"""Continuous ranked probability score as a loss (see :func:`torchcal.functional.crps_normal`).
 
-    One module for the closed forms and for ensembles; ``distribution`` fixes the
-    ``forward`` signature:
+    One module for the closed forms and for ensembles; ``family`` fixes the ``forward``
+    arguments, positional or by name:
 
     * ``'normal'`` | ``'laplace'`` | ``'logistic'``: ``forward(loc, scale, target)``
       (:func:`~torchcal.functional.crps_normal` etc., exact closed-form gradients);
@@ -44,6 +60,8 @@ class CRPSLoss(KeepBufferDtype):
 
     ``estimator`` and ``ensemble_dim`` are used only with ``'ensemble'``.
     ``is_proper = "strict"`` (CRPS is strictly proper for distributions with a finite mean).
+    ``distribution=`` is the deprecated spelling of ``family=`` (one release, with a
+    ``FutureWarning``; both given raise ``ValueError``).
 
     Example:
         >>> import torch
@@ -51,8 +69,12 @@ class CRPSLoss(KeepBufferDtype):
         >>> loss = CRPSLoss("normal")
         >>> round(loss(torch.zeros(3), torch.ones(3), torch.zeros(3)).item(), 5)
         0.23369
-        >>> ens = CRPSLoss("ensemble")
+        >>> round(loss(loc=torch.zeros(3), scale=torch.ones(3), target=torch.zeros(3)).item(), 5)
+        0.23369
+        >>> ens = CRPSLoss(family="ensemble")
         >>> round(ens(torch.tensor([[0.0, 1.0, 2.0, 3.0]]), torch.tensor([1.5])).item(), 4)
+        0.1667
+        >>> round(ens(samples=torch.tensor([[0.0, 1.0, 2.0, 3.0]]), target=torch.tensor([1.5])).item(), 4)
         0.1667
     """
 
@@ -60,50 +82,86 @@ class CRPSLoss(KeepBufferDtype):
 
     def __init__(
         self,
-        distribution: str = "normal",
+        family: str | None = None,
         *,
         estimator: str = "fair",
         ensemble_dim: int = -1,
         reduction: str = "mean",
+        distribution: str | None = None,
     ) -> None:
         super().__init__()
-        self.distribution = check_option("distribution", distribution, _CRPS_DISTRIBUTIONS)
+        family = renamed_keyword("CRPSLoss", "family", family, "distribution", distribution)
+        self.family = check_option("family", "normal" if family is None else family, _CRPS_FAMILIES)
         self.ensemble_dim = check_int("ensemble_dim", ensemble_dim)
         self.estimator = check_estimator(estimator)
         self.reduction = check_reduction(reduction)
+        self._arity = 2 if self.family == "ensemble" else 3
+        self._fn = _CLOSED_FORMS.get(self.family)
 
-    def forward(self, *inputs: Tensor) -> Tensor:
-        if self.distribution == "ensemble":
-            if len(inputs) != 2:
-                raise TypeError(
-                    f"CRPSLoss('ensemble').forward expects (samples, target), got "
-                    f"{len(inputs)} tensors"
-                )
-            samples, target = inputs
-            return TF.crps_ensemble(
-                samples,
-                target,
+    @property
+    def distribution(self) -> str:
+        """Deprecated: :attr:`family`."""
+        warnings.warn(
+            "CRPSLoss.distribution is deprecated; use CRPSLoss.family", FutureWarning, stacklevel=2
+        )
+        return self.family
+
+    def _arguments(self, inputs: tuple[Tensor, ...], named: dict[str, Tensor | None]) -> list:
+        """The family's arguments in order, from positional ``inputs`` then ``named``."""
+        want = ("samples", "target") if self.family == "ensemble" else ("loc", "scale", "target")
+        wrong = [k for k, v in named.items() if v is not None and k not in want]
+        if wrong or len(inputs) > len(want):
+            got = f"{len(inputs)} positional tensors" + "".join(f", {k}=" for k in wrong)
+            raise TypeError(
+                f"CRPSLoss({self.family!r}).forward expects ({', '.join(want)}), got {got}"
+            )
+        args = list(inputs)
+        for k in want[len(inputs) :]:
+            args.append(named[k])
+        for k in want[: len(inputs)]:
+            if named[k] is not None:
+                raise TypeError(f"CRPSLoss({self.family!r}).forward got {k} twice")
+        missing = [k for k, v in zip(want, args) if v is None]
+        if missing:
+            raise TypeError(
+                f"CRPSLoss({self.family!r}).forward expects ({', '.join(want)}), missing "
+                f"{', '.join(missing)}"
+            )
+        return args
+
+    def forward(
+        self,
+        *inputs: Tensor,
+        loc: Tensor | None = None,
+        scale: Tensor | None = None,
+        samples: Tensor | None = None,
+        target: Tensor | None = None,
+    ) -> Tensor:
+        """``forward(loc, scale, target)`` (closed forms) or ``forward(samples, target)``
+        (ensembles), positional or by name."""
+        if len(inputs) == self._arity and loc is scale is samples is target is None:
+            args = list(inputs)  # the positional call: nothing to sort out
+        else:
+            named = {"loc": loc, "scale": scale, "samples": samples, "target": target}
+            args = self._arguments(inputs, named)
+        if self._fn is not None:
+            return self._fn(*args, reduction=self.reduction)
+        if self.family == "ensemble":
+            return crps_ensemble(
+                *args,
                 estimator=self.estimator,
                 ensemble_dim=self.ensemble_dim,
                 reduction=self.reduction,
             )
-        if len(inputs) != 3:
-            raise TypeError(
-                f"CRPSLoss({self.distribution!r}).forward expects (loc, scale, "
-                f"target), got {len(inputs)} tensors"
-            )
-        fn = {"normal": TF.crps_normal, "laplace": TF.crps_laplace, "logistic": TF.crps_logistic}[
-            self.distribution
-        ]
-        return fn(*inputs, reduction=self.reduction)
+        raise AssertionError("unreachable")
 
     def extra_repr(self) -> str:
-        if self.distribution == "ensemble":
+        if self.family == "ensemble":
             return (
-                f"distribution='ensemble', estimator={self.estimator!r}, "
+                f"family='ensemble', estimator={self.estimator!r}, "
                 f"ensemble_dim={self.ensemble_dim}, reduction={self.reduction!r}"
             )
-        return f"distribution={self.distribution!r}, reduction={self.reduction!r}"
+        return f"family={self.family!r}, reduction={self.reduction!r}"
 
 
 class EnergyScoreLoss(KeepBufferDtype):
@@ -128,7 +186,7 @@ class EnergyScoreLoss(KeepBufferDtype):
         self.reduction = check_reduction(reduction)
 
     def forward(self, samples: Tensor, target: Tensor) -> Tensor:
-        return TF.energy_score(samples, target, estimator=self.estimator, reduction=self.reduction)
+        return energy_score(samples, target, estimator=self.estimator, reduction=self.reduction)
 
     def extra_repr(self) -> str:
         return f"estimator={self.estimator!r}, reduction={self.reduction!r}"
@@ -164,7 +222,7 @@ class IntervalScoreLoss(KeepBufferDtype):
         self.reduction = check_reduction(reduction)
 
     def forward(self, lower: Tensor, upper: Tensor, target: Tensor) -> Tensor:
-        return TF.interval_score(lower, upper, target, alpha=self.alpha, reduction=self.reduction)
+        return interval_score(lower, upper, target, alpha=self.alpha, reduction=self.reduction)
 
     def extra_repr(self) -> str:
         alpha = self.alpha if isinstance(self.alpha, float) else "tensor"
@@ -201,7 +259,7 @@ class QuantileLoss(KeepBufferDtype):
         self.reduction = check_reduction(reduction)
 
     def forward(self, pred: Tensor, target: Tensor) -> Tensor:
-        return TF.quantile_score(pred, target, self.quantiles, reduction=self.reduction)
+        return quantile_score_of(pred, target, self.quantiles, self.reduction)
 
     def extra_repr(self) -> str:
         return f"quantiles={self.quantiles.tolist()}, reduction={self.reduction!r}"
@@ -214,16 +272,24 @@ class GaussianNLLLoss(KeepBufferDtype):
     distributional loss here (``CRPSLoss``, ``DawidSebastianiLoss``). **Not** the order
     of ``torch.nn.GaussianNLLLoss`` (``input, target, var``): porting code from it means
     swapping the last two arguments (a swapped positive target would run silently).
-    ``spread`` is the variance by default (as in torch), the standard deviation with
-    ``spread='scale'``. ``full=True`` by default (the true log score) and no ``eps`` clamp
-    of the variance (non-positive spreads raise).
-    ``is_proper = "strict"`` (the log score of the normal forecast).
+    The positional ``spread`` is the **variance** by default (as in torch), the standard
+    deviation with ``spread='scale'``; or name it in the call, ``forward(loc, target=y,
+    var=v)`` or ``forward(loc, target=y, sd=s)`` (the name wins over ``spread=``; ``var=``
+    with ``sd=`` raise ``ValueError``, a positional spread with a named one ``TypeError``).
+    ``full=True`` by default (the true log score) and no ``eps`` clamp of the variance
+    (non-positive spreads raise). ``is_proper = "strict"`` (the log score of the normal
+    forecast).
 
     Example:
         >>> import torch
         >>> from torchcal.losses import GaussianNLLLoss
         >>> round(GaussianNLLLoss()(torch.zeros(2), torch.ones(2), torch.zeros(2)).item(), 5)
         0.91894
+        >>> loss, loc, y = GaussianNLLLoss(), torch.zeros(1), torch.full((1,), 2.0)
+        >>> round(loss(loc, target=y, var=torch.full((1,), 4.0)).item(), 5)
+        2.11209
+        >>> round(loss(loc, target=y, sd=torch.full((1,), 2.0)).item(), 5)
+        2.11209
     """
 
     is_proper = "strict"
@@ -234,10 +300,25 @@ class GaussianNLLLoss(KeepBufferDtype):
         self.spread = check_option("spread", spread, ("var", "scale"))
         self.reduction = check_reduction(reduction)
 
-    def forward(self, loc: Tensor, spread: Tensor, target: Tensor) -> Tensor:
-        return TF.gaussian_nll(
-            loc, spread, target, var=self.spread == "var", full=self.full, reduction=self.reduction
-        )
+    def forward(
+        self,
+        loc: Tensor,
+        spread: Tensor | None = None,
+        target: Tensor | None = None,
+        *,
+        var: Tensor | None = None,
+        sd: Tensor | None = None,
+    ) -> Tensor:
+        if var is None and sd is None and spread is not None and target is not None:
+            return gaussian_nll_of(
+                loc, spread, target, self.spread == "var", self.full, self.reduction
+            )
+        name = "var" if var is not None else "sd"
+        positional = "var" if self.spread == "var" else "sd"
+        value, is_var = gaussian_spread("GaussianNLLLoss.forward", spread, var, sd, positional)
+        if target is None:
+            raise TypeError("GaussianNLLLoss.forward: missing target (the observations)")
+        return gaussian_nll_of(loc, value, target, is_var, self.full, self.reduction, name)
 
     def extra_repr(self) -> str:
         return f"full={self.full}, spread={self.spread!r}, reduction={self.reduction!r}"
@@ -264,7 +345,7 @@ class DawidSebastianiLoss(KeepBufferDtype):
         self.reduction = check_reduction(reduction)
 
     def forward(self, loc: Tensor, scale: Tensor, target: Tensor) -> Tensor:
-        return TF.dawid_sebastiani_score(loc, scale, target, reduction=self.reduction)
+        return dawid_sebastiani_score(loc, scale, target, reduction=self.reduction)
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}"

@@ -18,13 +18,14 @@ As every torchmetrics ``Metric``, ``compute()`` squeezes a one-element tensor to
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from torchcal.functional._forecast import check_location_scale
+from torchcal.functional._forecast import check_location_scale, renamed_keyword
 from torchcal.functional._validation import (
     check_finite,
     check_group_ids,
@@ -61,7 +62,7 @@ def level_tuple(name: str, levels: Tensor | Sequence[float]) -> tuple[float, ...
         return tuple(float(v) for v in check_level_grid(name, levels).tolist())
 
 
-_FORECASTS = ("bounds", "normal", "laplace", "logistic")
+_FAMILIES = ("bounds", "normal", "laplace", "logistic")
 #: elements per float64 partial sum on the CPU (see :func:`float64_column_sums`)
 _CHUNK = 1 << 16
 #: values per block of :meth:`IntervalCoverage.update` (4 MB of float32)
@@ -256,17 +257,18 @@ class IntervalCoverage(RegressionMetric):
     With ``num_groups`` a :class:`~torchcal.report.GroupedResult` (``per_group``: ``(G, L)``;
     conditional coverage, e.g. by input range or by predicted spread, is a group id).
 
-    **Location-scale forecasts.** With ``forecast="normal" | "laplace" | "logistic"``,
+    **Location-scale forecasts.** With ``family="normal" | "laplace" | "logistic"``,
     ``update(loc, scale, target, groups=None)`` takes the forecast itself (``loc`` and ``scale``
     broadcast to the target's shape) and scores its central intervals
-    ``loc -+ central_interval_factor(forecast, c) * scale`` at every level in one pass whose cost
+    ``loc -+ central_interval_factor(family, c) * scale`` at every level in one pass whose cost
     does not grow with the number of levels (:func:`~torchcal.functional.coverage.
     central_interval_sums`; per element in the inputs' dtype, sums in float64, as with bounds).
 
     Args:
         levels: nominal coverages ``c`` in (0, 1), strictly increasing.
-        forecast: ``"bounds"`` (default: ``update(lower, upper, target)``) or a location-scale
-            family (``update(loc, scale, target)``).
+        family: ``"bounds"`` (default: ``update(lower, upper, target)``) or a location-scale
+            family (``update(loc, scale, target)``). ``forecast=`` is its deprecated
+            spelling (one release, with a ``FutureWarning``; both given raise ``ValueError``).
         num_groups: per-group results (``update`` then needs ``groups`` of ``target``'s shape).
         validate_args: run the value checks (NaN, ``lower <= upper``, group ids).
 
@@ -282,14 +284,14 @@ class IntervalCoverage(RegressionMetric):
         ([0.5, 1.0], [2.0, 4.0])
         >>> r["interval_score"].tolist()  # level 0.5: (2 + (2 + 2 / 0.5 * 0.5)) / 2
         [3.0, 4.0]
-        >>> m = IntervalCoverage(levels=(0.5, 0.9), forecast="normal")
+        >>> m = IntervalCoverage(levels=(0.5, 0.9), family="normal")
         >>> m.update(torch.zeros(3), torch.ones(3), torch.tensor([0.1, -1.0, 2.0]))
         >>> m.compute()["coverage"].tolist()
         [0.3333333333333333, 0.6666666666666666]
     """
 
     higher_is_better = None
-    _CONFIG = ("levels", "forecast", "num_groups")
+    _CONFIG = ("levels", "family", "num_groups")
     _RULES = StateRules(
         counts=("hits", "n"), nonnegative=("width_sum", "score_sum"), bounded=(("hits", "n"),)
     )
@@ -298,19 +300,31 @@ class IntervalCoverage(RegressionMetric):
         self,
         levels: Sequence[float] | Tensor = (0.5, 0.8, 0.9, 0.95),
         *,
-        forecast: str = "bounds",
+        family: str | None = None,
         num_groups: int | None = None,
         validate_args: bool = True,
+        forecast: str | None = None,
         **kwargs: Any,
     ) -> None:
+        family = renamed_keyword("IntervalCoverage", "family", family, "forecast", forecast)
         super().__init__(num_groups=num_groups, validate_args=validate_args, **kwargs)
         self.levels = level_tuple("levels", levels)
-        self.forecast = check_option("forecast", forecast, _FORECASTS)
+        self.family = check_option("family", "bounds" if family is None else family, _FAMILIES)
         shape = (self._G, len(self.levels))
         self.add_state("hits", torch.zeros(shape, dtype=torch.int64), dist_reduce_fx="sum")
         for name in ("width_sum", "score_sum"):
             self.add_state(name, torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("n", torch.zeros(self._G, dtype=torch.int64), dist_reduce_fx="sum")
+
+    @property
+    def forecast(self) -> str:
+        """Deprecated: :attr:`family`."""
+        warnings.warn(
+            "IntervalCoverage.forecast is deprecated; use IntervalCoverage.family",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return self.family
 
     def _check_bounds(self, lower: Tensor, upper: Tensor, target: Tensor) -> None:
         want = (*target.shape, len(self.levels))
@@ -326,10 +340,10 @@ class IntervalCoverage(RegressionMetric):
         self, lower: Tensor, upper: Tensor, target: Tensor, groups: Tensor | None = None
     ) -> None:
         """Accumulate a batch: bounds ``(..., L)``, target ``(...)``, groups ``(...)``; with a
-        location-scale ``forecast``: ``update(loc, scale, target, groups)``."""
+        location-scale ``family``: ``update(loc, scale, target, groups)``."""
         if not isinstance(target, Tensor):
             raise TypeError(f"target: expected a Tensor, got {type(target).__name__}")
-        if self.forecast != "bounds":
+        if self.family != "bounds":
             self._update_location_scale(lower, upper, target, groups)
             return
         self._check_bounds(lower, upper, target)
@@ -355,7 +369,7 @@ class IntervalCoverage(RegressionMetric):
         ids = self._group_ids(groups, target.shape)
         with validation_enabled(self.validate_args):
             loc, scale, target = check_location_scale(loc, scale, target, finite_after=True)
-            factors = central_interval_factor(self.forecast, self.levels)
+            factors = central_interval_factor(self.family, self.levels)
             misses, width, penalty, rows = central_interval_sums(
                 loc, scale, target, factors, groups=ids, num_groups=self._G
             )

@@ -17,14 +17,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional._forecast import check_location_scale
+from torchcal.functional._forecast import check_location_scale, gaussian_spread
 from torchcal.functional._validation import check_alpha, check_option, validation_enabled
 from torchcal.functional.continuous import (
     crps_ensemble,
     crps_laplace,
     crps_logistic,
     crps_normal,
-    gaussian_nll,
+    gaussian_nll_of,
     interval_score,
 )
 from torchcal.metrics._base import StateRules
@@ -140,7 +140,12 @@ class GaussianNLL(MeanScore):
     """Streaming mean Gaussian negative log-likelihood (the log score of ``N(loc, scale^2)``,
     with the ``log(2 pi) / 2`` constant; :func:`~torchcal.functional.gaussian_nll`).
 
-    ``update(loc, scale, target, groups=None)`` with ``scale`` the standard deviation.
+    ``update(loc, scale, target, groups=None)`` with the positional ``scale`` the **standard
+    deviation**; or name the spread, ``update(loc, target=y, sd=s)`` or ``update(loc,
+    target=y, var=v)`` (the variance). ``var=`` with ``sd=`` raise ``ValueError``, a
+    positional spread with a named one ``TypeError``; the spread is never guessed from its
+    values. (The loss :class:`~torchcal.losses.GaussianNLLLoss` reads its positional spread as
+    the variance, as torch: name it when in doubt.)
 
     Args:
         num_groups: per-group means (``update`` then needs ``groups`` of ``target``'s shape).
@@ -153,19 +158,34 @@ class GaussianNLL(MeanScore):
         >>> m.update(torch.zeros(1), torch.ones(1), torch.zeros(1))
         >>> round(float(m.compute()), 6)  # log(2 pi) / 2
         0.918939
+        >>> m = GaussianNLL()
+        >>> m.update(torch.zeros(1), target=torch.full((1,), 2.0), var=torch.full((1,), 4.0))
+        >>> round(float(m.compute()), 4)
+        2.1121
     """
 
     _CONFIG = ("num_groups",)
     _RULES = StateRules(counts=("count",), sums=("total",))
 
     def update(
-        self, loc: Tensor, scale: Tensor, target: Tensor, groups: Tensor | None = None
+        self,
+        loc: Tensor,
+        scale: Tensor | None = None,
+        target: Tensor | None = None,
+        groups: Tensor | None = None,
+        *,
+        var: Tensor | None = None,
+        sd: Tensor | None = None,
     ) -> None:
         """Accumulate a batch (shapes as :func:`~torchcal.functional.gaussian_nll`)."""
-        with validation_enabled(self.validate_args):  # checked here to name ``scale``
-            args = check_location_scale(*as_float64(loc, scale, target))
+        name = "var" if var is not None else "sd" if sd is not None else "scale"
+        spread, is_var = gaussian_spread("GaussianNLL.update", scale, var, sd, "sd")
+        if target is None:
+            raise TypeError("GaussianNLL.update: missing target (the observations)")
+        with validation_enabled(self.validate_args):  # checked here to name the spread
+            args = check_location_scale(*as_float64(loc, spread, target), name)
         with validation_enabled(False):
-            items = gaussian_nll(*args, reduction="none")
+            items = gaussian_nll_of(*args, is_var, True, "none")
         self._add(items.detach(), target, groups)
 
 
