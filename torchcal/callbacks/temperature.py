@@ -23,8 +23,8 @@ from torchcal.callbacks._outputs import (
 )
 from torchcal.functional import calibration as C
 from torchcal.functional._validation import check_int, check_option
+from torchcal.functional.temperature import all_reduce_, distributed_active
 from torchcal.scaling import FitResult, TemperatureScaler
-from torchcal.scaling._objective import all_reduce_, distributed_active
 
 __all__ = ["TemperatureScaling"]
 

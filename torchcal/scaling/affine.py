@@ -11,12 +11,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchcal.functional import recalibration as R
+from torchcal.functional._solvers import damped_newton, lbfgs, solve_direction
 from torchcal.functional._validation import (
     check_class_target,
     check_finite,
     check_finite_value,
     check_int,
 )
+from torchcal.functional.temperature import Chunk, validate_masked_target
 from torchcal.scaling._base import (
     FitResult,
     FittedMixin,
@@ -27,8 +29,6 @@ from torchcal.scaling._base import (
     warn_if_probabilities,
     working_dtype,
 )
-from torchcal.scaling._objective import Chunk, validate_masked_target
-from torchcal.scaling._solvers import damped_newton, lbfgs, solve_direction
 
 __all__ = ["VectorScaler", "MatrixScaler"]
 

@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from torchcal.functional import temperature as obj
 from torchcal.functional._validation import (
     check_finite,
     check_finite_value,
@@ -17,7 +18,6 @@ from torchcal.functional._validation import (
     check_temperature_bounds,
 )
 from torchcal.functional.shrinkage import empirical_bayes_shrinkage
-from torchcal.scaling import _objective as obj
 from torchcal.scaling._base import (
     FitResult,
     FittedMixin,
@@ -28,7 +28,6 @@ from torchcal.scaling._base import (
     warn_all,
     working_dtype,
 )
-from torchcal.scaling._temperature_solve import degenerate_messages
 from torchcal.scaling.temperature import TemperatureScaler
 
 __all__ = ["GroupTemperatureScaler"]
@@ -192,7 +191,7 @@ class GroupTemperatureScaler(FittedMixin):
         if empty:
             msgs.append(f"groups: no samples in group(s) {empty}; they use the global T")
         if not eb:  # shrunk groups leave no bound: a raw fit on a bound gets the global T
-            msgs += degenerate_messages(res, self.bounds, what="T_g")
+            msgs += obj.degenerate_messages(res, self.bounds, what="T_g")
         msgs_t = warn_all(msgs[len(res_g.warnings) :], stacklevel=3)
         self._store("log_temperature", -res.u)
         self._store("log_temperature_global", math.log(glob.temperature))

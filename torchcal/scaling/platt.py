@@ -9,6 +9,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from torchcal.functional._solvers import (
+    NewtonResult,
+    active_bounds,
+    cholesky_direction,
+    damped_newton,
+    projected_grad_norm,
+)
 from torchcal.functional._validation import (
     check_binary_target,
     check_finite,
@@ -28,13 +35,6 @@ from torchcal.scaling._base import (
     warn_all,
     warn_if_probabilities,
     working_dtype,
-)
-from torchcal.scaling._solvers import (
-    NewtonResult,
-    active_bounds,
-    cholesky_direction,
-    damped_newton,
-    projected_grad_norm,
 )
 
 __all__ = ["PlattScaler"]

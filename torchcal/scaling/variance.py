@@ -10,6 +10,7 @@ from torch import Tensor
 
 from torchcal.functional._checks import fixed_sum
 from torchcal.functional._forecast import broadcast_or_none, check_location_scale
+from torchcal.functional._solvers import bracketed_newton
 from torchcal.functional._validation import (
     check_finite,
     check_finite_value,
@@ -23,7 +24,6 @@ from torchcal.functional._validation import (
 )
 from torchcal.functional.crps import crps_scale_sums
 from torchcal.scaling._base import FitResult, FittedMixin, check_state_finite, warn_all
-from torchcal.scaling._solvers import bracketed_newton
 
 __all__ = ["VarianceScaler"]
 

@@ -1,13 +1,14 @@
-"""The streamed temperature objective: float64 passes over chunks, their sums, the solve.
+"""Temperature scaling's fit: :func:`fit_temperature`, and the float64 passes it is made of.
 
 The formula (per-sample NLL and its derivatives in ``beta = 1 / T``) is
 :func:`torchcal.functional.recalibration.temperature_terms`; this module runs it over chunks of
 any size in one pass (O(chunk) memory), adds the per-chunk sums in a fixed order (the result is
 bit-identical for any number of threads), all-reduces them under ``torch.distributed``, names
-the position of a bad value, and solves for ``u = log beta = -log T`` with the bracketed Newton
-of :mod:`torchcal.scaling._solvers`, vectorised over groups so that
-:class:`~torchcal.scaling.GroupTemperatureScaler` reuses it unchanged
-(``docs/design.md`` section 4).
+the position of a bad value, and solves for ``u = log beta = -log T``: by the bracketed Newton
+of :mod:`torchcal.functional._solvers`, vectorised over groups so that
+:class:`~torchcal.scaling.GroupTemperatureScaler` reuses it unchanged, or by LBFGS judged by
+Newton's tests (``docs/design.md`` section 4). :class:`~torchcal.scaling.TemperatureScaler`
+is a shell over :func:`fit_temperature` (in memory) and :func:`solve_temperature` (streamed).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from torchcal.functional._solvers import bracketed_newton, lbfgs
 from torchcal.functional._validation import first_bad_position, values_checked
 from torchcal.functional.recalibration import log_beta_derivatives, temperature_terms
-from torchcal.scaling._solvers import bracketed_newton
 
 __all__ = [
     "Chunk",
@@ -50,6 +52,15 @@ __all__ = [
     "tensor_chunks",
     "default_workers",
     "log_bounds",
+    "degenerate_messages",
+    "solve_lbfgs",
+    "flattest_near_min",
+    "judge",
+    "SUBSAMPLE_ELEMENTS",
+    "TemperatureSolution",
+    "solve_temperature",
+    "warm_start",
+    "fit_temperature",
 ]
 
 # Columns of the per-group statistics returned by ``temperature_pass``.
@@ -467,3 +478,382 @@ def default_workers(logits: Tensor) -> int:
 def log_bounds(t_min: float, t_max: float) -> tuple[float, float]:
     """``(lower, upper)`` bounds on ``u = log beta = -log T`` from bounds on T."""
     return -math.log(t_max), -math.log(t_min)
+
+
+# ----------------------------------------------------------------------------- LBFGS
+def degenerate_messages(
+    res: LogBetaResult, bounds: tuple[float, float], what: str = "T"
+) -> list[str]:
+    """Warnings for a solve that stopped on a bound or at the iteration cap."""
+    msgs = []
+    if bool(res.at_lower.any()):
+        msgs.append(
+            f"{what}: the NLL keeps decreasing as T grows (logits no better than "
+            f"uniform, or nearly); T is bounded at t_max={bounds[1]:g}"
+        )
+    if bool(res.at_upper.any()):
+        msgs.append(
+            f"{what}: the NLL keeps decreasing as T shrinks (a perfectly separated "
+            f"set, or nearly); T is bounded at t_min={bounds[0]:g}"
+        )
+    stuck = ~(res.converged | res.at_lower | res.at_upper)
+    if bool(stuck.any()):
+        msgs.append(
+            f"{what}: stopped (max_iter, or no progress left at float64 resolution) "
+            f"before the tolerance was met (|grad| = {float(res.grad.abs().max()):.3g})"
+        )
+    return msgs
+
+
+def solve_lbfgs(
+    evaluate: Callable[[Tensor, bool], Tensor],
+    lo: float,
+    hi: float,
+    u0: Tensor,
+    *,
+    max_iter: int,
+    grad_tol: float,
+    step_tol: float,
+) -> tuple[LogBetaResult, float]:
+    """:func:`~torchcal.functional._solvers.lbfgs` on ``log T = -u`` within the bounds, over
+    the same float64 sums as Newton, judged by the same tests at the returned point; returns
+    that result and the mean NLL at ``T = 1``.
+
+    A perfectly separated set goes to ``t_min`` at once (see
+    :func:`solve_log_beta`). LBFGS's last point is not always
+    its best: near the optimum the NLL is flat to a few ulps, its line search rejects
+    steps on rounding noise and the final point can sit further out than one already
+    evaluated. Among the evaluated points whose NLL is within rounding of the lowest, the
+    one with the smallest gradient is returned (the gradient sums stay accurate where the
+    NLL is flat).
+    """
+    cache: dict[float, Tensor] = {}  # u -> sums: LBFGS re-evaluates points; passes = len
+
+    def stats_at(u: float, identity: bool = False) -> Tensor:
+        if u not in cache:
+            cache[u] = evaluate(torch.tensor([u], dtype=torch.float64), identity)
+        return cache[u]
+
+    def derivatives(u: float) -> tuple[float, float, float]:
+        """Mean NLL, d/du and d2/du2 at ``u``."""
+        f, g, h = u_derivatives(stats_at(u), torch.tensor([u], dtype=torch.float64))
+        return float(f[0]) / n, float(g[0]) / n, float(h[0]) / n
+
+    start = min(max(float(u0[0]), lo), hi)
+    first = stats_at(start, True)
+    n = float(first[0, COUNT])
+    if n == 0:
+        raise ValueError("batches: every rank's shard is empty")
+    nll_before = float(first[0, LOSS_IDENTITY]) / n
+
+    def on_log_t(log_t: Tensor) -> tuple[Tensor, Tensor]:
+        f, g, _ = derivatives(-float(log_t))
+        return torch.tensor(f, dtype=torch.float64), torch.tensor(-g, dtype=torch.float64)
+
+    separated = float(first[0, MISRANKED]) == 0 and float(stats_at(hi)[0, LOSS]) < float(
+        first[0, LOSS]
+    )
+    iterations = 0
+    if separated:
+        u = hi
+    else:
+        run = lbfgs(
+            on_log_t,
+            torch.full((), -start, dtype=torch.float64),
+            max_iter=max_iter,
+            grad_tol=grad_tol,
+            history_size=10,
+            lower=torch.tensor(-hi, dtype=torch.float64),
+            upper=torch.tensor(-lo, dtype=torch.float64),
+            curvature=lambda x: torch.tensor(derivatives(-float(x))[2], dtype=torch.float64),
+        )
+        iterations = run.iterations
+        if run.on_bound:
+            u = -float(run.x)
+        else:
+            u = flattest_near_min(cache, n, lambda v: derivatives(v)[1])
+    res = judge(
+        u,
+        stats_at(u),
+        n,
+        lo,
+        hi,
+        separated,
+        iterations,
+        len(cache),
+        grad_tol=grad_tol,
+        step_tol=step_tol,
+    )
+    return res, nll_before
+
+
+def flattest_near_min(
+    cache: dict[float, Tensor], n: float, grad: Callable[[float], float]
+) -> float:
+    """Among the evaluated points (``u -> sums`` over ``n`` samples) whose mean NLL is within
+    rounding of the lowest, the one with the smallest ``|grad(u)|``."""
+    loss = {v: float(st[0, LOSS]) / n for v, st in cache.items()}
+    f_min = min(loss.values())
+    near = [v for v in cache if loss[v] <= f_min + 8e-16 * max(1.0, abs(f_min))]
+    return min(near, key=lambda v: abs(grad(v)))
+
+
+def judge(
+    u: float,
+    stats: Tensor,
+    n: float,
+    lo: float,
+    hi: float,
+    separated: bool,
+    iterations: int,
+    passes: int,
+    *,
+    grad_tol: float,
+    step_tol: float,
+) -> LogBetaResult:
+    """The LBFGS point judged by Newton's tests (bounds, gradient, Newton step)."""
+    ut = torch.tensor([u], dtype=torch.float64)
+    _, g, h = u_derivatives(stats, ut)
+    g, h = g / n, h / n
+    at_lower = (ut <= lo) & (g > 0)
+    at_upper = ((ut >= hi) & (g < 0)) | torch.tensor([separated])
+    converged = ~(at_lower | at_upper) & (
+        (g.abs() <= grad_tol) | ((h > 0) & ((g / h).abs() <= step_tol))
+    )
+    return LogBetaResult(
+        u=ut,
+        stats=stats,
+        grad=g,
+        curv=h,
+        converged=converged,
+        at_lower=at_lower,
+        at_upper=at_upper,
+        iterations=iterations,
+        passes=passes,
+    )
+
+
+# ----------------------------------------------------------------------------- the fit
+# Above this many logits the in-memory fit first solves on strided subsamples (1/64, then 1/8
+# of the rows), so that the full passes start within ~1e-2 of the optimum.
+SUBSAMPLE_ELEMENTS = 1 << 24
+
+
+class TemperatureSolution(NamedTuple):
+    """What :func:`fit_temperature` / :func:`solve_temperature` found (nothing is stored or
+    warned here: the scaler stores ``log_temperature`` and issues ``messages``)."""
+
+    log_temperature: float  # log T at the returned point
+    nll_before: float  # mean NLL at T = 1
+    nll_after: float  # mean NLL at the returned T
+    grad_norm: float  # |d mean NLL / d log T| there
+    iterations: int
+    converged: bool
+    messages: tuple[str, ...]  # why it did not converge (bounds, cap, a flat NLL)
+    passes: int  # objective evaluations, each one pass over the data (or a subsample)
+    method: str
+
+
+def solve_temperature(
+    chunks: Callable[[], Iterable[Chunk]],
+    binary: bool,
+    num_classes: int | None,
+    u0: Tensor,
+    *,
+    bounds: tuple[float, float],
+    method: str,
+    grad_tol: float,
+    step_tol: float,
+    max_iter: int,
+    reduce: bool = False,
+    workers: int = 1,
+    pre_passes: int = 0,
+    check_labels: bool = True,
+) -> TemperatureSolution:
+    """The temperature minimising the mean NLL of the chunks ``chunks()`` (re-iterable: one
+    pass per evaluation), from ``u0 = log beta`` (``(1,)``), by ``method`` (``"lbfgs"`` or
+    ``"newton"``) within ``bounds`` on T; ``reduce=True`` all-reduces every pass's sums."""
+    lo, hi = log_bounds(*bounds)
+
+    def evaluate(u: Tensor, identity: bool) -> Tensor:
+        stats = temperature_pass(
+            chunks(),
+            u,
+            binary=binary,
+            num_classes=num_classes,
+            identity=identity,
+            reduce=reduce,
+            workers=workers,
+            check_labels=check_labels,
+        )
+        check_stats(stats, chunks, binary)
+        return stats
+
+    if method == "lbfgs":
+        res, nll_before = solve_lbfgs(
+            evaluate, lo, hi, u0, max_iter=max_iter, grad_tol=grad_tol, step_tol=step_tol
+        )
+    else:
+        res = solve_log_beta(
+            evaluate,
+            u0,
+            lower=lo,
+            upper=hi,
+            grad_tol=grad_tol,
+            step_tol=step_tol,
+            max_iter=max_iter,
+            identity_first=True,
+        )
+        n = float(res.stats[0, COUNT])
+        if n == 0:
+            raise ValueError("batches: every rank's shard is empty")
+        assert res.identity_stats is not None
+        nll_before = float(res.identity_stats[0]) / n
+    msgs = degenerate_messages(res, bounds)
+    converged = bool(res.converged[0])
+    # zero curvature inside the bounds: Var_p[z] = 0 in every row, i.e. every row's logits
+    # are equal (no better than uniform at any T): the NLL does not depend on T
+    if not msgs and float(res.stats[0, D2LOSS]) == 0.0:
+        converged = False
+        msgs.append(
+            f"T: the NLL does not depend on T (every row's logits are equal: no "
+            f"better than uniform); T is left at {math.exp(-float(res.u[0])):g}"
+        )
+    return TemperatureSolution(
+        log_temperature=-float(res.u[0]),
+        nll_before=nll_before,
+        nll_after=float(res.stats[0, LOSS]) / float(res.stats[0, COUNT]),
+        grad_norm=abs(float(res.grad[0])),
+        iterations=res.iterations,
+        converged=converged,
+        messages=tuple(msgs),
+        passes=res.passes + pre_passes,
+        method="lbfgs" if method == "lbfgs" else "newton",
+    )
+
+
+def warm_start(
+    logits: Tensor,
+    target: Tensor,
+    full: list[Chunk],
+    binary: bool,
+    num_classes: int | None,
+    *,
+    bounds: tuple[float, float],
+    max_iter: int,
+    distributed: bool,
+    workers: int,
+) -> tuple[Tensor, int]:
+    """Start point ``u0 = log beta`` of the full fit and the passes spent finding it.
+
+    Above :data:`SUBSAMPLE_ELEMENTS` logits (over all ranks): a warm start on every 64th,
+    then every 8th row, each only to the accuracy its sampling error allows; the full
+    passes then start within ~1e-2 in log T. Else ``u0 = 0`` (``T = 1``).
+    """
+    u0 = torch.zeros(1, dtype=torch.float64)
+    numel = torch.tensor([float(logits.numel())], dtype=torch.float64)
+    if distributed:
+        all_reduce_(numel)
+    pre_passes = 0
+    if float(numel) > SUBSAMPLE_ELEMENTS:
+        lo, hi = log_bounds(*bounds)
+        for stride, tol in ((64, 1e-2), (8, 1e-3)):
+            sub = tensor_chunks(logits[::stride], target[::stride])
+
+            def sub_eval(u: Tensor, identity: bool, sub: list = sub) -> Tensor:
+                stats = temperature_pass(
+                    sub,
+                    u,
+                    binary=binary,
+                    num_classes=num_classes,
+                    identity=identity,
+                    reduce=distributed,
+                    workers=workers,
+                    check_labels=False,
+                )
+                check_stats(stats, lambda: full, binary)
+                return stats
+
+            warm = solve_log_beta(
+                sub_eval,
+                u0,
+                lower=lo,
+                upper=hi,
+                grad_tol=1e-8,
+                step_tol=tol,
+                max_iter=max_iter,
+                detect_separation=False,
+            )
+            u0 = warm.u
+            pre_passes += warm.passes
+    return u0, pre_passes
+
+
+def fit_temperature(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    bounds: tuple[float, float] = (1e-3, 1e3),
+    method: str = "lbfgs",
+    grad_tol: float = 1e-10,
+    step_tol: float = 1e-8,
+    max_iter: int = 100,
+    distributed: bool = False,
+) -> TemperatureSolution:
+    """The temperature ``T`` minimising the mean NLL of ``softmax(logits / T)`` (multiclass
+    ``(N, C)`` logits, class indices) or ``sigmoid(logits / T)`` (binary ``(N,)``, 0/1).
+
+    Shapes are those :class:`~torchcal.scaling.TemperatureScaler` checks (it is the shell of
+    this function: its docstring describes the solvers, the degenerate sets and the
+    invariances); label ranges and non-finite logits are checked here, with positions.
+    ``distributed=True`` all-reduces the sums (every rank calls it with its shard). Above
+    :data:`SUBSAMPLE_ELEMENTS` logits the solve starts from a warm start on subsamples.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional.temperature import fit_temperature
+        >>> g = torch.Generator().manual_seed(0)
+        >>> z = 4 * torch.randn(2000, 10, generator=g)
+        >>> y = torch.multinomial(torch.softmax(z / 4, 1), 1, generator=g).squeeze(1)
+        >>> sol = fit_temperature(z, y)
+        >>> abs(math.exp(sol.log_temperature) - 4) < 0.3, sol.converged
+        (True, True)
+    """
+    check_distributed(distributed)
+    binary = logits.dim() == 1
+    logits = logits.detach()
+    target = target.detach().to(logits.device)
+    if not binary:
+        target = target.long()
+    num_classes = None if binary else logits.shape[1]
+    workers = default_workers(logits)
+    with torch.inference_mode(False), torch.no_grad():
+        # labels once, up front (O(N)); logits only if a pass comes out non-finite
+        validate_labels(Chunk(logits, target), binary, num_classes)
+        full = tensor_chunks(logits, target)
+        u0, pre_passes = warm_start(
+            logits,
+            target,
+            full,
+            binary,
+            num_classes,
+            bounds=bounds,
+            max_iter=max_iter,
+            distributed=distributed,
+            workers=workers,
+        )
+        return solve_temperature(
+            lambda: full,
+            binary,
+            num_classes,
+            u0,
+            bounds=bounds,
+            method=method,
+            grad_tol=grad_tol,
+            step_tol=step_tol,
+            max_iter=max_iter,
+            reduce=distributed,
+            workers=workers,
+            pre_passes=pre_passes,
+            check_labels=False,
+        )
