@@ -20,8 +20,8 @@ from torchcal.functional._validation import (
 )
 from torchcal.functional.temperature import Chunk, validate_masked_target
 from torchcal.scaling._base import (
-    FitResult,
     FittedMixin,
+    NLLFit,
     check_logits_target,
     check_state_finite,
     logits_as,
@@ -163,7 +163,7 @@ class _AffineScaler(FittedMixin):
         nll = F.cross_entropy(self._masked_affine(logits, weight, bias, mask), target)
         return nll + self._penalty(weight, bias), nll
 
-    def fit(self, logits: Tensor, target: Tensor) -> FitResult:
+    def fit(self, logits: Tensor, target: Tensor) -> NLLFit:
         """Fit the weights and biases on multiclass logits ``(N, C)`` and class indices."""
         check_logits_target(logits, target, multiclass_only=True)
         if logits.shape[1] != self.num_classes:
@@ -209,8 +209,7 @@ class _AffineScaler(FittedMixin):
         self._store("weight", w.detach())
         self._store("bias", b.detach())
         self._mark_fitted()
-        return FitResult(
-            temperature=None,
+        return NLLFit(
             nll_before=nll_before,
             nll_after=float(nll.detach()),
             grad_norm=grad_norm,

@@ -19,8 +19,8 @@ from torchcal.functional._validation import (
 )
 from torchcal.functional.shrinkage import empirical_bayes_shrinkage
 from torchcal.scaling._base import (
-    FitResult,
     FittedMixin,
+    GroupTemperatureFit,
     as_binary_vector,
     check_logits_target,
     check_state_finite,
@@ -152,7 +152,7 @@ class GroupTemperatureScaler(FittedMixin):
         out = logits.to(work) / t.reshape(-1, *([1] * (logits.dim() - 1)))
         return logits_as(out, logits.dtype, 1 if logits.dim() >= 2 else None)
 
-    def fit(self, logits: Tensor, target: Tensor, groups: Tensor) -> FitResult:
+    def fit(self, logits: Tensor, target: Tensor, groups: Tensor) -> GroupTemperatureFit:
         """Fit the global and the per-group temperatures (see the class docstring)."""
         logits, target, _ = as_binary_vector(logits, target)
         binary = check_logits_target(logits, target)
@@ -198,7 +198,7 @@ class GroupTemperatureScaler(FittedMixin):
         self._mark_fitted()
         n = float(res.stats[:, obj.COUNT].sum())
         assert res.identity_stats is not None
-        return FitResult(
+        return GroupTemperatureFit(
             temperature=glob.temperature,
             nll_before=float(res.identity_stats.sum()) / n,
             nll_after=float(res.stats[:, obj.LOSS].sum()) / n,

@@ -16,7 +16,7 @@ from torchcal.functional._validation import (
 )
 from torchcal.functional.recalibration import confidence_log_odds, pool_adjacent_violators
 from torchcal.functional.scoring import binary_nll
-from torchcal.scaling._base import FitResult, FittedMixin, as_binary_vector, check_logits_target
+from torchcal.scaling._base import FittedMixin, NLLFit, as_binary_vector, check_logits_target
 
 __all__ = ["IsotonicCalibrator"]
 
@@ -147,7 +147,7 @@ class IsotonicCalibrator(FittedMixin):
             out = None if target is None else (top == target.to(x.device)).to(torch.float64)
         return x.clamp(-_BIG, _BIG), out
 
-    def fit(self, logits: Tensor, target: Tensor) -> FitResult:
+    def fit(self, logits: Tensor, target: Tensor) -> NLLFit:
         """Fit the isotonic map on held-out logits and targets (see the class docstring)."""
         if self.reading == "binary":
             logits, target, _ = as_binary_vector(logits, target)
@@ -184,8 +184,7 @@ class IsotonicCalibrator(FittedMixin):
         self.x_thresholds = ux[keep].clone()
         self.y_thresholds = fitted[keep].clone()
         self._mark_fitted()
-        return FitResult(
-            temperature=None,
+        return NLLFit(
             nll_before=nll_before,
             nll_after=nll_after,
             grad_norm=0.0,

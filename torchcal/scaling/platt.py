@@ -26,8 +26,8 @@ from torchcal.functional._validation import (
 from torchcal.functional.recalibration import platt_terms
 from torchcal.functional.scoring import binary_nll
 from torchcal.scaling._base import (
-    FitResult,
     FittedMixin,
+    NLLFit,
     as_binary_vector,
     check_logits_target,
     check_state_finite,
@@ -84,7 +84,7 @@ class PlattScaler(FittedMixin):
     a prior that keeps the optimum finite even on a perfectly separated set (the slope then
     grows with N like ``log N``, not without bound). ``smooth_targets=False`` fits the plain
     0/1 labels (maximum likelihood). ``nll_before`` / ``nll_after`` in the
-    :class:`~torchcal.scaling.FitResult` are always the NLL of the 0/1 labels (at ``a = 1,
+    :class:`~torchcal.scaling.NLLFit` are always the NLL of the 0/1 labels (at ``a = 1,
     b = 0`` and at the fitted map); ``grad_norm`` is that of the optimised objective.
 
     The slope is kept in ``[1 / t_max, 1 / t_min]`` (``bounds`` as for a temperature), so
@@ -160,7 +160,7 @@ class PlattScaler(FittedMixin):
         b = self.bias.to(device=logits.device, dtype=work)
         return logits_as(logits.to(work) * a + b, logits.dtype, None)
 
-    def fit(self, logits: Tensor, target: Tensor) -> FitResult:
+    def fit(self, logits: Tensor, target: Tensor) -> NLLFit:
         """Fit ``(a, b)`` on binary logits ``(N,)`` (or ``(N, 1)``) and targets in {0, 1}."""
         logits, target, _ = as_binary_vector(logits, target)
         check_logits_target(logits, target, binary_only=True)
@@ -208,8 +208,7 @@ class PlattScaler(FittedMixin):
         self._store("weight", a)
         self._store("bias", b)
         self._mark_fitted()
-        return FitResult(
-            temperature=None,
+        return NLLFit(
             nll_before=nll_before,
             nll_after=nll_after,
             grad_norm=pg,

@@ -17,7 +17,7 @@ from torchcal.functional._validation import (
     check_tensor,
 )
 from torchcal.functional.recalibration import pool_adjacent_violators
-from torchcal.scaling._base import FitResult, FittedMixin
+from torchcal.scaling._base import FittedMixin, QuantileFit
 
 __all__ = ["QuantileRecalibrator"]
 
@@ -69,8 +69,8 @@ class QuantileRecalibrator(FittedMixin):
     original forecast; :meth:`quantile` and :meth:`interval` do that for a
     ``torch.distributions.Distribution`` with an ``icdf``.
 
-    :class:`~torchcal.scaling.FitResult`: ``temperature=None``; there is no likelihood here, so
-    ``nll_before`` / ``nll_after`` hold the mean absolute gap between the sorted fitting PIT
+    :class:`~torchcal.scaling.QuantileFit`: there is no likelihood here; ``gap_before`` /
+    ``gap_after`` are the mean absolute gap between the sorted fitting PIT
     values (before; after the map ``R``) and their nominal ranks ``k / (n + 1)``.
 
     State: ``x_knots`` / ``y_knots`` (float64, length set by the fit, resized on load and
@@ -139,7 +139,7 @@ class QuantileRecalibrator(FittedMixin):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, pit: Tensor) -> FitResult:
+    def fit(self, pit: Tensor) -> QuantileFit:
         """Fit ``R`` on held-out PIT values ``pit`` (any shape, values in ``[0, 1]``)."""
         check_tensor("pit", pit)
         check_floating("pit", pit)
@@ -166,11 +166,9 @@ class QuantileRecalibrator(FittedMixin):
         self.x_knots = xk.to(device)
         self.y_knots = yk.to(device)
         self._mark_fitted()
-        return FitResult(
-            temperature=None,
-            nll_before=before,
-            nll_after=after,
-            grad_norm=0.0,
+        return QuantileFit(
+            gap_before=before,
+            gap_after=after,
             iterations=rounds,
             converged=True,
             passes=1,

@@ -25,8 +25,8 @@ from torchcal.functional.temperature import (
     tensor_chunks,
 )
 from torchcal.scaling._base import (
-    FitResult,
     FittedMixin,
+    TemperatureFit,
     as_binary_vector,
     check_logits_target,
     check_state_finite,
@@ -177,7 +177,7 @@ class TemperatureScaler(FittedMixin):
         return f"temperature={self.temperature:.6g}, fitted={self.is_fitted}"
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, logits: Tensor, target: Tensor, *, distributed: bool = False) -> FitResult:
+    def fit(self, logits: Tensor, target: Tensor, *, distributed: bool = False) -> TemperatureFit:
         """Fit T on in-memory held-out ``logits`` and ``target`` (see the class docstring).
 
         ``distributed=True`` treats each rank's tensors as a shard and all-reduces the sums
@@ -204,12 +204,12 @@ class TemperatureScaler(FittedMixin):
             max_iter=self.max_iter,
         )
 
-    def _accept(self, sol: TemperatureSolution) -> FitResult:
+    def _accept(self, sol: TemperatureSolution) -> TemperatureFit:
         """Store T, warn (pointing at the caller of ``fit`` / ``fit_stream``) and report."""
         msgs = warn_all(sol.messages, stacklevel=4)
         self._store("log_temperature", sol.log_temperature)
         self._mark_fitted()
-        return FitResult(
+        return TemperatureFit(
             temperature=self.temperature,
             nll_before=sol.nll_before,
             nll_after=sol.nll_after,
@@ -226,7 +226,7 @@ class TemperatureScaler(FittedMixin):
         batches: Iterable[tuple[Tensor, Tensor]] | Callable[[], Iterable],
         *,
         distributed: bool | None = None,
-    ) -> FitResult:
+    ) -> TemperatureFit:
         """Fit T from chunks ``(logits, target)`` in O(chunk) memory (a few passes).
 
         ``batches`` must be re-iterable (a list, a ``DataLoader`` of logits) or a zero-argument
@@ -296,7 +296,7 @@ class TemperatureScaler(FittedMixin):
         input_key: str | None = None,
         target_key: str | None = None,
         distributed: bool = False,
-    ) -> FitResult:
+    ) -> TemperatureFit:
         """Collect ``model``'s logits over ``dataloader`` once (``eval()``, no grad) and fit.
 
         Batches are ``(input, target)`` or dicts; inputs move to the model's device; the

@@ -23,7 +23,7 @@ from torchcal.functional._validation import (
     check_values,
 )
 from torchcal.functional.crps import crps_scale_sums
-from torchcal.scaling._base import FitResult, FittedMixin, check_state_finite, warn_all
+from torchcal.scaling._base import FittedMixin, VarianceFit, check_state_finite, warn_all
 
 __all__ = ["VarianceScaler"]
 
@@ -50,17 +50,16 @@ class VarianceScaler(FittedMixin):
     - ``objective="crps"``: the mean CRPS of the family (:func:`~torchcal.functional.crps_normal`
       and its Laplace/logistic twins). ``CRPS(s) = sum_i scale_i CRPS_0(s, r_i)`` is convex in
       ``s`` (a perspective of a convex function); a bracketed Newton iteration on ``log s``
-      (``scaling/_solvers.py``) reads its exact gradient and curvature from one pass per step
+      (``functional/_solvers.py``) reads its exact gradient and curvature from one pass per step
       (:func:`~torchcal.functional.crps.crps_scale_sums`, closed forms, no autograd) and
       stops on ``grad_tol``.
 
     All sums are float64. The fitted state ``log_scale_factor`` is a float64 buffer that keeps
     its dtype under ``.to(dtype)`` and is validated on load (finite, ``|log s| <= 700``).
 
-    :class:`~torchcal.scaling.FitResult` (shared with the classification scalers):
-    ``temperature`` holds ``s``; ``nll_before`` / ``nll_after`` hold the mean of the fitted
-    objective at ``s = 1`` and at the fitted ``s`` (the NLL in nats for ``"nll"``, **the CRPS**
-    for ``"crps"``; ``method`` says which); ``grad_norm`` is ``|d objective / d log s|``.
+    :class:`~torchcal.scaling.VarianceFit`: ``scale`` is ``s``; ``before`` / ``after`` are
+    the mean of the fitted ``objective`` at ``s = 1`` and at the fitted ``s`` (the NLL in nats
+    for ``"nll"``, the CRPS for ``"crps"``); ``grad_norm`` is ``|d objective / d log s|``.
     A fit that would leave ``bounds`` (e.g. every residual 0) stops on the bound with a
     :class:`~torchcal.scaling.CalibrationWarning` and ``converged=False``.
 
@@ -79,12 +78,12 @@ class VarianceScaler(FittedMixin):
         >>> y = 2 * torch.randn(20000, generator=g)          # the model's scale is 2x too small
         >>> vs = VarianceScaler()
         >>> res = vs.fit(loc, scale, y)
-        >>> round(res.temperature, 1), res.nll_after < res.nll_before
+        >>> round(res.scale, 1), res.after < res.before
         (2.0, True)
         >>> new_loc, new_scale = vs(loc, scale)
         >>> bool(torch.equal(new_loc, loc)), round(float(new_scale[0]), 1)
         (True, 2.0)
-        >>> round(VarianceScaler(objective="crps").fit(loc, scale, y).temperature, 1)
+        >>> round(VarianceScaler(objective="crps").fit(loc, scale, y).scale, 1)
         2.0
     """
 
@@ -170,7 +169,7 @@ class VarianceScaler(FittedMixin):
         return loc, out
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, loc: Tensor, scale: Tensor, target: Tensor) -> FitResult:
+    def fit(self, loc: Tensor, scale: Tensor, target: Tensor) -> VarianceFit:
         """Fit ``s`` on held-out forecasts ``(loc, scale)`` and observations ``target``
         (``loc`` and ``scale`` broadcast to the target's shape; the target never broadcasts;
         ``scale > 0``, everything finite)."""
@@ -205,7 +204,7 @@ class VarianceScaler(FittedMixin):
             return log_b + 0.5 * stat + 0.5 * math.log(2.0 * math.pi)
         return log_b + math.log(2.0) + stat
 
-    def _fit_nll(self, r: Tensor, b: Tensor) -> FitResult:
+    def _fit_nll(self, r: Tensor, b: Tensor) -> VarianceFit:
         normal = self.family == "normal"
         stat = float((r * r).mean() if normal else r.abs().mean())
         msgs: list[str] = []
@@ -223,7 +222,7 @@ class VarianceScaler(FittedMixin):
         """``sum_i b_i CRPS(0, e^u, r_i)`` = the summed CRPS at ``s = e^u``."""
         return crps_scale_sums(self.family, r, math.exp(u), b)[0]
 
-    def _fit_crps(self, r: Tensor, b: Tensor) -> FitResult:
+    def _fit_crps(self, r: Tensor, b: Tensor) -> VarianceFit:
         n = r.numel()
         b_sum = float(fixed_sum(b))  # fixed order: the same bits for any thread count
         b_mean = b_sum / n
@@ -291,13 +290,14 @@ class VarianceScaler(FittedMixin):
         *,
         method: str,
         passes: int = 1,
-    ) -> FitResult:
+    ) -> VarianceFit:
         self._store("log_scale_factor", math.log(s))
         self._mark_fitted()
-        return FitResult(
-            temperature=s,
-            nll_before=before,
-            nll_after=after,
+        return VarianceFit(
+            scale=s,
+            objective=self.objective,
+            before=before,
+            after=after,
             grad_norm=grad,
             iterations=iterations,
             converged=converged,
