@@ -413,7 +413,9 @@ class TemperatureScaling(HistoryCallback):
             for logits, target in self._chunks:
                 z = logits.double() if temperature is None else logits.double() / temperature
                 metric.update(z.to(device), target.to(device))
-            return float(metric.compute())
+            ece = metric.compute()
+        assert isinstance(ece, Tensor)  # no groups: a scalar
+        return float(ece)
 
     def _fit(
         self, trainer: Trainer, pl_module: LightningModule, stage: str
