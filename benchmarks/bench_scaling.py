@@ -28,13 +28,19 @@ import math
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from scipy.optimize import brentq, minimize_scalar
 
-from torchcal.scaling import TemperatureScaler
+# this checkout's torchcal, not an installed one (``python benchmarks/bench_scaling.py`` puts
+# benchmarks/ first on sys.path, and an editable install of another checkout would win)
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from torchcal.scaling import TemperatureScaler  # noqa: E402
 
 
 def make_data(n: int, c: int, true_t: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -295,7 +301,11 @@ print(json.dumps({"wall": wall, "cpu": cpu, "extra_mb": (peak - before) / 1024,
 def run_big(n: int, c: int) -> dict:
     print(f"\n== large: {n} x {c} float32 logits ({n * c * 4 / 2**20:.0f} MiB), subprocess ==")
     out = subprocess.run(
-        [sys.executable, "-c", _BIG, str(n), str(c)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", _BIG, str(n), str(c)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,  # "" (the child's sys.path[0]) is this checkout
     )
     r = json.loads(out.stdout.strip().splitlines()[-1])
     print(

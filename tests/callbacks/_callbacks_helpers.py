@@ -191,6 +191,13 @@ class TemperatureRecorder(L.Callback):
         t = pl_module.temperature_scaler.temperature
         with open(f"{self.dirpath}/T_rank{trainer.global_rank}.txt", "w") as fh:
             fh.write(repr(t))
+        # and the ECEs the TemperatureScaling callback logged, per fit (ece_rank<r>.txt)
+        from torchcal.callbacks import TemperatureScaling
+
+        ts = next(c for c in trainer.callbacks if isinstance(c, TemperatureScaling))
+        with open(f"{self.dirpath}/ece_rank{trainer.global_rank}.txt", "w") as fh:
+            for h in ts.history:
+                fh.write(f"{h['ece_before_scaling']!r} {h['ece_after_scaling']!r}\n")
 
 
 class RankShard(torch.utils.data.IterableDataset):

@@ -57,6 +57,22 @@ def read(path: str) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
+def eces(out: str, rank: int) -> list[float]:
+    """The (before, after) ECEs TemperatureScaling logged on ``rank``, fit after fit."""
+    with open(os.path.join(out, f"ece_rank{rank}.txt")) as fh:
+        return [float(v) for line in fh for v in line.split()]
+
+
+def check_eces(single: str, ddp: str) -> None:
+    """The logged ECE comes from the CalibrationError metric's own DDP sync: the same on
+    every rank, and that of one process on all the data (to float64 rounding: the per-rank
+    sums are added in another order)."""
+    e0, e1, e_single = eces(ddp, 0), eces(ddp, 1), eces(single, 0)
+    assert e0 == e1 and len(e0) == len(e_single) == 4  # two fits, before and after
+    assert e0 == pytest.approx(e_single, rel=1e-12, abs=1e-15)
+    assert e0[1] < e0[0]  # T lowered the ECE
+
+
 @pytest.mark.ddp
 def test_ddp_spawn_matches_single_process(tmp_path):
     quiet_warnings()
@@ -80,6 +96,7 @@ def test_ddp_spawn_matches_single_process(tmp_path):
     assert t0 == t1  # the same T on every rank
     assert t0 == pytest.approx(t_single, rel=1e-9)
     assert t0 > 1.5
+    check_eces(single, ddp)
 
 
 def run_empty_rank(tmp, name: str, **kw) -> str:
@@ -124,6 +141,7 @@ def test_ddp_rank_without_validation_batch(tmp_path):
     assert t0 == t1  # the same T on every rank
     assert t0 == pytest.approx(t_single, rel=1e-12)  # rank 1 added zero sums
     assert t0 > 1.5
+    check_eces(single, ddp)  # rank 1 computes its metric before any update: zero counts
     warned = open(os.path.join(ddp, "warnings_rank1.txt")).read()
     assert "TemperatureScaling: rank 1 had no batch of validation dataloader 0" in warned
     rank0 = open(os.path.join(ddp, "warnings_rank0.txt")).read()

@@ -58,7 +58,7 @@ def test_restores_nominal_coverage_of_a_misshaped_forecast():
     dist_t, y_t = laplace_truth_normal_forecast(20000, 2)
     rec = QuantileRecalibrator()
     res = rec.fit(dist.cdf(y))
-    assert res.nll_after < res.nll_before
+    assert res.gap_after < res.gap_before
     n = y_t.numel()
     taus = torch.tensor([0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95], dtype=torch.float64)
     q = rec.quantile(dist_t, taus)

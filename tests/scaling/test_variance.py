@@ -36,7 +36,7 @@ def test_nll_recovers_factor_and_matches_scipy(family):
     loc, b, y = forecast(20000, 0, family=family)
     res = VarianceScaler(family=family).fit(loc, b, y)
     assert res.converged and res.method == "closed_form_nll"
-    assert abs(res.temperature / 2 - 1) < 0.02
+    assert abs(res.scale / 2 - 1) < 0.02
     d, bb = (y - loc).numpy(), b.numpy()
     logpdf = stats.norm.logpdf if family == "normal" else stats.laplace.logpdf
 
@@ -44,9 +44,9 @@ def test_nll_recovers_factor_and_matches_scipy(family):
         return -np.mean(logpdf(d, scale=bb * math.exp(log_s)))
 
     ref = optimize.minimize_scalar(nll, bracket=(-1, 1), tol=1e-12)
-    assert abs(math.log(res.temperature) - ref.x) < 1e-6
-    assert res.nll_before == pytest.approx(nll(0.0), rel=1e-12, abs=0)
-    assert res.nll_after == pytest.approx(nll(math.log(res.temperature)), rel=1e-12, abs=0)
+    assert abs(math.log(res.scale) - ref.x) < 1e-6
+    assert res.before == pytest.approx(nll(0.0), rel=1e-12, abs=0)
+    assert res.after == pytest.approx(nll(math.log(res.scale)), rel=1e-12, abs=0)
     assert res.grad_norm < 1e-12
 
 
@@ -56,7 +56,7 @@ def test_crps_matches_scipy(family):
     loc, b, y = forecast(20000, 1, family=family)
     res = VarianceScaler(objective="crps", family=family).fit(loc, b, y)
     assert res.converged and res.method == "newton_crps"
-    assert abs(res.temperature / 2 - 1) < 0.02  # CRPS is proper: the right family recovers 2
+    assert abs(res.scale / 2 - 1) < 0.02  # CRPS is proper: the right family recovers 2
     yy, mu, bb = y.numpy(), loc.numpy(), b.numpy()
 
     def crps(log_s):  # independent references: properscoring / scoringrules
@@ -68,9 +68,9 @@ def test_crps_matches_scipy(family):
         return np.mean(sr.crps_logistic(yy, mu, s))
 
     ref = optimize.minimize_scalar(crps, bracket=(0, 1), tol=1e-12)
-    assert abs(math.log(res.temperature) - ref.x) < 1e-6
-    assert res.nll_after == pytest.approx(crps(math.log(res.temperature)), rel=1e-10)
-    assert res.nll_before == pytest.approx(crps(0.0), rel=1e-10)
+    assert abs(math.log(res.scale) - ref.x) < 1e-6
+    assert res.after == pytest.approx(crps(math.log(res.scale)), rel=1e-10)
+    assert res.before == pytest.approx(crps(0.0), rel=1e-10)
     assert res.grad_norm < 1e-9
 
 
@@ -78,8 +78,8 @@ def test_crps_newton_from_far_start_and_float32_input():
     loc, b, y = forecast(5000, 2, factor=300.0)
     r64 = VarianceScaler(objective="crps").fit(loc, b, y)
     r32 = VarianceScaler(objective="crps").fit(loc.float(), b.float(), y.float())
-    assert r64.converged and abs(r64.temperature / 300 - 1) < 0.05
-    assert r32.temperature == pytest.approx(r64.temperature, rel=1e-5)
+    assert r64.converged and abs(r64.scale / 300 - 1) < 0.05
+    assert r32.scale == pytest.approx(r64.scale, rel=1e-5)
 
 
 @pytest.mark.parametrize("objective", ["nll", "crps"])
@@ -118,7 +118,7 @@ def test_zero_residuals_stop_on_bound_with_warning():
     for objective in ("nll", "crps"):
         with pytest.warns(CalibrationWarning, match="^scale_factor"):
             res = VarianceScaler(objective=objective).fit(loc, torch.ones(50), loc.clone())
-        assert not res.converged and res.temperature == pytest.approx(1e-6)
+        assert not res.converged and res.scale == pytest.approx(1e-6)
 
 
 # --------------------------------------------------------------------- state
@@ -231,9 +231,9 @@ def test_crps_fit_matches_a_bounded_scalar_minimiser(family):
     ref = minimize_scalar(mean_crps, bounds=(-3, 3), method="bounded", options={"xatol": 1e-10})
     res = VarianceScaler(objective="crps", family=family).fit(loc, scale, y)
     assert res.converged and res.method == "newton_crps"
-    assert abs(math.log(res.temperature) - ref.x) < 1e-7
-    assert res.nll_after == pytest.approx(ref.fun, rel=1e-12, abs=0)
-    assert res.nll_before == pytest.approx(mean_crps(0.0), rel=1e-12)
+    assert abs(math.log(res.scale) - ref.x) < 1e-7
+    assert res.after == pytest.approx(ref.fun, rel=1e-12, abs=0)
+    assert res.before == pytest.approx(mean_crps(0.0), rel=1e-12)
 
 
 @pytest.mark.parametrize("family", ["normal", "laplace", "logistic"])
@@ -264,10 +264,10 @@ def test_crps_one_newton_step_uses_the_exact_log_scale_derivatives(family):
         res = VarianceScaler(objective="crps", family=family, max_iter=1).fit(loc, b, y)
     assert res.iterations == 1 and not res.converged
     u1 = u0 - g0 / h0
-    assert math.log(res.temperature) == pytest.approx(u1, rel=1e-12, abs=1e-13)
+    assert math.log(res.scale) == pytest.approx(u1, rel=1e-12, abs=1e-13)
     g1, _ = derivatives(u1)
     assert res.grad_norm == pytest.approx(abs(g1) / y.numel(), rel=1e-8)
-    assert res.nll_after == pytest.approx(float(crps(loc, res.temperature * b, y)), rel=1e-12)
+    assert res.after == pytest.approx(float(crps(loc, res.scale * b, y)), rel=1e-12)
     # quadratic convergence from there: a handful of steps, whatever the start
     for factor in (0.01, 2.0, 300.0):
         loc, b, y = forecast(3000, 13, factor=factor, family=family)
@@ -278,4 +278,4 @@ def test_crps_optimum_above_the_upper_bound_stops_there_with_a_warning():
     loc, b, y = forecast(2000, 14, factor=2.0)
     with pytest.warns(CalibrationWarning, match="^scale_factor: the CRPS optimum lies outside"):
         res = VarianceScaler(objective="crps", bounds=(1e-3, 1.5)).fit(loc, b, y)
-    assert res.temperature == pytest.approx(1.5, rel=1e-14) and not res.converged
+    assert res.scale == pytest.approx(1.5, rel=1e-14) and not res.converged

@@ -21,10 +21,10 @@ from torchcal.callbacks._outputs import (
     check_logits_batch,
     read_outputs,
 )
-from torchcal.functional import calibration as C
 from torchcal.functional._validation import check_int, check_option
-from torchcal.scaling import FitResult, TemperatureScaler
-from torchcal.scaling._objective import all_reduce_, distributed_active
+from torchcal.functional.temperature import all_reduce_, distributed_active
+from torchcal.metrics.calibration import CalibrationError
+from torchcal.scaling import TemperatureFit, TemperatureScaler
 
 __all__ = ["TemperatureScaling"]
 
@@ -107,7 +107,7 @@ class TemperatureScaling(HistoryCallback):
     float64 logits) through ``pl_module.log``; with ``when="fit_end"`` straight to the loggers
     and into ``trainer.callback_metrics``. Every fit is appended to :attr:`history` (kept in
     the callback's checkpoint state); :attr:`result` is the last
-    :class:`~torchcal.scaling.FitResult`.
+    :class:`~torchcal.scaling.TemperatureFit`.
 
     Args:
         when: ``"epoch"`` (default) or ``"fit_end"``.
@@ -177,8 +177,8 @@ class TemperatureScaling(HistoryCallback):
         self.verbose = bool(verbose)
         #: One dict per fit: ``stage, epoch, step, n_local, n, converged`` and the logged values.
         self.history: list[dict[str, Any]] = []
-        #: The :class:`~torchcal.scaling.FitResult` of the last fit (not checkpointed).
-        self.result: FitResult | None = None
+        #: The :class:`~torchcal.scaling.TemperatureFit` of the last fit (not checkpointed).
+        self.result: TemperatureFit | None = None
         self._chunks: list[tuple[Tensor, Tensor]] = []
         self._chunks_at = (0, 0)  # (epoch, global step) of the collected validation epoch
         self._kind: tuple[bool, int | None] | None = None  # (binary, C) seen this epoch
@@ -400,26 +400,22 @@ class TemperatureScaling(HistoryCallback):
 
     def _ece(self, binary: bool, temperature: float | None, device: torch.device) -> float:
         """Equal-width L1 ECE of the kept logits (divided by ``temperature``), all ranks
-        pooled (a collective under DDP)."""
-        reading = "binary" if binary else "confidence"
-        sums = torch.zeros(5, self.n_bins, dtype=torch.float64, device=device)
+        pooled by :class:`~torchcal.metrics.CalibrationError`'s own DDP sync (a collective
+        under DDP; a rank with an empty shard joins it with zero counts)."""
+        metric = CalibrationError(
+            self.n_bins, norm="l1", reading="binary" if binary else "confidence"
+        ).to(device)
         with torch.no_grad(), warnings.catch_warnings():
             # probabilities passed as logits were reported once, at the first batch
             warnings.filterwarnings("ignore", message=r"preds: every row lies in \[0, 1\]")
+            # an empty shard (warned about in _fit) computes before any update
+            warnings.filterwarnings("ignore", message=r".*called before the ``update``")
             for logits, target in self._chunks:
                 z = logits.double() if temperature is None else logits.double() / temperature
-                s = C.binned_statistics(z, target, n_bins=self.n_bins, reading=reading)
-                sums += (
-                    torch.stack([s.count.double(), s.conf, s.acc, s.conf2, s.conf_acc])
-                    .reshape(5, self.n_bins)
-                    .to(device)
-                )
-            if distributed_active():
-                all_reduce_(sums)
-            stats = C.BinnedStats(
-                sums[0].round().long()[None, None], *(sums[i][None, None] for i in range(1, 5))
-            )
-            return float(C.calibration_error_from_stats(stats.pooled(), norm="l1", reading=reading))
+                metric.update(z.to(device), target.to(device))
+            ece = metric.compute()
+        assert isinstance(ece, Tensor)  # no groups: a scalar
+        return float(ece)
 
     def _fit(
         self, trainer: Trainer, pl_module: LightningModule, stage: str

@@ -16,13 +16,23 @@ Regression (predictive distributions and intervals):
 - :class:`ConformalClassifier` -- conformal prediction sets for classes (LAC, APS, RAPS, top-k),
   marginal, per class or per group, with a stated set temperature.
 
-Every calibrator is an ``nn.Module`` whose ``fit`` returns a :class:`FitResult`, whose state
+Every calibrator is an ``nn.Module`` whose ``fit`` returns a result of its kind (a :class:`FitResult`:
+:class:`TemperatureFit`, :class:`NLLFit`, :class:`VarianceFit`, ...), whose state
 (including a ``fitted`` flag) round-trips through ``state_dict`` and
 ``torch.load(weights_only=True)``, and whose ``forward`` raises :class:`NotFittedError` before
 it is fitted.
 """
 
-from torchcal.scaling._base import CalibrationWarning, FitResult, NotFittedError
+from torchcal.scaling._base import (
+    CalibrationWarning,
+    FitResult,
+    GroupTemperatureFit,
+    NLLFit,
+    NotFittedError,
+    QuantileFit,
+    TemperatureFit,
+    VarianceFit,
+)
 from torchcal.scaling.affine import MatrixScaler, VectorScaler
 from torchcal.scaling.conformal import (
     ConformalClassifier,
@@ -42,6 +52,11 @@ from torchcal.scaling.variance import VarianceScaler
 __all__ = [
     "CalibrationWarning",
     "FitResult",
+    "TemperatureFit",
+    "GroupTemperatureFit",
+    "NLLFit",
+    "VarianceFit",
+    "QuantileFit",
     "GroupTemperatureScaler",
     "IsotonicCalibrator",
     "MatrixScaler",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +14,11 @@ from torchcal.functional._validation import check_floating, check_tensor, values
 
 __all__ = [
     "FitResult",
+    "NLLFit",
+    "TemperatureFit",
+    "GroupTemperatureFit",
+    "VarianceFit",
+    "QuantileFit",
     "CalibrationWarning",
     "NotFittedError",
     "collect_logits",
@@ -24,46 +29,67 @@ __all__ = [
 
 class CalibrationWarning(UserWarning):
     """A fit met a degenerate set (no better than uniform, perfectly separated), hit a bound
-    or stopped before its tolerance. The same text is in :attr:`FitResult.warnings`."""
+    or stopped before its tolerance. The same text is in the result's ``warnings``."""
 
 
 class NotFittedError(RuntimeError):
     """``forward`` was called on a calibrator that has not been fitted (or loaded)."""
 
 
-@dataclass(frozen=True)
 class FitResult:
-    """What a calibrator's ``fit`` did, reported truthfully.
+    """Base of every calibrator's result type: ``isinstance(result, FitResult)`` holds for all.
+
+    Each kind of calibrator returns its own frozen dataclass with honest field names:
+    :class:`TemperatureFit` (``TemperatureScaler``), :class:`GroupTemperatureFit`
+    (``GroupTemperatureScaler``), :class:`NLLFit` (Platt, vector/matrix, isotonic: maps fitted
+    to the NLL), :class:`VarianceFit` (``VarianceScaler``: a scale factor and the NLL or CRPS)
+    and :class:`QuantileFit` (``QuantileRecalibrator``). All of them have ``iterations``,
+    ``converged``, ``warnings`` (also issued as :class:`CalibrationWarning`), ``passes``
+    (objective evaluations, each one pass over the data) and ``method`` (the optimiser).
+
+    The attributes the single ``FitResult`` of earlier releases had (``temperature``,
+    ``nll_before``, ``nll_after``, ``grad_norm``, ``temperatures``) still read on every
+    result type with a :class:`FutureWarning` where the kind has no field of that name (e.g.
+    ``VarianceFit.temperature`` is its ``scale``, ``NLLFit.temperature`` is ``None``); they
+    go in the release after next.
+    """
+
+    # old name -> the field it reads (a str) or the constant it always held (None, 0.0)
+    deprecated_aliases: ClassVar[dict[str, object]] = {}
+
+    def __getattr__(self, name: str) -> Any:  # only reached when normal lookup fails
+        aliases = type(self).deprecated_aliases
+        if name not in aliases:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        new = aliases[name]
+        where = f"; read .{new}" if isinstance(new, str) else f"; it is always {new!r} here"
+        warnings.warn(
+            f"{type(self).__name__}.{name} is deprecated (FitResult is one type per kind of "
+            f"calibrator now){where}",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return getattr(self, new) if isinstance(new, str) else new
+
+
+@dataclass(frozen=True, kw_only=True)
+class NLLFit(FitResult):
+    """What the fit of a map fitted to the NLL did (Platt, vector/matrix, isotonic).
 
     Attributes:
-        temperature: the fitted temperature (``TemperatureScaler``; the global one for
-            ``GroupTemperatureScaler``); ``None`` for calibrators without one.
         nll_before: mean NLL (nats) of the fitting set before calibration (identity map).
         nll_after: mean NLL (nats) of the fitting set after calibration (the objective
             without regularisation).
-        grad_norm: norm of the objective's gradient at the returned parameters (w.r.t. the
-            optimised parameters: ``log T`` for temperatures, ``(a, b)`` for Platt, ...).
-        iterations: optimiser iterations (Newton steps, LBFGS iterations).
-        converged: the tolerance was met at an interior point. ``False`` when the optimum lies
-            beyond a bound (degenerate set) or the iteration cap stopped the fit.
-        warnings: human-readable warnings (also issued as :class:`CalibrationWarning`).
-        passes: objective evaluations, each one pass over the data (during the warm start of
-            a large in-memory temperature fit, over a 1/64 or 1/8 row subsample).
-        method: the optimiser used.
-        temperatures: per-group temperatures (``GroupTemperatureScaler`` only).
-
-    Example:
-        >>> import torch
-        >>> from torchcal.scaling import TemperatureScaler
-        >>> g = torch.Generator().manual_seed(0)
-        >>> logits = 3 * torch.randn(500, 4, generator=g)
-        >>> target = torch.multinomial(torch.softmax(logits / 3, 1), 1, generator=g).squeeze(1)
-        >>> res = TemperatureScaler().fit(logits, target)
-        >>> res.converged, res.nll_after <= res.nll_before
-        (True, True)
+        grad_norm: norm of the objective's gradient at the returned parameters (``0`` for
+            the isotonic map, which has no gradient).
+        iterations: optimiser iterations (Newton steps, LBFGS iterations; PAV rounds).
+        converged: the tolerance was met at an interior point; ``False`` when the optimum
+            lies beyond a bound (degenerate set) or the iteration cap stopped the fit.
+        warnings, passes, method: see :class:`FitResult`.
     """
 
-    temperature: float | None
+    deprecated_aliases: ClassVar[dict[str, object]] = {"temperature": None, "temperatures": None}
+
     nll_before: float
     nll_after: float
     grad_norm: float
@@ -72,7 +98,101 @@ class FitResult:
     warnings: tuple[str, ...] = ()
     passes: int = 0
     method: str = ""
-    temperatures: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TemperatureFit(NLLFit):
+    """What :meth:`TemperatureScaler.fit <torchcal.scaling.TemperatureScaler.fit>` did: the
+    fields of :class:`NLLFit` (``grad_norm`` is ``|d mean NLL / d log T|``; ``passes`` counts
+    the warm start's passes over a 1/64 or 1/8 row subsample of a large in-memory fit) and
+    ``temperature``, the fitted ``T``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.scaling import TemperatureScaler
+        >>> g = torch.Generator().manual_seed(0)
+        >>> logits = 3 * torch.randn(500, 4, generator=g)
+        >>> target = torch.multinomial(torch.softmax(logits / 3, 1), 1, generator=g).squeeze(1)
+        >>> res = TemperatureScaler().fit(logits, target)
+        >>> res.converged, res.nll_after <= res.nll_before, round(res.temperature, 1)
+        (True, True, 3.1)
+    """
+
+    deprecated_aliases: ClassVar[dict[str, object]] = {"temperatures": None}
+
+    temperature: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupTemperatureFit(TemperatureFit):
+    """What ``GroupTemperatureScaler.fit`` did: ``temperature`` is the global T,
+    ``temperatures`` the per-group ones; the NLLs are over all groups."""
+
+    deprecated_aliases: ClassVar[dict[str, object]] = {}
+
+    temperatures: tuple[float, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class VarianceFit(FitResult):
+    """What ``VarianceScaler.fit`` did.
+
+    Attributes:
+        scale: the fitted factor ``s`` on the predicted scale.
+        objective: ``"nll"`` (mean NLL, nats) or ``"crps"`` (mean CRPS): what ``before`` and
+            ``after`` hold.
+        before: the mean objective at ``s = 1``.
+        after: the mean objective at the fitted ``s``.
+        grad_norm: ``|d mean objective / d log s|`` at the fitted ``s``.
+        iterations, converged, warnings, passes, method: see :class:`FitResult`.
+    """
+
+    deprecated_aliases: ClassVar[dict[str, object]] = {
+        "temperature": "scale",
+        "nll_before": "before",
+        "nll_after": "after",
+        "temperatures": None,
+    }
+
+    scale: float
+    objective: str
+    before: float
+    after: float
+    grad_norm: float
+    iterations: int
+    converged: bool
+    warnings: tuple[str, ...] = ()
+    passes: int = 0
+    method: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantileFit(FitResult):
+    """What ``QuantileRecalibrator.fit`` did (no likelihood: a PAV fit of the PIT's CDF).
+
+    Attributes:
+        gap_before: mean absolute gap between the sorted fitting PIT values and their
+            nominal ranks ``k / (n + 1)``.
+        gap_after: the same after the map ``R``.
+        iterations: PAV rounds; ``converged`` is always ``True``.
+        warnings, passes, method: see :class:`FitResult`.
+    """
+
+    deprecated_aliases: ClassVar[dict[str, object]] = {
+        "temperature": None,
+        "nll_before": "gap_before",
+        "nll_after": "gap_after",
+        "grad_norm": 0.0,
+        "temperatures": None,
+    }
+
+    gap_before: float
+    gap_after: float
+    iterations: int
+    converged: bool = True
+    warnings: tuple[str, ...] = ()
+    passes: int = 0
+    method: str = ""
 
 
 def warn_all(messages: Sequence[str], stacklevel: int = 3) -> tuple[str, ...]:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torchcal.functional import recalibration as R
@@ -17,9 +14,10 @@ from torchcal.functional._validation import (
     check_finite_value,
     check_int,
 )
+from torchcal.functional.affine import AffineMap, affine_nll_hessian, affine_objective, fit_affine
 from torchcal.scaling._base import (
-    FitResult,
     FittedMixin,
+    NLLFit,
     check_logits_target,
     check_state_finite,
     logits_as,
@@ -27,71 +25,8 @@ from torchcal.scaling._base import (
     warn_if_probabilities,
     working_dtype,
 )
-from torchcal.scaling._objective import Chunk, validate_masked_target
-from torchcal.scaling._solvers import damped_newton, lbfgs, solve_direction
 
 __all__ = ["VectorScaler", "MatrixScaler"]
-
-
-# Up to this many parameters the fit is Newton's method with the exact Hessian (P backward
-# passes per step, quadratic convergence); beyond it, LBFGS with strong-Wolfe line search.
-_NEWTON_MAX_PARAMS = 256
-_MAX_ABS_LOGIT = 1e100
-
-
-@dataclass
-class _Objective:
-    """The penalised NLL of an affine map over float64 inputs, at a flat parameter vector
-    ``cat(weight.flatten(), bias)``; counts its passes over the data."""
-
-    scaler: _AffineScaler
-    z: Tensor
-    y: Tensor
-    mask: Tensor | None
-    weight_shape: torch.Size
-    passes: int = 0
-
-    def split(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        nw = self.weight_shape.numel()
-        return x[:nw].reshape(self.weight_shape), x[nw:]
-
-    def total(self, x: Tensor) -> Tensor:
-        self.passes += 1
-        return self.scaler.objective(self.z, self.y, *self.split(x), self.mask)[0]
-
-    def gradient(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        xg = x.detach().clone().requires_grad_(True)
-        f = self.total(xg)
-        (g,) = torch.autograd.grad(f, [xg])
-        return f.detach(), g
-
-    def hessian(self, x: Tensor) -> Tensor:
-        pen = torch.autograd.functional.hessian(
-            lambda v: self.scaler._penalty(*self.split(v)), x
-        )  # tiny: no data involved
-        return self.scaler._nll_hessian(self.z, *self.split(x), self.mask) + pen
-
-
-class _Probe:
-    """The objective at ``x``, each piece computed when asked (see ``_solvers.Probe``)."""
-
-    def __init__(self, objective: _Objective, x: Tensor) -> None:
-        self.objective, self.x = objective, x
-        self._f: float | None = None
-
-    @property
-    def f(self) -> float:
-        if self._f is None:
-            self._f = float(self.objective.total(self.x))
-        return self._f
-
-    def gradient(self) -> tuple[float, Tensor]:
-        f, g = self.objective.gradient(self.x)
-        self._f = float(f)
-        return self._f, g
-
-    def hessian(self) -> Tensor:
-        return self.objective.hessian(self.x.detach())
 
 
 class _AffineScaler(FittedMixin):
@@ -120,11 +55,8 @@ class _AffineScaler(FittedMixin):
     def _check_state(self, state: Mapping[str, Tensor], prefix: str) -> None:
         check_state_finite(state, prefix, "weight", "bias")
 
-    def _masked_affine(
-        self, z: Tensor, weight: Tensor, bias: Tensor, mask: Tensor | None
-    ) -> Tensor:
-        """The affine map of ``z`` (masked entries already 0), masked outputs ``-inf``."""
-        return R.masked_affine(self._affine(z, weight, bias), mask)
+    def _map(self) -> AffineMap:
+        return AffineMap(self._affine, self._hessian, self._penalty)
 
     def forward(self, logits: Tensor) -> Tensor:
         """Calibrated logits ``(N, C)`` in the dtype of ``logits``; a ``-inf`` (masked) logit
@@ -147,7 +79,7 @@ class _AffineScaler(FittedMixin):
         mask = torch.isneginf(z)
         if not bool(mask.any()):
             return logits_as(self._affine(z, w, b), logits.dtype, 1)
-        out = self._masked_affine(z.masked_fill(mask, 0.0), w, b, mask)
+        out = R.masked_affine(self._affine(z.masked_fill(mask, 0.0), w, b), mask)
         return logits_as(out, logits.dtype, 1)
 
     def objective(
@@ -160,10 +92,14 @@ class _AffineScaler(FittedMixin):
     ) -> tuple[Tensor, Tensor]:
         """``(mean NLL + penalty, mean NLL)`` at the given parameters (float64); with
         ``mask``, ``logits`` holds 0 at the masked entries (see :meth:`forward`)."""
-        nll = F.cross_entropy(self._masked_affine(logits, weight, bias, mask), target)
-        return nll + self._penalty(weight, bias), nll
+        return affine_objective(self._map(), logits, target, weight, bias, mask)
 
-    def fit(self, logits: Tensor, target: Tensor) -> FitResult:
+    def _nll_hessian(
+        self, z: Tensor, weight: Tensor, bias: Tensor, mask: Tensor | None = None
+    ) -> Tensor:
+        return affine_nll_hessian(self._map(), z, weight, bias, mask)
+
+    def fit(self, logits: Tensor, target: Tensor) -> NLLFit:
         """Fit the weights and biases on multiclass logits ``(N, C)`` and class indices."""
         check_logits_target(logits, target, multiclass_only=True)
         if logits.shape[1] != self.num_classes:
@@ -175,101 +111,28 @@ class _AffineScaler(FittedMixin):
         check_class_target("target", target, self.num_classes)
         warn_if_probabilities(logits)
         with torch.inference_mode(False), torch.no_grad():
-            z, y, mask = self._float64_inputs(logits, target)
-            w0, b0 = self._identity()
-            w0, b0 = w0.to(z.device), b0.to(z.device)
-            obj = _Objective(self, z, y, mask, w0.shape)
-            x = torch.cat([w0.flatten(), b0])
-            nll_before = float(self.objective(z, y, w0, b0, mask)[1])
-            with torch.enable_grad():
-                x, iterations, passes, method = self._minimise(obj, x)
-                grad = obj.gradient(x)[1]
-            w, b = obj.split(x.detach())
-            nll = self.objective(z, y, w, b, mask)[1]
-            grad_norm = float(torch.linalg.vector_norm(grad))
-        msgs = []
-        if z.shape[0] < x.numel():
-            msgs.append(
-                f"{type(self).__name__}: fewer samples ({z.shape[0]}) than parameters "
-                f"({x.numel()}): the map interpolates the fitting set; use more data, "
-                f"a regulariser, or TemperatureScaler"
-            )
-        elif float(nll) <= 1e-8:
-            msgs.append(
-                f"{type(self).__name__}: the fitted map separates the fitting set (NLL "
-                f"{float(nll):.3g}): a separable set has no finite optimum; the "
-                f"parameters are where the gradient fell below grad_tol"
-            )
-        if not grad_norm <= max(1e-8, math.sqrt(x.numel()) * self.grad_tol):
-            msgs.append(
-                f"{type(self).__name__}: LBFGS stopped before the tolerance was met "
-                f"(|grad| = {grad_norm:.3g}); a separable set without regularisation "
-                f"has no finite optimum"
-            )
-        self._store("weight", w.detach())
-        self._store("bias", b.detach())
-        self._mark_fitted()
-        return FitResult(
-            temperature=None,
-            nll_before=nll_before,
-            nll_after=float(nll.detach()),
-            grad_norm=grad_norm,
-            iterations=iterations,
-            converged=not msgs,
-            warnings=warn_all(msgs, stacklevel=3),
-            passes=passes,
-            method=method,
-        )
-
-    def _nll_hessian(
-        self, z: Tensor, weight: Tensor, bias: Tensor, mask: Tensor | None = None
-    ) -> Tensor:
-        """Exact Hessian of the mean NLL w.r.t. ``cat(weight.flatten(), bias)`` (``z`` holds 0
-        at masked entries: their output is constant, ``p = 0`` there)."""
-        p = torch.softmax(self._masked_affine(z, weight, bias, mask), dim=1)
-        return self._hessian(z, p)
-
-    def _float64_inputs(
-        self, logits: Tensor, target: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Float64 copies of the inputs, masked entries 0, and the mask (``None``: none)."""
-        z = logits.detach().to(torch.float64).clone()
-        y = target.detach().to(device=z.device, dtype=torch.long).clone()
-        big = float(z.masked_fill(torch.isneginf(z), 0.0).abs().max())
-        if big > _MAX_ABS_LOGIT:
-            raise ValueError(
-                f"logits: expected |logits| <= {_MAX_ABS_LOGIT:g} (their squares "
-                f"enter the float64 Hessian), got {big:g}"
-            )
-        neg = torch.isneginf(z)
-        if not bool(neg.any()):
-            return z, y, None
-        validate_masked_target(Chunk(z, y))
-        return z.masked_fill(neg, 0.0), y, neg
-
-    def _minimise(self, obj: _Objective, x: Tensor) -> tuple[Tensor, int, int, str]:
-        """Damped Newton with the exact Hessian up to ``_NEWTON_MAX_PARAMS`` parameters
-        (max-abs gradient test, Armijo halving down to ``1e-12``), else full-batch LBFGS."""
-        if x.numel() <= _NEWTON_MAX_PARAMS:
-            res = damped_newton(
-                lambda v: _Probe(obj, v),
-                x,
-                direction=solve_direction,
+            sol = fit_affine(
+                logits,
+                target,
+                self._map(),
+                *self._identity(),
                 grad_tol=self.grad_tol,
                 max_iter=self.max_iter,
-                norm="max",
-                min_step=1e-12,
+                name=type(self).__name__,
             )
-            return res.x.detach(), res.iterations, obj.passes, "newton"
-        run = lbfgs(
-            obj.gradient,
-            x,
-            max_iter=self.max_iter,
-            max_eval=2 * self.max_iter,
-            grad_tol=self.grad_tol,
-            history_size=50,
+        self._store("weight", sol.weight)
+        self._store("bias", sol.bias)
+        self._mark_fitted()
+        return NLLFit(
+            nll_before=sol.nll_before,
+            nll_after=sol.nll_after,
+            grad_norm=sol.grad_norm,
+            iterations=sol.iterations,
+            converged=not sol.messages,
+            warnings=warn_all(sol.messages, stacklevel=3),
+            passes=sol.passes,
+            method=sol.method,
         )
-        return run.x, run.iterations, run.evaluations, "lbfgs"
 
 
 class VectorScaler(_AffineScaler):

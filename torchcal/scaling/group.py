@@ -16,20 +16,18 @@ from torchcal.functional._validation import (
     check_int,
     check_temperature_bounds,
 )
-from torchcal.functional.shrinkage import empirical_bayes_shrinkage
-from torchcal.scaling import _objective as obj
+from torchcal.functional.temperature import fit_group_temperatures
 from torchcal.scaling._base import (
-    FitResult,
     FittedMixin,
+    GroupTemperatureFit,
     as_binary_vector,
     check_logits_target,
     check_state_finite,
     logits_as,
     warn_all,
+    warn_if_probabilities,
     working_dtype,
 )
-from torchcal.scaling._temperature_solve import degenerate_messages
-from torchcal.scaling.temperature import TemperatureScaler
 
 __all__ = ["GroupTemperatureScaler"]
 
@@ -153,149 +151,42 @@ class GroupTemperatureScaler(FittedMixin):
         out = logits.to(work) / t.reshape(-1, *([1] * (logits.dim() - 1)))
         return logits_as(out, logits.dtype, 1 if logits.dim() >= 2 else None)
 
-    def fit(self, logits: Tensor, target: Tensor, groups: Tensor) -> FitResult:
+    def fit(self, logits: Tensor, target: Tensor, groups: Tensor) -> GroupTemperatureFit:
         """Fit the global and the per-group temperatures (see the class docstring)."""
         logits, target, _ = as_binary_vector(logits, target)
-        binary = check_logits_target(logits, target)
-        logits = logits.detach()
-        target = target.detach().to(logits.device)
-        if not binary:
-            target = target.long()
+        check_logits_target(logits, target)
         groups = self._check_groups(groups, logits.shape[0], logits.device)
-        glob = TemperatureScaler(
-            bounds=self.bounds,
-            grad_tol=self.grad_tol,
-            step_tol=self.step_tol,
-            max_iter=self.max_iter,
-            method="newton",
-        )
-        res_g = glob.fit(logits, target)
-        num_classes = None if binary else logits.shape[1]
-        eb = self.shrinkage == "empirical_bayes"
+        warn_if_probabilities(logits)
         with torch.inference_mode(False), torch.no_grad():
-            chunks = obj.tensor_chunks(logits, target, groups)
-            workers = obj.default_workers(logits)
-            res = self._solve_groups(
-                chunks,
-                binary,
-                num_classes,
-                -math.log(glob.temperature),
-                workers=workers,
-                strength=0.0 if eb else float(self.shrinkage),
+            sol = fit_group_temperatures(
+                logits,
+                target,
+                groups,
+                self.num_groups,
+                shrinkage=self.shrinkage,
+                bounds=self.bounds,
+                grad_tol=self.grad_tol,
+                step_tol=self.step_tol,
+                max_iter=self.max_iter,
             )
-            if eb:
-                res = self._empirical_bayes(
-                    res, chunks, binary, num_classes, -math.log(glob.temperature), workers
-                )
-        msgs = list(res_g.warnings)
-        empty = torch.nonzero(res.stats[:, obj.COUNT] == 0).flatten().tolist()
-        if empty:
-            msgs.append(f"groups: no samples in group(s) {empty}; they use the global T")
-        if not eb:  # shrunk groups leave no bound: a raw fit on a bound gets the global T
-            msgs += degenerate_messages(res, self.bounds, what="T_g")
-        msgs_t = warn_all(msgs[len(res_g.warnings) :], stacklevel=3)
-        self._store("log_temperature", -res.u)
-        self._store("log_temperature_global", math.log(glob.temperature))
+        msgs = warn_all(sol.global_solution.messages + sol.messages, stacklevel=3)
+        if sol.raw_log_temperatures is not None:
+            self.raw_temperatures = torch.exp(sol.raw_log_temperatures)
+            self.shrinkage_weights = sol.shrinkage_weights
+            self.between_group_variance = sol.between_group_variance
+        t_global = math.exp(sol.global_solution.log_temperature)
+        self._store("log_temperature", sol.log_temperatures)
+        self._store("log_temperature_global", math.log(t_global))
         self._mark_fitted()
-        n = float(res.stats[:, obj.COUNT].sum())
-        assert res.identity_stats is not None
-        return FitResult(
-            temperature=glob.temperature,
-            nll_before=float(res.identity_stats.sum()) / n,
-            nll_after=float(res.stats[:, obj.LOSS].sum()) / n,
-            grad_norm=float(torch.linalg.vector_norm(res.grad)),
-            iterations=res.iterations,
-            converged=bool(res.converged.all()) and res_g.converged,
-            warnings=tuple(res_g.warnings) + msgs_t,
-            passes=res.passes + res_g.passes,
+        return GroupTemperatureFit(
+            temperature=t_global,
+            nll_before=sol.nll_before,
+            nll_after=sol.nll_after,
+            grad_norm=sol.grad_norm,
+            iterations=sol.iterations,
+            converged=sol.converged,
+            warnings=msgs,
+            passes=sol.passes,
             method="newton",
             temperatures=tuple(self.temperatures.tolist()),
-        )
-
-    def _solve_groups(
-        self,
-        chunks: list[obj.Chunk],
-        binary: bool,
-        num_classes: int | None,
-        u_global: float,
-        *,
-        workers: int,
-        strength: float,
-    ) -> obj.LogBetaResult:
-        """The penalised per-group solve, all groups at once, from and toward ``u_global``
-        (``log beta`` of the global T)."""
-        G = self.num_groups
-        center = torch.full((G,), u_global, dtype=torch.float64)
-
-        def evaluate(u: Tensor, identity: bool) -> Tensor:
-            return self._pass(chunks, binary, num_classes, u, identity, workers)
-
-        lo, hi = obj.log_bounds(*self.bounds)
-        return obj.solve_log_beta(
-            evaluate,
-            center.clone(),
-            lower=lo,
-            upper=hi,
-            grad_tol=self.grad_tol,
-            step_tol=self.step_tol,
-            max_iter=self.max_iter,
-            center=center,
-            strength=strength,
-            identity_first=True,
-        )
-
-    def _pass(
-        self,
-        chunks: list[obj.Chunk],
-        binary: bool,
-        num_classes: int | None,
-        u: Tensor,
-        identity: bool,
-        workers: int,
-    ) -> Tensor:
-        stats = obj.temperature_pass(
-            chunks,
-            u,
-            binary=binary,
-            num_classes=num_classes,
-            num_groups=self.num_groups,
-            identity=identity,
-            workers=workers,
-            check_labels=False,
-        )
-        obj.check_stats(stats, lambda: chunks, binary)
-        return stats
-
-    def _empirical_bayes(
-        self,
-        raw: obj.LogBetaResult,
-        chunks: list[obj.Chunk],
-        binary: bool,
-        num_classes: int | None,
-        u_global: float,
-        workers: int,
-    ) -> obj.LogBetaResult:
-        """Shrink the unpenalised per-group ``u = log beta`` toward ``u_global`` (see the
-        class docstring); the result holds the sums at the shrunk ``u``."""
-        _, _, curv = obj.u_derivatives(raw.stats, raw.u)  # summed NLL's d2/du2 per group
-        informative = (raw.stats[:, obj.COUNT] > 0) & ~(raw.at_lower | raw.at_upper)
-        info = torch.where(informative, curv.clamp(min=0.0), torch.zeros_like(curv))
-        u, weights, tau2 = empirical_bayes_shrinkage(raw.u, info, u_global)
-        stats = self._pass(chunks, binary, num_classes, u, False, workers)
-        _, grad, curv_u = obj.u_derivatives(stats, u)
-        self.raw_temperatures = torch.exp(-raw.u)
-        self.shrinkage_weights = weights
-        self.between_group_variance = float(tau2)
-        no = torch.zeros_like(raw.converged)
-        return obj.LogBetaResult(
-            u=u,
-            stats=stats,
-            grad=grad,
-            curv=curv_u,
-            converged=raw.converged | raw.at_lower | raw.at_upper,
-            at_lower=no,
-            at_upper=no,
-            iterations=raw.iterations,
-            passes=raw.passes + 1,
-            identity_stats=raw.identity_stats,
         )

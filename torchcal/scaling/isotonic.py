@@ -14,9 +14,9 @@ from torchcal.functional._validation import (
     check_finite,
     check_option,
 )
-from torchcal.functional.recalibration import confidence_log_odds, pool_adjacent_violators
-from torchcal.functional.scoring import binary_nll
-from torchcal.scaling._base import FitResult, FittedMixin, as_binary_vector, check_logits_target
+from torchcal.functional.isotonic import fit_isotonic
+from torchcal.functional.recalibration import confidence_log_odds
+from torchcal.scaling._base import FittedMixin, NLLFit, as_binary_vector, check_logits_target
 
 __all__ = ["IsotonicCalibrator"]
 
@@ -147,7 +147,7 @@ class IsotonicCalibrator(FittedMixin):
             out = None if target is None else (top == target.to(x.device)).to(torch.float64)
         return x.clamp(-_BIG, _BIG), out
 
-    def fit(self, logits: Tensor, target: Tensor) -> FitResult:
+    def fit(self, logits: Tensor, target: Tensor) -> NLLFit:
         """Fit the isotonic map on held-out logits and targets (see the class docstring)."""
         if self.reading == "binary":
             logits, target, _ = as_binary_vector(logits, target)
@@ -165,31 +165,15 @@ class IsotonicCalibrator(FittedMixin):
         with torch.inference_mode(False), torch.no_grad():
             x, o = self._scores(logits.detach(), target.detach())
             assert o is not None
-            nll_before = float(binary_nll(x, o).mean())
-            xs, order = torch.sort(x, stable=True)
-            os_ = o[order]
-            ux, inverse, counts = torch.unique_consecutive(
-                xs, return_inverse=True, return_counts=True
-            )
-            sums = torch.zeros(ux.numel(), dtype=torch.float64, device=x.device)
-            sums.index_add_(0, inverse, os_)
-            fitted, rounds = pool_adjacent_violators(sums.cpu(), counts.cpu().to(torch.float64))
-            fitted = fitted.to(x.device)
-            # keep the ends and the corners; interior points of flat runs add nothing
-            keep = torch.ones_like(fitted, dtype=torch.bool)
-            if fitted.numel() > 2:
-                keep[1:-1] = (fitted[1:-1] != fitted[:-2]) | (fitted[1:-1] != fitted[2:])
-            p = fitted[inverse]
-            nll_after = float(-(torch.xlogy(os_, p) + torch.xlogy(1 - os_, 1 - p)).mean())
-        self.x_thresholds = ux[keep].clone()
-        self.y_thresholds = fitted[keep].clone()
+            sol = fit_isotonic(x, o)
+        self.x_thresholds = sol.x
+        self.y_thresholds = sol.y
         self._mark_fitted()
-        return FitResult(
-            temperature=None,
-            nll_before=nll_before,
-            nll_after=nll_after,
+        return NLLFit(
+            nll_before=sol.before,
+            nll_after=sol.after,
             grad_norm=0.0,
-            iterations=rounds,
+            iterations=sol.rounds,
             converged=True,
             passes=1,
             method="pav",

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
@@ -16,11 +14,10 @@ from torchcal.functional._validation import (
     check_int,
     check_temperature_bounds,
 )
-from torchcal.functional.recalibration import platt_terms
-from torchcal.functional.scoring import binary_nll
+from torchcal.functional.platt import fit_platt
 from torchcal.scaling._base import (
-    FitResult,
     FittedMixin,
+    NLLFit,
     as_binary_vector,
     check_logits_target,
     check_state_finite,
@@ -29,40 +26,8 @@ from torchcal.scaling._base import (
     warn_if_probabilities,
     working_dtype,
 )
-from torchcal.scaling._solvers import (
-    NewtonResult,
-    active_bounds,
-    cholesky_direction,
-    damped_newton,
-    projected_grad_norm,
-)
 
 __all__ = ["PlattScaler"]
-
-
-@dataclass
-class _Point:
-    """Platt's objective, gradient and Hessian at one ``(a, b)`` (one pass, all at once)."""
-
-    f: float
-    g: Tensor
-    h: Tensor
-
-    def gradient(self) -> tuple[float, Tensor]:
-        return self.f, self.g
-
-    def hessian(self) -> Tensor:
-        return self.h
-
-
-def _smoothed_targets(y: Tensor, n_pos: float, n_neg: float) -> Tensor:
-    """Platt's regularised targets: ``(N+ + 1) / (N+ + 2)`` for positives, ``1 / (N- + 2)``
-    for negatives (float64, like ``y``)."""
-    return torch.where(
-        y > 0.5,
-        y.new_tensor((n_pos + 1.0) / (n_pos + 2.0)),
-        y.new_tensor(1.0 / (n_neg + 2.0)),
-    )
 
 
 class PlattScaler(FittedMixin):
@@ -84,7 +49,7 @@ class PlattScaler(FittedMixin):
     a prior that keeps the optimum finite even on a perfectly separated set (the slope then
     grows with N like ``log N``, not without bound). ``smooth_targets=False`` fits the plain
     0/1 labels (maximum likelihood). ``nll_before`` / ``nll_after`` in the
-    :class:`~torchcal.scaling.FitResult` are always the NLL of the 0/1 labels (at ``a = 1,
+    :class:`~torchcal.scaling.NLLFit` are always the NLL of the 0/1 labels (at ``a = 1,
     b = 0`` and at the fitted map); ``grad_norm`` is that of the optimised objective.
 
     The slope is kept in ``[1 / t_max, 1 / t_min]`` (``bounds`` as for a temperature), so
@@ -160,7 +125,7 @@ class PlattScaler(FittedMixin):
         b = self.bias.to(device=logits.device, dtype=work)
         return logits_as(logits.to(work) * a + b, logits.dtype, None)
 
-    def fit(self, logits: Tensor, target: Tensor) -> FitResult:
+    def fit(self, logits: Tensor, target: Tensor) -> NLLFit:
         """Fit ``(a, b)`` on binary logits ``(N,)`` (or ``(N, 1)``) and targets in {0, 1}."""
         logits, target, _ = as_binary_vector(logits, target)
         check_logits_target(logits, target, binary_only=True)
@@ -168,127 +133,24 @@ class PlattScaler(FittedMixin):
         check_binary_target("target", target)
         warn_if_probabilities(logits)
         with torch.inference_mode(False), torch.no_grad():
-            s = logits.detach().to(torch.float64)
-            y = target.detach().to(device=s.device, dtype=torch.float64)
-            if bool((y == y[0]).all()):
-                raise ValueError(
-                    "target: expected both classes 0 and 1 (Platt's offset is "
-                    "unbounded on a single class)"
-                )
-            n_pos = float(y.sum())
-            n_neg = float(y.numel()) - n_pos
-            t = _smoothed_targets(y, n_pos, n_neg) if self.smooth_targets else y
-            a_lo, a_hi = 1.0 / self.bounds[1], 1.0 / self.bounds[0]
-            passes = 0  # objective evaluations, each one pass over the data
-
-            def evaluate(x: Tensor) -> _Point:
-                nonlocal passes
-                passes += 1
-                return _Point(*platt_terms(s, t, float(x[0]), float(x[1])))
-
-            nll_before = float(binary_nll(s, y).mean())
-            max_neg = float(s[y < 0.5].max())
-            min_pos = float(s[y > 0.5].min())
-            separated = not self.smooth_targets and max_neg <= min_pos
-            res = self._solve(
-                evaluate,
-                a_lo,
-                a_hi,
-                separated,
-                max_neg,
-                min_pos,
-                math.log((n_pos + 1.0) / (n_neg + 1.0)),
+            sol = fit_platt(
+                logits,
+                target,
+                bounds=self.bounds,
+                grad_tol=self.grad_tol,
+                max_iter=self.max_iter,
+                smooth_targets=self.smooth_targets,
             )
-            a, b = float(res.x[0]), float(res.x[1])
-            nll_after = float(binary_nll(s * a + b, y).mean())
-            g = res.probe.gradient()[1]
-            fixed = active_bounds(res.x, g, *self._box(a_lo, a_hi))
-        pg = projected_grad_norm(g, fixed)
-        msgs = self._messages(res, pg, separated=separated, max_neg=max_neg, min_pos=min_pos)
-        self._store("weight", a)
-        self._store("bias", b)
+        self._store("weight", sol.a)
+        self._store("bias", sol.b)
         self._mark_fitted()
-        return FitResult(
-            temperature=None,
-            nll_before=nll_before,
-            nll_after=nll_after,
-            grad_norm=pg,
-            iterations=res.iterations,
-            converged=not msgs,
-            warnings=warn_all(msgs, stacklevel=3),
-            passes=passes,
+        return NLLFit(
+            nll_before=sol.nll_before,
+            nll_after=sol.nll_after,
+            grad_norm=sol.grad_norm,
+            iterations=sol.iterations,
+            converged=not sol.messages,
+            warnings=warn_all(sol.messages, stacklevel=3),
+            passes=sol.passes,
             method="newton",
-        )
-
-    def _messages(
-        self, res: NewtonResult, pg: float, *, separated: bool, max_neg: float, min_pos: float
-    ) -> list[str]:
-        """Warnings for a fit that stopped on the slope bound or before the tolerance."""
-        a, a_hi = float(res.x[0]), 1.0 / self.bounds[0]
-        msgs = []
-        if separated:
-            msgs.append(
-                f"a: a perfectly separated set (every negative score <= every positive "
-                f"one, max {max_neg:g} <= min {min_pos:g}): with 0/1 targets the NLL "
-                f"keeps decreasing as a grows; a is bounded at 1/t_min = {a_hi:g} "
-                f"(smooth_targets=True keeps the optimum finite)"
-            )
-        elif res.at_bound:
-            side = (
-                "t_min (a perfectly separated set, or nearly)"
-                if a >= a_hi
-                else "t_max (scores no better than, or anti-correlated with, the target)"
-            )
-            msgs.append(
-                f"a: the NLL keeps decreasing beyond the slope bound; a is bounded at 1/{side}"
-            )
-        elif pg > self.grad_tol:
-            msgs.append(f"a, b: stopped before the tolerance was met (|grad| = {pg:.3g})")
-        return msgs
-
-    @staticmethod
-    def _box(a_lo: float, a_hi: float) -> tuple[Tensor, Tensor]:
-        """Bounds on ``(a, b)``: the slope in ``[a_lo, a_hi]``, the offset free."""
-        return (
-            torch.tensor([a_lo, -math.inf], dtype=torch.float64),
-            torch.tensor([a_hi, math.inf], dtype=torch.float64),
-        )
-
-    def _solve(
-        self,
-        evaluate: Callable[[Tensor], _Point],
-        a_lo: float,
-        a_hi: float,
-        separated: bool,
-        max_neg: float,
-        min_pos: float,
-        b_prior: float,
-    ) -> NewtonResult:
-        """Projected damped Newton on ``(a, b)`` with ``a`` in ``[a_lo, a_hi]``.
-
-        Separated (0/1 targets): ``a`` pinned on its upper bound, the threshold starting in
-        the middle of the gap, Newton steps on ``b`` only. Else from the better of ``(1, 0)``
-        (no change) and ``(a_lo, b_prior)`` (the base rate: no score saturates there).
-        """
-        lower, upper = self._box(a_lo, a_hi)
-        if separated:
-            lower = torch.tensor([a_hi, -math.inf], dtype=torch.float64)  # a pinned
-            x = torch.tensor([a_hi, -a_hi * (0.5 * max_neg + 0.5 * min_pos)], dtype=torch.float64)
-            first = None
-        else:
-            x = torch.tensor([1.0, 0.0], dtype=torch.float64)
-            first = evaluate(x)
-            x2 = torch.tensor([a_lo, b_prior], dtype=torch.float64)
-            second = evaluate(x2)
-            if second.f < first.f or not math.isfinite(first.f):
-                x, first = x2, second
-        return damped_newton(
-            evaluate,
-            x,
-            direction=cholesky_direction,
-            grad_tol=self.grad_tol,
-            max_iter=self.max_iter,
-            lower=lower,
-            upper=upper,
-            first=first,
         )

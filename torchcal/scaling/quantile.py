@@ -16,20 +16,10 @@ from torchcal.functional._validation import (
     check_probabilities,
     check_tensor,
 )
-from torchcal.functional.recalibration import pool_adjacent_violators
-from torchcal.scaling._base import FitResult, FittedMixin
+from torchcal.functional.isotonic import fit_pit_recalibration, interpolate
+from torchcal.scaling._base import FittedMixin, QuantileFit
 
 __all__ = ["QuantileRecalibrator"]
-
-
-def interpolate(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:
-    """Piecewise-linear ``np.interp(x, xp, fp)`` (``xp`` strictly increasing, clipped ends)."""
-    if xp.numel() == 1:
-        return fp.expand(x.shape).clone()
-    x = x.clamp(float(xp[0]), float(xp[-1]))
-    idx = torch.searchsorted(xp, x, right=True).clamp(1, xp.numel() - 1)
-    x0, x1, y0, y1 = xp[idx - 1], xp[idx], fp[idx - 1], fp[idx]
-    return y0 + ((x - x0) / (x1 - x0)).clamp(0.0, 1.0) * (y1 - y0)
 
 
 def as_levels(name: str, tau: float | Tensor) -> Tensor:
@@ -69,8 +59,8 @@ class QuantileRecalibrator(FittedMixin):
     original forecast; :meth:`quantile` and :meth:`interval` do that for a
     ``torch.distributions.Distribution`` with an ``icdf``.
 
-    :class:`~torchcal.scaling.FitResult`: ``temperature=None``; there is no likelihood here, so
-    ``nll_before`` / ``nll_after`` hold the mean absolute gap between the sorted fitting PIT
+    :class:`~torchcal.scaling.QuantileFit`: there is no likelihood here; ``gap_before`` /
+    ``gap_after`` are the mean absolute gap between the sorted fitting PIT
     values (before; after the map ``R``) and their nominal ranks ``k / (n + 1)``.
 
     State: ``x_knots`` / ``y_knots`` (float64, length set by the fit, resized on load and
@@ -139,39 +129,22 @@ class QuantileRecalibrator(FittedMixin):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, pit: Tensor) -> FitResult:
+    def fit(self, pit: Tensor) -> QuantileFit:
         """Fit ``R`` on held-out PIT values ``pit`` (any shape, values in ``[0, 1]``)."""
         check_tensor("pit", pit)
         check_floating("pit", pit)
         check_nonempty("pit", pit)
         check_probabilities("pit", pit)
         with torch.inference_mode(False), torch.no_grad():
-            p, _ = torch.sort(pit.detach().reshape(-1).to(torch.float64).cpu())
-            n = p.numel()
-            rank = torch.arange(1, n + 1, dtype=torch.float64) / (n + 1)
-            # the points (p_(k), k / (n + 1)) between the anchors (0, 0) and (1, 1)
-            px = torch.cat([torch.zeros(1, dtype=torch.float64), p, torch.ones(1)])
-            py = torch.arange(0, n + 2, dtype=torch.float64) / (n + 1)
-            ux, inverse, counts = torch.unique_consecutive(
-                px, return_inverse=True, return_counts=True
-            )
-            sums = torch.zeros(ux.numel(), dtype=torch.float64).index_add_(0, inverse, py)
-            # ties pooled to their mean rank; the pooled means strictly increase (the targets
-            # are sorted), so PAV pools nothing more and R is strictly increasing
-            fitted, rounds = pool_adjacent_violators(sums, counts.to(torch.float64))
-            xk, yk = ux, fitted
-            before = float((p - rank).abs().mean())
-            after = float((interpolate(p, xk, yk) - rank).abs().mean())
+            sol = fit_pit_recalibration(pit)
         device = self.x_knots.device
-        self.x_knots = xk.to(device)
-        self.y_knots = yk.to(device)
+        self.x_knots = sol.x.to(device)
+        self.y_knots = sol.y.to(device)
         self._mark_fitted()
-        return FitResult(
-            temperature=None,
-            nll_before=before,
-            nll_after=after,
-            grad_norm=0.0,
-            iterations=rounds,
+        return QuantileFit(
+            gap_before=sol.before,
+            gap_after=sol.after,
+            iterations=sol.rounds,
             converged=True,
             passes=1,
             method="pav",

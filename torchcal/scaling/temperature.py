@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -15,10 +15,18 @@ from torchcal.functional._validation import (
     check_int,
     check_temperature_bounds,
 )
-from torchcal.scaling import _objective as obj
+from torchcal.functional.temperature import (
+    Chunk,
+    TemperatureSolution,
+    check_distributed,
+    distributed_active,
+    fit_temperature,
+    solve_temperature,
+    tensor_chunks,
+)
 from torchcal.scaling._base import (
-    FitResult,
     FittedMixin,
+    TemperatureFit,
     as_binary_vector,
     check_logits_target,
     check_state_finite,
@@ -28,17 +36,8 @@ from torchcal.scaling._base import (
     warn_if_probabilities,
     working_dtype,
 )
-from torchcal.scaling._temperature_solve import (
-    degenerate_messages,
-    solve_lbfgs,
-    stream_chunks,
-)
 
 __all__ = ["TemperatureScaler"]
-
-# Above this many logits the in-memory fit first solves on strided subsamples (1/64, then 1/8
-# of the rows), so that the full passes start within ~1e-2 of the optimum.
-_SUBSAMPLE_ELEMENTS = 1 << 24
 
 
 class TemperatureScaler(FittedMixin):
@@ -178,103 +177,56 @@ class TemperatureScaler(FittedMixin):
         return f"temperature={self.temperature:.6g}, fitted={self.is_fitted}"
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, logits: Tensor, target: Tensor, *, distributed: bool = False) -> FitResult:
+    def fit(self, logits: Tensor, target: Tensor, *, distributed: bool = False) -> TemperatureFit:
         """Fit T on in-memory held-out ``logits`` and ``target`` (see the class docstring).
 
         ``distributed=True`` treats each rank's tensors as a shard and all-reduces the sums
         (every rank must call it); by default the tensors are the whole set.
         """
-        obj.check_distributed(distributed)
+        check_distributed(distributed)
         logits, target, _ = as_binary_vector(logits, target)
-        binary = check_logits_target(logits, target)
+        check_logits_target(logits, target)
         warn_if_probabilities(logits)
-        logits = logits.detach()
-        target = target.detach().to(logits.device)
-        if not binary:
-            target = target.long()
-        num_classes = None if binary else logits.shape[1]
-        workers = obj.default_workers(logits)
-        method = self.method or "lbfgs"
-        with torch.inference_mode(False), torch.no_grad():
-            # labels once, up front (O(N)); logits only if a pass comes out non-finite
-            obj.validate_labels(obj.Chunk(logits, target), binary, num_classes)
-            full = obj.tensor_chunks(logits, target)
-            u0, pre_passes = self._warm_start(
-                logits, target, full, binary, num_classes, distributed=distributed, workers=workers
-            )
-            return self._solve(
-                lambda: full,
-                binary,
-                num_classes,
-                u0,
-                reduce=distributed,
-                workers=workers,
-                pre_passes=pre_passes,
-                check_labels=False,
-                method=method,
-            )
+        sol = fit_temperature(
+            logits,
+            target,
+            distributed=distributed,
+            method=self.method or "lbfgs",
+            **self._options(),
+        )
+        return self._accept(sol)
 
-    def _warm_start(
-        self,
-        logits: Tensor,
-        target: Tensor,
-        full: list[obj.Chunk],
-        binary: bool,
-        num_classes: int | None,
-        *,
-        distributed: bool,
-        workers: int,
-    ) -> tuple[Tensor, int]:
-        """Start point ``u0 = log beta`` of the full fit and the passes spent finding it.
+    def _options(self) -> dict[str, Any]:
+        return dict(
+            bounds=self.bounds,
+            grad_tol=self.grad_tol,
+            step_tol=self.step_tol,
+            max_iter=self.max_iter,
+        )
 
-        Above ``_SUBSAMPLE_ELEMENTS`` logits (over all ranks): a warm start on every 64th,
-        then every 8th row, each only to the accuracy its sampling error allows; the full
-        passes then start within ~1e-2 in log T. Else ``u0 = 0`` (``T = 1``).
-        """
-        u0 = torch.zeros(1, dtype=torch.float64)
-        numel = torch.tensor([float(logits.numel())], dtype=torch.float64)
-        if distributed:
-            obj.all_reduce_(numel)
-        pre_passes = 0
-        if float(numel) > _SUBSAMPLE_ELEMENTS:
-            lo, hi = obj.log_bounds(*self.bounds)
-            for stride, tol in ((64, 1e-2), (8, 1e-3)):
-                sub = obj.tensor_chunks(logits[::stride], target[::stride])
-
-                def sub_eval(u: Tensor, identity: bool, sub: list = sub) -> Tensor:
-                    stats = obj.temperature_pass(
-                        sub,
-                        u,
-                        binary=binary,
-                        num_classes=num_classes,
-                        identity=identity,
-                        reduce=distributed,
-                        workers=workers,
-                        check_labels=False,
-                    )
-                    obj.check_stats(stats, lambda: full, binary)
-                    return stats
-
-                warm = obj.solve_log_beta(
-                    sub_eval,
-                    u0,
-                    lower=lo,
-                    upper=hi,
-                    grad_tol=1e-8,
-                    step_tol=tol,
-                    max_iter=self.max_iter,
-                    detect_separation=False,
-                )
-                u0 = warm.u
-                pre_passes += warm.passes
-        return u0, pre_passes
+    def _accept(self, sol: TemperatureSolution) -> TemperatureFit:
+        """Store T, warn (pointing at the caller of ``fit`` / ``fit_stream``) and report."""
+        msgs = warn_all(sol.messages, stacklevel=4)
+        self._store("log_temperature", sol.log_temperature)
+        self._mark_fitted()
+        return TemperatureFit(
+            temperature=self.temperature,
+            nll_before=sol.nll_before,
+            nll_after=sol.nll_after,
+            grad_norm=sol.grad_norm,
+            iterations=sol.iterations,
+            converged=sol.converged,
+            warnings=msgs,
+            passes=sol.passes,
+            method=sol.method,
+        )
 
     def fit_stream(
         self,
         batches: Iterable[tuple[Tensor, Tensor]] | Callable[[], Iterable],
         *,
         distributed: bool | None = None,
-    ) -> FitResult:
+    ) -> TemperatureFit:
         """Fit T from chunks ``(logits, target)`` in O(chunk) memory (a few passes).
 
         ``batches`` must be re-iterable (a list, a ``DataLoader`` of logits) or a zero-argument
@@ -309,12 +261,10 @@ class TemperatureScaler(FittedMixin):
             def factory() -> Iterable:
                 return batches  # type: ignore[return-value]
 
-        reduce = (
-            obj.distributed_active() if distributed is None else obj.check_distributed(distributed)
-        )
+        reduce = distributed_active() if distributed is None else check_distributed(distributed)
         kind: dict[str, Any] = {}
 
-        def chunks() -> Iterator[obj.Chunk]:
+        def chunks() -> Iterator[Chunk]:
             return stream_chunks(factory(), kind)
 
         with torch.inference_mode(False), torch.no_grad():
@@ -326,16 +276,16 @@ class TemperatureScaler(FittedMixin):
             # with zero sums (the other ranks' chunks decide the kind)
             binary = first is not None and first.logits.dim() == 1
             num_classes = None if binary or first is None else first.logits.shape[1]
-            return self._solve(
+            sol = solve_temperature(
                 chunks,
                 binary,
                 num_classes,
                 torch.zeros(1, dtype=torch.float64),
                 reduce=reduce,
-                workers=1,
-                pre_passes=0,
                 method=self.method or "newton",
+                **self._options(),
             )
+        return self._accept(sol)
 
     def fit_model(
         self,
@@ -346,7 +296,7 @@ class TemperatureScaler(FittedMixin):
         input_key: str | None = None,
         target_key: str | None = None,
         distributed: bool = False,
-    ) -> FitResult:
+    ) -> TemperatureFit:
         """Collect ``model``'s logits over ``dataloader`` once (``eval()``, no grad) and fit.
 
         Batches are ``(input, target)`` or dicts; inputs move to the model's device; the
@@ -371,97 +321,30 @@ class TemperatureScaler(FittedMixin):
         )
         return self.fit(logits, target, distributed=distributed)
 
-    # ------------------------------------------------------------------ solver
-    def _solve(
-        self,
-        chunks: Callable[[], Sequence[obj.Chunk] | Iterable[obj.Chunk]],
-        binary: bool,
-        num_classes: int | None,
-        u0: Tensor,
-        *,
-        reduce: bool,
-        workers: int,
-        pre_passes: int,
-        check_labels: bool = True,
-        method: str,
-    ) -> FitResult:
-        lo, hi = obj.log_bounds(*self.bounds)
 
-        def evaluate(u: Tensor, identity: bool) -> Tensor:
-            stats = obj.temperature_pass(
-                chunks(),
-                u,
-                binary=binary,
-                num_classes=num_classes,
-                identity=identity,
-                reduce=reduce,
-                workers=workers,
-                check_labels=check_labels,
+def stream_chunks(batches: Iterable, kind: dict[str, Any]) -> Iterator[Chunk]:
+    """Cache-sized :class:`Chunk` views of ``(logits, target)`` pairs with global offsets;
+    ``kind`` (kept across passes) holds the first pair's kind, which every pair must share."""
+    offset = 0
+    for item in batches:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise ValueError("batches: expected (logits, target) pairs")
+        lg, tg, _ = as_binary_vector(*item)
+        binary = check_logits_target(lg, tg)
+        c = None if binary else lg.shape[1]
+        if "binary" not in kind:
+            kind["binary"], kind["classes"] = binary, c
+        elif kind["binary"] != binary or kind["classes"] != c:
+            raise ValueError(
+                f"batches: every chunk must have the same kind and number "
+                f"of classes; got shape {tuple(lg.shape)} after "
+                f"{'binary' if kind['binary'] else kind['classes']}"
             )
-            obj.check_stats(stats, chunks, binary)
-            return stats
-
-        if method == "lbfgs":
-            res, nll_before = solve_lbfgs(
-                evaluate,
-                lo,
-                hi,
-                u0,
-                max_iter=self.max_iter,
-                grad_tol=self.grad_tol,
-                step_tol=self.step_tol,
-            )
-            return self._result(res, nll_before, method="lbfgs", pre_passes=pre_passes)
-        res = obj.solve_log_beta(
-            evaluate,
-            u0,
-            lower=lo,
-            upper=hi,
-            grad_tol=self.grad_tol,
-            step_tol=self.step_tol,
-            max_iter=self.max_iter,
-            identity_first=True,
-        )
-        n = float(res.stats[0, obj.COUNT])
-        if n == 0:
-            raise ValueError("batches: every rank's shard is empty")
-        assert res.identity_stats is not None
-        return self._result(
-            res, float(res.identity_stats[0]) / n, method="newton", pre_passes=pre_passes
-        )
-
-    def _result(
-        self,
-        res: obj.LogBetaResult,
-        nll_before: float,
-        *,
-        method: str,
-        pre_passes: int,
-    ) -> FitResult:
-        """Store T, warn about bounds / stops, and report (both solvers; called from
-        :meth:`_solve`, so the warnings point at the caller of ``fit`` / ``fit_stream``)."""
-        msgs = degenerate_messages(res, self.bounds)
-        converged = bool(res.converged[0])
-        # zero curvature inside the bounds: Var_p[z] = 0 in every row, i.e. every row's logits
-        # are equal (no better than uniform at any T): the NLL does not depend on T
-        flat = not msgs and float(res.stats[0, obj.D2LOSS]) == 0.0
-        if flat:
-            converged = False
-            msgs.append(
-                f"T: the NLL does not depend on T (every row's logits are equal: no "
-                f"better than uniform); T is left at {math.exp(-float(res.u[0])):g}"
-            )
-        msgs_t = warn_all(msgs, stacklevel=5)
-        self._store("log_temperature", -float(res.u[0]))
-        self._mark_fitted()
-        return FitResult(
-            temperature=self.temperature,
-            nll_before=nll_before,
-            nll_after=float(res.stats[0, obj.LOSS]) / float(res.stats[0, obj.COUNT]),
-            grad_norm=abs(float(res.grad[0])),
-            iterations=res.iterations,
-            converged=converged,
-            warnings=msgs_t,
-            passes=res.passes + pre_passes,
-            method=method,
-        )
+        lg = lg.detach()
+        tg = tg.detach().to(lg.device)
+        if not binary:
+            tg = tg.long()
+        for piece in tensor_chunks(lg, tg):  # cache-sized slices, no copies
+            piece.offset += offset
+            yield piece
+        offset += tg.shape[0]

@@ -8,7 +8,6 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from torchcal.functional._checks import fixed_sum
 from torchcal.functional._forecast import broadcast_or_none, check_location_scale
 from torchcal.functional._validation import (
     check_finite,
@@ -21,16 +20,13 @@ from torchcal.functional._validation import (
     check_tensor,
     check_values,
 )
-from torchcal.functional.crps import crps_scale_sums
-from torchcal.scaling._base import FitResult, FittedMixin, check_state_finite, warn_all
-from torchcal.scaling._solvers import bracketed_newton
+from torchcal.functional.variance import fit_scale_factor
+from torchcal.scaling._base import FittedMixin, VarianceFit, check_state_finite, warn_all
 
 __all__ = ["VarianceScaler"]
 
 _OBJECTIVES = ("nll", "crps")
 _FAMILIES = ("normal", "laplace", "logistic")
-# the standard deviation of the unit-scale family (a start point of the CRPS fit)
-_UNIT_SD = {"normal": 1.0, "laplace": math.sqrt(2.0), "logistic": math.pi / math.sqrt(3.0)}
 
 
 class VarianceScaler(FittedMixin):
@@ -50,17 +46,16 @@ class VarianceScaler(FittedMixin):
     - ``objective="crps"``: the mean CRPS of the family (:func:`~torchcal.functional.crps_normal`
       and its Laplace/logistic twins). ``CRPS(s) = sum_i scale_i CRPS_0(s, r_i)`` is convex in
       ``s`` (a perspective of a convex function); a bracketed Newton iteration on ``log s``
-      (``scaling/_solvers.py``) reads its exact gradient and curvature from one pass per step
+      (``functional/_solvers.py``) reads its exact gradient and curvature from one pass per step
       (:func:`~torchcal.functional.crps.crps_scale_sums`, closed forms, no autograd) and
       stops on ``grad_tol``.
 
     All sums are float64. The fitted state ``log_scale_factor`` is a float64 buffer that keeps
     its dtype under ``.to(dtype)`` and is validated on load (finite, ``|log s| <= 700``).
 
-    :class:`~torchcal.scaling.FitResult` (shared with the classification scalers):
-    ``temperature`` holds ``s``; ``nll_before`` / ``nll_after`` hold the mean of the fitted
-    objective at ``s = 1`` and at the fitted ``s`` (the NLL in nats for ``"nll"``, **the CRPS**
-    for ``"crps"``; ``method`` says which); ``grad_norm`` is ``|d objective / d log s|``.
+    :class:`~torchcal.scaling.VarianceFit`: ``scale`` is ``s``; ``before`` / ``after`` are
+    the mean of the fitted ``objective`` at ``s = 1`` and at the fitted ``s`` (the NLL in nats
+    for ``"nll"``, the CRPS for ``"crps"``); ``grad_norm`` is ``|d objective / d log s|``.
     A fit that would leave ``bounds`` (e.g. every residual 0) stops on the bound with a
     :class:`~torchcal.scaling.CalibrationWarning` and ``converged=False``.
 
@@ -79,12 +74,12 @@ class VarianceScaler(FittedMixin):
         >>> y = 2 * torch.randn(20000, generator=g)          # the model's scale is 2x too small
         >>> vs = VarianceScaler()
         >>> res = vs.fit(loc, scale, y)
-        >>> round(res.temperature, 1), res.nll_after < res.nll_before
+        >>> round(res.scale, 1), res.after < res.before
         (2.0, True)
         >>> new_loc, new_scale = vs(loc, scale)
         >>> bool(torch.equal(new_loc, loc)), round(float(new_scale[0]), 1)
         (True, 2.0)
-        >>> round(VarianceScaler(objective="crps").fit(loc, scale, y).temperature, 1)
+        >>> round(VarianceScaler(objective="crps").fit(loc, scale, y).scale, 1)
         2.0
     """
 
@@ -170,138 +165,33 @@ class VarianceScaler(FittedMixin):
         return loc, out
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, loc: Tensor, scale: Tensor, target: Tensor) -> FitResult:
+    def fit(self, loc: Tensor, scale: Tensor, target: Tensor) -> VarianceFit:
         """Fit ``s`` on held-out forecasts ``(loc, scale)`` and observations ``target``
         (``loc`` and ``scale`` broadcast to the target's shape; the target never broadcasts;
         ``scale > 0``, everything finite)."""
         loc, scale, target = check_location_scale(loc, scale, target)
-        shape = target.shape
         with torch.inference_mode(False), torch.no_grad():
-            b = scale.detach().to(torch.float64).expand(shape).reshape(-1)
-            # r = (y - loc) / b in float64, in place (float32 operands are upcast exactly)
-            r = target.detach().to(torch.float64, copy=True).reshape(-1)
-            r.view(shape).sub_(loc.detach()).div_(scale.detach())
-            if self.objective == "nll":
-                return self._fit_nll(r, b)
-            return self._fit_crps(r, b)
-
-    def _clamp(self, s: float, msgs: list[str]) -> float:
-        lo, hi = self.bounds
-        if not lo <= s <= hi:
-            msgs.append(
-                f"scale_factor: the optimum s = {s:g} lies outside bounds {self.bounds}; "
-                f"s is set to the bound (every residual 0 gives s = 0)"
+            sol = fit_scale_factor(
+                loc,
+                scale,
+                target,
+                objective=self.objective,
+                family=self.family,
+                bounds=self.bounds,
+                grad_tol=self.grad_tol,
+                max_iter=self.max_iter,
             )
-            s = min(max(s, lo), hi)
-        return s
-
-    def _nll_at_one(self, stat: float, b: Tensor) -> float:
-        """Mean NLL (nats) at ``s = 1`` from ``stat`` (``mean(r^2)``, normal; ``mean|r|``,
-        Laplace) and the scales ``b``: ``mean(log b) + stat / 2 + log(2 pi) / 2``, resp.
-        ``mean(log 2b) + stat`` (the log densities read through their sufficient statistics:
-        one more pass, not a second call of the scores; tested against scipy's logpdf)."""
-        log_b = float(torch.log(b).mean())
-        if self.family == "normal":
-            return log_b + 0.5 * stat + 0.5 * math.log(2.0 * math.pi)
-        return log_b + math.log(2.0) + stat
-
-    def _fit_nll(self, r: Tensor, b: Tensor) -> FitResult:
-        normal = self.family == "normal"
-        stat = float((r * r).mean() if normal else r.abs().mean())
-        msgs: list[str] = []
-        s = self._clamp(math.sqrt(stat) if normal else stat, msgs)
-        # NLL(s) - NLL(1) = log s + mean(r^2) (1/s^2 - 1) / 2 (normal), log s + mean|r| (1/s - 1)
-        # (Laplace); d NLL / d log s = 1 - mean(r^2) / s^2, resp. 1 - mean|r| / s
-        inv = 1.0 / (s * s) if normal else 1.0 / s
-        before = self._nll_at_one(stat, b)
-        after = before + math.log(s) + stat * (inv - 1.0) * (0.5 if normal else 1.0)
-        return self._result(
-            s, before, after, abs(1.0 - stat * inv), 0, not msgs, msgs, method="closed_form_nll"
-        )
-
-    def _crps_sum(self, r: Tensor, b: Tensor, u: float) -> float:
-        """``sum_i b_i CRPS(0, e^u, r_i)`` = the summed CRPS at ``s = e^u``."""
-        return crps_scale_sums(self.family, r, math.exp(u), b)[0]
-
-    def _fit_crps(self, r: Tensor, b: Tensor) -> FitResult:
-        n = r.numel()
-        b_sum = float(fixed_sum(b))  # fixed order: the same bits for any thread count
-        b_mean = b_sum / n
-        count = torch.full((1,), b_sum, dtype=torch.float64)
-        lo, hi = (math.log(v) for v in self.bounds)
-
-        def evaluate(u: Tensor) -> tuple[float, Tensor, Tensor, Tensor]:
-            # F(u) = sum_i b_i CRPS(0, e^u, r_i): dF/du = s sum b d_i, d2F/du2 = dF/du + s sum b c_i
-            # (d_i = dCRPS/ds, c_i = s d2CRPS/ds2, closed forms)
-            s = math.exp(float(u[0]))
-            f, d, c = crps_scale_sums(self.family, r, s, b)
-            g = s * d
-            return (
-                f,
-                torch.tensor([g], dtype=torch.float64),
-                torch.tensor([g + s * c], dtype=torch.float64),
-                count,
-            )
-
-        sd = math.sqrt(float(fixed_sum(r * r)) / n) / _UNIT_SD[self.family]
-        u0 = torch.tensor([min(max(math.log(max(sd, 1e-300)), lo), hi)], dtype=torch.float64)
-        res = bracketed_newton(
-            evaluate,
-            u0,
-            evaluate(u0),
-            lower=lo,
-            upper=hi,
-            grad_tol=self.grad_tol,
-            step_tol=0.0,
-            max_iter=self.max_iter,
-        )
-        msgs: list[str] = []
-        if bool(res.at_lower[0] | res.at_upper[0]):
-            msgs.append(
-                f"scale_factor: the CRPS optimum lies outside bounds {self.bounds}; s is set "
-                f"to the bound"
-            )
-        elif not bool(res.converged[0]):
-            msgs.append(f"scale_factor: the CRPS fit stopped after {self.max_iter} iterations")
-        u = float(res.u[0])
-        before = self._crps_sum(r, b, 0.0) / n
-        after = float(res.payload) / n  # type: ignore[arg-type]
-        g_mean = abs(float(res.grad[0])) * b_mean  # d mean CRPS / d log s
-        return self._result(
-            math.exp(u),
-            before,
-            after,
-            g_mean,
-            res.iterations,
-            not msgs,
-            msgs,
-            method="newton_crps",
-            passes=res.iterations + 2,  # the start, each step, and the value at s = 1
-        )
-
-    def _result(
-        self,
-        s: float,
-        before: float,
-        after: float,
-        grad: float,
-        iterations: int,
-        converged: bool,
-        msgs: list[str],
-        *,
-        method: str,
-        passes: int = 1,
-    ) -> FitResult:
-        self._store("log_scale_factor", math.log(s))
+        self._store("log_scale_factor", math.log(sol.scale))
         self._mark_fitted()
-        return FitResult(
-            temperature=s,
-            nll_before=before,
-            nll_after=after,
-            grad_norm=grad,
-            iterations=iterations,
-            converged=converged,
-            warnings=warn_all(msgs, stacklevel=4),
-            passes=passes,
-            method=method,
+        return VarianceFit(
+            scale=sol.scale,
+            objective=self.objective,
+            before=sol.before,
+            after=sol.after,
+            grad_norm=sol.grad_norm,
+            iterations=sol.iterations,
+            converged=sol.converged,
+            warnings=warn_all(sol.messages, stacklevel=3),
+            passes=sol.passes,
+            method=sol.method,
         )

@@ -359,7 +359,8 @@ def lbfgs(
             f, g = evaluate(raw)
             xp.grad = g
             return f
-        x = torch.minimum(torch.maximum(raw, lower), upper)  # type: ignore[arg-type]
+        assert lower is not None and upper is not None
+        x = torch.minimum(torch.maximum(raw, lower), upper)
         f, g = evaluate(x)
         if bool((((x <= lower) & (g > 0)) | ((x >= upper) & (g < 0))).any()):
             raise OnBound(x)
