@@ -23,7 +23,6 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from torchcal import functional as F
-from torchcal.functional._validation import check_group_ids
 from torchcal.metrics import CRPS, GaussianNLL, IntervalCoverage, PITHistogram
 from torchcal.metrics._base import PooledPlotMetric
 from torchcal.report import GroupedResult
@@ -33,7 +32,6 @@ __all__ = [
     "FAMILIES",
     "OUTPUT_KEYS",
     "Accumulator",
-    "check_groups",
     "coverage_rows",
     "group_metric_names",
     "group_rows",
@@ -86,18 +84,6 @@ def group_metric_names(levels: Sequence[float]) -> tuple[str, ...]:
     """The scalars logged per group (``{stage}/group_{g}/{name}``): ``pit_ece``, then
     ``coverage_{p}`` and ``width_{p}`` per level."""
     return metric_names("", levels)[1:]
-
-
-def check_groups(key: str, groups: Tensor, shape: torch.Size, num_groups: int) -> Tensor:
-    """The step's group ids under ``key``: integer, one per target value (``shape``), in
-    ``[0, num_groups)`` (the range only when value checks are on); ``ValueError`` naming
-    ``key``."""
-    try:
-        check_group_ids(groups, shape, num_groups)
-    except ValueError as e:
-        msg = str(e).removeprefix("groups: ")
-        raise ValueError(f"{key}: {msg} (RegressionMonitor(num_groups={num_groups}))") from None
-    return groups.reshape(shape)
 
 
 def quantile_columns(
@@ -163,7 +149,7 @@ class Accumulator:
         # closed forms: the metric builds the central intervals itself, in one pass for all levels
         self.coverage = IntervalCoverage(
             levels=tuple(self.levels.tolist()),
-            forecast=family if family in CLOSED_FORMS else "bounds",
+            family=family if family in CLOSED_FORMS else "bounds",
             num_groups=num_groups,
         )
         if family == "quantiles":  # mean pinball loss over the step's levels
@@ -187,7 +173,7 @@ class Accumulator:
 
     def update(self, values: Sequence[Tensor], groups: Tensor | None = None) -> None:
         """One batch: ``values`` in the order of :data:`OUTPUT_KEYS` for the family and, with
-        ``num_groups``, the group ids (the target's shape, checked by :func:`check_groups`)."""
+        ``num_groups``, the group ids (the target's shape, checked by :func:`~torchcal.functional._validation.check_group_ids`)."""
         self.groups = None if groups is None else groups.reshape(-1)
         if self.family in CLOSED_FORMS:
             self._closed_form(*values)

@@ -24,7 +24,12 @@ from torchcal.callbacks._history import StageMonitor
 from torchcal.callbacks._monitor_options import Sink, check_sinks
 from torchcal.callbacks._outputs import check_extract_fn, check_key, read_outputs
 from torchcal.functional import validation_enabled
-from torchcal.functional._validation import check_int, check_level_grid, check_option
+from torchcal.functional._validation import (
+    check_group_ids,
+    check_int,
+    check_level_grid,
+    check_option,
+)
 from torchcal.plotting import pit_figure
 
 __all__ = ["RegressionMonitor"]
@@ -257,7 +262,9 @@ class RegressionMonitor(StageMonitor):
         acc = self._acc(stage, idx, values[0].device, trainer.global_rank)
         with validation_enabled(self.validate_args):
             if groups is not None and self.num_groups is not None:
-                groups = P.check_groups(self.group_key, groups, values[-1].shape, self.num_groups)
+                shape = values[-1].shape
+                hint = f" (RegressionMonitor(num_groups={self.num_groups}))"
+                check_group_ids(groups, shape, self.num_groups, name=self.group_key, hint=hint)
             acc.update(values, groups)
 
     @override

@@ -197,38 +197,60 @@ def check_levels(quantiles: Tensor | Sequence[float]) -> Tensor:
 
 
 # --- calibration readings (R1) ---
-def check_group_ids(groups: Tensor, shape: torch.Size, num_groups: int | None) -> int:
-    """``groups``: integer ids of ``shape`` in ``[0, num_groups)`` (``num_groups=None``: ids
-    ``>= 0``, their number inferred); returns the number of groups."""
-    check_tensor("groups", groups)
-    if groups.shape != shape:
+def check_group_ids(
+    groups: object,
+    shape: torch.Size | tuple[int, ...],
+    num_groups: int | None,
+    *,
+    name: str = "groups",
+    always: bool = False,
+    hint: str = "",
+) -> int:
+    """The one group check: ``name`` holds integer ids, one per sample (``shape``), in
+    ``[0, num_groups)`` (``num_groups=None``: ids ``>= 0``, their number inferred); returns the
+    number of groups.
+
+    The range is a value check (skipped with validation off, never a host sync on a device)
+    unless ``always``: ids that index a parameter (a scaler's per-group temperature) are always
+    checked. ``hint`` ends every message (e.g. the option a callback was built with).
+    """
+    groups = check_tensor(name, groups)
+    if groups.shape != tuple(shape):
         raise ValueError(
-            f"groups: expected one group id per sample, shape {tuple(shape)}, "
-            f"got {tuple(groups.shape)}"
+            f"{name}: expected one group id per sample, shape {tuple(shape)}, "
+            f"got {tuple(groups.shape)}{hint}"
         )
     if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
-        raise ValueError(f"groups: expected integer group ids (torch.long), got {groups.dtype}")
+        raise ValueError(
+            f"{name}: expected integer group ids (torch.long), got {groups.dtype}{hint}"
+        )
     if num_groups is None:
         if groups.numel() == 0:
-            raise ValueError("groups: expected a non-empty tensor")
+            raise ValueError(f"{name}: expected a non-empty tensor{hint}")
         if bool((groups < 0).any()):
             pos = first_bad_position(groups < 0)
-            raise ValueError(f"groups: expected group ids >= 0, found a negative id at {pos}")
+            raise ValueError(f"{name}: expected group ids >= 0, found a negative id at {pos}{hint}")
         return int(groups.max()) + 1
     check_int("num_groups", num_groups, minimum=1)
-    if values_checked() and groups.numel():
+    if not groups.numel():
+        return num_groups
 
-        def scan() -> None:
-            bad = (groups < 0) | (groups >= num_groups)
-            pos = first_bad_position(bad)
-            val = int(groups.reshape(-1)[int(torch.nonzero(bad.reshape(-1))[0, 0])])
-            raise ValueError(
-                f"groups: expected group ids in [0, {num_groups - 1}], got {val} at position {pos}"
-            )
+    def scan() -> None:
+        bad = (groups < 0) | (groups >= num_groups)
+        pos = first_bad_position(bad)
+        val = int(groups.reshape(-1)[int(torch.nonzero(bad.reshape(-1))[0, 0])])
+        raise ValueError(
+            f"{name}: expected group ids in [0, {num_groups - 1}], got {val} at position "
+            f"{pos}{hint}"
+        )
 
+    if always:
+        if not bool(labels_ok(groups, num_groups)):
+            scan()
+    elif values_checked():
         check_values(
             labels_ok(groups, num_groups),
-            f"groups: expected group ids in [0, {num_groups - 1}]",
+            f"{name}: expected group ids in [0, {num_groups - 1}]{hint}",
             scan,
         )
     return num_groups
@@ -313,29 +335,6 @@ def check_temperature_bounds(name: str, bounds: Sequence[float]) -> tuple[float,
     if not (0.0 < lo < hi < math.inf):
         raise ValueError(f"{name}: expected 0 < t_min < t_max < inf, got {bounds!r}")
     return lo, hi
-
-
-def check_group_index(
-    name: str, groups: object, n: int, num_groups: int, device: torch.device
-) -> Tensor:
-    """One integer group id per row in ``[0, num_groups - 1]`` (always checked: the ids index
-    a parameter); returned as ``torch.long`` on ``device``."""
-    groups = check_tensor(name, groups)
-    if groups.shape != (n,):
-        raise ValueError(
-            f"{name}: expected shape ({n},) (one group id per row), got {tuple(groups.shape)}"
-        )
-    if groups.is_floating_point() or groups.is_complex() or groups.dtype == torch.bool:
-        raise ValueError(f"{name}: expected integer group ids, got dtype {groups.dtype}")
-    groups = groups.detach().to(device=device, dtype=torch.long)
-    bad = (groups < 0) | (groups >= num_groups)
-    if bool(bad.any()):
-        pos = int(torch.nonzero(bad)[0, 0])
-        raise ValueError(
-            f"{name}: expected group ids in [0, {num_groups - 1}], got "
-            f"{int(groups[pos])} at position {pos}"
-        )
-    return groups
 
 
 # --- regression (P) ---

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from torchcal.functional._validation import (
     check_finite,
     check_finite_value,
-    check_group_index,
+    check_group_ids,
     check_int,
     check_temperature_bounds,
 )
@@ -137,7 +137,8 @@ class GroupTemperatureScaler(FittedMixin):
         return self.log_temperature.detach().exp()
 
     def _check_groups(self, groups: object, n: int, device: torch.device) -> Tensor:
-        return check_group_index("groups", groups, n, self.num_groups, device)
+        check_group_ids(groups, (n,), self.num_groups, always=True)
+        return groups.detach().to(device=device, dtype=torch.long)  # type: ignore[union-attr]
 
     def forward(self, logits: Tensor, groups: Tensor) -> Tensor:
         """``logits / T[groups]`` (binary ``(N,)`` or multiclass ``(N, C)``)."""
