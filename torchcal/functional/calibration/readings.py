@@ -45,6 +45,7 @@ __all__ = [
     "confidence_reading",
     "prepare_checked",
     "prepare_inputs",
+    "prepare_rows",
     "rows_look_like_probs",
     "samples_from",
     "warn_probs_as_logits",
@@ -221,8 +222,10 @@ def _prob_rows(x: Tensor) -> tuple[Tensor, Tensor]:
         ok = (lo >= 0) & (hi <= 1) & (s_lo >= 1 - tol) & (s_hi <= 1 + tol)
         check_values(ok, "preds: expected probabilities in [0, 1] whose rows sum to 1")
         return top, arg
-    lo, hi, s_lo, s_hi = torch.stack([lo, hi, s_lo, s_hi]).tolist()
-    if not (lo >= 0 and hi <= 1 and s_lo >= 1 - tol and s_hi <= 1 + tol):  # NaN fails all
+    # four scalar reads cost less than stacking them for one (NaN fails every comparison)
+    if not (
+        lo.item() >= 0 and hi.item() <= 1 and s_lo.item() >= 1 - tol and s_hi.item() <= 1 + tol
+    ):
         _raise_bad_prob_rows(xd, total, tol)
     return top, arg
 
@@ -303,29 +306,13 @@ def prepare_inputs(
         >>> [round(c, 4) for c in p.conf.tolist()], p.outcome.tolist()
         ([0.8808, 0.7311], [True, False])
     """
-    if (  # the validation loop's case, with the same checks in fewer Python calls
-        groups is None
-        and num_groups is None
-        and ignore_index is None
-        and (reading == "confidence" or reading == "top_label")
-        and (input == "logits" or input == "probs")
-        and isinstance(preds, Tensor)
-        and isinstance(target, Tensor)
-        and preds.is_floating_point()
-        and len(shape := preds.shape) == 2
-        and target.shape == shape[:1]
-        and shape[0] > 0
-        and shape[1] >= 2
-        and (num_classes is None or num_classes == shape[1])
-    ):
-        _check_labels(target, shape[1], None)
-        conf, outcome, arg, looks = _confidence_rows(preds, target, input)
-        top = reading == "top_label"
-        C = shape[1]
-        counts = torch.full((1,), shape[0], dtype=torch.int64, device=target.device)
-        return PreparedInputs(
-            conf, outcome, arg if top else None, 1, C if top else 1, counts, 1, looks
-        )
+    if groups is None and num_groups is None and ignore_index is None:
+        rows = prepare_rows(preds, target, reading=reading, input=input, num_classes=num_classes)
+        if rows is not None:
+            conf, outcome, lead, looks = rows
+            K = preds.shape[1] if lead is not None else 1
+            counts = torch.full((1,), conf.shape[0], dtype=torch.int64, device=target.device)
+            return PreparedInputs(conf, outcome, lead, 1, K, counts, 1, looks)
     check_option("reading", reading, READINGS)
     check_option("input", input, INPUTS)
     check_optional_int("ignore_index", ignore_index)
@@ -352,6 +339,48 @@ def prepare_inputs(
     return PreparedInputs(
         conf, outcome, lead, G, K, group_counts, K if reading == "classwise" else 1, looks
     )
+
+
+def prepare_rows(
+    preds: Tensor,
+    target: Tensor,
+    *,
+    reading: str = "confidence",
+    input: str = "logits",
+    num_classes: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor | None, bool] | None:
+    """The validation loop's case of :func:`prepare_inputs` in the fewest Python calls: rows
+    ``preds`` ``(N, C)`` (``N >= 1``, ``C >= 2``) of floating scores with integer ``target``
+    ``(N,)``, ``reading="confidence"`` or ``"top_label"``, no groups and no ``ignore_index``.
+    Returns ``(conf, outcome, lead, looks_like_probs)`` (``lead``: the arg-max slot for
+    ``top_label``, else ``None``), with the checks and values of :func:`prepare_inputs`, or
+    ``None`` when the batch is not that case (then :func:`prepare_inputs` handles it).
+
+    Example:
+        >>> import torch
+        >>> conf, outcome, lead, looks = prepare_rows(
+        ...     torch.tensor([[0.9, 0.1], [0.3, 0.7]]), torch.tensor([0, 0]), input="probs")
+        >>> [round(c, 4) for c in conf.tolist()], outcome.tolist(), lead, looks
+        ([0.9, 0.7], [True, False], None, False)
+        >>> prepare_rows(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long)) is None
+        True
+    """
+    if not (
+        (reading == "confidence" or reading == "top_label")
+        and (input == "logits" or input == "probs")
+        and isinstance(preds, Tensor)
+        and isinstance(target, Tensor)
+        and preds.is_floating_point()
+        and len(shape := preds.shape) == 2
+        and target.shape == shape[:1]
+        and shape[0] > 0
+        and shape[1] >= 2
+        and (num_classes is None or num_classes == shape[1])
+    ):
+        return None
+    _check_labels(target, shape[1], None)
+    conf, outcome, arg, looks = _confidence_rows(preds, target, input)
+    return conf, outcome, arg if reading == "top_label" else None, looks
 
 
 _LABEL_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
