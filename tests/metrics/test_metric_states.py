@@ -250,6 +250,71 @@ def test_many_small_batches_flush_at_the_bound():
     assert int(m.count.sum()) == 20 * 4096
 
 
+@pytest.mark.parametrize("reading", ["confidence", "top_label"])
+@pytest.mark.parametrize("input", ["logits", "probs"])
+def test_rows_path_equals_the_eager_general_path_bit_for_bit(reading, input):
+    """Plain row batches take ``_update_rows`` (deferred, samples counted on the host); a
+    large batch among them is binned at once, and batches of unequal sizes are flushed
+    together. Every state equals binning each batch by ``prepare_inputs`` + ``accumulate``
+    at its update, and the grouped path (``num_groups=1``) gives the same numbers."""
+    g = torch.Generator().manual_seed(3)
+    sizes = (256, 97, 20_000, 256, 1, 5000, 256)
+    batches = []
+    for b in sizes:
+        x = torch.randn(b, 7, generator=g) * 2
+        batches.append(
+            (x.softmax(1) if input == "probs" else x, torch.randint(0, 7, (b,), generator=g))
+        )
+    kw = dict(n_bins=10, reading=reading, input=input, num_classes=7)
+    m = CalibrationError(**kw)
+    grouped = CalibrationError(**kw, num_groups=1)
+    for x, y in batches:
+        m.update(x, y)
+        grouped.update(x, y, torch.zeros_like(y))
+    assert m.__dict__["_pending"], "small batches are deferred"
+    eager = [torch.zeros_like(getattr(m, n)) for n in STAT_NAMES]
+    for x, y in batches:
+        st = accumulate(prepare_inputs(x, y, reading=reading, input=input), 10)
+        for acc, t in zip(eager, (st.count, st.conf, st.acc, st.conf2, st.conf_acc)):
+            acc.add_(t)
+    for name, acc in zip(STAT_NAMES, eager):
+        assert torch.equal(getattr(m, name), acc), name
+        assert torch.equal(getattr(grouped, name), acc), name
+    assert m.group_count.tolist() == [sum(sizes)] == grouped.group_count.tolist()
+    assert torch.equal(m.compute(), grouped.compute().pooled)
+
+
+def test_rows_path_flushes_anywhere_with_the_same_states():
+    """Where the flushes fall (after every batch, or once at the end) does not change a bit."""
+    batches = _cls_batches(n=9, b=300, c=4)
+    lazy, eager = CalibrationError(n_bins=12), CalibrationError(n_bins=12)
+    for x, y in batches:
+        lazy.update(x, y)
+        eager.update(x, y)
+        eager.statistics()  # a read: flushes now
+        assert not eager.__dict__["_pending"]
+    for name in STAT_NAMES + ("group_count",):
+        assert torch.equal(getattr(lazy, name), getattr(eager, name)), name
+
+
+def test_rows_path_keeps_the_checks_and_the_warning():
+    m = CalibrationError(n_bins=5, input="probs")
+    with pytest.raises(ValueError, match="sum over the classes"):
+        m.update(torch.tensor([[0.5, 0.6]]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="target"):
+        m.update(torch.tensor([[0.5, 0.5]]), torch.tensor([2]))
+    with pytest.raises(ValueError, match="preds"):
+        CalibrationError(n_bins=5).update(torch.tensor([[float("nan"), 0.0]]), torch.tensor([0]))
+    assert int(m.group_count.sum()) == 0, "a rejected batch adds nothing"
+    w = CalibrationError(n_bins=5)
+    with pytest.warns(UserWarning, match="look like probabilities") as rec:
+        w.update(torch.tensor([[0.3, 0.7]]), torch.tensor([1]))
+    assert rec[0].filename == __file__, "the warning points at the caller's update"
+    unchecked = CalibrationError(n_bins=5, validate_args=False)
+    unchecked.update(torch.tensor([[0.3, 0.7]]), torch.tensor([1]))  # no check, no warning
+    assert unchecked.group_count.tolist() == [1]
+
+
 #: reads of host-side tensors that are no device synchronisation: the location-scale
 #: coverage reads its interval factors (a CPU tensor built from the levels) once per batch
 _HOST_READS = {"coverage_normal": ["tolist"] * 4}
