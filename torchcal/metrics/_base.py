@@ -458,12 +458,16 @@ class BinnedMetric(PooledPlotMetric):
         path."""
         if not (self._rows and groups is None and self.ignore_index is None):
             return False
-        kw = dict(reading=self.reading, input=self.input, num_classes=self.num_classes)
+        reading, input, num_classes = self.reading, self.input, self.num_classes
         if self.validate_args == values_checked():
-            rows = prepare_rows(preds, target, **kw)
+            rows = prepare_rows(
+                preds, target, reading=reading, input=input, num_classes=num_classes
+            )
         else:
             with validation_enabled(self.validate_args):
-                rows = prepare_rows(preds, target, **kw)
+                rows = prepare_rows(
+                    preds, target, reading=reading, input=input, num_classes=num_classes
+                )
         if rows is None:
             return False
         conf, outcome, lead, looks = rows
