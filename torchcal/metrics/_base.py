@@ -284,7 +284,8 @@ class _DeferredStat:
     batches instead of a dozen small kernels per batch); every access to the state through
     the attribute (``compute``, ``statistics``, ``state_dict``, the DDP sync, ``merge_state``,
     ``reset``, device moves, a user reading ``metric.count``) bins the pending batches
-    first, so no reader ever sees a partial state.
+    first, so no reader ever sees a partial state. ``group_count`` is one too: the batches
+    of :meth:`BinnedMetric._update_rows` keep their sample counts on the host until then.
     """
 
     def __init__(self, name: str) -> None:
