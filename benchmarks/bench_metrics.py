@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-import torch
-from torchmetrics.classification import MulticlassCalibrationError
+# measure the checkout this file lives in, not whichever torchcal the environment installed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from torchcal.metrics import CalibrationError, ClasswiseCalibrationError
+import torch  # noqa: E402
+from torchmetrics.classification import MulticlassCalibrationError  # noqa: E402
+
+from torchcal.metrics import CalibrationError, ClasswiseCalibrationError  # noqa: E402
 
 
 def best_of(fn: Callable[[], object], repeat: int) -> float:
@@ -96,7 +101,12 @@ def run(quick: bool) -> None:
     print(
         f"{'C':>5} {'input':>7} {'torchcal ms':>12} {'torchmetrics ms':>16} {'speed-up':>9}  target"
     )
-    for classes, target, inp in ((10, 1.0, "logits"), (100, 1.5, "logits"), (100, 1.5, "probs")):
+    for classes, target, inp in (
+        (10, 1.0, "logits"),
+        (10, 1.0, "probs"),
+        (100, 1.5, "logits"),
+        (100, 1.5, "probs"),
+    ):
         data = make_batches(100_000, 100, classes)
         if inp == "probs":  # torchmetrics takes values in [0, 1] as probabilities as they are
             data = [(x.softmax(1), y) for x, y in data]

@@ -23,6 +23,8 @@ from torchcal.functional import (
     validation_enabled,
 )
 from torchcal.functional import calibration as C
+from torchcal.functional.calibration import readings
+from torchcal.functional.calibration.readings import prepare_rows
 from torchcal.report import GroupedResult
 
 # ----------------------------------------------------------------------------- helpers
@@ -1012,3 +1014,61 @@ def test_streaming_merge_and_ranges_property(n, c, bins, split, seed, reading):
         - 2 * d["within_bin_covariance"]
     )
     assert abs(float(total - d["brier"])) <= 1e-12
+
+
+@pytest.mark.parametrize("reading", ["confidence", "top_label"])
+@pytest.mark.parametrize("input", ["logits", "probs"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_prepare_rows_is_the_general_path_bit_for_bit(reading, input, dtype):
+    """The validation loop's shortcut (``readings.prepare_rows``) against the general path of
+    ``prepare_inputs`` (forced by an ``ignore_index`` no target holds): the same confidences,
+    outcomes and slots, bit for bit; ``None`` for every batch it does not handle."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(300, 6, generator=g) * 3
+    x[:, 2] = x[:, 4]  # ties: the first maximum wins on both paths
+    x = (x.softmax(1) if input == "probs" else x).to(dtype)
+    t = torch.randint(0, 6, (300,), generator=g)
+    conf, outcome, lead, looks = prepare_rows(x, t, reading=reading, input=input)
+    ref = C.prepare_inputs(x, t, reading=reading, input=input, ignore_index=-100)
+    assert torch.equal(conf, ref.conf) and conf.dtype == ref.conf.dtype
+    assert torch.equal(outcome, ref.outcome)
+    if reading == "top_label":
+        assert torch.equal(lead, ref.lead)
+    else:
+        assert lead is None and ref.lead is None
+    assert looks == ref.looks_like_probs is False
+    for preds, target in (
+        (x.unsqueeze(-1), t.unsqueeze(-1)),  # (N, C, 1)
+        (x[:, 0], t),  # 1-D
+        (x[:0], t[:0]),  # empty
+        (x.tolist(), t),  # not a tensor
+    ):
+        assert prepare_rows(preds, target, reading=reading, input=input) is None
+    assert prepare_rows(x, t, reading="classwise", input=input) is None
+    assert prepare_rows(x, t, reading=reading, input=input, num_classes=5) is None
+
+
+@pytest.mark.parametrize("input", ["logits", "probs"])
+@pytest.mark.parametrize("ties", [False, True])
+def test_large_cpu_batches_get_torch_max_outcomes_without_the_argmax(input, ties):
+    """From 2^16 elements and 64 classes the CPU confidence reading finds ``argmax ==
+    target`` from ``amax`` and a count of each row's maxima (``torch.max`` with indices is a
+    scalar loop there); a tie anywhere falls back to ``torch.max``. Either way the outcomes
+    are ``torch.max``'s first-maximum rule and the confidences those of small chunks (which
+    take ``torch.max``), bit for bit."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(1100, 64, generator=g) * 3
+    t = torch.randint(0, 64, (1100,), generator=g)
+    if ties:  # two maxima: torch.max takes the first, the label is the second
+        x[5, 0] = x[5, 40] = 100.0
+        t[5] = 40
+    x = x.softmax(1) if input == "probs" else x
+    conf, outcome, _, _ = prepare_rows(x, t, input=input)
+    assert torch.equal(outcome, x.max(1).indices == t)
+    assert not ties or not bool(outcome[5])
+    chunks = [
+        prepare_rows(x[i : i + 100], t[i : i + 100], input=input) for i in range(0, 1100, 100)
+    ]
+    assert torch.equal(conf, torch.cat([c[0] for c in chunks]))
+    taken = readings._row_max(x, t)[1] is None
+    assert taken is not ties, "the amax path runs exactly when no row has a tie"

@@ -244,10 +244,75 @@ def test_many_small_batches_flush_at_the_bound():
     m = CalibrationError(n_bins=10)
     x = torch.randn(4096, 3)
     y = torch.randint(0, 3, (4096,))
-    for _ in range(20):  # 81920 elements: one automatic flush at 2^16
+    for _ in range(20):  # 81920 elements: automatic flushes at 2^14
         m.update(x, y)
-    assert m.__dict__["_pending_n"] < 1 << 16
+    assert m.__dict__["_pending_n"] < 1 << 14
     assert int(m.count.sum()) == 20 * 4096
+
+
+@pytest.mark.parametrize("reading", ["confidence", "top_label"])
+@pytest.mark.parametrize("input", ["logits", "probs"])
+def test_rows_path_equals_the_eager_general_path_bit_for_bit(reading, input):
+    """Plain row batches take ``_update_rows`` (deferred, samples counted on the host); a
+    large batch among them is binned at once, and batches of unequal sizes are flushed
+    together. Every state equals binning each batch by ``prepare_inputs`` + ``accumulate``
+    at its update, and the grouped path (``num_groups=1``) gives the same numbers."""
+    g = torch.Generator().manual_seed(3)
+    sizes = (256, 97, 20_000, 256, 1, 5000, 256)
+    batches = []
+    for b in sizes:
+        x = torch.randn(b, 7, generator=g) * 2
+        batches.append(
+            (x.softmax(1) if input == "probs" else x, torch.randint(0, 7, (b,), generator=g))
+        )
+    kw = dict(n_bins=10, reading=reading, input=input, num_classes=7)
+    m = CalibrationError(**kw)
+    grouped = CalibrationError(**kw, num_groups=1)
+    for x, y in batches:
+        m.update(x, y)
+        grouped.update(x, y, torch.zeros_like(y))
+    assert m.__dict__["_pending"], "small batches are deferred"
+    eager = [torch.zeros_like(getattr(m, n)) for n in STAT_NAMES]
+    for x, y in batches:
+        st = accumulate(prepare_inputs(x, y, reading=reading, input=input), 10)
+        for acc, t in zip(eager, (st.count, st.conf, st.acc, st.conf2, st.conf_acc)):
+            acc.add_(t)
+    for name, acc in zip(STAT_NAMES, eager):
+        assert torch.equal(getattr(m, name), acc), name
+        assert torch.equal(getattr(grouped, name), acc), name
+    assert m.group_count.tolist() == [sum(sizes)] == grouped.group_count.tolist()
+    assert torch.equal(m.compute(), grouped.compute().pooled)
+
+
+def test_rows_path_flushes_anywhere_with_the_same_states():
+    """Where the flushes fall (after every batch, or once at the end) does not change a bit."""
+    batches = _cls_batches(n=9, b=300, c=4)
+    lazy, eager = CalibrationError(n_bins=12), CalibrationError(n_bins=12)
+    for x, y in batches:
+        lazy.update(x, y)
+        eager.update(x, y)
+        eager.statistics()  # a read: flushes now
+        assert not eager.__dict__["_pending"]
+    for name in STAT_NAMES + ("group_count",):
+        assert torch.equal(getattr(lazy, name), getattr(eager, name)), name
+
+
+def test_rows_path_keeps_the_checks_and_the_warning():
+    m = CalibrationError(n_bins=5, input="probs")
+    with pytest.raises(ValueError, match="sum over the classes"):
+        m.update(torch.tensor([[0.5, 0.6]]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="target"):
+        m.update(torch.tensor([[0.5, 0.5]]), torch.tensor([2]))
+    with pytest.raises(ValueError, match="preds"):
+        CalibrationError(n_bins=5).update(torch.tensor([[float("nan"), 0.0]]), torch.tensor([0]))
+    assert int(m.group_count.sum()) == 0, "a rejected batch adds nothing"
+    w = CalibrationError(n_bins=5)
+    with pytest.warns(UserWarning, match="look like probabilities") as rec:
+        w.update(torch.tensor([[0.3, 0.7]]), torch.tensor([1]))
+    assert rec[0].filename == __file__, "the warning points at the caller's update"
+    unchecked = CalibrationError(n_bins=5, validate_args=False)
+    unchecked.update(torch.tensor([[0.3, 0.7]]), torch.tensor([1]))  # no check, no warning
+    assert unchecked.group_count.tolist() == [1]
 
 
 #: reads of host-side tensors that are no device synchronisation: the location-scale
@@ -310,3 +375,67 @@ def _nll_sum(threads: int) -> torch.Tensor:
 
 def test_nll_sum_does_not_depend_on_the_thread_count():
     assert torch.equal(_nll_sum(1), _nll_sum(2))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("input", ["logits", "probs"])
+def test_rows_path_never_synchronises_on_cuda(input):
+    """On a real device (``-m cuda``; skipped without one): 70 updates of 256 x 10 (one flush
+    at 2^14 pending elements) and a 20000-row batch (binned at once) under
+    ``set_sync_debug_mode("error")`` with ``validate_args=False``; the states equal the CPU
+    metric's."""
+    g = torch.Generator().manual_seed(6)
+    batches = [(torch.randn(256, 10, generator=g) * 2, torch.randint(0, 10, (256,), generator=g))]
+    batches = batches * 70 + [
+        (torch.randn(20_000, 10, generator=g), torch.randint(0, 10, (20_000,), generator=g))
+    ]
+    if input == "probs":
+        batches = [(x.softmax(1), y) for x, y in batches]
+    cpu = CalibrationError(n_bins=15, input=input, validate_args=False)
+    dev = CalibrationError(n_bins=15, input=input, validate_args=False).to("cuda")
+    cuda_batches = [(x.cuda(), y.cuda()) for x, y in batches]
+    dev.update(*cuda_batches[0])  # warm-up: lazy CUDA initialisation
+    cpu.update(*batches[0])
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for x, y in cuda_batches[1:]:
+            dev.update(x, y)
+        _ = dev.count  # a read: bins the pending batches, on the device
+        assert not dev.__dict__["_pending"]
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    for x, y in batches[1:]:
+        cpu.update(x, y)
+    # device and host confidences may differ in the last bit (a sample at a bin edge moves)
+    assert dev.group_count.tolist() == cpu.group_count.tolist() == [256 * 70 + 20_000]
+    assert int(dev.count.sum()) == int(cpu.count.sum())
+    torch.testing.assert_close(dev.compute().cpu(), cpu.compute(), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("input", ["logits", "probs"])
+def test_update_compiles_without_graph_breaks(input):
+    """``torch.compile`` of ``CalibrationError.update`` (validation on: device-side
+    assertions under tracing) is one graph, and the compiled updates give the eager value."""
+    g = torch.Generator().manual_seed(7)
+    batches = [(torch.randn(64, 10, generator=g) * 2, torch.randint(0, 10, (64,), generator=g))]
+    batches.append((torch.randn(64, 10, generator=g), torch.randint(0, 10, (64,), generator=g)))
+    if input == "probs":
+        batches = [(x.softmax(1), y) for x, y in batches]
+    torch._dynamo.reset()
+    compiled = CalibrationError(n_bins=15, input=input)
+    # torch.compile switches torch.distributions' default validation off for the process
+    previous = torch.distributions.Distribution._validate_args
+    try:
+        explained = torch._dynamo.explain(compiled.update)(*batches[0])
+        torch.compile(compiled.update)(*batches[1])
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(previous)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    eager = CalibrationError(n_bins=15, input=input)
+    for x, y in batches:
+        eager.update(x, y)
+    # compiled kernels round float32 their own way: the eager value within float32 rounding
+    assert compiled.group_count.tolist() == eager.group_count.tolist() == [128]
+    torch.testing.assert_close(compiled.compute(), eager.compute(), rtol=0, atol=1e-5)

@@ -25,6 +25,8 @@ from torchcal.functional._validation import (
     validation_enabled,
     values_checked,
 )
+from torchcal.functional.calibration.binning import bin_batches
+from torchcal.functional.calibration.readings import prepare_rows
 from torchcal.report import GroupedResult
 
 __all__ = ["STAT_NAMES", "BinnedMetric", "MetricStatistics", "PooledPlotMetric", "StateRules"]
@@ -268,8 +270,10 @@ class PooledPlotMetric(Metric):
         return self._plot(val, ax)
 
 
-#: pending elements above which :meth:`BinnedMetric.update` bins at once (bounded memory)
-_FLUSH_AT = 1 << 16
+#: pending elements at which :meth:`BinnedMetric.update` bins them (bounded memory; the
+#: temporaries of a flush stay in cache: 2^14 bins 256-row batches about 1.6x faster per
+#: batch than 2^16)
+_FLUSH_AT = 1 << 14
 
 
 class _DeferredStat:
@@ -280,7 +284,8 @@ class _DeferredStat:
     batches instead of a dozen small kernels per batch); every access to the state through
     the attribute (``compute``, ``statistics``, ``state_dict``, the DDP sync, ``merge_state``,
     ``reset``, device moves, a user reading ``metric.count``) bins the pending batches
-    first, so no reader ever sees a partial state.
+    first, so no reader ever sees a partial state. ``group_count`` is one too: the batches
+    of :meth:`BinnedMetric._update_rows` keep their sample counts on the host until then.
     """
 
     def __init__(self, name: str) -> None:
@@ -303,7 +308,7 @@ class BinnedMetric(PooledPlotMetric):
 
     The main statistics are binned in deferred batches (see :class:`_DeferredStat`): an
     ``update`` of a small batch validates it and computes its confidences and outcomes at
-    once (errors name the batch that caused them), and the binning runs when ``2^16``
+    once (errors name the batch that caused them), and the binning runs when ``2^14``
     elements are pending or when anything reads the states. Batches whose prepared tensors
     could alias the caller's memory (the binary reading, classwise probabilities) are
     binned at once.
@@ -336,6 +341,7 @@ class BinnedMetric(PooledPlotMetric):
     sum_acc = _DeferredStat("sum_acc")
     sum_conf2 = _DeferredStat("sum_conf2")
     sum_conf_acc = _DeferredStat("sum_conf_acc")
+    group_count = _DeferredStat("group_count")
 
     def __init__(
         self,
@@ -382,6 +388,8 @@ class BinnedMetric(PooledPlotMetric):
         self._defer = reading in ("confidence", "top_label") or (
             reading == "classwise" and input == "logits"
         )
+        # the validation loop's batches (rows, no groups) take :meth:`_update_rows`
+        self._rows = reading in ("confidence", "top_label") and num_groups is None
 
     def _add_stats(self, prefix: str, bins: int) -> None:
         shape = (self._G, self._K, bins)
@@ -443,33 +451,76 @@ class BinnedMetric(PooledPlotMetric):
             self._warn_probs_once(True)
         return prep
 
+    def _update_rows(self, preds: Tensor, target: Tensor, groups: Tensor | None) -> bool:
+        """Bin a batch of rows ``(N, C)`` with labels ``(N,)`` (no groups, no
+        ``ignore_index``) in the fewest calls: :func:`~.readings.prepare_rows` (the checks and
+        values of :meth:`_prepare`), then deferred, its samples counted on the host until the
+        flush. ``False`` (nothing done) for any other batch: the caller takes the general
+        path."""
+        if not (self._rows and groups is None and self.ignore_index is None):
+            return False
+        reading, input, num_classes = self.reading, self.input, self.num_classes
+        if self.validate_args == values_checked():
+            rows = prepare_rows(
+                preds, target, reading=reading, input=input, num_classes=num_classes
+            )
+        else:
+            with validation_enabled(self.validate_args):
+                rows = prepare_rows(
+                    preds, target, reading=reading, input=input, num_classes=num_classes
+                )
+        if rows is None:
+            return False
+        conf, outcome, lead, looks = rows
+        if looks:
+            self._warn_probs_once(True)
+        n = conf.shape[0]
+        if n > C.SUM_BLOCK:  # binned at once (blocked sums)
+            counts = torch.full((1,), n, dtype=torch.int64, device=conf.device)
+            prep = C.PreparedInputs(conf, outcome, lead, 1, self._K, counts, 1, looks)
+            self._update_binned(prep)
+            return True
+        d = self.__dict__
+        pending = d["_pending"]
+        if pending and pending[0][0].device != conf.device:
+            self._flush()
+            pending = d["_pending"]
+        pending.append((conf, outcome, lead, n))
+        d["_pending_n"] += n
+        if d["_pending_n"] >= _FLUSH_AT:
+            self._flush()
+        return True
+
     def _update_binned(self, prep: C.PreparedInputs) -> None:
         d = self.__dict__
         if self._defer and prep.conf.numel() <= C.SUM_BLOCK:
             pending = d["_pending"]
-            if pending and pending[0].conf.device != prep.conf.device:
+            if pending and pending[0][0].device != prep.conf.device:
                 self._flush()
                 pending = d["_pending"]
-            pending.append(prep)
+            pending.append((prep.conf, prep.outcome, prep.lead, 0))
             d["_pending_n"] += prep.conf.numel()
+            gc = d["_deferred_group_count"]  # integers: adding them now or later is exact
             if d["_pending_n"] >= _FLUSH_AT:
                 self._flush()
         else:  # getattr bins the pending batches first: the order of the sums is kept
             self._add_to("", C.accumulate(prep, self.n_bins))
-        gc = self.group_count
+            gc = self.group_count
         counts = prep.group_counts
         gc.add_(counts if counts.device == gc.device else counts.to(gc.device))
 
     def _flush(self) -> None:
         """Bin the pending batches into the statistics: one pass over all of them, added in
         batch order (a sequential ``cumsum``), so the states are bit-identical to binning
-        each batch at its ``update``."""
+        each batch at its ``update``; the samples of :meth:`_update_rows` batches go to
+        group 0's count."""
         d = self.__dict__
         pending = d.get("_pending")
         if not pending:
             return
         d["_pending"], d["_pending_n"] = [], 0
-        s = C.accumulate_batches(pending, self.n_bins)
+        confs, outcomes, leads, samples = zip(*pending)
+        s = bin_batches(confs, outcomes, leads, self._G, self._K, self.n_bins)
         for name, t in zip(STAT_NAMES, (s.count, s.conf, s.acc, s.conf2, s.conf_acc)):
             state = d["_deferred_" + name]
             t = t if t.device == state.device else t.to(state.device)
@@ -477,6 +528,9 @@ class BinnedMetric(PooledPlotMetric):
                 state.add_(t.sum(0))
             else:
                 state.copy_(torch.cat([state.unsqueeze(0), t]).cumsum(0)[-1])
+        n = sum(samples)
+        if n:
+            d["_deferred_group_count"][0] += n
 
     def _check_seen(self) -> None:
         if int(self.group_count.sum()) == 0:

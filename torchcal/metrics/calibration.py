@@ -134,6 +134,8 @@ class CalibrationError(BinnedMetric):
         self.fine_bins = check_int("fine_bins", fine_bins, minimum=1)
         self._fine = estimator in C.FINE_ESTIMATORS and not self.exact
         self._keep = estimator in C.FINE_ESTIMATORS and self.exact
+        #: nothing but the binned statistics: the batch may take the rows path
+        self._plain = not (self._fine or self._keep or bootstrap)
         if self._fine:
             self._add_stats("fine_", self.fine_bins)
         if self._keep:
@@ -175,6 +177,8 @@ class CalibrationError(BinnedMetric):
 
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
         """Accumulate a batch (shapes as :func:`~torchcal.functional.calibration_error`)."""
+        if self._plain and self._update_rows(preds, target, groups):
+            return
         prep = self._prepare(preds, target, groups)
         self._update_binned(prep)
         if self._fine:
@@ -382,7 +386,8 @@ class ReliabilityDiagram(BinnedMetric):
 
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
         """Accumulate a batch (shapes as :func:`~torchcal.functional.reliability_table`)."""
-        self._update_binned(self._prepare(preds, target, groups))
+        if not self._update_rows(preds, target, groups):
+            self._update_binned(self._prepare(preds, target, groups))
 
     def compute(self) -> ReliabilityTable | GroupedResult:
         """The table (pooled), or a GroupedResult with ``per_group`` a list of tables."""
@@ -446,7 +451,8 @@ class BrierDecomposition(BinnedMetric):
 
     def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
         """Accumulate a batch (shapes as :func:`~torchcal.functional.brier_decomposition`)."""
-        self._update_binned(self._prepare(preds, target, groups))
+        if not self._update_rows(preds, target, groups):
+            self._update_binned(self._prepare(preds, target, groups))
 
     def compute(self) -> dict[str, Tensor] | GroupedResult:
         """The decomposition dict, or a GroupedResult with ``per_group`` a dict of ``(G,)``."""

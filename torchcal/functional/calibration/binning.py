@@ -22,6 +22,7 @@ __all__ = [
     "BinnedStats",
     "accumulate",
     "accumulate_batches",
+    "bin_batches",
     "bin_counts",
     "bin_ids",
     "bin_index",
@@ -298,32 +299,64 @@ def accumulate_batches(preps: Sequence[PreparedInputs], n_bins: int) -> BinnedSt
         [[[[1, 1]]], [[[0, 1]]]]
     """
     first = preps[0]
-    G, K, nb = first.num_groups, first.num_slots, len(preps)
+    return bin_batches(
+        [p.conf for p in preps],
+        [p.outcome for p in preps],
+        [p.lead for p in preps],
+        first.num_groups,
+        first.num_slots,
+        n_bins,
+    )
+
+
+def bin_batches(
+    confs: Sequence[Tensor],
+    outcomes: Sequence[Tensor],
+    leads: Sequence[Tensor | None],
+    num_groups: int,
+    num_slots: int,
+    n_bins: int,
+) -> BinnedStats:
+    """:func:`accumulate_batches` of the batches' flat ``(conf, outcome, lead)`` tensors (the
+    fields of :class:`PreparedInputs`; a ``None`` lead is slot 0 of group 0): statistics
+    ``(len(confs), G, K, n_bins)``, slice ``i`` equal to ``accumulate`` of batch ``i`` bit
+    for bit when each batch holds at most :data:`SUM_BLOCK` elements.
+
+    Example:
+        >>> import torch
+        >>> s = bin_batches([torch.tensor([0.1, 0.6]), torch.tensor([0.7])],
+        ...                 [torch.tensor([0.0, 1.0]), torch.tensor([0.0])], [None, None], 1, 1, 2)
+        >>> s.count.tolist(), s.acc.tolist()
+        ([[[[1, 1]]], [[[0, 1]]]], [[[[0.0, 1.0]]], [[[0.0, 0.0]]]])
+    """
+    G, K, nb = num_groups, num_slots, len(confs)
     size = G * K * n_bins
-    c = torch.cat([p.conf for p in preps]).to(torch.float64)
+    c = torch.cat(list(confs)).to(torch.float64)
     device = c.device
     idx = bin_ids(c, n_bins)
-    leads = [p.lead for p in preps]
     if any(v is not None for v in leads):
         lead = torch.cat(
             [
-                torch.zeros(p.conf.numel(), dtype=torch.int64, device=device) if v is None else v
-                for p, v in zip(preps, leads)
+                torch.zeros(cf.numel(), dtype=torch.int64, device=device) if v is None else v
+                for cf, v in zip(confs, leads)
             ]
         )
         idx.add_(lead, alpha=n_bins)
-    if sync_free(c):  # offsets without a host-to-device copy
+    lengths = [cf.numel() for cf in confs]
+    if lengths[0] and lengths.count(lengths[0]) == nb:  # equal batches: one broadcast add
+        idx.view(nb, -1).add_(torch.arange(0, nb * size, size, device=device).unsqueeze(1))
+    elif sync_free(c):  # offsets without a host-to-device copy
         offsets = torch.cat(
             [
-                torch.full((p.conf.numel(),), i * size, dtype=torch.int64, device=device)
-                for i, p in enumerate(preps)
+                torch.full((n,), i * size, dtype=torch.int64, device=device)
+                for i, n in enumerate(lengths)
             ]
         )
+        idx.add_(offsets)
     else:
-        sizes = torch.tensor([p.conf.numel() for p in preps])
-        offsets = torch.repeat_interleave(torch.arange(nb) * size, sizes)
-    idx.add_(offsets)
-    o = torch.cat([p.outcome for p in preps]).to(torch.float64)
+        offsets = torch.repeat_interleave(torch.arange(nb) * size, torch.tensor(lengths))
+        idx.add_(offsets)
+    o = torch.cat(list(outcomes)).to(torch.float64)
     shape = (nb, G, K, n_bins)
     if sync_free(c):
         w = torch.stack([torch.ones_like(c), c, o, c * c, c * o], dim=1)
