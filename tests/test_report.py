@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import torchcal
+from torchcal import GroupedResult, ReliabilityTable
 from torchcal.functional import reliability_table
-from torchcal.report import CSV_COLUMNS, GroupedResult, ReliabilityTable
+from torchcal.functional.calibration.results import CSV_COLUMNS
 
 
 @pytest.fixture

@@ -11,14 +11,14 @@ from scipy.optimize import minimize_scalar
 from torch.autograd import gradcheck
 
 import torchcal
-from torchcal.functional import (
+from torchcal.functional import validation_enabled
+from torchcal.rewards import (
+    REWARDS,
     brier_reward,
     correctness_brier_reward,
     log_reward,
     spherical_reward,
-    validation_enabled,
 )
-from torchcal.rewards import REWARDS
 
 STRICT = [brier_reward, log_reward, spherical_reward, correctness_brier_reward]
 IDS = [f.__name__ for f in STRICT]
@@ -266,6 +266,6 @@ def test_public_namespace_and_tags():
     assert "rewards" in torchcal.__all__
     assert set(REWARDS) == set(torchcal.rewards.__all__) - {"REWARDS"}
     for name, (fn, tag) in REWARDS.items():
-        assert fn is getattr(torchcal.functional, name) and fn.__name__ == name
+        assert fn is getattr(torchcal.functional.rewards, name) and fn.__name__ == name
         assert tag in {"strict", "proper", "no"}
         assert f'is_proper = "{tag}"' in fn.__doc__

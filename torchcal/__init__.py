@@ -22,6 +22,7 @@ except PackageNotFoundError:  # pragma: no cover - imported from a checkout neve
     __version__ = "0+unknown"
 
 __all__ = [
+    "GroupedResult",
     "ReliabilityTable",
     "functional",
     "losses",
@@ -40,7 +41,6 @@ _SUBMODULES = frozenset(
         "losses",
         "metrics",
         "plotting",
-        "report",
         "rewards",
         "scaling",
     }
@@ -48,14 +48,14 @@ _SUBMODULES = frozenset(
 
 if TYPE_CHECKING:
     from torchcal import functional, losses, metrics, rewards, scaling
-    from torchcal.report import ReliabilityTable
+    from torchcal.functional.calibration.results import GroupedResult, ReliabilityTable
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         value: Any = importlib.import_module(f"torchcal.{name}")
-    elif name == "ReliabilityTable":
-        value = importlib.import_module("torchcal.report").ReliabilityTable
+    elif name in ("GroupedResult", "ReliabilityTable"):
+        value = getattr(importlib.import_module("torchcal.functional.calibration.results"), name)
     else:
         raise AttributeError(f"module 'torchcal' has no attribute {name!r}")
     globals()[name] = value  # later lookups are plain attribute reads

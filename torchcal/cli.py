@@ -441,7 +441,7 @@ def _check_audit_args(args: argparse.Namespace) -> Any:
 
 def _audit(args: argparse.Namespace) -> int:
     ref = _check_audit_args(args)
-    from torchcal.audit import compare
+    from torchcal.audit.compare import compare
 
     if _wants_engine(args):  # engines and state files (torchcal/audit/engine_input.py)
         from torchcal.audit.engine_input import audit_engine
@@ -475,7 +475,7 @@ def _stream_report(args: argparse.Namespace) -> tuple[Any, list[Any]]:
     """The streaming reader's report of a file of rows, and the warnings raised."""
     import torch
 
-    from torchcal.audit import Auditor
+    from torchcal.audit.core import Auditor
 
     input = "probs" if args.probs else "logits"
     auditor = Auditor(input=input, n_bins=args.bins, seed=args.seed)
@@ -507,7 +507,7 @@ def _stream_report(args: argparse.Namespace) -> tuple[Any, list[Any]]:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from torchcal.audit import compare
+    from torchcal.audit.compare import compare
 
     comparison = compare(args.old, args.new)
     print(comparison.to_text(), end="")
@@ -536,8 +536,8 @@ def _fit_temperature(args: argparse.Namespace) -> int:
             raise InputError(f"{args.file}: no such file")
     import torch
 
-    from torchcal.audit import fit_temperature_file
     from torchcal.audit._format import display_name
+    from torchcal.audit.core import fit_temperature_file
 
     parts = list(_batches(args))
     preds = torch.cat([b.preds for b in parts])

@@ -1,5 +1,5 @@
 """Every figure torchcal draws, in one place: the reliability diagram of a
-:class:`~torchcal.report.ReliabilityTable`, its pyplot-free twin for the loggers, the
+:class:`~torchcal.ReliabilityTable`, its pyplot-free twin for the loggers, the
 "calibration over epochs" figure of :class:`~torchcal.callbacks.CalibrationMonitor`, and the
 RGB rendering the image loggers take.
 

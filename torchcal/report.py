@@ -1,10 +1,21 @@
-"""The result types of binned reliability, under their earlier path.
+"""Deprecated path of the result types of binned reliability (removed in the next release).
 
-They live in :mod:`torchcal.functional.calibration.results`; the public path is
-``torchcal.ReliabilityTable``. This module keeps ``torchcal.report.ReliabilityTable``,
-``GroupedResult`` and ``CSV_COLUMNS`` importable for one release.
+Import :class:`~torchcal.ReliabilityTable` and :class:`~torchcal.GroupedResult` from
+``torchcal``; they are defined in :mod:`torchcal.functional.calibration.results`.
 """
 
-from torchcal.functional.calibration.results import CSV_COLUMNS, GroupedResult, ReliabilityTable
+from __future__ import annotations
 
-__all__ = ["CSV_COLUMNS", "GroupedResult", "ReliabilityTable"]
+from torchcal.functional._moved import moved
+
+__all__: list[str] = []
+
+_RESULTS = "torchcal.functional.calibration.results"
+__getattr__ = moved(
+    __name__,
+    {
+        "ReliabilityTable": (_RESULTS, "torchcal"),
+        "GroupedResult": (_RESULTS, "torchcal"),
+        "CSV_COLUMNS": (_RESULTS, _RESULTS),
+    },
+)

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 import torchcal.functional as TF
-from torchcal.report import ReliabilityTable
+from torchcal import ReliabilityTable
 
 #: Relations with fewer evaluation items than this get no per-relation ECE row.
 MIN_RELATION_ITEMS = 50

@@ -61,8 +61,8 @@ from recipes.complex_link_prediction.evaluation import (
 )
 from recipes.complex_link_prediction.items import TripleItems, stratified_halves, triple_items
 from recipes.complex_link_prediction.model import ComplEx
+from torchcal import ReliabilityTable
 from torchcal.functional import MonotoneMapCheck, check_monotone_map
-from torchcal.report import ReliabilityTable
 from torchcal.scaling import PlattScaler, TemperatureScaler
 
 __all__ = [

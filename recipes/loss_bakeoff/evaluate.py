@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 import torchcal.functional as TF
+from torchcal.functional.calibration.readings import confidence_reading
 
 __all__ = ["METRICS", "ece_noise_floor", "reliability_curve", "score"]
 
@@ -30,7 +31,7 @@ def score(
         (0.5, 0.1559)
     """
     z = logits.to(torch.float64)
-    conf, correct = TF.calibration.confidence_reading(z, target)
+    conf, correct = confidence_reading(z, target)
     out: dict[str, float | None] = {
         "ece": float(TF.calibration_error(z, target, n_bins=n_bins)),
         "ece_debiased": float(

@@ -11,13 +11,9 @@ import torch
 from scipy.special import logit
 from scipy.stats import binomtest
 
-from torchcal.functional.calibration import (
-    binned_statistics,
-    bootstrap_statistics,
-    calibration_error_from_stats,
-    ece_bootstrap_from_stats,
-    prepare_inputs,
-)
+from torchcal.functional import binned_statistics, calibration_error_from_stats
+from torchcal.functional.calibration.bootstrap import bootstrap_statistics, ece_bootstrap_from_stats
+from torchcal.functional.calibration.readings import prepare_inputs
 from torchcal.functional.decision import (
     LOGIT_LIMIT,
     cost_threshold_from_stats,
@@ -260,7 +256,7 @@ def test_window_gap_test_p_values_agree_with_the_interval() -> None:
     cnt[:, 0, 7] = n
     cs, hs = z.clone(), z.clone()
     cs[:, 0, 7], hs[:, 0, 7] = conf * n, hits
-    from torchcal.functional.calibration import BinnedStats
+    from torchcal.functional import BinnedStats
 
     t = window_gap_test(BinnedStats(cnt, cs, hs, z.clone(), z.clone()), 0.7, 0.9, tol)
     lo, hi = t["gap_ci"].unbind(-1)

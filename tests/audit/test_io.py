@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from torchcal.audit import _csv
-from torchcal.audit.io import first_appearance, read_columns, read_predictions
+from torchcal.audit._columns import first_appearance
+from torchcal.audit.io import read_columns, read_predictions
 
 RNG = np.random.default_rng(0)
 N = 257

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from torchcal.audit import _arrow, _csv
-from torchcal.audit._columns import parse_number, parse_value
-from torchcal.audit.io import ReadLog, read_columns
+from torchcal.audit._columns import ReadLog, parse_number, parse_value
+from torchcal.audit.io import read_columns
 
 pa = pytest.importorskip("pyarrow")
 pc = pytest.importorskip("pyarrow.csv")

@@ -20,7 +20,7 @@ import torch
 from scipy.stats import binom
 
 from torchcal.audit import audit
-from torchcal.functional.calibration import BinnedStats
+from torchcal.functional import BinnedStats
 from torchcal.functional.decision import threshold_window
 from torchcal.functional.verdict import (
     FAIL,

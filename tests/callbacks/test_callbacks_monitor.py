@@ -25,9 +25,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from torchcal.callbacks import CalibrationMonitor, TemperatureScaling
-from torchcal.functional import brier_score
-from torchcal.functional import calibration as C
-from torchcal.report import CSV_COLUMNS
+from torchcal.functional import (
+    brier_decomposition,
+    brier_score,
+    calibration_error,
+    reliability_table,
+)
+from torchcal.functional.calibration.results import CSV_COLUMNS
 
 N_TRAIN, N_VAL = 256, 200  # 200 = 6 full batches of 32 + one of 8
 
@@ -161,7 +165,7 @@ def test_callback_metrics_and_modelcheckpoint_monitor(fitted):
 
 def test_logged_table_equals_offline_table(fitted):
     logits, y = offline_logits(fitted["model"], fitted["val"])
-    table = C.reliability_table(logits, y, n_bins=10)
+    table = reliability_table(logits, y, n_bins=10)
     rows = [
         r
         for r in read_csv(os.path.join(fitted["csv_logger"].log_dir, "reliability.csv"))
@@ -181,7 +185,7 @@ def test_logged_table_equals_offline_table(fitted):
     assert h["mce"] == pytest.approx(mce, abs=1e-6)
     assert h["ece"] == pytest.approx(table.ece, abs=1e-12)
     assert h["ece_debiased"] == pytest.approx(
-        float(C.calibration_error(logits, y, n_bins=10, norm="l2", estimator="debiased")), abs=1e-12
+        float(calibration_error(logits, y, n_bins=10, norm="l2", estimator="debiased")), abs=1e-12
     )
     # Brier of the confidence reading: mean (conf - correct)^2
     p = torch.softmax(logits.double(), 1)
@@ -190,7 +194,7 @@ def test_logged_table_equals_offline_table(fitted):
         float(((conf - (pred == y).double()) ** 2).mean()), abs=1e-6
     )
     assert h["brier_confidence"] == pytest.approx(
-        float(C.brier_decomposition(logits, y, n_bins=10, reading="confidence")["brier"]), abs=1e-12
+        float(brier_decomposition(logits, y, n_bins=10, reading="confidence")["brier"]), abs=1e-12
     )
     assert h["nll"] == pytest.approx(float(F.cross_entropy(logits.double(), y)), abs=1e-6)
 
@@ -229,11 +233,11 @@ def test_readings_match_functional(reading, tmp_path):
     out = trainer(tmp_path, callbacks=[mon]).validate(model, loader(val), verbose=False)[0]
     logits, y = offline_logits(model, val)
     kw = dict(n_bins=8, reading=reading, num_classes=None if binary else N_CLASSES)
-    assert out["val/ece"] == pytest.approx(float(C.calibration_error(logits, y, **kw)), abs=1e-6)
+    assert out["val/ece"] == pytest.approx(float(calibration_error(logits, y, **kw)), abs=1e-6)
     assert out["val/mce"] == pytest.approx(
-        float(C.calibration_error(logits, y, norm="max", **kw)), abs=1e-6
+        float(calibration_error(logits, y, norm="max", **kw)), abs=1e-6
     )
-    brier = float(C.brier_decomposition(logits, y, **kw)["brier"])
+    brier = float(brier_decomposition(logits, y, **kw)["brier"])
     key = "val/brier_confidence" if reading == "top_label" else "val/brier"
     assert set(out) == {"val/ece", "val/ece_debiased", "val/mce", key, "val/nll"}
     assert out[key] == pytest.approx(brier, abs=1e-6)
@@ -277,9 +281,7 @@ def test_test_stage_and_several_dataloaders(tmp_path, caplog):
         rows = read_csv(os.path.join(d, f"{stem}.csv"))
         assert sum(int(r["count"]) for r in rows) == n
         logits, y = offline_logits(model, (a, b)[i])
-        assert out[i][key] == pytest.approx(
-            float(C.calibration_error(logits, y, n_bins=5)), abs=1e-6
-        )
+        assert out[i][key] == pytest.approx(float(calibration_error(logits, y, n_bins=5)), abs=1e-6)
     printed = caplog.text
     assert "test dataloader 1 epoch 0" in printed and "reliability table" in printed
     assert [(h["stage"], h["dataloader_idx"]) for h in mon.history] == [("test", 0), ("test", 1)]
@@ -296,7 +298,7 @@ def test_groups_tables_and_metrics(tmp_path):
     for g in range(3):
         m = gid == g
         assert out[f"val/g/group_{g}/ece"] == pytest.approx(
-            float(C.calibration_error(logits[m], y[m], n_bins=5)), abs=1e-6
+            float(calibration_error(logits[m], y[m], n_bins=5)), abs=1e-6
         )
     rows = read_csv(os.path.join(tr.loggers[0].log_dir, "g_reliability_groups.csv"))
     assert list(rows[0])[:3] == ["epoch", "step", "group"]
@@ -305,7 +307,7 @@ def test_groups_tables_and_metrics(tmp_path):
     pooled = read_csv(os.path.join(tr.loggers[0].log_dir, "g_reliability.csv"))
     assert sum(int(r["count"]) for r in pooled) == 120
     assert out["val/g/ece"] == pytest.approx(
-        float(C.calibration_error(logits, y, n_bins=5)), abs=1e-6
+        float(calibration_error(logits, y, n_bins=5)), abs=1e-6
     )
 
 
@@ -359,9 +361,7 @@ def test_extract_fn_and_probs(tmp_path):
     )
     out = trainer(tmp_path, callbacks=[mon]).validate(model, loader(val), verbose=False)[0]
     logits, y = offline_logits(model, val)
-    assert out["val/ece"] == pytest.approx(
-        float(C.calibration_error(logits, y, n_bins=5)), abs=1e-6
-    )
+    assert out["val/ece"] == pytest.approx(float(calibration_error(logits, y, n_bins=5)), abs=1e-6)
     assert out["val/nll"] == pytest.approx(float(F.cross_entropy(logits.double(), y)), abs=1e-5)
 
 
@@ -373,7 +373,7 @@ def test_neg_inf_masks_allowed(tmp_path):
     out = trainer(tmp_path, callbacks=[mon]).validate(model, loader(val), verbose=False)[0]
     logits, y = offline_logits(model, val)
     assert torch.isinf(logits[:, -1]).all()
-    ref = C.calibration_error(torch.softmax(logits, 1), y, n_bins=5, input="probs")
+    ref = calibration_error(torch.softmax(logits, 1), y, n_bins=5, input="probs")
     assert out["val/ece"] == pytest.approx(float(ref), abs=1e-6)
     assert out["val/nll"] == pytest.approx(float(F.cross_entropy(logits.double(), y)), abs=1e-6)
     # a masked true class: the NLL is honestly infinite, the binned metrics stay finite

@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from torchcal.callbacks import CalibrationMonitor, TemperatureScaling
-from torchcal.functional import calibration as C
+from torchcal.functional import calibration_error
 from torchcal.scaling import TemperatureScaler
 
 
@@ -94,10 +94,10 @@ def test_fit_end_temperature_matches_reference(fitted):
     assert h["nll_after_scaling"] < h["nll_before_scaling"]
     z = logits.double()  # the logged ECEs are computed from the float64 logits
     assert h["ece_before_scaling"] == pytest.approx(
-        float(C.calibration_error(z, y, n_bins=10)), abs=1e-12
+        float(calibration_error(z, y, n_bins=10)), abs=1e-12
     )
     assert h["ece_after_scaling"] == pytest.approx(
-        float(C.calibration_error(z / scaler.temperature, y, n_bins=10)), abs=1e-12
+        float(calibration_error(z / scaler.temperature, y, n_bins=10)), abs=1e-12
     )
     assert h["ece_after_scaling"] < h["ece_before_scaling"]
     # the training optimiser never touched the temperature

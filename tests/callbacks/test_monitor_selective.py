@@ -7,8 +7,9 @@ import torch
 from _callbacks_helpers import TinyModule, loader, make_data, quiet_warnings, trainer
 
 from torchcal.callbacks import CalibrationMonitor
-from torchcal.functional import calibration as C
 from torchcal.functional import risk_coverage_from_stats
+from torchcal.functional.calibration.binning import accumulate
+from torchcal.functional.calibration.readings import prepare_inputs
 
 
 @pytest.fixture(autouse=True)
@@ -24,8 +25,8 @@ def test_monitor_logs_aurc_and_augrc(tmp_path):
     with torch.no_grad():
         logits = torch.cat([model(b[0]) for b in loader(val)])
     y = torch.cat([b[1] for b in loader(val)])
-    prep = C.prepare_inputs(logits, y, reading="confidence", input="logits")
-    ref = risk_coverage_from_stats(C.accumulate(prep, 500).pooled())
+    prep = prepare_inputs(logits, y, reading="confidence", input="logits")
+    ref = risk_coverage_from_stats(accumulate(prep, 500).pooled())
     assert out["val/aurc"] == pytest.approx(float(ref.aurc), abs=1e-6)
     assert out["val/augrc"] == pytest.approx(float(ref.augrc), abs=1e-6)
     assert mon.history[-1]["aurc"] == pytest.approx(float(ref.aurc), abs=1e-12)

@@ -15,8 +15,9 @@ from _engine_data import assert_reports_close, rows, write_parts
 from torchcal.audit import audit
 from torchcal.audit.engine_input import report_from_state
 from torchcal.cli import main
-from torchcal.engines import read_states, state_from_arrays, state_from_metric, write_state
-from torchcal.functional.calibration import calibration_error
+from torchcal.engines.memory import state_from_arrays, state_from_metric
+from torchcal.engines.state import read_states, write_state
+from torchcal.functional import calibration_error
 from torchcal.metrics import CalibrationError
 
 

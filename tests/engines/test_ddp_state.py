@@ -42,8 +42,8 @@ def _free_port() -> int:
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
-    from torchcal.engines import write_state
     from torchcal.engines.memory import state_from_metric
+    from torchcal.engines.state import write_state
 
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)

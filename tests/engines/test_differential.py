@@ -19,7 +19,8 @@ from _engine_data import (
 
 from torchcal.audit import audit
 from torchcal.audit.engine_input import report_from_state
-from torchcal.engines import state_from_arrays, state_from_duckdb, state_from_files
+from torchcal.engines.duck import state_from_duckdb
+from torchcal.engines.memory import state_from_arrays, state_from_files
 
 CASES = {  # name -> (preds column, group, weight)
     "weighted-grouped": ("p", "g", "w"),
@@ -99,7 +100,7 @@ def test_duckdb_and_pyarrow_equal_the_in_memory_path(data, case):
 
 @pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas")
 def test_spark_equals_the_in_memory_path(data, class_data, spark):
-    from torchcal.engines import state_from_spark
+    from torchcal.engines.spark import state_from_spark
 
     df = spark.read.parquet(data["dir"])
     for case in ("weighted-grouped", "float32-pooled"):

@@ -10,11 +10,11 @@ import pytest
 import torch
 from _engine_data import edges
 
-from torchcal.engines import state_from_arrays, state_from_duckdb, state_sql
-from torchcal.engines.duck import NO_STATS, source_sql
-from torchcal.engines.sql import state_from_rows
+from torchcal.engines.duck import NO_STATS, source_sql, state_from_duckdb
+from torchcal.engines.memory import state_from_arrays
+from torchcal.engines.sql import state_from_rows, state_sql
 from torchcal.engines.state import StateHeader
-from torchcal.functional.calibration import bin_ids
+from torchcal.functional.calibration.binning import bin_ids
 
 duckdb = pytest.importorskip("duckdb")
 

@@ -13,15 +13,17 @@ import pytest
 import torch
 from _engine_data import arrays, rows
 
-from torchcal.engines import (
+from torchcal.engines.memory import state_from_arrays
+from torchcal.engines.state import (
+    CONFIG_FIELDS,
+    METADATA_KEY,
+    REJECT_REASONS,
     BinnedState,
     merge_states,
     read_state,
     read_states,
-    state_from_arrays,
     write_state,
 )
-from torchcal.engines.state import CONFIG_FIELDS, METADATA_KEY, REJECT_REASONS
 
 
 def _state(seed=0, weighted=True, n=500):

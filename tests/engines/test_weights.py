@@ -10,15 +10,16 @@ import torch
 from _engine_data import arrays, assert_reports_close, rows
 
 from torchcal.audit.engine_input import report_from_state
-from torchcal.engines import state_from_arrays, state_from_duckdb
-from torchcal.functional.calibration import (
-    accumulate,
+from torchcal.engines.duck import state_from_duckdb
+from torchcal.engines.memory import state_from_arrays
+from torchcal.functional import (
     brier_decomposition_from_stats,
     calibration_error_from_stats,
-    debiased_calibration_error_from_stats,
-    prepare_inputs,
     reliability_table_from_stats,
 )
+from torchcal.functional.calibration.binning import accumulate
+from torchcal.functional.calibration.estimators import debiased_calibration_error_from_stats
+from torchcal.functional.calibration.readings import prepare_inputs
 from torchcal.functional.calibration.weights import accumulate_weighted
 from torchcal.functional.decision import (
     cost_threshold_from_stats,

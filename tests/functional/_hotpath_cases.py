@@ -12,6 +12,7 @@ from torch import Tensor
 
 import torchcal.functional as TF
 import torchcal.losses as L
+from torchcal.rewards import brier_reward, correctness_brier_reward, log_reward, spherical_reward
 
 SCORE_MODULES = (
     "torchcal.functional.scoring",
@@ -114,11 +115,11 @@ SCORE_CASES: dict[str, tuple[Callable[..., Tensor], Inputs]] = {
     "quantile_score": (_quantile_score, quantiles),
     "gaussian_nll": (TF.gaussian_nll, loc_scale),
     "dawid_sebastiani_score": (TF.dawid_sebastiani_score, loc_scale),
-    "brier_reward": (lambda q, y: TF.brier_reward(q, y, reduction="mean"), rewards),
-    "log_reward": (lambda q, y: TF.log_reward(q, y, reduction="mean"), rewards),
-    "spherical_reward": (lambda q, y: TF.spherical_reward(q, y, reduction="mean"), rewards),
+    "brier_reward": (lambda q, y: brier_reward(q, y, reduction="mean"), rewards),
+    "log_reward": (lambda q, y: log_reward(q, y, reduction="mean"), rewards),
+    "spherical_reward": (lambda q, y: spherical_reward(q, y, reduction="mean"), rewards),
     "correctness_brier_reward": (
-        lambda q, y: TF.correctness_brier_reward(q, y, reduction="mean"),
+        lambda q, y: correctness_brier_reward(q, y, reduction="mean"),
         rewards,
     ),
 }

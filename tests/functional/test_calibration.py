@@ -16,16 +16,26 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from torchcal import GroupedResult
 from torchcal.functional import (
+    binned_statistics,
     brier_decomposition,
+    brier_decomposition_from_stats,
     calibration_error,
+    calibration_error_bootstrap,
+    calibration_error_from_stats,
+    negative_log_likelihood,
     reliability_table,
     validation_enabled,
 )
-from torchcal.functional import calibration as C
 from torchcal.functional.calibration import readings
-from torchcal.functional.calibration.readings import prepare_rows
-from torchcal.report import GroupedResult
+from torchcal.functional.calibration.adaptive import (
+    equal_mass_calibration_error_from_samples,
+    equal_mass_calibration_error_from_stats,
+)
+from torchcal.functional.calibration.binning import accumulate, bin_index
+from torchcal.functional.calibration.intervals import clopper_pearson_interval, wilson_interval
+from torchcal.functional.calibration.readings import prepare_inputs, prepare_rows, samples_from
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -104,9 +114,9 @@ GOLDEN = {  # bin of k/B rounded to the dtype, for k = 0..B (rule: min(floor(c*B
 def test_golden_bin_edges(dtype, B):
     # e.g. fp32(0.7) = 0.69999998... < 7/10 goes to bin 6; fp16(0.1) = 0.09998 to bin 0
     x = torch.tensor([k / B for k in range(B + 1)], dtype=dtype)
-    assert C.bin_index(x, B).tolist() == GOLDEN[(dtype, B)]
+    assert bin_index(x, B).tolist() == GOLDEN[(dtype, B)]
     # the same through the full pipeline: one sample per value, counts per bin
-    s = C.binned_statistics(
+    s = binned_statistics(
         x, torch.ones(B + 1, dtype=torch.long), n_bins=B, reading="binary", input="probs"
     )
     assert s.count.reshape(-1).tolist() == np.bincount(GOLDEN[(dtype, B)], minlength=B).tolist()
@@ -116,7 +126,7 @@ def test_golden_bin_edges(dtype, B):
 def test_zero_first_one_last(dtype):
     for B in (1, 2, 7, 15, 100):
         x = torch.tensor([0.0, 1.0], dtype=dtype)
-        assert C.bin_index(x, B).tolist() == [0, B - 1]
+        assert bin_index(x, B).tolist() == [0, B - 1]
 
 
 def test_rule_is_float64_floor_not_exact_rational():
@@ -125,7 +135,7 @@ def test_rule_is_float64_floor_not_exact_rational():
     x = torch.tensor([k / 22 for k in range(23)], dtype=torch.float64)
     expected = list(range(22)) + [21]
     expected[15] = 14
-    assert C.bin_index(x, 22).tolist() == expected
+    assert bin_index(x, 22).tolist() == expected
 
 
 # ----------------------------------------------------------------------------- equal-width ECE
@@ -285,12 +295,12 @@ def test_correctness_with_tied_maxima_matches_torch_max():
     x = torch.randint(-2, 3, (4000, 6), generator=g).float()  # many exact ties
     x[::7] = torch.randn(len(x[::7]), 6, generator=g) * 5  # and some untied rows
     t = torch.randint(0, 6, (4000,), generator=g)
-    p = C.prepare_inputs(x, t)
+    p = prepare_inputs(x, t)
     assert torch.equal(p.outcome, x.max(1).indices == t)
     assert torch.allclose(p.conf, torch.softmax(x, 1).max(1).values, rtol=1e-6, atol=0)
     # probabilities: the fused pass re-checks only rows whose maximum is <= (1 + tol) / 2
     probs = torch.softmax(x.double(), 1)
-    q = C.prepare_inputs(probs, t, input="probs")
+    q = prepare_inputs(probs, t, input="probs")
     assert torch.equal(q.outcome, probs.max(1).indices == t)
     assert torch.equal(q.conf, probs.max(1).values)
 
@@ -428,8 +438,8 @@ def test_intervals_match_scipy(level):
     ]
     k = torch.tensor([c[0] for c in cases], dtype=torch.float64)
     n = torch.tensor([c[1] for c in cases], dtype=torch.float64)
-    wl, wh = C.wilson_interval(k, n, level)
-    cl, ch = C.clopper_pearson_interval(k, n, level)
+    wl, wh = wilson_interval(k, n, level)
+    cl, ch = clopper_pearson_interval(k, n, level)
     for i, (kk, nn) in enumerate(cases):
         r = stats.binomtest(kk, nn).proportion_ci(confidence_level=level, method="wilson")
         assert abs(float(wl[i]) - r.low) <= 1e-12 and abs(float(wh[i]) - r.high) <= 1e-12
@@ -456,10 +466,10 @@ def test_wilson_bounds_contain_the_accuracy_exactly():
     n = torch.arange(1, 301, dtype=torch.float64)
     k = torch.cat([torch.zeros(300), n, (n / 3).floor()])
     nn = torch.cat([n, n, n])
-    lo, hi = C.wilson_interval(k, nn)
+    lo, hi = wilson_interval(k, nn)
     assert bool((lo <= k / nn).all()) and bool((hi >= k / nn).all())
     assert bool((lo[:300] == 0).all()) and bool((hi[300:600] == 1).all())
-    lo, hi = C.wilson_interval(torch.tensor([0.0]), torch.tensor([0.0]))
+    lo, hi = wilson_interval(torch.tensor([0.0]), torch.tensor([0.0]))
     assert math.isnan(float(lo)) and math.isnan(float(hi))
 
 
@@ -522,12 +532,12 @@ def test_equal_mass_fine_histogram_close_to_sort():
     # a sampling error ~ 1 / sqrt(4096 N) per boundary where the gap changes sign
     f, y = binary_data(1_000_000, seed=21)
     p, t = torch.tensor(f), torch.tensor(y)
-    prep = C.prepare_inputs(p, t, reading="binary", input="probs")
-    fine = C.accumulate(prep, 4096).pooled()
-    samples = C.samples_from(prep)
+    prep = prepare_inputs(p, t, reading="binary", input="probs")
+    fine = accumulate(prep, 4096).pooled()
+    samples = samples_from(prep)
     for B in (5, 10, 15, 20):
-        a = C.equal_mass_calibration_error_from_stats(fine, B)
-        b = C.equal_mass_calibration_error_from_samples(samples, B)
+        a = equal_mass_calibration_error_from_stats(fine, B)
+        b = equal_mass_calibration_error_from_samples(samples, B)
         assert abs(float(a) - float(b)) <= 3e-5, B
 
 
@@ -537,7 +547,7 @@ def test_equal_mass_fine_histogram_splits_straddling_bins_in_proportion(norm):
     # ("spread evenly over the bin"), then an exact sort-based split (N divisible by B);
     # with only 64 fine bins nearly every boundary straddles one, so the rule matters
     f, y = binary_data(3000, seed=24)
-    fine = C.binned_statistics(
+    fine = binned_statistics(
         torch.tensor(f), torch.tensor(y), n_bins=64, reading="binary", input="probs"
     ).pooled()
     idx = np.minimum(np.floor(f * 64), 63).astype(int)
@@ -548,7 +558,7 @@ def test_equal_mass_fine_histogram_splits_straddling_bins_in_proportion(norm):
     for B in (5, 12, 15):
         gaps = np.array([abs(fv[q].mean() - yv[q].mean()) for q in np.array_split(order, B)])
         ref = {"l1": gaps.mean(), "l2": np.sqrt((gaps**2).mean()), "max": gaps.max()}[norm]
-        got = C.equal_mass_calibration_error_from_stats(fine, B, norm=norm)
+        got = equal_mass_calibration_error_from_stats(fine, B, norm=norm)
         assert abs(float(got) - ref) <= 1e-12, B
 
 
@@ -668,9 +678,9 @@ def test_smooth_ece_matches_relplot():
 
 def test_coarsen_equals_direct_binning_away_from_edges():
     f, y = binary_data(5000, seed=40)
-    prep = C.prepare_inputs(torch.tensor(f), torch.tensor(y), reading="binary", input="probs")
-    a = C.accumulate(prep, 4096).coarsen(16)
-    b = C.accumulate(prep, 16)
+    prep = prepare_inputs(torch.tensor(f), torch.tensor(y), reading="binary", input="probs")
+    a = accumulate(prep, 4096).coarsen(16)
+    b = accumulate(prep, 16)
     assert torch.equal(a.count, b.count)
     assert torch.allclose(a.conf, b.conf, rtol=0, atol=1e-11)
 
@@ -681,13 +691,13 @@ def test_coarsen_equals_direct_binning_away_from_edges():
 def test_bootstrap_matches_brute_force_and_is_seeded():
     f, y = binary_data(400, seed=50)
     p, t = torch.tensor(f), torch.tensor(y)
-    ece, lo, hi = C.calibration_error_bootstrap(
+    ece, lo, hi = calibration_error_bootstrap(
         p, t, reading="binary", input="probs", n_bins=10, replicates=64, level=0.9, seed=3
     )
-    again = C.calibration_error_bootstrap(
+    again = calibration_error_bootstrap(
         p, t, reading="binary", input="probs", n_bins=10, replicates=64, level=0.9, seed=3
     )
-    other = C.calibration_error_bootstrap(
+    other = calibration_error_bootstrap(
         p, t, reading="binary", input="probs", n_bins=10, replicates=64, level=0.9, seed=4
     )
     assert float(lo) == float(again[1]) and float(hi) == float(again[2])
@@ -711,7 +721,7 @@ def test_classwise_bootstrap_resamples_samples_not_pairs():
     # one Poisson weight per SAMPLE, shared by its C one-vs-rest elements (brute force)
     logits, target = multiclass_data(300, 3, seed=51)
     probs = torch.softmax(logits, 1).numpy()
-    ece, lo, hi = C.calibration_error_bootstrap(
+    ece, lo, hi = calibration_error_bootstrap(
         logits, target, reading="classwise", n_bins=5, replicates=40, level=0.8, seed=9
     )
     g = torch.Generator().manual_seed(9)
@@ -783,26 +793,24 @@ def test_groups_with_fine_estimators_and_exact():
 
 def test_nll_matches_references():
     logits, target = multiclass_data(300, 4, seed=70)
-    got = C.negative_log_likelihood(logits, target)
+    got = negative_log_likelihood(logits, target)
     ref = -np.mean(np.log(torch.softmax(logits, 1).numpy()[np.arange(300), target.numpy()]))
     assert abs(float(got) - ref) <= 1e-12
-    got_p = C.negative_log_likelihood(torch.softmax(logits, 1), target, input="probs")
+    got_p = negative_log_likelihood(torch.softmax(logits, 1), target, input="probs")
     assert abs(float(got_p) - ref) <= 1e-12
     z = torch.randn(50, dtype=torch.float64)
     yb = (torch.rand(50) < 0.5).long()
     pb = torch.sigmoid(z).numpy()
     refb = -np.mean(yb.numpy() * np.log(pb) + (1 - yb.numpy()) * np.log(1 - pb))
-    assert abs(float(C.negative_log_likelihood(z, yb)) - refb) <= 1e-12
-    assert (
-        abs(float(C.negative_log_likelihood(torch.sigmoid(z), yb, input="probs")) - refb) <= 1e-12
-    )
+    assert abs(float(negative_log_likelihood(z, yb)) - refb) <= 1e-12
+    assert abs(float(negative_log_likelihood(torch.sigmoid(z), yb, input="probs")) - refb) <= 1e-12
     # -inf masks on wrong classes are a softmax over the remaining classes
     masked = logits.clone()
     masked[:, 3] = -math.inf
     keep = target != 3
     ref_m = F.cross_entropy(logits[keep, :3], target[keep])
-    assert abs(float(C.negative_log_likelihood(masked[keep], target[keep])) - float(ref_m)) <= 1e-12
-    assert math.isinf(float(C.negative_log_likelihood(masked, target)))  # a masked truth
+    assert abs(float(negative_log_likelihood(masked[keep], target[keep])) - float(ref_m)) <= 1e-12
+    assert math.isinf(float(negative_log_likelihood(masked, target)))  # a masked truth
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -934,28 +942,28 @@ BAD = [
     ),
     (
         "bootstrap replicates",
-        lambda: C.calibration_error_bootstrap(P2, T2, replicates=1),
+        lambda: calibration_error_bootstrap(P2, T2, replicates=1),
         "replicates: expected an int >= 2",
     ),
     (
         "bootstrap nan",
-        lambda: C.calibration_error_bootstrap(NAN_LOGITS, T2),
+        lambda: calibration_error_bootstrap(NAN_LOGITS, T2),
         "preds: expected finite",
     ),
-    ("nll nan", lambda: C.negative_log_likelihood(NAN_LOGITS, T2), "preds: expected finite"),
+    ("nll nan", lambda: negative_log_likelihood(NAN_LOGITS, T2), "preds: expected finite"),
     (
         "nll label",
-        lambda: C.negative_log_likelihood(P2, torch.tensor([0, 2])),
+        lambda: negative_log_likelihood(P2, torch.tensor([0, 2])),
         "target: expected class indices",
     ),
     (
         "nll shape",
-        lambda: C.negative_log_likelihood(P2, torch.tensor([0, 1, 1])),
+        lambda: negative_log_likelihood(P2, torch.tensor([0, 1, 1])),
         "target: expected shape",
     ),
     (
         "nll probs",
-        lambda: C.negative_log_likelihood(P2 * 2, T2, input="probs"),
+        lambda: negative_log_likelihood(P2 * 2, T2, input="probs"),
         "preds: expected probabilities",
     ),
 ]
@@ -991,10 +999,10 @@ def test_streaming_merge_and_ranges_property(n, c, bins, split, seed, reading):
     logits = torch.randn(n, c, generator=g, dtype=torch.float64) * 3
     target = torch.randint(0, c, (n,), generator=g)
     kw = {"n_bins": bins, "reading": reading}
-    whole = C.binned_statistics(logits, target, **kw)
+    whole = binned_statistics(logits, target, **kw)
     k = min(split, n - 1)
     if k > 0:
-        parts = C.binned_statistics(logits[:k], target[:k], **kw) + C.binned_statistics(
+        parts = binned_statistics(logits[:k], target[:k], **kw) + binned_statistics(
             logits[k:], target[k:], **kw
         )
         assert torch.equal(parts.count, whole.count)
@@ -1003,9 +1011,9 @@ def test_streaming_merge_and_ranges_property(n, c, bins, split, seed, reading):
     per_sample = c if reading == "classwise" else 1
     assert int(whole.count.sum()) == n * per_sample
     for norm in ("l1", "l2", "max"):
-        e = float(C.calibration_error_from_stats(whole.pooled(), norm=norm, reading=reading))
+        e = float(calibration_error_from_stats(whole.pooled(), norm=norm, reading=reading))
         assert 0.0 <= e <= 1.0
-    d = C.brier_decomposition_from_stats(whole.pooled(), reading=reading)
+    d = brier_decomposition_from_stats(whole.pooled(), reading=reading)
     total = (
         d["reliability"]
         - d["resolution"]
@@ -1029,7 +1037,7 @@ def test_prepare_rows_is_the_general_path_bit_for_bit(reading, input, dtype):
     x = (x.softmax(1) if input == "probs" else x).to(dtype)
     t = torch.randint(0, 6, (300,), generator=g)
     conf, outcome, lead, looks = prepare_rows(x, t, reading=reading, input=input)
-    ref = C.prepare_inputs(x, t, reading=reading, input=input, ignore_index=-100)
+    ref = prepare_inputs(x, t, reading=reading, input=input, ignore_index=-100)
     assert torch.equal(conf, ref.conf) and conf.dtype == ref.conf.dtype
     assert torch.equal(outcome, ref.outcome)
     if reading == "top_label":

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from torchcal.functional._validation import check_finite
+from torchcal.functional._checks import check_finite
 
 NAN, INF = float("nan"), float("inf")
 

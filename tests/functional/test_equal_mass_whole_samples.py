@@ -6,8 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-import torchcal.functional.calibration as C
 from torchcal.functional import calibration_error
+from torchcal.functional.calibration.adaptive import (
+    equal_mass_calibration_error_from_samples,
+    equal_mass_calibration_error_from_stats,
+)
+from torchcal.functional.calibration.binning import accumulate
+from torchcal.functional.calibration.readings import prepare_inputs, samples_from
 
 F64 = torch.float64
 
@@ -25,19 +30,19 @@ def test_torch_uncertainty_case_is_0278() -> None:
     for exact in (False, True):
         got = calibration_error(p, y, n_bins=2, input="probs", estimator="equal_mass", exact=exact)
         assert float(got) == pytest.approx(want, abs=1e-12)
-    prep = C.prepare_inputs(p, y, reading="confidence", input="probs")
-    fine, samples = C.accumulate(prep, 4096).pooled(), C.samples_from(prep)
+    prep = prepare_inputs(p, y, reading="confidence", input="probs")
+    fine, samples = accumulate(prep, 4096).pooled(), samples_from(prep)
     frac = (
         2.5 / 5 * abs(0.7 + 0.75 + 0.5 * 0.76 - 2.5) / 2.5
         + 2.5 / 5 * abs(0.5 * 0.76 + 1.6 - 1.5) / 2.5
     )  # the old convention splits the 0.76 sample in two
     for f in (
-        C.equal_mass_calibration_error_from_stats(fine, 2, split="fractional"),
-        C.equal_mass_calibration_error_from_samples(samples, 2, split="fractional"),
+        equal_mass_calibration_error_from_stats(fine, 2, split="fractional"),
+        equal_mass_calibration_error_from_samples(samples, 2, split="fractional"),
     ):
         assert float(f) == pytest.approx(frac, abs=1e-12) and round(float(f), 3) == 0.23
     with pytest.raises(ValueError, match="^split"):
-        C.equal_mass_calibration_error_from_stats(fine, 2, split="half")
+        equal_mass_calibration_error_from_stats(fine, 2, split="half")
 
 
 @pytest.mark.parametrize("N", [17, 29, 1001])
@@ -45,15 +50,15 @@ def test_whole_samples_match_array_split(N: int) -> None:
     rng = np.random.default_rng(N)
     f = rng.uniform(0, 1, N)
     y = (rng.uniform(0, 1, N) < f**2).astype(float)
-    prep = C.prepare_inputs(torch.tensor(f), torch.tensor(y), reading="binary", input="probs")
-    fine, samples = C.accumulate(prep, 4096).pooled(), C.samples_from(prep)
+    prep = prepare_inputs(torch.tensor(f), torch.tensor(y), reading="binary", input="probs")
+    fine, samples = accumulate(prep, 4096).pooled(), samples_from(prep)
     for B in (2, 5, 15, 16):
         ref = _array_split_ece(f, y, B)
-        assert abs(float(C.equal_mass_calibration_error_from_samples(samples, B)) - ref) <= 1e-12
+        assert abs(float(equal_mass_calibration_error_from_samples(samples, B)) - ref) <= 1e-12
         # distinct confidences in distinct fine bins: the histogram is exact too
         one_per_fine = np.bincount(np.minimum(np.floor(f * 4096), 4095).astype(int)).max() == 1
         if one_per_fine:
-            assert abs(float(C.equal_mass_calibration_error_from_stats(fine, B)) - ref) <= 1e-12
+            assert abs(float(equal_mass_calibration_error_from_stats(fine, B)) - ref) <= 1e-12
 
 
 def _stated_bound(f: np.ndarray, B: int, F: int) -> float:
@@ -79,12 +84,12 @@ def test_n17_on_a_confidence_grid_within_the_stated_bound() -> None:
     for _ in range(200):
         f = rng.integers(5, 11, 17) / 10
         y = (rng.uniform(0, 1, 17) < f).astype(float)
-        prep = C.prepare_inputs(torch.tensor(f), torch.tensor(y), reading="binary", input="probs")
-        fine, samples = C.accumulate(prep, 4096).pooled(), C.samples_from(prep)
+        prep = prepare_inputs(torch.tensor(f), torch.tensor(y), reading="binary", input="probs")
+        fine, samples = accumulate(prep, 4096).pooled(), samples_from(prep)
         for B in (2, 5, 15):
-            exact = float(C.equal_mass_calibration_error_from_samples(samples, B))
+            exact = float(equal_mass_calibration_error_from_samples(samples, B))
             assert abs(exact - _array_split_ece(f, y, B)) <= 1e-12
-            err = abs(float(C.equal_mass_calibration_error_from_stats(fine, B)) - exact)
+            err = abs(float(equal_mass_calibration_error_from_stats(fine, B)) - exact)
             bound = _stated_bound(f, B, 4096)
             assert err <= bound + 1e-12
             worst = max(worst, err)

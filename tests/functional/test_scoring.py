@@ -20,7 +20,7 @@ from torchcal.functional import (
     spherical_score,
     validation_enabled,
 )
-from torchcal.functional.calibration import nll_items
+from torchcal.functional.calibration.nll import nll_items
 
 RULES = [log_score, brier_score, spherical_score, ranked_probability_score]
 RULE_IDS = [f.__name__ for f in RULES]

@@ -10,16 +10,18 @@ from fractions import Fraction
 import pytest
 import torch
 
-import torchcal.functional.calibration as C
 from torchcal.functional import (
     augrc,
     aurc,
+    binned_statistics,
     coverage_at_risk,
     risk_at_coverage,
     risk_coverage_curve,
     risk_coverage_from_stats,
     selective_binned_bound,
 )
+from torchcal.functional.calibration.binning import accumulate
+from torchcal.functional.calibration.readings import prepare_inputs, samples_from
 
 F64 = torch.float64
 
@@ -97,18 +99,18 @@ def test_binned_within_its_stated_bound_and_exact_on_separated_ties() -> None:
     g = torch.Generator().manual_seed(2)
     logits = torch.randn(5000, 4, generator=g, dtype=F64) * 2
     y = torch.multinomial(torch.softmax(logits, 1), 1, generator=g)[:, 0]
-    prep = C.prepare_inputs(logits, y, reading="confidence", input="logits")
-    samples = C.samples_from(prep)
+    prep = prepare_inputs(logits, y, reading="confidence", input="logits")
+    samples = samples_from(prep)
     exact = risk_coverage_curve(samples.conf, 1 - samples.outcome)
     for bins in (10, 15, 100, 1000):
-        st = C.accumulate(prep, bins).pooled()
+        st = accumulate(prep, bins).pooled()
         binned = risk_coverage_from_stats(st)
         b_aurc, b_augrc = selective_binned_bound(st)
         assert abs(float(binned.aurc - exact.aurc)) <= float(b_aurc) + 1e-12
         assert abs(float(binned.augrc - exact.augrc)) <= float(b_augrc) + 1e-12
     # stated confidences k / 10 fall one level per bin with 20 bins: binned equals exact
     conf, loss = _grid_case(2000)
-    st = C.binned_statistics(
+    st = binned_statistics(
         torch.stack([conf, 1 - conf], 1), (loss > 0).long(), n_bins=20, input="probs"
     ).pooled()  # predicted class 0 with confidence conf, correct iff loss == 0
     rc = risk_coverage_from_stats(st)

@@ -11,7 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchcal.functional import calibration as C
+from torchcal.functional import (
+    binned_statistics,
+    brier_decomposition,
+    calibration_error,
+    calibration_error_bootstrap,
+    negative_log_likelihood,
+    reliability_table,
+)
+from torchcal.functional.calibration.nll import nll_items
 from torchcal.metrics import (
     BrierDecomposition,
     CalibrationError,
@@ -34,21 +42,21 @@ def _metric(cls, **kw):
 
 # multiclass entry points: fn(preds (N, C) logits, target (N,) indices, input=...)
 MULTICLASS = {
-    "calibration_error": lambda p, t, **k: C.calibration_error(p, t, **k),
-    "calibration_error_top_label": lambda p, t, **k: C.calibration_error(
+    "calibration_error": lambda p, t, **k: calibration_error(p, t, **k),
+    "calibration_error_top_label": lambda p, t, **k: calibration_error(
         p, t, reading="top_label", **k
     ),
-    "calibration_error_classwise_l2": lambda p, t, **k: C.calibration_error(
+    "calibration_error_classwise_l2": lambda p, t, **k: calibration_error(
         p, t, reading="classwise", norm="l2", **k
     ),
-    "reliability_table": lambda p, t, **k: C.reliability_table(p, t, **k),
-    "brier_decomposition": lambda p, t, **k: C.brier_decomposition(p, t, reading="classwise", **k),
-    "calibration_error_bootstrap": lambda p, t, **k: C.calibration_error_bootstrap(
+    "reliability_table": lambda p, t, **k: reliability_table(p, t, **k),
+    "brier_decomposition": lambda p, t, **k: brier_decomposition(p, t, reading="classwise", **k),
+    "calibration_error_bootstrap": lambda p, t, **k: calibration_error_bootstrap(
         p, t, replicates=10, **k
     ),
-    "binned_statistics": lambda p, t, **k: C.binned_statistics(p, t, **k),
-    "negative_log_likelihood": lambda p, t, **k: C.negative_log_likelihood(p, t, **k),
-    "nll_items": lambda p, t, **k: C.nll_items(p, t, **k),
+    "binned_statistics": lambda p, t, **k: binned_statistics(p, t, **k),
+    "negative_log_likelihood": lambda p, t, **k: negative_log_likelihood(p, t, **k),
+    "nll_items": lambda p, t, **k: nll_items(p, t, **k),
     "CalibrationError": _metric(CalibrationError),
     "CalibrationError_sweep_exact": _metric(CalibrationError, estimator="sweep", exact=True),
     "ClasswiseCalibrationError": lambda p, t, **k: _metric(
@@ -176,12 +184,12 @@ def test_float_one_hot_target_for_nll_is_cross_entropy():
 
 # ------------------------------------------------------------------ binary reading
 BINARY = {
-    "calibration_error": lambda p, t, **k: C.calibration_error(p, t, reading="binary", **k),
-    "reliability_table": lambda p, t, **k: C.reliability_table(p, t, reading="binary", **k),
-    "brier_decomposition": lambda p, t, **k: C.brier_decomposition(p, t, **k),
+    "calibration_error": lambda p, t, **k: calibration_error(p, t, reading="binary", **k),
+    "reliability_table": lambda p, t, **k: reliability_table(p, t, reading="binary", **k),
+    "brier_decomposition": lambda p, t, **k: brier_decomposition(p, t, **k),
     "CalibrationError": _metric(CalibrationError, reading="binary"),
     "BrierDecomposition": _metric(BrierDecomposition),
-    "negative_log_likelihood": lambda p, t, **k: C.negative_log_likelihood(p, t, **k),
+    "negative_log_likelihood": lambda p, t, **k: negative_log_likelihood(p, t, **k),
 }
 
 

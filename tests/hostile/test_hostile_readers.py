@@ -11,7 +11,8 @@ import torch
 
 from torchcal import cli
 from torchcal.audit import _arrow, _csv
-from torchcal.audit.io import ReadLog, read_columns, read_predictions
+from torchcal.audit._columns import ReadLog
+from torchcal.audit.io import read_columns, read_predictions
 
 ENGINES = [
     "numpy",

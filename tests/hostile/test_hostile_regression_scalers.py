@@ -229,7 +229,7 @@ def test_variance_scaler_edge_numbers() -> None:
     zero = VarianceScaler(bounds=(1e-3, 1e3))
     with pytest.warns(CalibrationWarning, match="^scale_factor"):
         res = zero.fit(LOC, SCALE, LOC)
-    assert res.temperature == pytest.approx(1e-3, rel=1e-12) and not res.converged
+    assert res.scale == pytest.approx(1e-3, rel=1e-12) and not res.converged
 
 
 def test_quantile_recalibrator_edge_numbers() -> None:

@@ -7,12 +7,13 @@ import math
 import pytest
 import torch
 
+from torchcal import GroupedResult, ReliabilityTable
 from torchcal.functional import (
     brier_decomposition,
     calibration_error,
+    negative_log_likelihood,
     reliability_table,
 )
-from torchcal.functional import calibration as C
 from torchcal.metrics import (
     BrierDecomposition,
     CalibrationError,
@@ -20,7 +21,6 @@ from torchcal.metrics import (
     NegativeLogLikelihood,
     ReliabilityDiagram,
 )
-from torchcal.report import GroupedResult, ReliabilityTable
 
 
 def data(n: int = 100_000, c: int = 5, seed: int = 0):
@@ -117,7 +117,7 @@ def test_metrics_equal_functional_twins():
     assert all(abs(float(bd.compute()[k]) - float(d[k])) <= 1e-15 for k in d)
     nll = NegativeLogLikelihood()
     nll.update(logits, target)
-    assert abs(float(nll.compute()) - float(C.negative_log_likelihood(logits, target))) <= 1e-12
+    assert abs(float(nll.compute()) - float(negative_log_likelihood(logits, target))) <= 1e-12
 
 
 def test_state_is_small_and_independent_of_n():
@@ -188,7 +188,7 @@ def test_grouped_compute_results():
     r = nll.compute()
     sel = groups == 2
     assert (
-        abs(float(r.per_group[2]) - float(C.negative_log_likelihood(logits[sel], target[sel])))
+        abs(float(r.per_group[2]) - float(negative_log_likelihood(logits[sel], target[sel])))
         <= 1e-12
     )
 

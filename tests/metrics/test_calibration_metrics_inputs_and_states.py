@@ -12,8 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchcal.functional import calibration as C
-from torchcal.functional import calibration_error, negative_log_likelihood
+from torchcal.functional import (
+    calibration_error,
+    calibration_error_bootstrap,
+    negative_log_likelihood,
+)
+from torchcal.functional.calibration.bootstrap import ece_bootstrap_from_stats
 from torchcal.metrics import (
     BrierDecomposition,
     CalibrationError,
@@ -281,12 +285,12 @@ def test_bootstrap_small_n_never_nan_and_too_small_raises():
         p = torch.linspace(0.1, 0.9, n, dtype=torch.float64)
         y = torch.arange(n) % 2
         for seed in range(20):
-            ece, lo, hi = C.calibration_error_bootstrap(
+            ece, lo, hi = calibration_error_bootstrap(
                 p, y, reading="binary", input="probs", replicates=20, seed=seed
             )
             assert torch.isfinite(lo) and torch.isfinite(hi) and lo <= hi
     with pytest.raises(ValueError, match="^preds: a bootstrap interval needs at least 2"):
-        C.calibration_error_bootstrap(
+        calibration_error_bootstrap(
             torch.tensor([0.3]), torch.tensor([1]), reading="binary", input="probs"
         )
     m = CalibrationError(reading="binary", input="probs", bootstrap=10)
@@ -299,12 +303,12 @@ def test_bootstrap_drops_empty_replicates_exactly():
     wn = torch.tensor([[1.0, 0.0], [0.0, 0.0], [2.0, 0.0]], dtype=torch.float64)
     wc = torch.tensor([[0.5, 0.0], [0.0, 0.0], [1.2, 0.0]], dtype=torch.float64)
     wo = torch.tensor([[1.0, 0.0], [0.0, 0.0], [2.0, 0.0]], dtype=torch.float64)
-    lo, hi = C.ece_bootstrap_from_stats(wn, wc, wo, level=0.5)
+    lo, hi = ece_bootstrap_from_stats(wn, wc, wo, level=0.5)
     # the empty replicate is dropped: ECEs 0.5 and 0.4 remain
     ref = np.quantile([0.5, 0.4], [0.25, 0.75])
     assert abs(float(lo) - ref[0]) <= 1e-12 and abs(float(hi) - ref[1]) <= 1e-12
     with pytest.raises(ValueError, match="^replicates"):
-        C.ece_bootstrap_from_stats(wn[1:2], wc[1:2], wo[1:2])
+        ece_bootstrap_from_stats(wn[1:2], wc[1:2], wo[1:2])
 
 
 # ------------------------------------------------------------------ streaming == one shot

@@ -14,8 +14,10 @@ import torch
 from sync_recorder import Recorder
 from torchmetrics import MetricCollection
 
+from torchcal.functional import binned_statistics
 from torchcal.functional._checks import force_sync_free
-from torchcal.functional.calibration import accumulate, binned_statistics, prepare_inputs
+from torchcal.functional.calibration.binning import accumulate
+from torchcal.functional.calibration.readings import prepare_inputs
 from torchcal.metrics import (
     CRPS,
     BrierDecomposition,

@@ -12,6 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
+from torchcal import GroupedResult
 from torchcal.functional import (
     crps_ensemble,
     crps_normal,
@@ -31,7 +32,6 @@ from torchcal.metrics import (
     PITHistogram,
     QuantileCalibrationError,
 )
-from torchcal.report import GroupedResult
 
 N, G = 3001, 3
 LEVELS = (0.5, 0.8, 0.9, 0.95)

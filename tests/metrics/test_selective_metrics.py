@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-import torchcal.functional.calibration as C
 from torchcal.functional import (
     coverage_at_risk,
     risk_at_coverage,
     risk_coverage_curve,
     risk_coverage_from_stats,
 )
+from torchcal.functional.calibration.binning import accumulate
+from torchcal.functional.calibration.readings import prepare_inputs, samples_from
 from torchcal.metrics import AUGRC, AURC, CoverageAtRisk, RiskAtCoverage, RiskCoverageCurve
 
 F64 = torch.float64
@@ -35,14 +36,14 @@ def _stream(m, logits, y, cuts=(0, 7, 500, 1999, 3000)):
 @pytest.mark.parametrize("exact", [False, True])
 def test_stream_equals_functional(exact: bool) -> None:
     logits, y = _data()
-    prep = C.prepare_inputs(logits, y, reading="confidence", input="logits")
+    prep = prepare_inputs(logits, y, reading="confidence", input="logits")
     if exact:
-        s = C.samples_from(prep)
+        s = samples_from(prep)
         conf, loss = s.conf, 1 - s.outcome
         ref = risk_coverage_curve(conf, loss)
         ref_r, ref_c = risk_at_coverage(conf, loss, 0.8), coverage_at_risk(conf, loss, 0.1)
     else:
-        ref = risk_coverage_from_stats(C.accumulate(prep, 1000).pooled())
+        ref = risk_coverage_from_stats(accumulate(prep, 1000).pooled())
     assert torch.equal(_stream(AURC(exact=exact), logits, y).compute(), ref.aurc)
     assert torch.equal(_stream(AUGRC(exact=exact), logits, y).compute(), ref.augrc)
     curve = _stream(RiskCoverageCurve(exact=exact), logits, y).compute()

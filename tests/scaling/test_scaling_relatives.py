@@ -421,7 +421,9 @@ def test_group_empty_group_and_bad_input():
     assert res.temperatures[1] == pytest.approx(res.temperature, rel=1e-12)
     with pytest.raises(ValueError, match=r"^groups: expected group ids in \[0, 1\], got 2"):
         GroupTemperatureScaler(2).fit(z, y, groups + 2)
-    with pytest.raises(ValueError, match=r"^groups: expected one group id per sample, shape \(200,\)"):
+    with pytest.raises(
+        ValueError, match=r"^groups: expected one group id per sample, shape \(200,\)"
+    ):
         GroupTemperatureScaler(2).fit(z, y, groups[:10])
     with pytest.raises(ValueError, match="^shrinkage:"):
         GroupTemperatureScaler(2, shrinkage=-1.0)

@@ -13,13 +13,13 @@ from torch import Tensor
 
 from torchcal.audit._format import display_name
 from torchcal.audit.report import AuditReport
-from torchcal.functional._validation import check_bool, check_int, check_number
-from torchcal.functional.calibration import (
-    BinnedStats,
+from torchcal.functional._checks import check_bool, check_int, check_number
+from torchcal.functional.calibration.binning import BinnedStats
+from torchcal.functional.calibration.estimators import (
     brier_decomposition_from_stats,
     calibration_error_from_stats,
-    wilson_interval,
 )
+from torchcal.functional.calibration.intervals import wilson_interval
 from torchcal.functional.decision import (
     cost_threshold_from_stats,
     probs_to_logits,
@@ -360,7 +360,8 @@ def fit_temperatures(
 ) -> dict[str, Any]:
     """Fit T pooled and per group on a seeded half of the kept sample; the other half before
     and after (per-group T where there are groups, else the pooled T)."""
-    from torchcal.scaling import GroupTemperatureScaler, TemperatureScaler
+    from torchcal.scaling.group import GroupTemperatureScaler
+    from torchcal.scaling.temperature import TemperatureScaler
 
     smp = auditor.sample()
     n = smp["target"].numel()

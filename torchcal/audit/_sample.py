@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from torchcal.functional._validation import check_int, check_number
-from torchcal.functional.calibration import calibration_error
-from torchcal.report import ReliabilityTable
+from torchcal.functional._checks import check_int, check_number
+from torchcal.functional.calibration.results import ReliabilityTable
+from torchcal.functional.calibration.wrappers import calibration_error
 
 __all__ = ["sample_ece", "table_of"]
 
@@ -53,7 +53,7 @@ def sample_ece(report: Any, temperature: float, n_bins: int, group: str | None) 
 
 
 def table_of(summary: dict[str, Any], n_bins: int, reading: str) -> ReliabilityTable:
-    """A :class:`~torchcal.report.ReliabilityTable` rebuilt from a summary's ``table`` rows
+    """A :class:`~torchcal.ReliabilityTable` rebuilt from a summary's ``table`` rows
     (for the diagrams of a report, also one read from JSON)."""
     B = n_bins
     edges = torch.arange(B + 1, dtype=torch.float64) / B

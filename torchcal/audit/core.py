@@ -1,7 +1,7 @@
 """The streaming audit: :class:`Auditor` (chunk by chunk) and :func:`audit` (one call).
 
 State is O(groups x bins) plus a bounded sample: per group the binned sufficient statistics
-(:class:`~torchcal.functional.calibration.BinnedStats`), the summed NLL and the number of
+(:class:`~torchcal.functional.BinnedStats`), the summed NLL and the number of
 right decisions, and a seeded uniform sample of at most ``sample_size`` rows. The sample is a
 reservoir by random keys: each row draws a uniform key from a seeded generator in row order
 and the ``sample_size`` smallest keys are kept, so the sample is identical for any chunking
@@ -18,16 +18,10 @@ from torch import Tensor
 
 from torchcal.audit._evaluate import build_report
 from torchcal.audit.report import AuditReport
-from torchcal.functional._validation import check_int, check_option, validation_enabled
-from torchcal.functional.calibration import (
-    INPUTS,
-    BinnedStats,
-    accumulate,
-    bin_index,
-    nll_terms,
-    prepare_inputs,
-    warn_probs_as_logits,
-)
+from torchcal.functional._checks import check_int, check_option, validation_enabled
+from torchcal.functional.calibration.binning import BinnedStats, accumulate, bin_index
+from torchcal.functional.calibration.nll import nll_terms
+from torchcal.functional.calibration.readings import INPUTS, prepare_inputs, warn_probs_as_logits
 
 __all__ = ["TEMPERATURE_FORMAT", "Auditor", "audit", "fit_temperature_file", "load_temperatures"]
 
@@ -383,7 +377,7 @@ def _cut(k: int, n: int) -> float:
 
 
 def _nll_items(preds: Tensor, target: Tensor, input: str) -> Tensor:
-    """Per-row NLL in float64 by :func:`~torchcal.functional.calibration.nll_terms`; binary
+    """Per-row NLL in float64 by :func:`~torchcal.functional.calibration.nll.nll_terms`; binary
     probabilities as the rows ``(1 - p, p)`` with the label as the class (one log per row
     instead of two ``xlogy``: the same log score, ~2x faster)."""
     if input == "probs" and preds.dim() == 1:
@@ -482,7 +476,8 @@ def fit_temperature_file(
         (['pooled'], True)
     """
     from torchcal.functional.decision import probs_to_logits
-    from torchcal.scaling import GroupTemperatureScaler, TemperatureScaler
+    from torchcal.scaling.group import GroupTemperatureScaler
+    from torchcal.scaling.temperature import TemperatureScaler
 
     check_option("input", input, INPUTS)
     z, clamped = preds, 0

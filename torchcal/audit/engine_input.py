@@ -99,7 +99,7 @@ def report_from_state(
     """The audit report of a state; rows the producer rejected are named in the warnings.
 
     Example:
-        >>> from torchcal.engines import state_from_arrays
+        >>> from torchcal.engines.memory import state_from_arrays
         >>> st = state_from_arrays([0.1, 0.8, 0.9, float("nan")], [0, 1, 1, 0], n_bins=10)
         >>> r = report_from_state(st)
         >>> r.pooled["n"], r.warnings

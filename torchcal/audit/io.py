@@ -70,10 +70,7 @@ from torchcal.audit._columns import (
     NUMBER,
     STATED,
     Chunk,
-    Excluded,
-    GroupIndex,
     ReadLog,
-    first_appearance,
     locate_columns,
     shown,
 )
@@ -81,11 +78,6 @@ from torchcal.audit._columns import (
 __all__ = [
     "FORMATS",
     "Batch",
-    "Chunk",
-    "Excluded",
-    "GroupIndex",
-    "ReadLog",
-    "first_appearance",
     "progress_total",
     "read_columns",
     "read_predictions",

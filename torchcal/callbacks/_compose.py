@@ -11,9 +11,15 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from torchcal.callbacks._sinks import TableRecord
-from torchcal.functional import calibration as C
-from torchcal.metrics import MetricStatistics
-from torchcal.report import ReliabilityTable
+from torchcal.functional.calibration.binning import BinnedStats
+from torchcal.functional.calibration.estimators import (
+    brier_decomposition_from_stats,
+    calibration_error_from_stats,
+    debiased_calibration_error_from_stats,
+)
+from torchcal.functional.calibration.results import ReliabilityTable
+from torchcal.functional.calibration.tables import reliability_table_from_stats
+from torchcal.metrics._base import MetricStatistics
 
 __all__ = ["EpochReport", "brier_name", "compose", "metric_names"]
 
@@ -52,12 +58,12 @@ class EpochReport:
     group_values: dict[int, Tensor]
 
 
-def _scalars(stats: C.BinnedStats, reading: str) -> dict[str, Tensor]:
+def _scalars(stats: BinnedStats, reading: str) -> dict[str, Tensor]:
     return {
-        "ece": C.calibration_error_from_stats(stats, norm="l1", reading=reading),
-        "ece_debiased": C.debiased_calibration_error_from_stats(stats, reading=reading),
-        "mce": C.calibration_error_from_stats(stats, norm="max", reading=reading),
-        brier_name(reading): C.brier_decomposition_from_stats(stats, reading=reading)["brier"],
+        "ece": calibration_error_from_stats(stats, norm="l1", reading=reading),
+        "ece_debiased": debiased_calibration_error_from_stats(stats, reading=reading),
+        "mce": calibration_error_from_stats(stats, norm="max", reading=reading),
+        brier_name(reading): brier_decomposition_from_stats(stats, reading=reading)["brier"],
     }
 
 
@@ -80,8 +86,8 @@ def compose(
     values = _scalars(pooled, reading)
     values["nll"] = nll
 
-    def table(s: C.BinnedStats) -> ReliabilityTable:
-        return C.reliability_table_from_stats(s, interval=interval, level=level, reading=reading)
+    def table(s: BinnedStats) -> ReliabilityTable:
+        return reliability_table_from_stats(s, interval=interval, level=level, reading=reading)
 
     records = [TableRecord(tag, table(pooled))]
     group_ece: list[float | None] | None = None
@@ -94,7 +100,7 @@ def compose(
                 group_ece.append(None)
                 continue
             gs = stats.group(g)
-            ge = C.calibration_error_from_stats(gs, norm="l1", reading=reading)
+            ge = calibration_error_from_stats(gs, norm="l1", reading=reading)
             group_ece.append(float(ge))
             group_values[g] = ge
             records.append(TableRecord(f"{base}/reliability/group_{g}{sfx}", table(gs), group=g))

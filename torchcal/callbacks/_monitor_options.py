@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, Literal
 
-from torchcal.functional import calibration as C
-from torchcal.functional._validation import check_int, check_open_unit, check_option
+from torchcal.functional._checks import check_int, check_open_unit, check_option
+from torchcal.functional.calibration.intervals import INTERVALS
+from torchcal.functional.calibration.readings import INPUTS, READINGS
 
 __all__ = ["SINKS", "Sink", "check_sinks", "check_reading_options"]
 
@@ -46,9 +47,9 @@ def check_reading_options(
     by ``top_label``/``classwise``), ``num_groups`` and ``name`` (no leading or trailing
     ``/``), checked in this order."""
     check_int("n_bins", n_bins, minimum=1)
-    check_option("reading", reading, C.READINGS)
-    check_option("input", input, C.INPUTS)
-    check_option("interval", interval, C.INTERVALS)
+    check_option("reading", reading, READINGS)
+    check_option("input", input, INPUTS)
+    check_option("interval", interval, INTERVALS)
     check_open_unit("level", level)
     if reading in ("top_label", "classwise") and num_classes is None:
         raise ValueError(

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import check_binary_target, check_class_target, check_finite
+from torchcal.functional._checks import check_binary_target, check_class_target, check_finite
 from torchcal.scaling._base import check_logits_target
 
 __all__ = ["STEP_NAME", "check_extract_fn", "check_key", "check_logits_batch", "read_outputs"]

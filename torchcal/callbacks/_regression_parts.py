@@ -23,9 +23,10 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from torchcal import functional as F
-from torchcal.metrics import CRPS, GaussianNLL, IntervalCoverage, PITHistogram
+from torchcal.functional.calibration.results import GroupedResult
 from torchcal.metrics._base import PooledPlotMetric
-from torchcal.report import GroupedResult
+from torchcal.metrics.regression import IntervalCoverage, PITHistogram
+from torchcal.metrics.regression_scores import CRPS, GaussianNLL
 
 __all__ = [
     "CLOSED_FORMS",

@@ -28,8 +28,8 @@ from typing import Any
 
 from lightning.pytorch.utilities.rank_zero import WarningCache
 
+from torchcal.functional.calibration.results import CSV_COLUMNS, ReliabilityTable
 from torchcal.plotting import figure_rgb
-from torchcal.report import CSV_COLUMNS, ReliabilityTable
 
 __all__ = ["IMAGE_LOGGERS", "TableRecord", "log_dir_of", "send_figure", "send_tables", "write_csv"]
 

@@ -21,13 +21,17 @@ from typing_extensions import override
 from torchcal.callbacks import _sinks
 from torchcal.callbacks._compose import EpochReport, brier_name, compose, metric_names
 from torchcal.callbacks._history import StageMonitor
-from torchcal.callbacks._monitor_options import SINKS, Sink, check_reading_options, check_sinks
+from torchcal.callbacks._monitor_options import Sink, check_reading_options, check_sinks
 from torchcal.callbacks._outputs import check_extract_fn, check_key, read_outputs
-from torchcal.functional._validation import check_int
-from torchcal.metrics import NegativeLogLikelihood, ReliabilityDiagram, RiskCoverageCurve
+from torchcal.functional._checks import check_int
+from torchcal.metrics.calibration import ReliabilityDiagram
+from torchcal.metrics.nll import NegativeLogLikelihood
+from torchcal.metrics.selective import RiskCoverageCurve
 from torchcal.plotting import history_figure, table_figure
 
-__all__ = ["SINKS", "CalibrationMonitor"]
+__all__ = [
+    "CalibrationMonitor",
+]
 
 #: Scalars logged per stage (and dataloader), in this order, for the default reading
 #: (``confidence``); see :func:`~torchcal.callbacks._compose.metric_names` for the others.

@@ -23,13 +23,8 @@ from torchcal.callbacks import _sinks
 from torchcal.callbacks._history import StageMonitor
 from torchcal.callbacks._monitor_options import Sink, check_sinks
 from torchcal.callbacks._outputs import check_extract_fn, check_key, read_outputs
-from torchcal.functional import validation_enabled
-from torchcal.functional._validation import (
-    check_group_ids,
-    check_int,
-    check_level_grid,
-    check_option,
-)
+from torchcal.functional._checks import check_int, check_option, validation_enabled
+from torchcal.functional._validation import check_group_ids, check_level_grid
 from torchcal.plotting import pit_figure
 
 __all__ = ["RegressionMonitor"]

@@ -21,10 +21,11 @@ from torchcal.callbacks._outputs import (
     check_logits_batch,
     read_outputs,
 )
-from torchcal.functional._validation import check_int, check_option
+from torchcal.functional._checks import check_int, check_option
 from torchcal.functional.temperature import all_reduce_, distributed_active
 from torchcal.metrics.calibration import CalibrationError
-from torchcal.scaling import TemperatureFit, TemperatureScaler
+from torchcal.scaling._base import TemperatureFit
+from torchcal.scaling.temperature import TemperatureScaler
 
 __all__ = ["TemperatureScaling"]
 

@@ -4,9 +4,9 @@ and from a torchcal metric's local statistics (:func:`state_from_metric`, one DD
 
 Rows are checked with the rules of :func:`torchcal.engines.sql.state_sql` (the same reasons,
 in the same order); the kept rows go through :func:`~torchcal.functional.calibration
-.prepare_inputs` and :func:`~torchcal.functional.calibration.accumulate` (weighted:
+.prepare_inputs` and :func:`~torchcal.functional.calibration.binning.accumulate` (weighted:
 :func:`~torchcal.functional.calibration.weights.accumulate_weighted`), the NLL through
-:func:`~torchcal.functional.calibration.nll_terms`, exactly as the audit does.
+:func:`~torchcal.functional.calibration.nll.nll_terms`, exactly as the audit does.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from torchcal.engines.state import (
     expand_paths,
     merge_states,
 )
-from torchcal.functional._validation import check_int, validation_enabled
-from torchcal.functional.calibration import accumulate, bin_ids, nll_terms, prepare_inputs
-from torchcal.functional.calibration.binning import BinnedStats
-from torchcal.functional.calibration.readings import probability_sum_tolerance
+from torchcal.functional._checks import check_int, validation_enabled
+from torchcal.functional._validation import probability_sum_tolerance
+from torchcal.functional.calibration.binning import BinnedStats, accumulate, bin_ids
+from torchcal.functional.calibration.nll import nll_terms
+from torchcal.functional.calibration.readings import prepare_inputs
 from torchcal.functional.calibration.weights import accumulate_weighted, cell_sums
 
 __all__ = ["state_from_arrays", "state_from_files", "state_from_metric"]

@@ -4,7 +4,7 @@
 weight) columns of a source, checks every row, bins it and sums it, grouped by
 ``(reason, group, bin)``: rows never leave the engine, and the result has one row per
 non-empty cell plus one row per (reason, group) of rejected rows. The rule, as in
-:func:`torchcal.functional.calibration.bin_ids` (docs/design.md sections 3 and 6e):
+:func:`torchcal.functional.calibration.binning.bin_ids` (docs/design.md sections 3 and 6e):
 
 * ``c = CAST(p AS DOUBLE)`` **before** ``* B`` (a FLOAT column times ``B`` in float32 moves
   ``0.3 * 10`` across the edge); ``bin = CAST(LEAST(FLOOR(c * B), B - 1) AS INTEGER)``, so
@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from torchcal.engines.state import REJECT_REASONS, UNGROUPED, BinnedState, StateHeader
-from torchcal.functional._validation import check_int
+from torchcal.functional._checks import check_int
+from torchcal.functional._validation import probability_sum_tolerance
 from torchcal.functional.calibration.binning import BinnedStats
-from torchcal.functional.calibration.readings import probability_sum_tolerance
 
 __all__ = ["DIALECTS", "checked_rows_sql", "header_for", "quote", "state_from_rows", "state_sql"]
 

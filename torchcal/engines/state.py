@@ -158,7 +158,7 @@ class BinnedState:
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> s = binned_statistics(torch.tensor([0.2, 0.9]), torch.tensor([0, 1]),
         ...                       n_bins=4, reading="binary", input="probs")
         >>> st = BinnedState(StateHeader(n_bins=4, rows_seen=2), ("all",), s)
@@ -352,7 +352,7 @@ def merge_states(states: Iterable[BinnedState], names: Sequence[str] | None = No
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> s = binned_statistics(torch.tensor([0.2, 0.9]), torch.tensor([0, 1]),
         ...                       n_bins=4, reading="binary", input="probs")
         >>> a = BinnedState(StateHeader(n_bins=4, rows_seen=2), ("all",), s)

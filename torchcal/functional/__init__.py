@@ -1,14 +1,20 @@
 """Pure tensor math: scoring rules, continuous scores, regularisers, calibration statistics."""
 
-from torchcal.functional._validation import validation_enabled
-from torchcal.functional.calibration import (
+from torchcal.functional._checks import validation_enabled
+from torchcal.functional._moved import moved
+from torchcal.functional.calibration.binning import BinnedStats, binned_statistics
+from torchcal.functional.calibration.estimators import (
+    brier_decomposition_from_stats,
+    calibration_error_from_stats,
+)
+from torchcal.functional.calibration.nll import negative_log_likelihood
+from torchcal.functional.calibration.tables import reliability_table_from_stats
+from torchcal.functional.calibration.truth import kl_to_truth, true_calibration_error
+from torchcal.functional.calibration.wrappers import (
     brier_decomposition,
     calibration_error,
     calibration_error_bootstrap,
-    kl_to_truth,
-    negative_log_likelihood,
     reliability_table,
-    true_calibration_error,
 )
 from torchcal.functional.conformal import (
     conformal_risk_control,
@@ -19,15 +25,27 @@ from torchcal.functional.conformal import (
     set_size_losses,
 )
 from torchcal.functional.continuous import (
+    dawid_sebastiani_score,
+    gaussian_nll,
+    interval_score,
+    quantile_score,
+)
+from torchcal.functional.coverage import (
+    frequency_calibration_error,
+    interval_coverage,
+    observed_frequencies,
+    pit_calibration_error,
+    pit_calibration_error_from_counts,
+    pit_histogram,
+    quantile_calibration_error,
+    sharpness,
+)
+from torchcal.functional.crps import (
     crps_ensemble,
     crps_laplace,
     crps_logistic,
     crps_normal,
-    dawid_sebastiani_score,
     energy_score,
-    gaussian_nll,
-    interval_score,
-    quantile_score,
 )
 from torchcal.functional.decision import (
     cost_threshold_from_stats,
@@ -44,20 +62,12 @@ from torchcal.functional.invariants import (
 )
 from torchcal.functional.regression import (
     central_interval_factor,
-    frequency_calibration_error,
-    interval_coverage,
-    observed_frequencies,
     pit,
-    pit_calibration_error,
-    pit_calibration_error_from_counts,
     pit_ensemble,
-    pit_histogram,
     pit_laplace,
     pit_logistic,
     pit_normal,
     pit_quantiles,
-    quantile_calibration_error,
-    sharpness,
 )
 from torchcal.functional.regularizers import (
     confidence_penalty,
@@ -66,12 +76,6 @@ from torchcal.functional.regularizers import (
     mdca,
     mmce,
     soft_binned_ece,
-)
-from torchcal.functional.rewards import (
-    brier_reward,
-    correctness_brier_reward,
-    log_reward,
-    spherical_reward,
 )
 from torchcal.functional.scoring import (
     brier_score,
@@ -95,6 +99,11 @@ from torchcal.functional.shrinkage import (
 )
 
 __all__ = [
+    "BinnedStats",
+    "binned_statistics",
+    "calibration_error_from_stats",
+    "reliability_table_from_stats",
+    "brier_decomposition_from_stats",
     "between_group_variance",
     "empirical_bayes_shrinkage",
     "cost_threshold_from_stats",
@@ -148,10 +157,6 @@ __all__ = [
     "quantile_calibration_error",
     "sharpness",
     "central_interval_factor",
-    "brier_reward",
-    "log_reward",
-    "spherical_reward",
-    "correctness_brier_reward",
     "conformal_score_matrix",
     "conformal_scores",
     "conformal_sets",
@@ -167,3 +172,14 @@ __all__ = [
     "risk_coverage_from_stats",
     "selective_binned_bound",
 ]
+
+#: the rewards' one path is :mod:`torchcal.rewards` (deprecated here for one release)
+__getattr__ = moved(
+    __name__,
+    {
+        "brier_reward": ("torchcal.functional.rewards", "torchcal.rewards"),
+        "correctness_brier_reward": ("torchcal.functional.rewards", "torchcal.rewards"),
+        "log_reward": ("torchcal.functional.rewards", "torchcal.rewards"),
+        "spherical_reward": ("torchcal.functional.rewards", "torchcal.rewards"),
+    },
+)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -64,6 +65,9 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 _VALUE_CHECKS = True
 _FORCE_SYNC_FREE = False
 _is_compiling = torch.compiler.is_compiling
+
+
+_T = TypeVar("_T")
 
 
 @contextlib.contextmanager
@@ -180,7 +184,7 @@ def first_bad_value(x: Tensor, bad: Tensor) -> Tensor:
     return x.reshape(-1)[int(torch.nonzero(bad.reshape(-1))[0, 0])]
 
 
-def check_option(name: str, value: object, choices: Sequence[object]) -> object:
+def check_option(name: str, value: _T, choices: Sequence[object]) -> _T:
     """``value`` must be one of ``choices``; returned unchanged."""
     if value not in choices:
         raise ValueError(f"{name}: expected one of {tuple(choices)!r}, got {value!r}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import check_floating, check_int, check_nonempty, check_tensor
+from torchcal.functional._checks import check_floating, check_int, check_nonempty, check_tensor
 
 __all__ = ["SharedLayout", "counts_below_and_at", "members_last", "shared_layout"]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -79,7 +80,10 @@ def check_after(
         full_checks()
 
 
-def renamed_keyword(owner: str, new: str, value: object, old: str, old_value: object) -> object:
+_T = TypeVar("_T")
+
+
+def renamed_keyword(owner: str, new: str, value: _T, old: str, old_value: _T | None) -> _T:
     """The value of keyword ``new`` of ``owner`` where ``old`` is its deprecated alias (kept
     for one release): ``old_value`` when only the alias was given (with a ``FutureWarning``
     naming ``new``), ``value`` otherwise (``None`` when neither was); both given raise a
@@ -97,8 +101,8 @@ def renamed_keyword(owner: str, new: str, value: object, old: str, old_value: ob
 
 
 def gaussian_spread(
-    owner: str, spread: object, var: object, sd: object, positional: str
-) -> tuple[object, bool]:
+    owner: str, spread: Tensor | None, var: Tensor | None, sd: Tensor | None, positional: str
+) -> tuple[Tensor, bool]:
     """``(spread tensor, is_variance)`` of a Gaussian forecast given as ``spread`` (read as
     ``positional``: ``"var"`` or ``"sd"``) or by name, ``var=`` (the variance) or ``sd=``
     (the standard deviation): exactly one of the three. ``var=`` with ``sd=`` raise a
@@ -117,7 +121,9 @@ def gaussian_spread(
                 f"comes first and the target last: (loc, target=..., {named}=...) or "
                 f"(loc, spread, target)"
             )
-        return (var if named == "var" else sd), named == "var"
+        given = var if named == "var" else sd
+        assert given is not None  # for the type checker: named says which one is set
+        return given, named == "var"
     if spread is None:
         raise TypeError(
             f"{owner}: missing the spread: pass var= (the variance) or sd= (the standard deviation)"

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torchcal.functional._checks import PARALLEL_GRAIN
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
+    PARALLEL_GRAIN,
     REDUCTIONS,
     check_binary_target,
     check_bool,
@@ -27,7 +27,6 @@ from torchcal.functional._validation import (
     check_floating,
     check_int,
     check_nonempty,
-    check_probability_rows,
     check_reduction,
     check_tensor,
     check_values,
@@ -38,6 +37,7 @@ from torchcal.functional._validation import (
     sync_free,
     values_checked,
 )
+from torchcal.functional._validation import check_probability_rows
 
 __all__ = [
     "NEG_INF",

@@ -26,10 +26,6 @@ import torch
 from torch import Tensor
 
 from torchcal.functional._checks import (
-    HALF_DTYPES,
-    REDUCTIONS,
-    check_binary_target,
-    check_bool,
     check_class_target,
     check_finite,
     check_floating,
@@ -38,68 +34,27 @@ from torchcal.functional._checks import (
     check_number,
     check_open_unit,
     check_option,
-    check_positive,
     check_probabilities,
-    check_reduction,
-    check_same_shape,
     check_tensor,
     check_values,
-    compute_dtype,
-    finite_ok,
     first_bad_position,
     first_bad_value,
-    fixed_sum,
-    force_sync_free,
-    host_range,
     labels_ok,
     range_ok,
-    reduce,
     sync_free,
-    validation_enabled,
     values_checked,
 )
 
 __all__ = [
-    "REDUCTIONS",
-    "validation_enabled",
-    "values_checked",
-    "sync_free",
-    "force_sync_free",
-    "check_values",
-    "finite_ok",
-    "fixed_sum",
-    "host_range",
-    "range_ok",
-    "labels_ok",
-    "check_option",
-    "check_reduction",
-    "check_tensor",
-    "check_floating",
-    "check_nonempty",
-    "check_finite",
-    "check_same_shape",
-    "check_probabilities",
-    "check_positive",
-    "check_binary_target",
-    "check_class_target",
-    "check_int",
-    "check_bool",
-    "check_number",
     "check_label_smoothing",
     "check_gamma",
     "check_kernel_width",
     "check_norm_power",
-    "ESTIMATORS",
-    "check_estimator",
+    "ENSEMBLE_ESTIMATORS",
+    "check_ensemble_estimator",
     "check_ensemble_size",
     "check_alpha",
     "check_levels",
-    "HALF_DTYPES",
-    "compute_dtype",
-    "check_open_unit",
-    "first_bad_position",
-    "first_bad_value",
-    "reduce",
 ]
 
 
@@ -144,12 +99,12 @@ def check_norm_power(name: str, value: float) -> float:
 # Option checks of torchcal.functional.continuous / crps (their shape and dtype rules:
 # torchcal.functional._forecast).
 
-ESTIMATORS = ("fair", "nrg")
+ENSEMBLE_ESTIMATORS = ("fair", "nrg")
 
 
-def check_estimator(estimator: str) -> str:
+def check_ensemble_estimator(estimator: str) -> str:
     """Ensemble ``estimator``: ``'fair'`` or ``'nrg'``."""
-    check_option("estimator", estimator, ESTIMATORS)
+    check_option("estimator", estimator, ENSEMBLE_ESTIMATORS)
     return estimator
 
 

@@ -43,14 +43,14 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_finite,
     check_floating,
-    check_group_ids,
     check_nonempty,
     check_option,
     check_tensor,
 )
+from torchcal.functional._validation import check_group_ids
 
 __all__ = [
     "conformal_rank",

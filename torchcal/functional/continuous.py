@@ -35,6 +35,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from torchcal.functional._checks import (
+    check_bool,
+    check_floating,
+    check_reduction,
+    check_tensor,
+    check_values,
+    reduce,
+    values_checked,
+)
 from torchcal.functional._forecast import (
     broadcast_or_none,
     cast_forecast,
@@ -44,32 +53,9 @@ from torchcal.functional._forecast import (
     gaussian_spread,
     plain_cpu,
 )
-from torchcal.functional._validation import (
-    check_alpha,
-    check_bool,
-    check_floating,
-    check_interval_bounds,
-    check_levels,
-    check_reduction,
-    check_tensor,
-    check_values,
-    reduce,
-    values_checked,
-)
-from torchcal.functional.crps import (
-    crps_ensemble,
-    crps_laplace,
-    crps_logistic,
-    crps_normal,
-    energy_score,
-)
+from torchcal.functional._validation import check_alpha, check_interval_bounds, check_levels
 
 __all__ = [
-    "crps_normal",
-    "crps_laplace",
-    "crps_logistic",
-    "crps_ensemble",
-    "energy_score",
     "interval_score",
     "quantile_score",
     "gaussian_nll",

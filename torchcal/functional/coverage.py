@@ -16,22 +16,24 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from torchcal.functional._forecast import cast_forecast, check_target_shape
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_finite,
     check_floating,
-    check_group_ids,
     check_int,
-    check_interval_side,
-    check_level_grid,
     check_nonempty,
     check_option,
     check_positive,
     check_probabilities,
     check_reduction,
-    check_sorted_last,
     check_tensor,
     compute_dtype,
+)
+from torchcal.functional._forecast import cast_forecast, check_target_shape
+from torchcal.functional._validation import (
+    check_group_ids,
+    check_interval_side,
+    check_level_grid,
+    check_sorted_last,
     values_within,
 )
 from torchcal.functional.calibration.binning import bin_counts, bin_ids
@@ -153,7 +155,7 @@ def pit_calibration_error_from_counts(counts: Tensor) -> Tensor:
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.regression import pit_calibration_error_from_counts
+        >>> from torchcal.functional import pit_calibration_error_from_counts
         >>> pit_calibration_error_from_counts(torch.tensor([[3, 1], [0, 0]])).tolist()
         [0.5, nan]
     """
@@ -266,7 +268,7 @@ def frequency_calibration_error(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.regression import frequency_calibration_error
+        >>> from torchcal.functional import frequency_calibration_error
         >>> frequency_calibration_error(torch.tensor([0.0, 0.5]), [0.25, 0.75]).item()
         0.25
     """

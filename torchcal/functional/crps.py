@@ -23,6 +23,15 @@ import math
 import torch
 from torch import Tensor
 
+from torchcal.functional._checks import (
+    check_floating,
+    check_nonempty,
+    check_reduction,
+    check_tensor,
+    fixed_sum,
+    reduce,
+    sync_free,
+)
 from torchcal.functional._ensemble import SharedLayout, members_last, shared_layout
 from torchcal.functional._forecast import (
     broadcast_or_none,
@@ -32,17 +41,7 @@ from torchcal.functional._forecast import (
     check_target_shape,
     plain_cpu,
 )
-from torchcal.functional._validation import (
-    check_ensemble_size,
-    check_estimator,
-    check_floating,
-    check_nonempty,
-    check_reduction,
-    check_tensor,
-    fixed_sum,
-    reduce,
-    sync_free,
-)
+from torchcal.functional._validation import check_ensemble_estimator, check_ensemble_size
 
 __all__ = [
     "crps_normal",
@@ -477,7 +476,7 @@ def crps_ensemble(
         (0.1667, 0.375)
     """
     check_reduction(reduction)
-    check_estimator(estimator)
+    check_ensemble_estimator(estimator)
     if (
         plain_cpu(target)
         and type(samples) is Tensor
@@ -543,7 +542,7 @@ def energy_score(
         1.25
     """
     check_reduction(reduction)
-    check_estimator(estimator)
+    check_ensemble_estimator(estimator)
     if (
         plain_cpu(target)
         and type(samples) is Tensor

@@ -26,7 +26,7 @@ from fractions import Fraction
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import check_int, check_number
+from torchcal.functional._checks import check_int, check_number
 from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.calibration.intervals import wilson_interval, z_of_level
 
@@ -53,7 +53,7 @@ def threshold_window(threshold: float, n_bins: int) -> tuple[float, float]:
     written as (``repr(t)``, a :class:`~fractions.Fraction`): in float64 ``0.29 * 100`` is
     ``28.999999999999996``, whose floor would give a window ``[0.27, 0.29)`` that does not
     contain 0.29. The window always contains ``t`` (``lo <= t < hi``, or ``t <= hi = 1``) and
-    the float64 bin :func:`~torchcal.functional.calibration.bin_index` gives a confidence
+    the float64 bin :func:`~torchcal.functional.calibration.binning.bin_index` gives a confidence
     equal to ``t`` (``k`` is the larger of the exact and the float64 bin; they differ by at
     most one, so both are in the window).
 
@@ -89,7 +89,7 @@ def window_gap_from_stats(stats: BinnedStats, lo: float, hi: float) -> dict[str,
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> s = binned_statistics(torch.tensor([0.75, 0.85, 0.95]), torch.tensor([0, 1, 1]),
         ...                       n_bins=10, reading="binary", input="probs").pooled()
         >>> w = window_gap_from_stats(s, 0.7, 0.9)
@@ -130,7 +130,7 @@ def cost_threshold_from_stats(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> s = binned_statistics(torch.tensor([0.3, 0.6, 0.85, 0.95]), torch.tensor([0, 0, 1, 1]),
         ...                       n_bins=10, reading="binary", input="probs").pooled()
         >>> r = cost_threshold_from_stats(s, 10.0, 1.0)
@@ -179,13 +179,13 @@ def ece_interval_from_stats(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> g = torch.Generator().manual_seed(0)
         >>> p = torch.rand(2000, generator=g, dtype=torch.float64)
         >>> y = (torch.rand(2000, generator=g, dtype=torch.float64) < p ** 1.5).long()
         >>> s = binned_statistics(p, y, n_bins=10, reading="binary", input="probs").pooled()
         >>> lo, hi = ece_interval_from_stats(s)
-        >>> from torchcal.functional.calibration import calibration_error_from_stats
+        >>> from torchcal.functional import calibration_error_from_stats
         >>> bool(lo <= calibration_error_from_stats(s, reading="binary") <= hi)
         True
     """

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_floating,
     check_nonempty,
     check_same_shape,

@@ -32,29 +32,20 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from torchcal.functional._ensemble import counts_below_and_at, members_last, shared_layout
-from torchcal.functional._forecast import cast_forecast, check_location_scale, check_target_shape
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_bool,
     check_floating,
-    check_level_grid,
     check_nonempty,
     check_option,
     check_tensor,
     validation_enabled,
     values_checked,
-    values_within,
 )
+from torchcal.functional._ensemble import counts_below_and_at, members_last, shared_layout
+from torchcal.functional._forecast import cast_forecast, check_location_scale, check_target_shape
+from torchcal.functional._validation import check_level_grid, values_within
 from torchcal.functional.coverage import (
-    frequency_calibration_error,
-    interval_coverage,
-    observed_frequencies,
-    pit_calibration_error,
-    pit_calibration_error_from_counts,
-    pit_histogram,
-    quantile_calibration_error,
     quantile_inputs,
-    sharpness,
 )
 
 __all__ = [
@@ -64,14 +55,6 @@ __all__ = [
     "pit_logistic",
     "pit_ensemble",
     "pit_quantiles",
-    "pit_histogram",
-    "pit_calibration_error",
-    "pit_calibration_error_from_counts",
-    "interval_coverage",
-    "observed_frequencies",
-    "frequency_calibration_error",
-    "quantile_calibration_error",
-    "sharpness",
     "central_interval_factor",
 ]
 

@@ -33,6 +33,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torchcal.functional._checks import (
+    REDUCTIONS,
+    check_bool,
+    check_floating,
+    check_int,
+    check_nonempty,
+    check_number,
+    check_reduction,
+    check_tensor,
+    compute_dtype,
+    reduce,
+    sync_free,
+    values_checked,
+)
 from torchcal.functional._layouts import (
     Prepared,
     autocast_off,
@@ -43,23 +57,7 @@ from torchcal.functional._layouts import (
     labels_in_range,
     prepare,
 )
-from torchcal.functional._validation import (
-    REDUCTIONS,
-    check_bool,
-    check_floating,
-    check_gamma,
-    check_int,
-    check_kernel_width,
-    check_nonempty,
-    check_norm_power,
-    check_number,
-    check_reduction,
-    check_tensor,
-    compute_dtype,
-    reduce,
-    sync_free,
-    values_checked,
-)
+from torchcal.functional._validation import check_gamma, check_kernel_width, check_norm_power
 
 __all__ = ["focal_loss", "mmce", "soft_binned_ece", "confidence_penalty", "dca", "mdca"]
 
@@ -201,7 +199,7 @@ def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor, Tensor]:
     1 for a used item, 0 for an ignored one: weights, no data-dependent selection). The
     multiclass reading is ``torch.max`` of the softmax (the row maximum, and whether its
     first position is the target), which is what
-    :func:`~torchcal.functional.calibration.confidence_reading` returns for probabilities
+    :func:`~torchcal.functional.calibration.readings.confidence_reading` returns for probabilities
     that require grad, bit for bit; one kernel, no host sync (differentiable: gradients
     flow through the row maximum)."""
     z = prep.logits

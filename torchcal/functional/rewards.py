@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_binary_target,
     check_floating,
     check_nonempty,
@@ -42,8 +42,8 @@ from torchcal.functional._validation import (
     check_same_shape,
     check_tensor,
     compute_dtype,
-    values_within,
 )
+from torchcal.functional._validation import values_within
 
 __all__ = ["brier_reward", "log_reward", "spherical_reward", "correctness_brier_reward"]
 
@@ -90,7 +90,7 @@ def brier_reward(confidence: Tensor, correct: Tensor, *, reduction: str = "none"
 
     Example:
         >>> import torch
-        >>> from torchcal.functional import brier_reward
+        >>> from torchcal.rewards import brier_reward
         >>> q = torch.tensor([0.9, 0.9, 0.5], dtype=torch.float64)
         >>> [round(v, 4) for v in brier_reward(q, torch.tensor([1, 0, 1])).tolist()]
         [-0.01, -0.81, -0.25]
@@ -137,7 +137,7 @@ def log_reward(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional import log_reward
+        >>> from torchcal.rewards import log_reward
         >>> q = torch.tensor([0.5, 0.8, 0.0], dtype=torch.float64)
         >>> [round(v, 4) for v in log_reward(q, torch.tensor([1, 0, 1])).tolist()]
         [-0.6931, -1.6094, -inf]
@@ -166,7 +166,7 @@ def spherical_reward(confidence: Tensor, correct: Tensor, *, reduction: str = "n
 
     Example:
         >>> import torch
-        >>> from torchcal.functional import spherical_reward
+        >>> from torchcal.rewards import spherical_reward
         >>> q = torch.tensor([0.5, 1.0, 0.6], dtype=torch.float64)
         >>> [round(v, 4) for v in spherical_reward(q, torch.tensor([1, 1, 0])).tolist()]
         [0.7071, 1.0, 0.5547]
@@ -192,7 +192,7 @@ def correctness_brier_reward(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional import correctness_brier_reward
+        >>> from torchcal.rewards import correctness_brier_reward
         >>> q = torch.tensor([0.9, 0.9, 0.0], dtype=torch.float64)
         >>> [round(v, 4) for v in correctness_brier_reward(q, torch.tensor([1, 0, 0])).tolist()]
         [0.99, -0.81, 0.0]

@@ -60,7 +60,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torchcal.functional._checks import REDUCTIONS
+from torchcal.functional._checks import (
+    REDUCTIONS,
+    check_finite,
+    check_values,
+    finite_ok,
+    labels_ok,
+    reduce,
+    sync_free,
+    values_checked,
+)
 from torchcal.functional._layouts import (
     Prepared,
     autocast_off,
@@ -75,16 +84,7 @@ from torchcal.functional._layouts import (
     small_sum,
     soft_expected,
 )
-from torchcal.functional._validation import (
-    check_finite,
-    check_label_smoothing,
-    check_values,
-    finite_ok,
-    labels_ok,
-    reduce,
-    sync_free,
-    values_checked,
-)
+from torchcal.functional._validation import check_label_smoothing
 
 __all__ = [
     "binary_nll",
@@ -135,7 +135,7 @@ def log_score(
     computed as ``log(softmax)``. See the module docstring for layouts, weights,
     ignored items and validation. The per-item kernel is
     :func:`torchcal.functional._layouts.log_score_items`, shared with the metrics'
-    :func:`~torchcal.functional.calibration.negative_log_likelihood` (which checks
+    :func:`~torchcal.functional.negative_log_likelihood` (which checks
     ``preds``/``input`` and allows ``-inf`` masks with class-probability targets); a
     class-probability target here goes through ``F.cross_entropy`` itself, whose
     ``weight``/``'mean'`` semantics (and numbers) this function promises, so every logit

@@ -35,12 +35,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import (
-    check_finite,
-    check_floating,
-    check_nonempty,
-    check_tensor,
-)
+from torchcal.functional._checks import check_finite, check_floating, check_nonempty, check_tensor
 from torchcal.functional.calibration.binning import BinnedStats, require_single_slot
 from torchcal.functional.conformal import alpha_fraction
 
@@ -258,7 +253,7 @@ def risk_coverage_from_stats(stats: BinnedStats) -> RiskCoverage:
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> from torchcal.functional import risk_coverage_from_stats
         >>> logits = torch.tensor([[3.0, 0.0], [0.0, 1.0], [2.0, 0.0], [0.0, 0.1]])
         >>> st = binned_statistics(logits, torch.tensor([0, 0, 0, 1]), n_bins=10)
@@ -282,7 +277,7 @@ def selective_binned_bound(stats: BinnedStats) -> tuple[Tensor, Tensor]:
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> from torchcal.functional import selective_binned_bound
         >>> st = binned_statistics(torch.tensor([[3.0, 0.0], [2.9, 0.0]]), torch.tensor([0, 1]),
         ...                        n_bins=10)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import check_finite
+from torchcal.functional._checks import check_finite
 
 __all__ = ["between_group_variance", "empirical_bayes_shrinkage"]
 

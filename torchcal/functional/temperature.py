@@ -22,8 +22,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from torchcal.functional._checks import first_bad_position, values_checked
 from torchcal.functional._solvers import bracketed_newton, lbfgs
-from torchcal.functional._validation import first_bad_position, values_checked
 from torchcal.functional.recalibration import log_beta_derivatives, temperature_terms
 from torchcal.functional.shrinkage import empirical_bayes_shrinkage
 

@@ -2,7 +2,7 @@
 neither (INCONCLUSIVE), at a stated level ``alpha`` (docs/design.md section 6c).
 
 Everything is computed from the binned sufficient statistics
-(:class:`~torchcal.functional.calibration.BinnedStats` ``(..., K, B)``; leading axes such as
+(:class:`~torchcal.functional.BinnedStats` ``(..., K, B)``; leading axes such as
 replicates or groups are kept), so a simulation can test thousands of replicates in one call
 and the audit streams any file:
 
@@ -27,7 +27,7 @@ import math
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import check_number
+from torchcal.functional._checks import check_number
 from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.decision import window_gap_from_stats
 
@@ -148,7 +148,7 @@ def window_gap_test(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> c = torch.full((400,), 0.8, dtype=torch.float64)
         >>> y = (torch.arange(400) % 10 < 8).long()  # accuracy 0.8 exactly
         >>> s = binned_statistics(c, y, n_bins=10, reading="binary", input="probs").pooled()
@@ -242,7 +242,7 @@ def ece_test_from_stats(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> g = torch.Generator().manual_seed(0)
         >>> p = torch.rand(20000, generator=g, dtype=torch.float64)
         >>> y = (torch.rand(20000, generator=g, dtype=torch.float64) < p).long()

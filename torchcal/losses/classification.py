@@ -7,16 +7,18 @@ from __future__ import annotations
 from torch import Tensor
 
 import torchcal.functional as TF
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_bool,
     check_floating,
-    check_gamma,
     check_int,
+    check_number,
+    check_reduction,
+)
+from torchcal.functional._validation import (
+    check_gamma,
     check_kernel_width,
     check_label_smoothing,
     check_norm_power,
-    check_number,
-    check_reduction,
 )
 from torchcal.functional.regularizers import (
     confidence_penalty_fast,

@@ -8,16 +8,9 @@ import warnings
 import torch
 from torch import Tensor
 
+from torchcal.functional._checks import check_bool, check_int, check_option, check_reduction
 from torchcal.functional._forecast import gaussian_spread, renamed_keyword
-from torchcal.functional._validation import (
-    check_alpha,
-    check_bool,
-    check_estimator,
-    check_int,
-    check_levels,
-    check_option,
-    check_reduction,
-)
+from torchcal.functional._validation import check_alpha, check_ensemble_estimator, check_levels
 from torchcal.functional.continuous import (
     dawid_sebastiani_score,
     gaussian_nll_of,
@@ -93,7 +86,7 @@ class CRPSLoss(KeepBufferDtype):
         family = renamed_keyword("CRPSLoss", "family", family, "distribution", distribution)
         self.family = check_option("family", "normal" if family is None else family, _CRPS_FAMILIES)
         self.ensemble_dim = check_int("ensemble_dim", ensemble_dim)
-        self.estimator = check_estimator(estimator)
+        self.estimator = check_ensemble_estimator(estimator)
         self.reduction = check_reduction(reduction)
         self._arity = 2 if self.family == "ensemble" else 3
         self._fn = _CLOSED_FORMS.get(self.family)
@@ -182,7 +175,7 @@ class EnergyScoreLoss(KeepBufferDtype):
 
     def __init__(self, *, estimator: str = "fair", reduction: str = "mean") -> None:
         super().__init__()
-        self.estimator = check_estimator(estimator)
+        self.estimator = check_ensemble_estimator(estimator)
         self.reduction = check_reduction(reduction)
 
     def forward(self, samples: Tensor, target: Tensor) -> Tensor:

@@ -1,13 +1,13 @@
 """torchmetrics Metrics over the binned core in :mod:`torchcal.functional.calibration`."""
 
+from torchcal.metrics._base import MetricStatistics
 from torchcal.metrics.calibration import (
     BrierDecomposition,
     CalibrationError,
     ClasswiseCalibrationError,
-    MetricStatistics,
-    NegativeLogLikelihood,
     ReliabilityDiagram,
 )
+from torchcal.metrics.nll import NegativeLogLikelihood
 from torchcal.metrics.regression import IntervalCoverage, PITHistogram, QuantileCalibrationError
 from torchcal.metrics.regression_scores import CRPS, GaussianNLL, IntervalScore
 from torchcal.metrics.selective import (

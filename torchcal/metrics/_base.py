@@ -17,17 +17,20 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from torchcal.functional import calibration as C
-from torchcal.functional._validation import (
-    check_int,
-    check_option,
-    check_optional_int,
-    validation_enabled,
-    values_checked,
+from torchcal.functional._checks import check_int, check_option, validation_enabled, values_checked
+from torchcal.functional._validation import check_optional_int
+from torchcal.functional.calibration.binning import SUM_BLOCK, BinnedStats, accumulate, bin_batches
+from torchcal.functional.calibration.readings import (
+    INPUTS,
+    PROBS_AS_LOGITS,
+    READINGS,
+    CalibrationSamples,
+    PreparedInputs,
+    prepare_inputs,
+    prepare_rows,
 )
-from torchcal.functional.calibration.binning import bin_batches
-from torchcal.functional.calibration.readings import prepare_rows
-from torchcal.report import GroupedResult
+from torchcal.functional.calibration.results import GroupedResult
+from torchcal.functional.calibration.wrappers import per_group
 
 __all__ = ["STAT_NAMES", "BinnedMetric", "MetricStatistics", "PooledPlotMetric", "StateRules"]
 
@@ -117,11 +120,11 @@ class MetricStatistics(NamedTuple):
 
     Attributes:
         stats: the binned sufficient statistics ``(G, K, n_bins)`` (see
-            :class:`~torchcal.functional.calibration.BinnedStats`).
+            :class:`~torchcal.functional.BinnedStats`).
         group_counts: samples per group, int64 ``(G,)``.
     """
 
-    stats: C.BinnedStats
+    stats: BinnedStats
     group_counts: Tensor
 
 
@@ -259,7 +262,7 @@ class PooledPlotMetric(Metric):
     def _warn_probs_once(self, looks_like_probs: bool, stacklevel: int = 5) -> None:
         if looks_like_probs and not getattr(self, "_warned_probs", False):
             self._warned_probs = True
-            warnings.warn(C.PROBS_AS_LOGITS, UserWarning, stacklevel=stacklevel)
+            warnings.warn(PROBS_AS_LOGITS, UserWarning, stacklevel=stacklevel)
 
     def plot(self, val: Any = None, ax: Any = None) -> Any:
         """Plot the value(s) with torchmetrics' plot (the pooled value(s) for groups);
@@ -361,8 +364,8 @@ class BinnedMetric(PooledPlotMetric):
         check_optional_int("ignore_index", ignore_index)
         self.ignore_index = ignore_index
         self.n_bins = check_int("n_bins", n_bins, minimum=1)
-        check_option("reading", reading, C.READINGS)
-        check_option("input", input, C.INPUTS)
+        check_option("reading", reading, READINGS)
+        check_option("input", input, INPUTS)
         self.reading = reading
         self.input = input
         if reading in ("top_label", "classwise"):
@@ -397,8 +400,8 @@ class BinnedMetric(PooledPlotMetric):
             dtype = torch.int64 if name == "count" else torch.float64
             self.add_state(prefix + name, torch.zeros(shape, dtype=dtype), dist_reduce_fx="sum")
 
-    def _stats(self, prefix: str = "") -> C.BinnedStats:
-        return C.BinnedStats(*(getattr(self, prefix + n) for n in STAT_NAMES))
+    def _stats(self, prefix: str = "") -> BinnedStats:
+        return BinnedStats(*(getattr(self, prefix + n) for n in STAT_NAMES))
 
     def statistics(self) -> MetricStatistics:
         """The binned statistics of every sample seen, synchronised across ranks.
@@ -416,14 +419,14 @@ class BinnedMetric(PooledPlotMetric):
             ([[1, 1]], [2])
         """
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=True):
-            stats = C.BinnedStats(*(getattr(self, n).clone() for n in STAT_NAMES))
+            stats = BinnedStats(*(getattr(self, n).clone() for n in STAT_NAMES))
             return MetricStatistics(stats, self.group_count.clone())
 
-    def _add_to(self, prefix: str, s: C.BinnedStats) -> None:
+    def _add_to(self, prefix: str, s: BinnedStats) -> None:
         for name, t in zip(STAT_NAMES, (s.count, s.conf, s.acc, s.conf2, s.conf_acc)):
             getattr(self, prefix + name).add_(t)
 
-    def _prepare(self, preds: Tensor, target: Tensor, groups: Tensor | None) -> C.PreparedInputs:
+    def _prepare(self, preds: Tensor, target: Tensor, groups: Tensor | None) -> PreparedInputs:
         if self.num_groups is not None and groups is None:
             raise ValueError(
                 f"groups: expected a group id per sample (the metric was built "
@@ -443,10 +446,10 @@ class BinnedMetric(PooledPlotMetric):
             ignore_index=self.ignore_index,
         )
         if self.validate_args == values_checked():  # no switch to flip: skip the context
-            prep = C.prepare_inputs(preds, target, **kw)
+            prep = prepare_inputs(preds, target, **kw)
         else:
             with validation_enabled(self.validate_args):
-                prep = C.prepare_inputs(preds, target, **kw)
+                prep = prepare_inputs(preds, target, **kw)
         if prep.looks_like_probs:
             self._warn_probs_once(True)
         return prep
@@ -475,9 +478,9 @@ class BinnedMetric(PooledPlotMetric):
         if looks:
             self._warn_probs_once(True)
         n = conf.shape[0]
-        if n > C.SUM_BLOCK:  # binned at once (blocked sums)
+        if n > SUM_BLOCK:  # binned at once (blocked sums)
             counts = torch.full((1,), n, dtype=torch.int64, device=conf.device)
-            prep = C.PreparedInputs(conf, outcome, lead, 1, self._K, counts, 1, looks)
+            prep = PreparedInputs(conf, outcome, lead, 1, self._K, counts, 1, looks)
             self._update_binned(prep)
             return True
         d = self.__dict__
@@ -491,9 +494,9 @@ class BinnedMetric(PooledPlotMetric):
             self._flush()
         return True
 
-    def _update_binned(self, prep: C.PreparedInputs) -> None:
+    def _update_binned(self, prep: PreparedInputs) -> None:
         d = self.__dict__
-        if self._defer and prep.conf.numel() <= C.SUM_BLOCK:
+        if self._defer and prep.conf.numel() <= SUM_BLOCK:
             pending = d["_pending"]
             if pending and pending[0][0].device != prep.conf.device:
                 self._flush()
@@ -504,7 +507,7 @@ class BinnedMetric(PooledPlotMetric):
             if d["_pending_n"] >= _FLUSH_AT:
                 self._flush()
         else:  # getattr bins the pending batches first: the order of the sums is kept
-            self._add_to("", C.accumulate(prep, self.n_bins))
+            self._add_to("", accumulate(prep, self.n_bins))
             gc = self.group_count
         counts = prep.group_counts
         gc.add_(counts if counts.device == gc.device else counts.to(gc.device))
@@ -542,12 +545,12 @@ class BinnedMetric(PooledPlotMetric):
     def _grouped(
         self,
         fn: Any,
-        fine: C.BinnedStats | None = None,
-        samples: C.CalibrationSamples | None = None,
+        fine: BinnedStats | None = None,
+        samples: CalibrationSamples | None = None,
     ) -> Any:
         """``fn(stats (K, B), fine, samples)`` pooled, or a GroupedResult."""
         self._check_seen()
         stats = self._stats()
         if self.num_groups is None:
             return fn(stats.pooled(), None if fine is None else fine.pooled(), samples)
-        return C.per_group(fn, stats, fine, samples, self.group_count)
+        return per_group(fn, stats, fine, samples, self.group_count)

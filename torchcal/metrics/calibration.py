@@ -5,10 +5,10 @@ samples, unless ``exact=True`` asks for it), so memory is independent of N, one 
 merges ranks under DDP, and ``update``/``compute`` run the same code as the functional twins
 (:func:`~torchcal.functional.calibration_error`, :func:`~torchcal.functional.reliability_table`,
 :func:`~torchcal.functional.brier_decomposition`,
-:func:`~torchcal.functional.calibration.negative_log_likelihood`).
+:func:`~torchcal.functional.negative_log_likelihood`).
 
 With ``num_groups=G`` every ``update`` needs ``groups`` (a domain id per sample) and
-``compute()`` returns a :class:`~torchcal.report.GroupedResult` (``pooled`` beside
+``compute()`` returns a :class:`~torchcal.GroupedResult` (``pooled`` beside
 ``per_group``). ``compute()`` before any sample raises ``RuntimeError``.
 
 **Merging.** ``merge_state(other)`` and the DDP sync add the statistics only between metrics
@@ -34,21 +34,31 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional import calibration as C
-from torchcal.functional._validation import (
-    check_int,
-    check_option,
+from torchcal.functional._checks import check_int, check_option
+from torchcal.functional.calibration.binning import BinnedStats, accumulate
+from torchcal.functional.calibration.bootstrap import bootstrap_statistics, ece_bootstrap_from_stats
+from torchcal.functional.calibration.estimators import (
+    brier_decomposition_from_stats,
+    calibration_error_from_stats,
+    class_mean,
+    debiased_calibration_error_from_stats,
 )
-from torchcal.metrics._base import BinnedMetric, MetricStatistics
-from torchcal.metrics.nll import NegativeLogLikelihood
-from torchcal.report import GroupedResult, ReliabilityTable
+from torchcal.functional.calibration.intervals import INTERVALS, z_of_level
+from torchcal.functional.calibration.readings import CalibrationSamples, samples_from
+from torchcal.functional.calibration.results import GroupedResult, ReliabilityTable
+from torchcal.functional.calibration.tables import reliability_table_from_stats
+from torchcal.functional.calibration.wrappers import (
+    FINE_ESTIMATORS,
+    check_ece_estimator,
+    estimate,
+    stack_scalars,
+)
+from torchcal.metrics._base import BinnedMetric
 
 __all__ = [
     "BrierDecomposition",
     "CalibrationError",
     "ClasswiseCalibrationError",
-    "MetricStatistics",
-    "NegativeLogLikelihood",
     "ReliabilityDiagram",
 ]
 
@@ -83,7 +93,7 @@ class CalibrationError(BinnedMetric):
         ignore_index: a target value whose elements ``update`` drops (as
             ``F.cross_entropy``; a batch may be entirely ignored).
 
-    ``compute()`` returns a float64 scalar, or a :class:`~torchcal.report.GroupedResult`
+    ``compute()`` returns a float64 scalar, or a :class:`~torchcal.GroupedResult`
     (``pooled`` scalar, ``per_group`` ``(G,)``) with ``num_groups``.
 
     Example:
@@ -126,14 +136,14 @@ class CalibrationError(BinnedMetric):
             ignore_index=ignore_index,
             **kwargs,
         )
-        C.check_estimator(estimator, norm, reading)
+        check_ece_estimator(estimator, norm, reading)
         self.norm = norm
         self.estimator = estimator
         self.sigma = sigma
         self.exact = bool(exact)
         self.fine_bins = check_int("fine_bins", fine_bins, minimum=1)
-        self._fine = estimator in C.FINE_ESTIMATORS and not self.exact
-        self._keep = estimator in C.FINE_ESTIMATORS and self.exact
+        self._fine = estimator in FINE_ESTIMATORS and not self.exact
+        self._keep = estimator in FINE_ESTIMATORS and self.exact
         #: nothing but the binned statistics: the batch may take the rows path
         self._plain = not (self._fine or self._keep or bootstrap)
         if self._fine:
@@ -143,7 +153,7 @@ class CalibrationError(BinnedMetric):
             self.add_state("sample_outcome", [], dist_reduce_fx="cat")
             self.add_state("sample_group", [], dist_reduce_fx="cat")
         self.bootstrap = check_int("bootstrap", bootstrap, minimum=0)
-        C.z_of_level(level)
+        z_of_level(level)
         self.level = float(level)
         self.seed = int(seed)
         self._generator: torch.Generator | None = None
@@ -182,9 +192,9 @@ class CalibrationError(BinnedMetric):
         prep = self._prepare(preds, target, groups)
         self._update_binned(prep)
         if self._fine:
-            self._add_to("fine_", C.accumulate(prep, self.fine_bins))
+            self._add_to("fine_", accumulate(prep, self.fine_bins))
         if self._keep:
-            s = C.samples_from(prep)
+            s = samples_from(prep)
             self.sample_conf.append(s.conf)
             self.sample_outcome.append(s.outcome)
             self.sample_group.append(s.group)
@@ -197,12 +207,12 @@ class CalibrationError(BinnedMetric):
                 )
                 self._generator = torch.Generator(device=prep.conf.device)
                 self._generator.manual_seed(self.seed + 1_000_003 * rank)
-            wn, wc, wo = C.bootstrap_statistics(prep, self.n_bins, self.bootstrap, self._generator)
+            wn, wc, wo = bootstrap_statistics(prep, self.n_bins, self.bootstrap, self._generator)
             self.boot_n.add_(wn)
             self.boot_conf.add_(wc)
             self.boot_acc.add_(wo)
 
-    def _samples(self) -> C.CalibrationSamples | None:
+    def _samples(self) -> CalibrationSamples | None:
         if not self._keep:
             return None
 
@@ -211,16 +221,16 @@ class CalibrationError(BinnedMetric):
                 return x
             return torch.cat(x) if len(x) else torch.zeros(0, dtype=torch.float64)
 
-        return C.CalibrationSamples(
+        return CalibrationSamples(
             cat(self.sample_conf), cat(self.sample_outcome), cat(self.sample_group).to(torch.int64)
         )
 
     def compute(self) -> Tensor | GroupedResult:
-        """The calibration error (scalar) or a :class:`~torchcal.report.GroupedResult`."""
+        """The calibration error (scalar) or a :class:`~torchcal.GroupedResult`."""
         fine = self._stats("fine_") if self._fine else None
 
-        def fn(s: C.BinnedStats, f: Any, smp: Any) -> Tensor:
-            return C.estimate(
+        def fn(s: BinnedStats, f: Any, smp: Any) -> Tensor:
+            return estimate(
                 self.estimator,
                 stats=s,
                 fine=f,
@@ -232,7 +242,7 @@ class CalibrationError(BinnedMetric):
             )
 
         res = self._grouped(fn, fine, self._samples())
-        return res if self.num_groups is None else C.stack_scalars(res)
+        return res if self.num_groups is None else stack_scalars(res)
 
     def compute_interval(self) -> tuple[Tensor, Tensor]:
         """Percentile bootstrap interval ``(low, high)`` of the pooled L1 equal-width ECE at
@@ -248,7 +258,7 @@ class CalibrationError(BinnedMetric):
             n = int(self.group_count.sum())
             if n < 2:
                 raise ValueError(f"preds: a bootstrap interval needs at least 2 samples, got {n}")
-            return C.ece_bootstrap_from_stats(
+            return ece_bootstrap_from_stats(
                 self.boot_n, self.boot_conf, self.boot_acc, level=self.level
             )
 
@@ -301,7 +311,7 @@ class ClasswiseCalibrationError(BinnedMetric):
             ignore_index=ignore_index,
             **kwargs,
         )
-        C.check_estimator(estimator, norm, "classwise", allowed=("binned", "debiased"))
+        check_ece_estimator(estimator, norm, "classwise", allowed=("binned", "debiased"))
         self.norm = norm
         self.estimator = estimator
 
@@ -311,18 +321,18 @@ class ClasswiseCalibrationError(BinnedMetric):
         """Accumulate a batch: ``preds`` ``(N, C, *)``, ``target`` ``(N, *)``."""
         self._update_binned(self._prepare(preds, target, groups))
 
-    def _per_class(self, s: C.BinnedStats) -> Tensor:
+    def _per_class(self, s: BinnedStats) -> Tensor:
         # each class as its own 'confidence' table: (K, B) -> (K, 1, B)
         s1 = s.map(lambda t: t.unsqueeze(-2))
         if self.estimator == "debiased":
-            return C.debiased_calibration_error_from_stats(s1, reading="binary")
-        return C.calibration_error_from_stats(s1, norm=self.norm, reading="binary")
+            return debiased_calibration_error_from_stats(s1, reading="binary")
+        return calibration_error_from_stats(s1, norm=self.norm, reading="binary")
 
     def compute(self) -> Tensor | GroupedResult:
         """Power mean over classes of the one-vs-rest errors, or a GroupedResult."""
         norm = "l2" if self.estimator == "debiased" else self.norm
-        res = self._grouped(lambda s, f, smp: C.class_mean(self._per_class(s), norm))
-        return res if self.num_groups is None else C.stack_scalars(res)
+        res = self._grouped(lambda s, f, smp: class_mean(self._per_class(s), norm))
+        return res if self.num_groups is None else stack_scalars(res)
 
     def compute_per_class(self) -> Tensor:
         """Pooled one-vs-rest error of each class, ``(C,)`` (synchronises like ``compute``)."""
@@ -333,7 +343,7 @@ class ClasswiseCalibrationError(BinnedMetric):
 
 class ReliabilityDiagram(BinnedMetric):
     """Streaming reliability table: ``compute()`` returns a
-    :class:`~torchcal.report.ReliabilityTable` (or a GroupedResult of tables).
+    :class:`~torchcal.ReliabilityTable` (or a GroupedResult of tables).
 
     Args:
         n_bins, reading, input, num_classes, num_groups, validate_args, ignore_index: as
@@ -377,8 +387,8 @@ class ReliabilityDiagram(BinnedMetric):
             ignore_index=ignore_index,
             **kwargs,
         )
-        check_option("interval", interval, C.INTERVALS)
-        C.z_of_level(level)
+        check_option("interval", interval, INTERVALS)
+        z_of_level(level)
         self.interval = interval
         self.level = float(level)
 
@@ -392,7 +402,7 @@ class ReliabilityDiagram(BinnedMetric):
     def compute(self) -> ReliabilityTable | GroupedResult:
         """The table (pooled), or a GroupedResult with ``per_group`` a list of tables."""
         return self._grouped(
-            lambda s, f, smp: C.reliability_table_from_stats(
+            lambda s, f, smp: reliability_table_from_stats(
                 s, interval=self.interval, level=self.level, reading=self.reading
             )
         )
@@ -458,8 +468,8 @@ class BrierDecomposition(BinnedMetric):
         """The decomposition dict, or a GroupedResult with ``per_group`` a dict of ``(G,)``."""
         self._check_seen()
         stats = self._stats()
-        pooled = C.brier_decomposition_from_stats(stats.pooled(), reading=self.reading)
+        pooled = brier_decomposition_from_stats(stats.pooled(), reading=self.reading)
         if self.num_groups is None:
             return pooled
-        per = C.brier_decomposition_from_stats(stats, reading=self.reading)
+        per = brier_decomposition_from_stats(stats, reading=self.reading)
         return GroupedResult(pooled, per, self.group_count.cpu())

@@ -7,18 +7,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional import calibration as C
-from torchcal.functional._checks import fixed_sum
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_bool,
-    check_group_ids,
     check_int,
     check_option,
-    check_optional_int,
+    fixed_sum,
     validation_enabled,
 )
+from torchcal.functional._validation import check_group_ids, check_optional_int
+from torchcal.functional.calibration.nll import logits_look_like_probs, nll_terms
+from torchcal.functional.calibration.readings import INPUTS
+from torchcal.functional.calibration.results import GroupedResult
 from torchcal.metrics._base import PooledPlotMetric, StateRules
-from torchcal.report import GroupedResult
 
 __all__ = ["NegativeLogLikelihood"]
 
@@ -26,7 +26,7 @@ __all__ = ["NegativeLogLikelihood"]
 class NegativeLogLikelihood(PooledPlotMetric):
     """Streaming mean negative log-likelihood (log score) with float64 sum states.
 
-    Layouts as :func:`~torchcal.functional.calibration.nll_items`: binary when ``target``
+    Layouts as :func:`~torchcal.functional.calibration.nll.nll_items`: binary when ``target``
     has the shape of 1-d ``preds`` (or a ``(N, 1)`` head), class indices ``(N, *)`` for
     ``(N, C, *)`` scores, float class probabilities of the shape of ``preds`` (as
     ``F.cross_entropy``), independent sigmoids only with ``multilabel=True``. The link runs
@@ -67,7 +67,7 @@ class NegativeLogLikelihood(PooledPlotMetric):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        check_option("input", input, C.INPUTS)
+        check_option("input", input, INPUTS)
         check_optional_int("ignore_index", ignore_index)
         check_bool("multilabel", multilabel)
         self.input = input
@@ -95,7 +95,7 @@ class NegativeLogLikelihood(PooledPlotMetric):
         with validation_enabled(self.validate_args):
             if self.num_groups is not None:
                 G = check_group_ids(groups, target.shape, self.num_groups)
-            items, keep = C.nll_terms(
+            items, keep = nll_terms(
                 preds,
                 target,
                 input=self.input,
@@ -103,7 +103,7 @@ class NegativeLogLikelihood(PooledPlotMetric):
                 multilabel=self.multilabel,
             )
             if self.input == "logits" and not self.multilabel:
-                self._warn_probs_once(C.logits_look_like_probs(preds), stacklevel=4)
+                self._warn_probs_once(logits_look_like_probs(preds), stacklevel=4)
         if self.num_groups is None:
             # a fixed-order float64 sum: the last bit does not depend on the thread count
             self.nll_sum.add_(fixed_sum(items.to(torch.float64)).to(self.nll_sum.device))

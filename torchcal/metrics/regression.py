@@ -8,7 +8,7 @@ one call (to float64 rounding). The arithmetic lives in
 scores, see :mod:`torchcal.metrics.regression_scores`); the metrics only sum.
 
 With ``num_groups=G`` every ``update`` needs ``groups`` (one integer id per target value)
-and ``compute()`` returns a :class:`~torchcal.report.GroupedResult`: ``pooled`` beside
+and ``compute()`` returns a :class:`~torchcal.GroupedResult`: ``pooled`` beside
 ``per_group`` (the same keys with a leading ``G`` dim; ``NaN`` for an empty group) and
 ``counts``. ``merge_state`` and the DDP sync accept only a metric of the same configuration
 (``ValueError("other: ...")``); the states stay float64/int64 under ``.to(dtype)``.
@@ -25,33 +25,32 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional._forecast import check_location_scale, renamed_keyword
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_finite,
-    check_group_ids,
     check_int,
-    check_level_grid,
     check_option,
     check_values,
     validation_enabled,
     values_checked,
 )
+from torchcal.functional._forecast import check_location_scale, renamed_keyword
+from torchcal.functional._validation import check_group_ids, check_level_grid
+from torchcal.functional.calibration.results import GroupedResult
 from torchcal.functional.continuous import (
     check_interval_width,
     interval_inputs,
     interval_parts,
     interval_score_from_parts,
 )
-from torchcal.functional.coverage import central_interval_sums
-from torchcal.functional.regression import (
-    central_interval_factor,
+from torchcal.functional.coverage import (
+    central_interval_sums,
     frequency_calibration_error,
     observed_frequencies,
     pit_calibration_error_from_counts,
     pit_histogram,
 )
+from torchcal.functional.regression import central_interval_factor
 from torchcal.metrics._base import PooledPlotMetric, StateRules
-from torchcal.report import GroupedResult
 
 __all__ = ["PITHistogram", "IntervalCoverage", "QuantileCalibrationError", "RegressionMetric"]
 
@@ -174,7 +173,7 @@ class PITHistogram(RegressionMetric):
       :func:`~torchcal.functional.pit_calibration_error`; 0 = flat);
     * ``n``: the number of PIT values (int64 scalar).
 
-    With ``num_groups`` a :class:`~torchcal.report.GroupedResult` whose ``per_group`` dict
+    With ``num_groups`` a :class:`~torchcal.GroupedResult` whose ``per_group`` dict
     has the same keys with a leading ``G`` dim.
 
     Args:
@@ -254,7 +253,7 @@ class IntervalCoverage(RegressionMetric):
       (:func:`~torchcal.functional.interval_score`, a proper score: lower is better);
     * ``n``: the number of target values (int64 scalar).
 
-    With ``num_groups`` a :class:`~torchcal.report.GroupedResult` (``per_group``: ``(G, L)``;
+    With ``num_groups`` a :class:`~torchcal.GroupedResult` (``per_group``: ``(G, L)``;
     conditional coverage, e.g. by input range or by predicted spread, is a group id).
 
     **Location-scale forecasts.** With ``family="normal" | "laplace" | "logistic"``,
@@ -452,7 +451,7 @@ class QuantileCalibrationError(RegressionMetric):
     the error of :func:`~torchcal.functional.quantile_calibration_error` (``norm="l1"``: the
     mean :math:`|\\hat p_k - \\tau_k|`, uncertainty-toolbox's miscalibration area on a level
     grid; ``"l2"``: the RMS calibration error) as a float64 scalar, or a
-    :class:`~torchcal.report.GroupedResult` (``per_group`` ``(G,)``).
+    :class:`~torchcal.GroupedResult` (``per_group`` ``(G,)``).
     :meth:`compute_observed` returns the observed frequencies :math:`\\hat p_k` ``(K,)``
     (the quantile reliability curve; ``(G, K)`` per group).
 

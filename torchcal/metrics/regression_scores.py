@@ -6,7 +6,7 @@ Each keeps a float64 sum and an int64 count per group and calls the functional w
 differently with a value's position in a batch, docs/design.md section 3), so a stream equals
 one call to float64 rounding whatever the input dtype. Shapes and checks are the functionals':
 forecast first, ``target`` last and never broadcast; ``groups`` has the target's shape.
-``compute()`` returns the mean (float64 scalar) or a :class:`~torchcal.report.GroupedResult`
+``compute()`` returns the mean (float64 scalar) or a :class:`~torchcal.GroupedResult`
 with ``num_groups`` (``NaN`` for an empty group).
 """
 
@@ -17,19 +17,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from torchcal.functional._checks import check_option, validation_enabled
 from torchcal.functional._forecast import check_location_scale, gaussian_spread
-from torchcal.functional._validation import check_alpha, check_option, validation_enabled
-from torchcal.functional.continuous import (
-    crps_ensemble,
-    crps_laplace,
-    crps_logistic,
-    crps_normal,
-    gaussian_nll_of,
-    interval_score,
-)
+from torchcal.functional._validation import check_alpha
+from torchcal.functional.calibration.results import GroupedResult
+from torchcal.functional.continuous import gaussian_nll_of, interval_score
+from torchcal.functional.crps import crps_ensemble, crps_laplace, crps_logistic, crps_normal
 from torchcal.metrics._base import StateRules
 from torchcal.metrics.regression import RegressionMetric
-from torchcal.report import GroupedResult
 
 __all__ = ["CRPS", "GaussianNLL", "IntervalScore", "MeanScore"]
 
@@ -183,9 +178,10 @@ class GaussianNLL(MeanScore):
         if target is None:
             raise TypeError("GaussianNLL.update: missing target (the observations)")
         with validation_enabled(self.validate_args):  # checked here to name the spread
-            args = check_location_scale(*as_float64(loc, spread, target), name)
+            loc64, spread64, target64 = as_float64(loc, spread, target)
+            mu, spread64, y = check_location_scale(loc64, spread64, target64, name)
         with validation_enabled(False):
-            items = gaussian_nll_of(*args, is_var, True, "none")
+            items = gaussian_nll_of(mu, spread64, y, is_var, True, "none")
         self._add(items.detach(), target, groups)
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional import calibration as C
 from torchcal.functional._validation import check_finite_value
+from torchcal.functional.calibration.readings import samples_from
 from torchcal.functional.selective import (
     RiskCoverage,
     coverage_at_risk_of,
@@ -93,7 +93,7 @@ class RiskCoverageCurve(BinnedMetric):
         prep = self._prepare(preds, target, None)
         self._update_binned(prep)
         if self.exact:
-            s = C.samples_from(prep)
+            s = samples_from(prep)
             self.sample_conf.append(s.conf)
             self.sample_outcome.append(s.outcome)
 

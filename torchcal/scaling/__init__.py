@@ -23,6 +23,7 @@ Every calibrator is an ``nn.Module`` whose ``fit`` returns a result of its kind 
 it is fitted.
 """
 
+from torchcal.functional.conformal import conformal_quantile, conformal_rank
 from torchcal.scaling._base import (
     CalibrationWarning,
     FitResult,
@@ -39,8 +40,6 @@ from torchcal.scaling.conformal import (
     ConformalFit,
     ConformalQuantileRegression,
     SplitConformal,
-    conformal_quantile,
-    conformal_rank,
 )
 from torchcal.scaling.group import GroupTemperatureScaler
 from torchcal.scaling.isotonic import IsotonicCalibrator

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from torchcal.functional._validation import check_floating, check_tensor, values_checked
+from torchcal.functional._checks import check_floating, check_tensor, values_checked
 
 __all__ = [
     "FitResult",

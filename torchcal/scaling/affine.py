@@ -8,12 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from torchcal.functional import recalibration as R
-from torchcal.functional._validation import (
-    check_class_target,
-    check_finite,
-    check_finite_value,
-    check_int,
-)
+from torchcal.functional._checks import check_class_target, check_finite, check_int
+from torchcal.functional._validation import check_finite_value
 from torchcal.functional.affine import AffineMap, affine_nll_hessian, affine_objective, fit_affine
 from torchcal.scaling._base import (
     FittedMixin,

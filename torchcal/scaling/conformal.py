@@ -30,30 +30,27 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_finite,
     check_floating,
-    check_group_ids,
     check_nonempty,
     check_option,
     check_positive,
     check_same_shape,
     check_tensor,
 )
+from torchcal.functional._validation import check_group_ids
 from torchcal.functional.conformal import (
     METHODS,
     alpha_fraction,
     conformal_gather,
     conformal_quantile,
-    conformal_rank,
     conformal_score_matrix,
 )
 from torchcal.scaling._base import FittedMixin, warn_all
 
 __all__ = [
     "ConformalFit",
-    "conformal_rank",
-    "conformal_quantile",
     "SplitConformal",
     "ConformalQuantileRegression",
     "ConformalClassifier",

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import Tensor, nn
 
+from torchcal.functional._checks import check_finite, check_int
 from torchcal.functional._validation import (
-    check_finite,
     check_finite_value,
     check_group_ids,
-    check_int,
     check_temperature_bounds,
 )
 from torchcal.functional.temperature import fit_group_temperatures
@@ -138,7 +137,7 @@ class GroupTemperatureScaler(FittedMixin):
 
     def _check_groups(self, groups: object, n: int, device: torch.device) -> Tensor:
         check_group_ids(groups, (n,), self.num_groups, always=True)
-        return groups.detach().to(device=device, dtype=torch.long)  # type: ignore[union-attr]
+        return cast(Tensor, groups).detach().to(device=device, dtype=torch.long)
 
     def forward(self, logits: Tensor, groups: Tensor) -> Tensor:
         """``logits / T[groups]`` (binary ``(N,)`` or multiclass ``(N, C)``)."""

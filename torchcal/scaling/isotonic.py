@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_binary_target,
     check_class_target,
     check_finite,

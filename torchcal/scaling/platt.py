@@ -7,13 +7,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from torchcal.functional._validation import (
-    check_binary_target,
-    check_finite,
-    check_finite_value,
-    check_int,
-    check_temperature_bounds,
-)
+from torchcal.functional._checks import check_binary_target, check_finite, check_int
+from torchcal.functional._validation import check_finite_value, check_temperature_bounds
 from torchcal.functional.platt import fit_platt
 from torchcal.scaling._base import (
     FittedMixin,

@@ -9,12 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from torchcal.functional._validation import (
-    check_finite,
-    check_finite_value,
-    check_int,
-    check_temperature_bounds,
-)
+from torchcal.functional._checks import check_finite, check_int
+from torchcal.functional._validation import check_finite_value, check_temperature_bounds
 from torchcal.functional.temperature import (
     Chunk,
     TemperatureSolution,

@@ -8,18 +8,17 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from torchcal.functional._forecast import broadcast_or_none, check_location_scale
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_finite,
-    check_finite_value,
     check_floating,
     check_int,
     check_option,
     check_positive,
-    check_temperature_bounds,
     check_tensor,
     check_values,
 )
+from torchcal.functional._forecast import broadcast_or_none, check_location_scale
+from torchcal.functional._validation import check_finite_value, check_temperature_bounds
 from torchcal.functional.variance import fit_scale_factor
 from torchcal.scaling._base import FittedMixin, VarianceFit, check_state_finite, warn_all
 

@@ -27,7 +27,7 @@ first).
 
 **Groups.** An optional ``groups`` tensor (a domain id per sample, in ``[0, num_groups)``)
 adds a leading group axis to the statistics; results then come as
-:class:`~torchcal.report.GroupedResult` with the pooled value beside one per group.
+:class:`~torchcal.GroupedResult` with the pooled value beside one per group.
 
 **Errors.** NaN/Inf scores, probabilities outside [0, 1] with ``input="probs"``, labels out
 of range, shape mismatches, ``n_bins < 1`` and empty input raise ``ValueError`` naming the
@@ -47,139 +47,203 @@ argument (value checks can be switched off with
 * :mod:`.bootstrap`: the streaming Poisson bootstrap;
 * :mod:`.nll`: the negative log-likelihood;
 * :mod:`.wrappers`: the one-shot public functionals and the estimator dispatch.
+
+
+The public names are imported from :mod:`torchcal.functional`; this package exports none itself
+(the names it re-exported before are served for one release with a ``FutureWarning``).
 """
 
 from __future__ import annotations
 
-from torchcal.functional.calibration.adaptive import (
-    ece_sweep_from_samples,
-    ece_sweep_from_stats,
-    equal_mass_calibration_error_from_samples,
-    equal_mass_calibration_error_from_stats,
-)
-from torchcal.functional.calibration.binning import (
-    SUM_BLOCK,
-    BinnedStats,
-    accumulate,
-    accumulate_batches,
-    bin_ids,
-    bin_index,
-    binned_statistics,
-    require_nonempty,
-    require_single_slot,
-)
-from torchcal.functional.calibration.bootstrap import (
-    bootstrap_statistics,
-    ece_bootstrap_from_stats,
-)
-from torchcal.functional.calibration.estimators import (
-    NORMS,
-    brier_decomposition_from_stats,
-    calibration_error_from_stats,
-    class_mean,
-    debiased_calibration_error_from_stats,
-)
-from torchcal.functional.calibration.intervals import (
-    INTERVALS,
-    clopper_pearson_interval,
-    wilson_interval,
-    z_of_level,
-)
-from torchcal.functional.calibration.nll import (
-    as_float64,
-    logits_look_like_probs,
-    negative_log_likelihood,
-    nll_items,
-    nll_sum,
-    nll_terms,
-)
-from torchcal.functional.calibration.readings import (
-    INPUTS,
-    PROBS_AS_LOGITS,
-    READINGS,
-    CalibrationSamples,
-    PreparedInputs,
-    confidence_reading,
-    prepare_checked,
-    prepare_inputs,
-    samples_from,
-    warn_probs_as_logits,
-)
-from torchcal.functional.calibration.smooth import (
-    smooth_calibration_error_from_samples,
-    smooth_calibration_error_from_stats,
-)
-from torchcal.functional.calibration.tables import (
-    reliability_table_from_stats,
-)
-from torchcal.functional.calibration.truth import kl_to_truth, true_calibration_error
-from torchcal.functional.calibration.wrappers import (
-    ESTIMATORS,
-    FINE_ESTIMATORS,
-    brier_decomposition,
-    calibration_error,
-    calibration_error_bootstrap,
-    check_estimator,
-    estimate,
-    per_group,
-    reliability_table,
-    stack_scalars,
-)
+from torchcal.functional._moved import moved
 
-__all__ = [
-    "BinnedStats",
-    "CalibrationSamples",
-    "ESTIMATORS",
-    "FINE_ESTIMATORS",
-    "INPUTS",
-    "INTERVALS",
-    "NORMS",
-    "PROBS_AS_LOGITS",
-    "PreparedInputs",
-    "READINGS",
-    "accumulate",
-    "accumulate_batches",
-    "SUM_BLOCK",
-    "as_float64",
-    "bin_ids",
-    "bin_index",
-    "binned_statistics",
-    "bootstrap_statistics",
-    "brier_decomposition",
-    "brier_decomposition_from_stats",
-    "calibration_error",
-    "calibration_error_bootstrap",
-    "calibration_error_from_stats",
-    "check_estimator",
-    "class_mean",
-    "clopper_pearson_interval",
-    "confidence_reading",
-    "debiased_calibration_error_from_stats",
-    "ece_bootstrap_from_stats",
-    "ece_sweep_from_samples",
-    "ece_sweep_from_stats",
-    "equal_mass_calibration_error_from_samples",
-    "equal_mass_calibration_error_from_stats",
-    "estimate",
-    "logits_look_like_probs",
-    "negative_log_likelihood",
-    "nll_items",
-    "nll_sum",
-    "nll_terms",
-    "per_group",
-    "prepare_checked",
-    "prepare_inputs",
-    "reliability_table",
-    "reliability_table_from_stats",
-    "require_nonempty",
-    "require_single_slot",
-    "samples_from",
-    "smooth_calibration_error_from_samples",
-    "smooth_calibration_error_from_stats",
-    "stack_scalars",
-    "true_calibration_error",
-    "kl_to_truth",
-    "warn_probs_as_logits",
-    "wilson_interval",
-    "z_of_level",
-]
+__all__: list[str] = []
+
+__getattr__ = moved(
+    __name__,
+    {
+        "BinnedStats": ("torchcal.functional.calibration.binning", "torchcal.functional"),
+        "CalibrationSamples": (
+            "torchcal.functional.calibration.readings",
+            "torchcal.functional.calibration.readings",
+        ),
+        "ESTIMATORS": (
+            "torchcal.functional.calibration.wrappers",
+            "torchcal.functional.calibration.wrappers",
+        ),
+        "FINE_ESTIMATORS": (
+            "torchcal.functional.calibration.wrappers",
+            "torchcal.functional.calibration.wrappers",
+        ),
+        "INPUTS": (
+            "torchcal.functional.calibration.readings",
+            "torchcal.functional.calibration.readings",
+        ),
+        "INTERVALS": (
+            "torchcal.functional.calibration.intervals",
+            "torchcal.functional.calibration.intervals",
+        ),
+        "NORMS": (
+            "torchcal.functional.calibration.estimators",
+            "torchcal.functional.calibration.estimators",
+        ),
+        "PROBS_AS_LOGITS": (
+            "torchcal.functional.calibration.readings",
+            "torchcal.functional.calibration.readings",
+        ),
+        "PreparedInputs": (
+            "torchcal.functional.calibration.readings",
+            "torchcal.functional.calibration.readings",
+        ),
+        "READINGS": (
+            "torchcal.functional.calibration.readings",
+            "torchcal.functional.calibration.readings",
+        ),
+        "SUM_BLOCK": (
+            "torchcal.functional.calibration.binning",
+            "torchcal.functional.calibration.binning",
+        ),
+        "accumulate": (
+            "torchcal.functional.calibration.binning",
+            "torchcal.functional.calibration.binning",
+        ),
+        "accumulate_batches": (
+            "torchcal.functional.calibration.binning",
+            "torchcal.functional.calibration.binning",
+        ),
+        "as_float64": (
+            "torchcal.functional.calibration.nll",
+            "torchcal.functional.calibration.nll",
+        ),
+        "bin_ids": (
+            "torchcal.functional.calibration.binning",
+            "torchcal.functional.calibration.binning",
+        ),
+        "bin_index": (
+            "torchcal.functional.calibration.binning",
+            "torchcal.functional.calibration.binning",
+        ),
+        "binned_statistics": ("torchcal.functional.calibration.binning", "torchcal.functional"),
+        "bootstrap_statistics": (
+            "torchcal.functional.calibration.bootstrap",
+            "torchcal.functional.calibration.bootstrap",
+        ),
+        "brier_decomposition": ("torchcal.functional.calibration.wrappers", "torchcal.functional"),
+        "brier_decomposition_from_stats": (
+            "torchcal.functional.calibration.estimators",
+            "torchcal.functional",
+        ),
+        "calibration_error": ("torchcal.functional.calibration.wrappers", "torchcal.functional"),
+        "calibration_error_bootstrap": (
+            "torchcal.functional.calibration.wrappers",
+            "torchcal.functional",
+        ),
+        "calibration_error_from_stats": (
+            "torchcal.functional.calibration.estimators",
+            "torchcal.functional",
+        ),
+        "class_mean": (
+            "torchcal.functional.calibration.estimators",
+            "torchcal.functional.calibration.estimators",
+        ),
+        "clopper_pearson_interval": (
+            "torchcal.functional.calibration.intervals",
+            "torchcal.functional.calibration.intervals",
+        ),
+        "confidence_reading": (
+            "torchcal.functional.calibration.readings",
+            "torchcal.functional.calibration.readings",
+        ),
+        "debiased_calibration_error_from_stats": (
+            "torchcal.functional.calibration.estimators",
+            "torchcal.functional.calibration.estimators",
+        ),
+        "ece_bootstrap_from_stats": (
+            "torchcal.functional.calibration.bootstrap",
+            "torchcal.functional.calibration.bootstrap",
+        ),
+        "ece_sweep_from_samples": (
+            "torchcal.functional.calibration.adaptive",
+            "torchcal.functional.calibration.adaptive",
+        ),
+        "ece_sweep_from_stats": (
+            "torchcal.functional.calibration.adaptive",
+            "torchcal.functional.calibration.adaptive",
+        ),
+        "equal_mass_calibration_error_from_samples": (
+            "torchcal.functional.calibration.adaptive",
+            "torchcal.functional.calibration.adaptive",
+        ),
+        "equal_mass_calibration_error_from_stats": (
+            "torchcal.functional.calibration.adaptive",
+            "torchcal.functional.calibration.adaptive",
+        ),
+        "estimate": (
+            "torchcal.functional.calibration.wrappers",
+            "torchcal.functional.calibration.wrappers",
+        ),
+        "kl_to_truth": ("torchcal.functional.calibration.truth", "torchcal.functional"),
+        "logits_look_like_probs": (
+            "torchcal.functional.calibration.nll",
+            "torchcal.functional.calibration.nll",
+        ),
+        "negative_log_likelihood": ("torchcal.functional.calibration.nll", "torchcal.functional"),
+        "nll_items": ("torchcal.functional.calibration.nll", "torchcal.functional.calibration.nll"),
+        "nll_sum": ("torchcal.functional.calibration.nll", "torchcal.functional.calibration.nll"),
+        "nll_terms": ("torchcal.functional.calibration.nll", "torchcal.functional.calibration.nll"),
+        "per_group": (
+            "torchcal.functional.calibration.wrappers",
+            "torchcal.functional.calibration.wrappers",
+        ),
+        "prepare_checked": (
+            "torchcal.functional.calibration.readings",
+            "torchcal.functional.calibration.readings",
+        ),
+        "prepare_inputs": (
+            "torchcal.functional.calibration.readings",
+            "torchcal.functional.calibration.readings",
+        ),
+        "reliability_table": ("torchcal.functional.calibration.wrappers", "torchcal.functional"),
+        "reliability_table_from_stats": (
+            "torchcal.functional.calibration.tables",
+            "torchcal.functional",
+        ),
+        "require_nonempty": (
+            "torchcal.functional.calibration.binning",
+            "torchcal.functional.calibration.binning",
+        ),
+        "require_single_slot": (
+            "torchcal.functional.calibration.binning",
+            "torchcal.functional.calibration.binning",
+        ),
+        "samples_from": (
+            "torchcal.functional.calibration.readings",
+            "torchcal.functional.calibration.readings",
+        ),
+        "smooth_calibration_error_from_samples": (
+            "torchcal.functional.calibration.smooth",
+            "torchcal.functional.calibration.smooth",
+        ),
+        "smooth_calibration_error_from_stats": (
+            "torchcal.functional.calibration.smooth",
+            "torchcal.functional.calibration.smooth",
+        ),
+        "stack_scalars": (
+            "torchcal.functional.calibration.wrappers",
+            "torchcal.functional.calibration.wrappers",
+        ),
+        "true_calibration_error": ("torchcal.functional.calibration.truth", "torchcal.functional"),
+        "warn_probs_as_logits": (
+            "torchcal.functional.calibration.readings",
+            "torchcal.functional.calibration.readings",
+        ),
+        "wilson_interval": (
+            "torchcal.functional.calibration.intervals",
+            "torchcal.functional.calibration.intervals",
+        ),
+        "z_of_level": (
+            "torchcal.functional.calibration.intervals",
+            "torchcal.functional.calibration.intervals",
+        ),
+    },
+)

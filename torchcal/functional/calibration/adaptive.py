@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import check_int, check_option
+from torchcal.functional._checks import check_int, check_option
 from torchcal.functional.calibration.binning import (
     BinnedStats,
     require_nonempty,
@@ -131,7 +131,7 @@ def equal_mass_calibration_error_from_stats(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> p = torch.tensor([0.1, 0.2, 0.8, 0.9], dtype=torch.float64)
         >>> fine = binned_statistics(p, torch.tensor([0, 1, 1, 1]), n_bins=4096,
         ...                          reading="binary", input="probs").pooled()
@@ -156,7 +156,7 @@ def equal_mass_calibration_error_from_samples(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import CalibrationSamples
+        >>> from torchcal.functional.calibration.readings import CalibrationSamples
         >>> s = CalibrationSamples(torch.tensor([0.1, 0.2, 0.8, 0.9], dtype=torch.float64),
         ...                        torch.tensor([0.0, 1.0, 1.0, 1.0], dtype=torch.float64),
         ...                        torch.zeros(4, dtype=torch.long))
@@ -181,7 +181,7 @@ def ece_sweep_from_stats(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> p = torch.tensor([0.1, 0.2, 0.8, 0.9], dtype=torch.float64)
         >>> fine = binned_statistics(p, torch.tensor([0, 1, 1, 1]), n_bins=4096,
         ...                          reading="binary", input="probs").pooled()
@@ -203,7 +203,7 @@ def ece_sweep_from_samples(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import CalibrationSamples
+        >>> from torchcal.functional.calibration.readings import CalibrationSamples
         >>> s = CalibrationSamples(torch.tensor([0.1, 0.2, 0.8, 0.9], dtype=torch.float64),
         ...                        torch.tensor([0.0, 1.0, 1.0, 1.0], dtype=torch.float64),
         ...                        torch.zeros(4, dtype=torch.long))

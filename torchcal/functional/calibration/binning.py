@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import check_int, sync_free
+from torchcal.functional._checks import check_int, sync_free
 from torchcal.functional.calibration.readings import PreparedInputs, prepare_checked
 
 __all__ = [
@@ -56,7 +56,7 @@ class BinnedStats:
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> a = binned_statistics(torch.tensor([0.1, 0.9]), torch.tensor([0, 1]),
         ...                       n_bins=2, reading="binary", input="probs")
         >>> (a + a).count.tolist()
@@ -242,7 +242,7 @@ def accumulate(prep: PreparedInputs, n_bins: int) -> BinnedStats:
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import prepare_inputs
+        >>> from torchcal.functional.calibration.readings import prepare_inputs
         >>> prep = prepare_inputs(torch.tensor([0.1, 0.6, 0.7]), torch.tensor([0, 1, 0]),
         ...                       reading="binary", input="probs")
         >>> s = accumulate(prep, 2)
@@ -290,7 +290,7 @@ def accumulate_batches(preps: Sequence[PreparedInputs], n_bins: int) -> BinnedSt
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import prepare_inputs
+        >>> from torchcal.functional.calibration.readings import prepare_inputs
         >>> a = prepare_inputs(torch.tensor([0.1, 0.6]), torch.tensor([0, 1]),
         ...                    reading="binary", input="probs")
         >>> b = prepare_inputs(torch.tensor([0.7]), torch.tensor([0]),

@@ -26,7 +26,7 @@ def bootstrap_statistics(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import prepare_inputs
+        >>> from torchcal.functional.calibration.readings import prepare_inputs
         >>> prep = prepare_inputs(torch.tensor([0.2, 0.7]), torch.tensor([0, 1]),
         ...                       reading="binary", input="probs")
         >>> wn, wc, wo = bootstrap_statistics(prep, 2, 3, torch.Generator().manual_seed(0))

@@ -9,7 +9,7 @@ import math
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import check_option
+from torchcal.functional._checks import check_option
 from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.calibration.readings import READINGS
 
@@ -41,7 +41,7 @@ def calibration_error_from_stats(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> s = binned_statistics(torch.tensor([0.9, 0.9, 0.2]), torch.tensor([1, 0, 0]),
         ...                       n_bins=10, reading="binary", input="probs")
         >>> round(float(calibration_error_from_stats(s.pooled(), reading="binary")), 4)
@@ -92,7 +92,7 @@ def debiased_calibration_error_from_stats(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> s = binned_statistics(torch.tensor([0.9, 0.9, 0.9, 0.9]), torch.tensor([1, 1, 0, 0]),
         ...                       n_bins=10, reading="binary", input="probs")
         >>> round(float(debiased_calibration_error_from_stats(s.pooled())), 4)  # 0.16 - 1/12
@@ -134,7 +134,7 @@ def brier_decomposition_from_stats(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> s = binned_statistics(torch.tensor([0.9, 0.1]), torch.tensor([1, 1]), n_bins=2,
         ...                       reading="binary", input="probs")
         >>> round(float(brier_decomposition_from_stats(s.pooled())["brier"]), 4)

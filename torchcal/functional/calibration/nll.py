@@ -13,8 +13,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from torchcal.functional._layouts import log_score_items
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_binary_target,
     check_bool,
     check_class_target,
@@ -22,15 +21,15 @@ from torchcal.functional._validation import (
     check_floating,
     check_nonempty,
     check_option,
-    check_optional_int,
     check_probabilities,
-    check_probability_rows,
     check_tensor,
     check_values,
     first_bad_position,
     sync_free,
     values_checked,
 )
+from torchcal.functional._layouts import log_score_items
+from torchcal.functional._validation import check_optional_int, check_probability_rows
 from torchcal.functional.calibration.readings import (
     INPUTS,
     PROBS_AS_LOGITS,

@@ -16,24 +16,26 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_binary_target,
-    check_class_target_fast,
     check_finite,
     check_floating,
-    check_group_ids,
     check_int,
     check_nonempty,
     check_option,
-    check_optional_int,
     check_probabilities,
-    check_probabilities_fast,
     check_tensor,
     check_values,
     first_bad_position,
-    probability_sum_tolerance,
     sync_free,
     values_checked,
+)
+from torchcal.functional._validation import (
+    check_class_target_fast,
+    check_group_ids,
+    check_optional_int,
+    check_probabilities_fast,
+    probability_sum_tolerance,
 )
 
 __all__ = [
@@ -98,7 +100,7 @@ class CalibrationSamples:
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import equal_mass_calibration_error_from_samples
+        >>> from torchcal.functional.calibration.adaptive import equal_mass_calibration_error_from_samples
         >>> s = CalibrationSamples(torch.tensor([0.2, 0.9], dtype=torch.float64),
         ...                        torch.tensor([0.0, 1.0], dtype=torch.float64),
         ...                        torch.zeros(2, dtype=torch.long))
@@ -431,6 +433,7 @@ def prepare_rows(
     _check_labels(target, shape[1], None)
     top = reading == "top_label"
     conf, outcome, arg, looks = _confidence_rows(preds, target, input, need_arg=top)
+    assert outcome is not None  # with a target, the rows give their outcomes
     return conf, outcome, arg if top else None, looks
 
 
@@ -551,6 +554,7 @@ def _class_elements(
         )
     top = reading == "top_label"
     conf, outcome, slot, looks = _confidence_rows(x, t, input, need_arg=top)
+    assert outcome is not None  # with a target, the rows give their outcomes
     return conf, outcome, slot if top else None, looks
 
 

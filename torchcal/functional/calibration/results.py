@@ -153,7 +153,7 @@ class ReliabilityTable:
     @property
     def ece(self) -> float:
         """Equal-width L1 ECE of the reading, by the one formula of
-        :func:`~torchcal.functional.calibration.calibration_error_from_stats` applied to the
+        :func:`~torchcal.functional.calibration_error_from_stats` applied to the
         table's bins (sums ``count_b * conf_b``, ``count_b * acc_b``): ``sum_b count_b / n *
         |gap_b|``; with ``per_class`` tables, over the (class, bin) cells for ``top_label``
         (Gupta & Ramdas 2021) and the mean of the per-class errors for ``classwise`` (Kull et

@@ -108,7 +108,7 @@ def smooth_calibration_error_from_stats(fine: BinnedStats, *, sigma: float | Non
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> g = torch.Generator().manual_seed(0)
         >>> p = torch.rand(2000, generator=g, dtype=torch.float64)
         >>> y = (torch.rand(2000, generator=g, dtype=torch.float64) < p ** 2).long()
@@ -137,7 +137,7 @@ def smooth_calibration_error_from_samples(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import CalibrationSamples
+        >>> from torchcal.functional.calibration.readings import CalibrationSamples
         >>> s = CalibrationSamples(torch.full((100,), 0.5, dtype=torch.float64),
         ...                        (torch.arange(100) % 2).double(),
         ...                        torch.zeros(100, dtype=torch.long))

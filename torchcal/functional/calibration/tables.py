@@ -1,10 +1,10 @@
-"""Reliability tables (:class:`~torchcal.report.ReliabilityTable`) from binned statistics."""
+"""Reliability tables (:class:`~torchcal.ReliabilityTable`) from binned statistics."""
 
 from __future__ import annotations
 
 import torch
 
-from torchcal.functional._validation import check_option
+from torchcal.functional._checks import check_option
 from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.calibration.intervals import (
     INTERVALS,
@@ -56,7 +56,7 @@ def reliability_table_from_stats(
     level: float = 0.95,
     reading: str = "confidence",
 ) -> ReliabilityTable:
-    """:class:`~torchcal.report.ReliabilityTable` of statistics ``(K, B)`` (or ``(B,)``).
+    """:class:`~torchcal.ReliabilityTable` of statistics ``(K, B)`` (or ``(B,)``).
 
     For ``K > 1`` (``top_label``/``classwise``) the table pools the classes bin by bin and
     ``per_class`` holds one table per class; the table's ``ece`` is still the error of the
@@ -65,7 +65,7 @@ def reliability_table_from_stats(
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import binned_statistics
+        >>> from torchcal.functional import binned_statistics
         >>> s = binned_statistics(torch.tensor([0.2, 0.8]), torch.tensor([0, 1]), n_bins=2,
         ...                       reading="binary", input="probs")
         >>> reliability_table_from_stats(s.pooled()).count.tolist()

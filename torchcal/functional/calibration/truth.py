@@ -4,8 +4,8 @@ known (a simulation), calibration can be measured without label noise.
 * :func:`true_calibration_error`: the binned gap between the confidence and the true
   probability that the prediction is right, ``p*_{pred}(x)`` (the expected outcome of each
   prediction in place of the outcome itself), binned by the one bin rule
-  (:func:`~torchcal.functional.calibration.bin_ids`) and reduced by the same estimator as the
-  ECE (:func:`~torchcal.functional.calibration.calibration_error_from_stats`);
+  (:func:`~torchcal.functional.calibration.binning.bin_ids`) and reduced by the same estimator as the
+  ECE (:func:`~torchcal.functional.calibration_error_from_stats`);
 * :func:`kl_to_truth`: the mean ``KL(p* || p)`` of predicted rows from the true rows.
 """
 
@@ -14,17 +14,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import (
+from torchcal.functional._checks import (
     check_finite,
     check_floating,
     check_int,
     check_nonempty,
     check_option,
     check_probabilities,
-    check_probability_rows,
     check_same_shape,
     check_tensor,
 )
+from torchcal.functional._validation import check_probability_rows
 from torchcal.functional.calibration.binning import accumulate
 from torchcal.functional.calibration.estimators import NORMS, calibration_error_from_stats
 from torchcal.functional.calibration.readings import PreparedInputs

@@ -60,7 +60,7 @@ def accumulate_weighted(prep: PreparedInputs, n_bins: int, weight: Tensor) -> Bi
 
     Example:
         >>> import torch
-        >>> from torchcal.functional.calibration import prepare_inputs
+        >>> from torchcal.functional.calibration.readings import prepare_inputs
         >>> prep = prepare_inputs(torch.tensor([0.1, 0.6]), torch.tensor([0, 1]),
         ...                       reading="binary", input="probs")
         >>> s = accumulate_weighted(prep, 2, torch.tensor([3.0, 0.5]))

@@ -1,6 +1,6 @@
 """The public one-shot functionals (:func:`calibration_error`, :func:`reliability_table`,
 :func:`brier_decomposition`, :func:`calibration_error_bootstrap`) and the estimator dispatch
-the metrics share (:func:`check_estimator`, :func:`estimate`, :func:`per_group`)."""
+the metrics share (:func:`check_ece_estimator`, :func:`estimate`, :func:`per_group`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import check_int, check_option
+from torchcal.functional._checks import check_int, check_option
 from torchcal.functional.calibration.adaptive import (
     ece_sweep_from_samples,
     ece_sweep_from_stats,
@@ -48,7 +48,7 @@ __all__ = [
     "brier_decomposition",
     "calibration_error",
     "calibration_error_bootstrap",
-    "check_estimator",
+    "check_ece_estimator",
     "estimate",
     "per_group",
     "reliability_table",
@@ -60,7 +60,7 @@ ESTIMATORS = ("binned", "debiased", "equal_mass", "sweep", "smooth")
 FINE_ESTIMATORS = ("equal_mass", "sweep", "smooth")
 
 
-def check_estimator(
+def check_ece_estimator(
     estimator: str, norm: str, reading: str, allowed: tuple[str, ...] = ESTIMATORS
 ) -> None:
     """Validate an (estimator, norm, reading) combination (functional and metrics)."""
@@ -90,7 +90,7 @@ def estimate(
     sigma: float | None = None,
 ) -> Tensor:
     """One estimate from ``(K, B)`` statistics (and fine ``(K, F)`` or kept samples); the
-    combination was checked by :func:`check_estimator`."""
+    combination was checked by :func:`check_ece_estimator`."""
     if estimator == "binned":
         return calibration_error_from_stats(stats, norm=norm, reading=reading)
     if estimator == "debiased":
@@ -169,7 +169,7 @@ def calibration_error(
             ``"smooth"`` (Blasiok & Nakkiran 2023; ``norm`` ignored); the last three from a
             ``fine_bins`` histogram, or from the sorted samples with ``exact=True``.
         groups, num_groups: optional domain id per sample; then a
-            :class:`~torchcal.report.GroupedResult` with ``pooled`` (scalar) and
+            :class:`~torchcal.GroupedResult` with ``pooled`` (scalar) and
             ``per_group`` (``(G,)``, ``NaN`` for empty groups) is returned.
         sigma: fixed bandwidth for ``estimator="smooth"`` (default: the fixed point).
         ignore_index: a target value whose elements are dropped (as in
@@ -189,7 +189,7 @@ def calibration_error(
         0.2992
     """
     n_bins = check_int("n_bins", n_bins, minimum=1)
-    check_estimator(estimator, norm, reading)
+    check_ece_estimator(estimator, norm, reading)
     prep = prepare_checked(
         preds,
         target,
@@ -239,10 +239,10 @@ def reliability_table(
     num_groups: int | None = None,
     ignore_index: int | None = None,
 ) -> ReliabilityTable | GroupedResult:
-    """Equal-width :class:`~torchcal.report.ReliabilityTable` with per-bin counts and
+    """Equal-width :class:`~torchcal.ReliabilityTable` with per-bin counts and
     accuracy intervals (``interval="wilson" | "clopper_pearson"`` at ``level``).
 
-    With ``groups`` a :class:`~torchcal.report.GroupedResult` whose ``per_group`` is a list
+    With ``groups`` a :class:`~torchcal.GroupedResult` whose ``per_group`` is a list
     of tables (``None`` for empty groups).
 
     Example:
@@ -294,7 +294,7 @@ def brier_decomposition(
     ``brier = reliability - resolution + uncertainty + within_bin_variance
     - 2 * within_bin_covariance``.
 
-    With ``groups``: a :class:`~torchcal.report.GroupedResult` whose ``per_group`` is a dict
+    With ``groups``: a :class:`~torchcal.GroupedResult` whose ``per_group`` is a dict
     of ``(G,)`` tensors.
 
     Example:
