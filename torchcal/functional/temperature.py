@@ -30,12 +30,7 @@ from torchcal.functional.shrinkage import empirical_bayes_shrinkage
 __all__ = [
     "Chunk",
     "STAT_FIELDS",
-    "COUNT",
-    "LOSS",
-    "DLOSS",
-    "D2LOSS",
-    "LOSS_IDENTITY",
-    "MISRANKED",
+    "TemperatureSums",
     "WINDOW",
     "BLOCK",
     "chunk_rows",
@@ -70,8 +65,38 @@ __all__ = [
 # ``misranked`` (rows whose target is not a row maximum; binary: a score on the wrong side of
 # 0) does not depend on T and is only filled by identity passes: when it is 0 the set is
 # perfectly separated (the NLL decreases all the way to T -> 0).
-STAT_FIELDS = ("count", "loss", "dloss", "d2loss", "loss_identity", "misranked")
-COUNT, LOSS, DLOSS, D2LOSS, LOSS_IDENTITY, MISRANKED = range(6)
+
+
+class TemperatureSums(NamedTuple):
+    """The sums of one pass, per group (each ``(G,)`` float64): the rows (``rows``), the NLL
+    and its first two derivatives in ``u = log beta`` (``loss``, ``dloss``, ``d2loss``), the
+    NLL at ``T = 1`` (``loss_identity``) and the misranked rows (``misranked``).
+
+    A pass returns them stacked as one ``(G, 6)`` tensor (one all-reduce under DDP);
+    :meth:`of` names its columns (views: an in-place update of a field updates the tensor).
+
+    Example:
+        >>> import torch
+        >>> stats = torch.tensor([[4.0, 2.5, -0.5, 1.0, 2.8, 1.0]], dtype=torch.float64)
+        >>> sums = TemperatureSums.of(stats)
+        >>> float(sums.loss[0] / sums.rows[0])
+        0.625
+    """
+
+    rows: Tensor
+    loss: Tensor
+    dloss: Tensor
+    d2loss: Tensor
+    loss_identity: Tensor
+    misranked: Tensor
+
+    @classmethod
+    def of(cls, stats: Tensor) -> TemperatureSums:
+        """The named columns of a pass's ``(G, 6)`` sums."""
+        return cls(*stats.unbind(1))
+
+
+STAT_FIELDS = TemperatureSums._fields
 
 # Chunks stay below ATen's parallel grain sizes (32768 elements for element-wise ops, 2048
 # for the MKL-VML exp/log): each op then runs single-threaded on a cache-resident chunk, with
@@ -292,7 +317,7 @@ def _accumulate(parts: Iterable[Sums], num_groups: int) -> Tensor | None:
     if acc is not None:
         if block:
             acc[0, 1 : 1 + block[0].shape[0]] += torch.stack(block).sum(0)
-        acc[0, COUNT] += count
+        TemperatureSums.of(acc).rows[0] += count
     return acc
 
 
@@ -366,9 +391,8 @@ def u_derivatives(
     stats: Tensor, u: Tensor, center: Tensor | None = None, strength: float = 0.0
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Objective, d/du and d2/du2 (sums, per group) of a pass's ``(G, 6)`` sums at ``u``."""
-    return log_beta_derivatives(
-        stats[:, LOSS], stats[:, DLOSS], stats[:, D2LOSS], u, center, strength
-    )
+    sums = TemperatureSums.of(stats)
+    return log_beta_derivatives(sums.loss, sums.dloss, sums.d2loss, u, center, strength)
 
 
 def solve_log_beta(
@@ -403,22 +427,24 @@ def solve_log_beta(
     G = u.shape[0]
     done = torch.zeros(G, dtype=torch.bool)
     stats = evaluate(u, identity_first)
-    identity_stats = stats[:, LOSS_IDENTITY].clone() if identity_first else None
+    first = TemperatureSums.of(stats)
+    identity_stats = first.loss_identity.clone() if identity_first else None
     passes = 1
     free = torch.full((G,), center is None or strength == 0, dtype=torch.bool)
-    sep = free & (stats[:, MISRANKED] == 0) & (stats[:, COUNT] > 0)
+    sep = free & (first.misranked == 0) & (first.rows > 0)
     if identity_first and detect_separation and bool(sep.any()):
         u_try = torch.where(sep, torch.full_like(u, upper), u)
         at_bound = evaluate(u_try, False)
         passes += 1
-        lower_there = sep & (at_bound[:, LOSS] < stats[:, LOSS_IDENTITY])  # below NLL at T=1
+        # below the NLL at T = 1
+        lower_there = sep & (TemperatureSums.of(at_bound).loss < first.loss_identity)
         stats = torch.where(lower_there.unsqueeze(1), at_bound, stats)
         u = torch.where(lower_there, u_try, u)
         done |= lower_there
 
     def derivatives(u: Tensor, stats: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         _, g, h = u_derivatives(stats, u, center, strength)
-        return stats, g, h, stats[:, COUNT]
+        return stats, g, h, TemperatureSums.of(stats).rows
 
     def step(u: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         nonlocal passes
@@ -544,18 +570,18 @@ def solve_lbfgs(
 
     start = min(max(float(u0[0]), lo), hi)
     first = stats_at(start, True)
-    n = float(first[0, COUNT])
+    n = float(TemperatureSums.of(first).rows[0])
     if n == 0:
         raise ValueError("batches: every rank's shard is empty")
-    nll_before = float(first[0, LOSS_IDENTITY]) / n
+    nll_before = float(TemperatureSums.of(first).loss_identity[0]) / n
 
     def on_log_t(log_t: Tensor) -> tuple[Tensor, Tensor]:
         f, g, _ = derivatives(-float(log_t))
         return torch.tensor(f, dtype=torch.float64), torch.tensor(-g, dtype=torch.float64)
 
-    separated = float(first[0, MISRANKED]) == 0 and float(stats_at(hi)[0, LOSS]) < float(
-        first[0, LOSS]
-    )
+    separated = float(TemperatureSums.of(first).misranked[0]) == 0 and float(
+        TemperatureSums.of(stats_at(hi)).loss[0]
+    ) < float(TemperatureSums.of(first).loss[0])
     iterations = 0
     if separated:
         u = hi
@@ -595,7 +621,7 @@ def flattest_near_min(
 ) -> float:
     """Among the evaluated points (``u -> sums`` over ``n`` samples) whose mean NLL is within
     rounding of the lowest, the one with the smallest ``|grad(u)|``."""
-    loss = {v: float(st[0, LOSS]) / n for v, st in cache.items()}
+    loss = {v: float(TemperatureSums.of(st).loss[0]) / n for v, st in cache.items()}
     f_min = min(loss.values())
     near = [v for v in cache if loss[v] <= f_min + 8e-16 * max(1.0, abs(f_min))]
     return min(near, key=lambda v: abs(grad(v)))
@@ -707,16 +733,17 @@ def solve_temperature(
             max_iter=max_iter,
             identity_first=True,
         )
-        n = float(res.stats[0, COUNT])
+        n = float(TemperatureSums.of(res.stats).rows[0])
         if n == 0:
             raise ValueError("batches: every rank's shard is empty")
         assert res.identity_stats is not None
         nll_before = float(res.identity_stats[0]) / n
     msgs = degenerate_messages(res, bounds)
     converged = bool(res.converged[0])
+    sums = TemperatureSums.of(res.stats)
     # zero curvature inside the bounds: Var_p[z] = 0 in every row, i.e. every row's logits
     # are equal (no better than uniform at any T): the NLL does not depend on T
-    if not msgs and float(res.stats[0, D2LOSS]) == 0.0:
+    if not msgs and float(sums.d2loss[0]) == 0.0:
         converged = False
         msgs.append(
             f"T: the NLL does not depend on T (every row's logits are equal: no "
@@ -725,7 +752,7 @@ def solve_temperature(
     return TemperatureSolution(
         log_temperature=-float(res.u[0]),
         nll_before=nll_before,
-        nll_after=float(res.stats[0, LOSS]) / float(res.stats[0, COUNT]),
+        nll_after=float(sums.loss[0]) / float(sums.rows[0]),
         grad_norm=abs(float(res.grad[0])),
         iterations=res.iterations,
         converged=converged,
@@ -965,7 +992,7 @@ def fit_group_temperatures(
     if eb:
         raw_u = res.u
         _, _, curv = u_derivatives(res.stats, res.u)  # summed NLL's d2/du2 per group
-        informative = (res.stats[:, COUNT] > 0) & ~(res.at_lower | res.at_upper)
+        informative = (TemperatureSums.of(res.stats).rows > 0) & ~(res.at_lower | res.at_upper)
         info = torch.where(informative, curv.clamp(min=0.0), torch.zeros_like(curv))
         u, weights, tau2 = empirical_bayes_shrinkage(res.u, info, u_global)
         stats = evaluate(u, False)
@@ -984,18 +1011,18 @@ def fit_group_temperatures(
             identity_stats=res.identity_stats,
         )
     msgs = []
-    empty = torch.nonzero(res.stats[:, COUNT] == 0).flatten().tolist()
+    empty = torch.nonzero(TemperatureSums.of(res.stats).rows == 0).flatten().tolist()
     if empty:
         msgs.append(f"groups: no samples in group(s) {empty}; they use the global T")
     if not eb:  # shrunk groups leave no bound: a raw fit on a bound gets the global T
         msgs += degenerate_messages(res, bounds, what="T_g")
-    n = float(res.stats[:, COUNT].sum())
+    n = float(TemperatureSums.of(res.stats).rows.sum())
     assert res.identity_stats is not None
     return GroupSolution(
         log_temperatures=-res.u,
         global_solution=sol_g,
         nll_before=float(res.identity_stats.sum()) / n,
-        nll_after=float(res.stats[:, LOSS].sum()) / n,
+        nll_after=float(TemperatureSums.of(res.stats).loss.sum()) / n,
         grad_norm=float(torch.linalg.vector_norm(res.grad)),
         iterations=res.iterations,
         converged=bool(res.converged.all()) and sol_g.converged,
