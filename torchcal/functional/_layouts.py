@@ -177,10 +177,10 @@ def true_logits(logits: Tensor, target: Tensor) -> Tensor | None:
 
 
 def fast_true_ok(value: Tensor, true: Tensor) -> bool:
-    """:func:`fast_ok` of a 0-d ``value`` with the :func:`true_logits` ``true`` in one host
-    read: ``value + min(true)`` is finite exactly when ``value`` is finite and no true
-    logit is NaN or ``-inf`` (a ``+inf`` true logit makes the softmax, so ``value``, NaN)."""
-    return math.isfinite((value.detach() + true.amin()).item())
+    """:func:`fast_ok` of a 0-d ``value`` with the :func:`true_logits` ``true``: ``value``
+    is finite and no true logit is NaN or ``-inf`` (two host reads, no kernel but one
+    ``min``; a ``+inf`` true logit makes the softmax, so ``value``, NaN)."""
+    return math.isfinite(value.item()) and true.min().item() > NEG_INF  # NaN fails
 
 
 def labels_in_range(target: Tensor, num_classes: int) -> bool:
