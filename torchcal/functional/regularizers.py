@@ -673,7 +673,7 @@ def mdca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | Non
     p = torch.softmax(logits, dim=1)
     counts = torch.bincount(target, minlength=num_classes)
     if small_sum(p):  # the class frequencies outside the graph: the reference's kernels
-        gap = p.mean(dim=0) - counts / logits.shape[0]
+        gap = p.mean(dim=0) - counts.to(p.dtype).div_(logits.shape[0])
     else:
         gap = (p.sum(dim=0, dtype=torch.float64) - counts) / logits.shape[0]
     out = gap.abs().mean()
