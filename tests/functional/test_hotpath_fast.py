@@ -185,16 +185,17 @@ def test_ignored_items_leave_the_fast_path_and_are_left_out(name):
 @pytest.mark.parametrize("size", [(8, 5), (40, 1000)], ids=["one-thread", "large"])
 def test_a_mask_on_another_class_is_allowed(name, size):
     """A ``-inf`` logit masking a class other than the target is allowed: the value of the
-    full path. Large batches (and the focal loss, whose score shows a masked true class)
-    keep it on the fast path; a one-thread-sized batch tests every logit with one
-    reduction and hands any mask over."""
+    full path. Large batches (and the focal loss, whose score shows a masked true class,
+    and the confidence readings, which gather the true logits) keep it on the fast path;
+    a one-thread-sized batch of the other rules tests every logit with one reduction and
+    hands any mask over."""
     rule, fast, _ = RULES[name]
     n, c = size
     z, y = _batch(n, c, torch.float64)
     z = z.detach().clone()
     z[2, (y[2] + 1) % c] = float("-inf")
     out = fast(z, y)
-    assert (out is not None) == (name == "focal" or n * c > 32768)
+    assert (out is not None) == (name in ("focal", "mmce", "dca", "mdca") or n * c > 32768)
     want = rule(z.unsqueeze(2), y.unsqueeze(1))
     torch.testing.assert_close(rule(z, y), want, rtol=1e-12, atol=1e-15)
     if out is not None:

@@ -54,8 +54,10 @@ from torchcal.functional._layouts import (
     check_rows,
     fast_case,
     fast_ok,
-    labels_in_range,
+    fast_true_ok,
     prepare,
+    small_sum,
+    true_logits,
 )
 from torchcal.functional._validation import check_gamma, check_kernel_width, check_norm_power
 
@@ -217,18 +219,20 @@ def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor, Tensor]:
 
 def _fast_reading(
     logits: Tensor, target: Tensor, ignore_index: int
-) -> tuple[Tensor, Tensor] | None:
+) -> tuple[Tensor, Tensor, Tensor] | None:
     """The confidence reading on the hot path (:func:`~torchcal.functional._layouts.fast_case`
-    arguments): ``(conf, correct)`` of every item, ``torch.max`` of the softmax as
-    :func:`_confidence_reading`, after one ``aminmax`` of the labels (a label outside
-    ``[0, C)``, out of range or an ignored item, which the full path leaves out, sends the
-    call there). ``None`` where the hot path does not apply."""
+    arguments): ``(conf, correct, true)`` of every item, ``torch.max`` of the softmax as
+    :func:`_confidence_reading`, and the true logits of
+    :func:`~torchcal.functional._layouts.true_logits` (a label outside ``[0, C)``, out of
+    range or an ignored item, which the full path leaves out, sends the call there).
+    ``None`` where the hot path does not apply."""
     if not fast_case(logits, target, ignore_index):
         return None
-    if not labels_in_range(target, logits.shape[1]):
+    true = true_logits(logits, target)
+    if true is None:
         return None
     conf, top = torch.softmax(logits, dim=1).max(dim=1)
-    return conf, top == target
+    return conf, top == target, true
 
 
 def mmce(
@@ -308,9 +312,9 @@ def mmce_fast(
     reading = _fast_reading(logits, target, ignore_index)
     if reading is None:
         return None
-    conf, correct = reading
+    conf, correct, true = reading
     value = _mmce_squared(conf, correct, None, width)
-    if values_checked() and not fast_ok(value, logits, target):  # before the root (NaN -> 0)
+    if values_checked() and not fast_true_ok(value, true):  # before the root (NaN -> 0)
         return None
     return (value if squared else _safe_root(value, 2.0)).to(logits.dtype)
 
@@ -408,9 +412,9 @@ def soft_binned_ece_fast(
     reading = _fast_reading(logits, target, ignore_index)
     if reading is None:
         return None
-    conf, correct = reading
+    conf, correct, true = reading
     value = _soft_binned_power(conf, correct, None, bins, temperature, p)
-    if values_checked() and not fast_ok(value, logits, target):  # before the root (NaN -> 0)
+    if values_checked() and not fast_true_ok(value, true):  # before the root (NaN -> 0)
         return None
     return (_safe_root(value, p) if root else value).to(logits.dtype)
 
@@ -583,17 +587,18 @@ def dca(
 
 def dca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None:
     """The hot path of :func:`dca` (and :class:`~torchcal.losses.DCALoss`):
-    :func:`_fast_reading`, ``|mean_i r_i - mean_i o_i|`` in float64, one value check of the
+    :func:`_fast_reading`, ``|mean_i (r_i - o_i)|`` (in float64 above one thread's
+    reduction, :func:`~torchcal.functional._layouts.small_sum`), one value check of the
     result and the true class; ``None`` sends the call to the full path."""
     reading = _fast_reading(logits, target, ignore_index)
     if reading is None:
         return None
-    conf, correct = reading
-    gap = conf.mean(dtype=torch.float64) - correct.mean(dtype=torch.float64)
-    out = gap.abs().to(logits.dtype)
-    if values_checked() and not fast_ok(out, logits, target):
+    conf, correct, true = reading
+    gap = conf - correct.to(conf.dtype)
+    out = (gap.mean() if small_sum(gap) else gap.mean(dtype=torch.float64)).abs()
+    if values_checked() and not fast_true_ok(out, true):
         return None
-    return out
+    return out.to(logits.dtype)
 
 
 def mdca(
@@ -654,18 +659,24 @@ def mdca(
 def mdca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None:
     """The hot path of :func:`mdca` (and :class:`~torchcal.losses.MDCALoss`) for
     :func:`~torchcal.functional._layouts.fast_case` arguments: the per-class sums of the
-    softmax in float64 against ``bincount`` of the labels (after one ``aminmax`` of the
-    labels: a label outside ``[0, C)`` goes to the full path), one value check of the result
-    and the true class;
+    softmax (in float64 above one thread's reduction,
+    :func:`~torchcal.functional._layouts.small_sum`) against ``bincount`` of the labels
+    (after :func:`~torchcal.functional._layouts.true_logits`: a label outside ``[0, C)``
+    goes to the full path), one value check of the result and the true class;
     ``None`` sends the call to the full path."""
     if not fast_case(logits, target, ignore_index):
         return None
+    true = true_logits(logits, target)
+    if true is None:
+        return None
     num_classes = logits.shape[1]
-    if not labels_in_range(target, num_classes):
-        return None
-    p_sum = torch.softmax(logits, dim=1).sum(dim=0, dtype=torch.float64)
+    p = torch.softmax(logits, dim=1)
     counts = torch.bincount(target, minlength=num_classes)
-    out = ((p_sum - counts) / logits.shape[0]).abs().mean().to(logits.dtype)
-    if values_checked() and not fast_ok(out, logits, target):
+    if small_sum(p):  # the class frequencies outside the graph: the reference's kernels
+        gap = p.mean(dim=0) - counts.to(p.dtype).div_(logits.shape[0])
+    else:
+        gap = (p.sum(dim=0, dtype=torch.float64) - counts) / logits.shape[0]
+    out = gap.abs().mean()
+    if values_checked() and not fast_true_ok(out, true):
         return None
-    return out
+    return out.to(logits.dtype)
