@@ -44,13 +44,11 @@ def pytest_collection_modifyitems(config, items):
     """Mark the SLOW tests; tests marked ``cuda`` skip where no CUDA device is available; leave
     out the multi-process tests unless `-m` names `ddp` (so that `-m "not slow"` does not bring
     them back, as an `-m` in addopts would)."""
-    skip_cuda = (
-        None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA device")
-    )
+    skip_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
     for item in items:
         if item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
-        if skip_cuda is not None and "cuda" in item.keywords:
+        if "cuda" in item.keywords:
             item.add_marker(skip_cuda)
     if "ddp" not in (config.option.markexpr or ""):
         ddp = [item for item in items if item.get_closest_marker("ddp")]

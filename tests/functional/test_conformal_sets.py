@@ -200,7 +200,7 @@ def test_sets_thresholds_sizes_and_topk() -> None:
     assert torch.allclose(a, b, atol=1e-12)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_sets_on_gpu_match_cpu() -> None:
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(1000, 50, generator=g)
