@@ -144,3 +144,21 @@ def test_the_other_scalers_store_what_their_fit_function_returns():
         assert torch.equal(gs.log_temperature, sol.log_temperatures)
         assert res.temperature == math.exp(sol.global_solution.log_temperature)
         assert (sol.raw_log_temperatures is None) == (shrinkage != "empirical_bayes")
+
+
+def test_newton_fit_messages_point_at_the_caller_of_fit():
+    """``NLLFit.of`` issues a Newton fit's messages one frame further up: at this file."""
+    separated = torch.zeros(30, 3)
+    separated[torch.arange(30), torch.arange(30) % 3] = 5.0
+    capped = torch.tensor([-1.0, 1.0]).repeat(20), torch.tensor([0.0, 1.0]).repeat(20)
+    for fit in (
+        lambda: VectorScaler(3).fit(separated, torch.arange(30) % 3),
+        lambda: PlattScaler(max_iter=1).fit(*capped),
+    ):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = fit()
+        mine = [w for w in caught if w.category is CalibrationWarning]
+        assert mine and not res.converged
+        assert [str(w.message) for w in mine] == list(res.warnings)
+        assert {w.filename for w in mine} == {__file__}

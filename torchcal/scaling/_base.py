@@ -36,6 +36,7 @@ class NotFittedError(RuntimeError):
     """``forward`` was called on a calibrator that has not been fitted (or loaded)."""
 
 
+@dataclass(frozen=True, kw_only=True)
 class FitResult:
     """Base of every calibrator's result type: ``isinstance(result, FitResult)`` holds for all.
 
@@ -56,6 +57,12 @@ class FitResult:
 
     # old name -> the field it reads (a str) or the constant it always held (None, 0.0)
     deprecated_aliases: ClassVar[dict[str, object]] = {}
+
+    iterations: int
+    converged: bool
+    warnings: tuple[str, ...] = ()
+    passes: int = 0
+    method: str = ""
 
     def __getattr__(self, name: str) -> Any:  # only reached when normal lookup fails
         aliases = type(self).deprecated_aliases
@@ -93,11 +100,22 @@ class NLLFit(FitResult):
     nll_before: float
     nll_after: float
     grad_norm: float
-    iterations: int
-    converged: bool
-    warnings: tuple[str, ...] = ()
-    passes: int = 0
-    method: str = ""
+
+    @classmethod
+    def of(cls, sol: Any, method: str) -> NLLFit:
+        """The result of a Newton fit's solution (``nll_before``, ``nll_after``, ``grad_norm``,
+        ``iterations``, ``messages``, ``passes``): converged when it has no messages, which
+        are issued as :class:`CalibrationWarning` at the caller of the scaler's ``fit``."""
+        return cls(
+            nll_before=sol.nll_before,
+            nll_after=sol.nll_after,
+            grad_norm=sol.grad_norm,
+            iterations=sol.iterations,
+            converged=not sol.messages,
+            warnings=warn_all(sol.messages, stacklevel=4),
+            passes=sol.passes,
+            method=method,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,11 +177,6 @@ class VarianceFit(FitResult):
     before: float
     after: float
     grad_norm: float
-    iterations: int
-    converged: bool
-    warnings: tuple[str, ...] = ()
-    passes: int = 0
-    method: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,11 +201,7 @@ class QuantileFit(FitResult):
 
     gap_before: float
     gap_after: float
-    iterations: int
     converged: bool = True
-    warnings: tuple[str, ...] = ()
-    passes: int = 0
-    method: str = ""
 
 
 def warn_all(messages: Sequence[str], stacklevel: int = 3) -> tuple[str, ...]:

@@ -17,7 +17,6 @@ from torchcal.scaling._base import (
     check_logits_target,
     check_state_finite,
     logits_as,
-    warn_all,
     warn_if_probabilities,
     working_dtype,
 )
@@ -139,13 +138,4 @@ class PlattScaler(FittedMixin):
         self._store("weight", sol.a)
         self._store("bias", sol.b)
         self._mark_fitted()
-        return NLLFit(
-            nll_before=sol.nll_before,
-            nll_after=sol.nll_after,
-            grad_norm=sol.grad_norm,
-            iterations=sol.iterations,
-            converged=not sol.messages,
-            warnings=warn_all(sol.messages, stacklevel=3),
-            passes=sol.passes,
-            method="newton",
-        )
+        return NLLFit.of(sol, "newton")
