@@ -37,4 +37,5 @@ def moved(old: str, names: Mapping[str, tuple[str, str]]) -> Callable[[str], obj
         )
         return getattr(importlib.import_module(module), name)
 
+    __getattr__.moved = dict(names)  # type: ignore[attr-defined]  # what it serves, for tests
     return __getattr__
