@@ -17,6 +17,7 @@ docstring states the message convention).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
@@ -193,8 +194,9 @@ def check_option(name: str, value: _T, choices: Sequence[object]) -> _T:
 
 def check_reduction(reduction: str) -> str:
     """``reduction`` must be 'mean', 'sum' or 'none'; returned unchanged."""
-    check_option("reduction", reduction, REDUCTIONS)
-    return reduction
+    if reduction in REDUCTIONS:  # the hot path: one test (every loss call makes it)
+        return reduction
+    return check_option("reduction", reduction, REDUCTIONS)
 
 
 def check_tensor(name: str, x: object) -> Tensor:
@@ -428,35 +430,43 @@ PARALLEL_GRAIN = 32768
 
 def fixed_sum(x: Tensor) -> Tensor:
     """``x.sum()`` whose last bit does not depend on the thread count (docs/design.md section
-    3, Determinism): a CPU sum of more than :data:`PARALLEL_GRAIN` values is taken in float64
-    over fixed blocks of :data:`PARALLEL_GRAIN` values (a reduction with several outputs is
-    split between threads by output only, so each block is summed on one thread) and rounded
-    once to ``x``'s dtype; smaller sums (one thread) and other devices (their reductions do
-    not depend on the host's threads) are ``x.sum()``."""
-    if x.numel() <= PARALLEL_GRAIN or not x.is_cpu or not x.is_floating_point():
+    3, Determinism). A CPU sum of more than :data:`PARALLEL_GRAIN` values is taken as the sum
+    of fixed blocks of at most :data:`PARALLEL_GRAIN` values: torch splits a reduction with
+    several outputs between threads by output only, so each block is summed (torch's cascade
+    sum) on one thread, and the block sums are summed again the same way; float16/bfloat16
+    accumulate in float32 and round once. Smaller sums (one thread) and other devices (their
+    reductions do not depend on the host's threads) are ``x.sum()``. Two native ops, so
+    autograd, ``torch.compile`` and the cost stay those of ``sum``."""
+    n = x.numel()
+    if n <= PARALLEL_GRAIN or not x.is_cpu or not x.is_floating_point():
         return x.sum()
-    return _FixedSum.apply(x)
+    acc = torch.float32 if x.dtype in HALF_DTYPES else None
+    flat = x.reshape(-1)
+    width = _block_width(n)
+    if width:
+        parts = flat.view(n // width, width).sum(dim=1, dtype=acc)
+    else:  # no divisor of n fits a block: whole blocks, then the rest as one more block
+        head = n - n % PARALLEL_GRAIN
+        parts = torch.cat(
+            (
+                flat[:head].view(-1, PARALLEL_GRAIN).sum(dim=1, dtype=acc),
+                flat[head:].sum(dtype=acc).reshape(1),
+            )
+        )
+    total = fixed_sum(parts)
+    return total if acc is None else total.to(x.dtype)
 
 
-class _FixedSum(torch.autograd.Function):
-    """:func:`fixed_sum` of a large CPU tensor: the forward in float64 by blocks of
-    :data:`PARALLEL_GRAIN` values (each block on one thread, the block sums and the tail in
-    one thread each), the backward that of ``sum``."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
-        ctx.shape = x.shape
-        flat = x.detach().reshape(-1)
-        blocks = flat.numel() // PARALLEL_GRAIN
-        head = blocks * PARALLEL_GRAIN
-        total = flat[:head].view(blocks, PARALLEL_GRAIN).sum(dim=1, dtype=torch.float64).sum()
-        if head < flat.numel():
-            total = total + flat[head:].sum(dtype=torch.float64)
-        return total.to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
-        return grad.expand(ctx.shape)
+@functools.lru_cache(maxsize=1024)
+def _block_width(n: int) -> int:
+    """The widest block ``n // r`` (``r`` dividing ``n``, at most a few more blocks than
+    needed) of at most :data:`PARALLEL_GRAIN` values; 0 where there is none (e.g. ``n``
+    prime)."""
+    first = -(-n // PARALLEL_GRAIN)
+    for r in range(first, 2 * first + 64):
+        if n % r == 0:
+            return n // r
+    return 0
 
 
 def reduce(loss: Tensor, reduction: str, weight: Tensor | None = None) -> Tensor:
@@ -466,17 +476,17 @@ def reduce(loss: Tensor, reduction: str, weight: Tensor | None = None) -> Tensor
     weighted mean ``sum(w * l) / sum(w)`` and 'sum' the weighted sum; 'none'
     returns ``w * l``. The sums are :func:`fixed_sum` (independent of the thread count).
     """
-    if weight is not None:
+    if weight is None:  # the hot path first: an unweighted mean
+        if reduction == "mean":
+            n = loss.numel()
+            return loss.mean() if n <= PARALLEL_GRAIN else fixed_sum(loss) / n
+    else:
         loss = loss * weight
+        if reduction == "mean":
+            return fixed_sum(loss) / fixed_sum(weight)
     if reduction == "none":
         return loss
     if reduction == "sum":
         return fixed_sum(loss)
-    if reduction == "mean":
-        if weight is None:
-            if loss.numel() <= PARALLEL_GRAIN:
-                return loss.mean()
-            return fixed_sum(loss) / loss.numel()
-        return fixed_sum(loss) / fixed_sum(weight)
     check_reduction(reduction)
     raise AssertionError("unreachable")

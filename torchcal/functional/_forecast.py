@@ -17,6 +17,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from torchcal.functional import _checks
 from torchcal.functional._checks import (
     check_finite,
     check_floating,
@@ -24,8 +25,6 @@ from torchcal.functional._checks import (
     check_positive,
     check_tensor,
     compute_dtype,
-    sync_free,
-    values_checked,
 )
 
 __all__ = [
@@ -40,23 +39,25 @@ __all__ = [
 ]
 
 _FAST_DTYPES = (torch.float32, torch.float64)
+_is_compiling = torch.compiler.is_compiling
 
 
 def plain_cpu(*xs: object) -> bool:
     """Whether ``xs`` take the scores' fast path: plain CPU tensors (no subclass), one float32 or
     float64 dtype, one non-empty shape, eager (not compiling, no :func:`force_sync_free`). There
     nothing is cast or broadcast, and the value checks read the result once
-    (:func:`check_after`) instead of scanning every input (issue 18)."""
-    if sync_free():
+    (:func:`check_after`) instead of scanning every input (issue 18). Written for the per-call
+    cost (it runs before every loss call): :func:`sync_free` inlined, no slice."""
+    if _checks._FORCE_SYNC_FREE or _is_compiling():
         return False
     first = xs[0]
     if type(first) is not Tensor:
         return False
     shape, dtype = first.shape, first.dtype
-    if dtype not in _FAST_DTYPES or not first.is_cpu or not first.numel():
+    if dtype not in _FAST_DTYPES or not first.is_cpu or 0 in shape:
         return False
-    for x in xs[1:]:
-        if type(x) is not Tensor or x.dtype != dtype or x.shape != shape or not x.is_cpu:
+    for x in xs:
+        if type(x) is not Tensor or x.dtype is not dtype or x.shape != shape or not x.is_cpu:
             return False
     return True
 
@@ -64,20 +65,22 @@ def plain_cpu(*xs: object) -> bool:
 def check_after(
     result: Tensor,
     reduction: str,
-    full_checks: Callable[[], object],
+    full_checks: Callable[..., object],
+    *args: object,
     extra_ok: Callable[[], bool] | None = None,
 ) -> None:
     """The value checks of a fast path (CPU eager, :func:`plain_cpu`), read from its result:
     a NaN or an infinity in any input makes the (reduced) result non-finite, so one host read
     of it decides (``reduction='none'``: one sum), with ``extra_ok`` for what the result
-    cannot show (e.g. ``scale > 0`` of the CRPS). Only when that fails, ``full_checks()``
+    cannot show (e.g. ``scale > 0`` of the CRPS). Only when that fails, ``full_checks(*args)``
     runs the entry point's usual checks, which raise today's messages (naming the argument
-    and the position), or return where the inputs were fine and the result overflowed."""
-    if not values_checked():
+    and the position), or return where the inputs were fine and the result overflowed.
+    ``full_checks`` and its ``args`` come separately, so the common call builds no closure."""
+    if not _checks._VALUE_CHECKS:  # values_checked(), inlined
         return
-    total = result.detach() if reduction != "none" else result.detach().sum()
-    if not (math.isfinite(float(total)) and (extra_ok is None or extra_ok())):
-        full_checks()
+    total = result.item() if reduction != "none" else result.detach().sum().item()
+    if not (math.isfinite(total) and (extra_ok is None or extra_ok())):
+        full_checks(*args)
 
 
 _T = TypeVar("_T")

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torchcal.functional import _checks
 from torchcal.functional._checks import (
     PARALLEL_GRAIN,
     REDUCTIONS,
@@ -34,7 +35,6 @@ from torchcal.functional._checks import (
     finite_ok,
     first_bad_position,
     reduce,
-    sync_free,
     values_checked,
 )
 from torchcal.functional._validation import check_probability_rows
@@ -76,6 +76,8 @@ class Prepared(NamedTuple):
 
 
 _FAST_DTYPES = (torch.float32, torch.float64)
+_LONG = torch.long
+_is_compiling = torch.compiler.is_compiling
 
 
 def plain_indices(
@@ -134,17 +136,20 @@ def fast_case(logits: Tensor, target: Tensor, ignore_index: int) -> bool:
     try:
         n, num_classes = logits.shape
         (m,) = target.shape
-    except (
-        AttributeError,
-        TypeError,
-        ValueError,
-    ):  # not a tensor (a caller's object), or not 2-D / 1-D
+    except (AttributeError, TypeError, ValueError):  # not a tensor, or not 2-D / 1-D
         return False
-    if m != n or n == 0 or num_classes < 2 or type(ignore_index) is not int:
-        return False
-    if 0 <= ignore_index < num_classes or target.dtype != torch.long:
-        return False
-    return logits.dtype in _FAST_DTYPES and not sync_free(logits)
+    # one expression, sync_free() inlined: this runs before every loss call
+    return (
+        m == n > 0
+        and num_classes > 1
+        and target.dtype is _LONG
+        and logits.dtype in _FAST_DTYPES
+        and type(ignore_index) is int
+        and not 0 <= ignore_index < num_classes
+        and logits.is_cpu
+        and not _checks._FORCE_SYNC_FREE
+        and not _is_compiling()
+    )
 
 
 def fast_ok(score: Tensor, logits: Tensor | None = None, target: Tensor | None = None) -> bool:

@@ -152,8 +152,20 @@ def interval_parts(lower: Tensor, upper: Tensor, target: Tensor) -> tuple[Tensor
 def interval_score_from_parts(width: Tensor, penalty: Tensor, alpha: float | Tensor) -> Tensor:
     r"""The interval score from its parts (:func:`interval_parts`):
     :math:`\mathrm{width} + \frac{2}{\alpha}\,\mathrm{penalty}`; linear, so it also turns
-    summed widths and penalties into a summed score."""
-    return width + (2.0 / alpha) * penalty
+    summed widths and penalties into a summed score. A float ``alpha`` takes one kernel
+    (``torch.add`` with ``alpha=``: one autograd node, and on the CPU a fused multiply-add,
+    one rounding instead of two)."""
+    if isinstance(alpha, Tensor):
+        return width + (2.0 / alpha) * penalty
+    return torch.add(width, penalty, alpha=2.0 / alpha)
+
+
+def _interval_checks(
+    lower: Tensor, upper: Tensor, target: Tensor, alpha: float, width: Tensor
+) -> None:
+    """The full checks of :func:`interval_score`, in today's order (its fast path's fallback)."""
+    interval_inputs(lower, upper, target, alpha)
+    check_interval_width(width, lower, upper)
 
 
 def interval_score(
@@ -187,13 +199,18 @@ def interval_score(
         # the common layout: nothing to cast or broadcast; checked from what is computed
         width, penalty = interval_parts(lower, upper, target)
         out = reduce(interval_score_from_parts(width, penalty, alpha), reduction)
-
-        def full_checks() -> None:  # today's checks in today's order
-            interval_inputs(lower, upper, target, alpha)
-            check_interval_width(width, lower, upper)
-
         # NaN/Inf anywhere: the result is not finite; lower > upper: a negative width
-        check_after(out, reduction, full_checks, lambda: float(width.detach().amin()) >= 0)
+        check_after(
+            out,
+            reduction,
+            _interval_checks,
+            lower,
+            upper,
+            target,
+            alpha,
+            width,
+            extra_ok=lambda: width.detach().amin().item() >= 0,
+        )
         return out
     lower, upper, target, alpha = interval_inputs(lower, upper, target, alpha)
     width, penalty = interval_parts(lower, upper, target)
@@ -381,7 +398,7 @@ def gaussian_nll_of(
         nll = nll + 0.5 * _LOG_2PI
     out = reduce(nll, reduction)
     if fast:  # log(spread) is -inf or NaN for spread <= 0: the result shows every bad value
-        check_after(out, reduction, lambda: check_location_scale(loc, spread, target, spread_name))
+        check_after(out, reduction, check_location_scale, loc, spread, target, spread_name)
     return out
 
 
@@ -411,9 +428,10 @@ def dawid_sebastiani_score(
     if not fast:
         (loc, scale, target) = check_location_scale(loc, scale, target)
     # z^2 + 2 log s, bitwise 2 (log s + z^2 / 2) (scaling by 2 is exact), two ops fewer (not
-    # addcmul: it fuses the product and the sum, another rounding)
+    # addcmul: it fuses the product and the sum, another rounding); square() is z * z bitwise
+    # and its backward is one op fewer than the product's
     z = (target - loc) / scale
-    out = reduce(z * z + 2.0 * torch.log(scale), reduction)
+    out = reduce(z.square() + 2.0 * torch.log(scale), reduction)
     if fast:  # log(scale) is -inf or NaN for scale <= 0: the result shows every bad value
-        check_after(out, reduction, lambda: check_location_scale(loc, scale, target))
+        check_after(out, reduction, check_location_scale, loc, scale, target)
     return out

@@ -236,8 +236,11 @@ def _crps_closed_form(fn, loc: Tensor, scale: Tensor, target: Tensor, reduction:
         check_after(
             out,
             reduction,
-            lambda: check_location_scale(loc, scale, target),
-            lambda: float(scale.detach().amin()) > 0,
+            check_location_scale,
+            loc,
+            scale,
+            target,
+            extra_ok=lambda: scale.detach().amin().item() > 0,
         )
         return out
     (loc, scale, target) = check_location_scale(loc, scale, target)
@@ -423,6 +426,12 @@ def _crps_shared(x: Tensor, target: Tensor, layout: SharedLayout, denom: int) ->
     return layout.to_target(score).to(x.dtype)
 
 
+def _ensemble_checks(samples: Tensor, target: Tensor) -> None:
+    """The value checks of :func:`crps_ensemble`'s fast path (its fallback): the usual
+    messages, naming the argument and the position."""
+    cast_forecast([("samples", samples), ("target", target)])
+
+
 def crps_ensemble(
     samples: Tensor,
     target: Tensor,
@@ -480,25 +489,27 @@ def crps_ensemble(
     if (
         plain_cpu(target)
         and type(samples) is Tensor
-        and samples.dim() == target.dim() + 1
-        and type(ensemble_dim) is int
-        and ensemble_dim in (-1, target.dim())
-        and samples.dtype == target.dtype
+        and samples.dtype is target.dtype
         and samples.is_cpu
-        and samples.shape[:-1] == target.shape
-        and samples.shape[-1] > 0
-    ):  # the common layout (N, M) for (N,): nothing to move, cast or broadcast
-        m = samples.shape[-1]
-        check_ensemble_size(m, estimator)
-        denom = m * (m - 1) if estimator == "fair" else m * m
-        out = reduce(_CRPSEnsemble.apply(samples, target.unsqueeze(-1), denom), reduction)
-        # a NaN or an infinity in either makes the result non-finite; the usual checks name it
-        check_after(
-            out,
-            reduction,
-            lambda: cast_forecast([("samples", samples), ("target", target.unsqueeze(-1))]),
-        )
-        return out
+        and type(ensemble_dim) is int
+    ):
+        shape = samples.shape
+        if (
+            len(shape) == target.dim() + 1
+            and ensemble_dim in (-1, len(shape) - 1)
+            and shape[:-1] == target.shape
+            and shape[-1] > (1 if estimator == "fair" else 0)
+        ):  # the common layout (N, M) for (N,): nothing to move, cast or broadcast
+            m = shape[-1]
+            y = target.unsqueeze(-1)
+            out = reduce(
+                _CRPSEnsemble.apply(samples, y, m * (m - 1 if estimator == "fair" else m)),
+                reduction,
+            )
+            # a NaN or an infinity in either makes the result non-finite; the usual checks
+            # name it
+            check_after(out, reduction, _ensemble_checks, samples, y)
+            return out
     x = members_last(samples, ensemble_dim)
     m = x.shape[-1]
     check_ensemble_size(m, estimator)

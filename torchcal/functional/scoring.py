@@ -60,6 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torchcal.functional import _checks
 from torchcal.functional._checks import (
     REDUCTIONS,
     check_finite,
@@ -226,22 +227,21 @@ def log_score_fast(
     if not fast_case(logits, target, ignore_index):
         return None
     try:  # F.cross_entropy's own kernel (its Python wrapper only maps the reduction)
-        reduction_enum = _REDUCTION[reduction]  # the stub says str; the kernel takes the enum
-        out = _cross_entropy(logits, target, None, reduction_enum, ignore_index, 0.0)  # type: ignore[arg-type]
+        out = _cross_entropy(logits, target, None, _REDUCTION[reduction], ignore_index, 0.0)  # type: ignore[arg-type]
     except (IndexError, RuntimeError):  # a label out of range: the full check names it
         return None
-    if not values_checked():
+    if not _checks._VALUE_CHECKS:  # values_checked(), inlined
         return out
     # no ignored item: F.cross_entropy's graph node keeps the number of used items (an exact
     # count up to 2**24) for 'mean'/'sum', read without a kernel; else the extreme label
-    if reduction != "none":
+    node = out.grad_fn
+    if node is not None and reduction != "none":
         try:
-            used = out.grad_fn._saved_total_weight.item()  # type: ignore[union-attr]
-        except AttributeError:  # no graph (no_grad, or an input without grad)
-            used = None
-        if used is not None:
-            ok = used == target.shape[0] and math.isfinite(out.item())
-            return out if ok else None
+            used = node._saved_total_weight.item()
+        except AttributeError:  # a torch without that attribute
+            pass
+        else:
+            return out if used == target.shape[0] and math.isfinite(out.item()) else None
     extreme = target.min() if ignore_index < 0 else target.max()
     return out if extreme.item() != ignore_index and fast_ok(out) else None
 
