@@ -8,8 +8,9 @@ call of the loss Module, with the default validation and with
 user would type). One thread, the same tensors; each round times a block of calls of every
 variant back to back (blocks sized to about ``--block-ms`` for the reference, the order
 rotated from round to round) and the ratio is the median over ``--rounds`` (>= 7) rounds of
-that round's ratio, which a machine whose speed drifts does not bias. The first row, the
-reference against itself, shows the harness's own error (it should read 1.00x).
+that round's ratio, which a machine whose speed drifts does not bias; each row is measured
+``--runs`` times (default 3), printed as the median and the range of those runs. The first
+row, the reference against itself, shows the harness's own error (it should read 1.00x).
 
 Shapes: classification losses get logits ``(B, C)`` and class indices ``(B,)``. The
 real-valued losses read ``(B, C)`` as the batch shape of the forecast (``B * C`` scores),
@@ -353,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=45)
     parser.add_argument("--block-ms", type=float, default=3.0)
+    parser.add_argument(
+        "--runs", type=int, default=3, help="measure each row this often: the median, and the range"
+    )
     parser.add_argument("--only", default="", help="run the losses whose name contains this")
     parser.add_argument("--sizes", default="", help="e.g. 256x10,128x1000 (default: all three)")
     parser.add_argument(
@@ -384,15 +388,21 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"one thread, fwd+bwd per call; ratio = torchcal / reference, the median of "
         f"{args.rounds} per-round ratios (rounds of ~{args.block_ms:g} ms blocks of each "
-        f"variant, order rotated; {args.clock} clock)"
+        f"variant, order rotated; {args.clock} clock); the median of {args.runs} such runs "
+        f"per row, and their range"
     )
-    head = f"{'loss':<22} {'reference':<32} {'B x C':>10} {'ref us':>9} {'ratio':>7} {'chk off':>8}  target"
+    head = (
+        f"{'loss':<22} {'reference':<32} {'B x C':>10} {'ref us':>9} {'ratio':>7} "
+        f"{'runs':>11} {'chk off':>8}  target"
+    )
     print(head)
     print("-" * len(head))
     misses = []
     for case in cases:
         for b, c in sizes:
-            ratio, off, ref = measure(case, b, c, args.rounds, args.block_ms)
+            runs = [measure(case, b, c, args.rounds, args.block_ms) for _ in range(args.runs)]
+            ratio, off, ref = (statistics.median(r[k] for r in runs) for k in range(3))
+            spread = f"{min(r[0] for r in runs):.2f}-{max(r[0] for r in runs):.2f}"
             target = TARGETS.get(case.loss, DEFAULT_TARGET)
             mark = ""
             if (b, c) in TARGET_SIZES and case is not CONTROL:
@@ -402,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                     misses.append(f"{case.loss} {b}x{c}: {ratio:.2f}x")
             print(
                 f"{case.loss:<22} {case.reference:<32} {f'{b}x{c}':>10} {ref * 1e6:9.1f} "
-                f"{ratio:6.2f}x {off:7.2f}x  {mark}",
+                f"{ratio:6.2f}x {spread:>11} {off:7.2f}x  {mark}",
                 flush=True,
             )
     print("misses: " + (", ".join(misses) if misses else "none"))

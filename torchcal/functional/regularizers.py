@@ -33,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torchcal.functional import _checks
 from torchcal.functional._checks import (
+    PARALLEL_GRAIN,
     REDUCTIONS,
     check_bool,
     check_floating,
@@ -43,6 +45,7 @@ from torchcal.functional._checks import (
     check_reduction,
     check_tensor,
     compute_dtype,
+    fixed_sum,
     reduce,
     sync_free,
     values_checked,
@@ -56,8 +59,6 @@ from torchcal.functional._layouts import (
     fast_ok,
     fast_true_ok,
     prepare,
-    small_sum,
-    true_logits,
 )
 from torchcal.functional._validation import check_gamma, check_kernel_width, check_norm_power
 
@@ -228,8 +229,9 @@ def _fast_reading(
     ``None`` where the hot path does not apply."""
     if not fast_case(logits, target, ignore_index):
         return None
-    true = true_logits(logits, target)
-    if true is None:
+    try:  # true_logits(), inlined (this runs before every call of three losses)
+        true = logits.detach().gather(1, target.unsqueeze(1))
+    except RuntimeError:  # an index out of bounds: the full path names it (or ignores it)
         return None
     conf, top = torch.softmax(logits, dim=1).max(dim=1)
     return conf, top == target, true
@@ -314,7 +316,7 @@ def mmce_fast(
         return None
     conf, correct, true = reading
     value = _mmce_squared(conf, correct, None, width)
-    if values_checked() and not fast_true_ok(value, true):  # before the root (NaN -> 0)
+    if _checks._VALUE_CHECKS and not fast_true_ok(value, true):  # before the root (NaN -> 0)
         return None
     return (value if squared else _safe_root(value, 2.0)).to(logits.dtype)
 
@@ -414,7 +416,7 @@ def soft_binned_ece_fast(
         return None
     conf, correct, true = reading
     value = _soft_binned_power(conf, correct, None, bins, temperature, p)
-    if values_checked() and not fast_true_ok(value, true):  # before the root (NaN -> 0)
+    if _checks._VALUE_CHECKS and not fast_true_ok(value, true):  # before the root (NaN -> 0)
         return None
     return (_safe_root(value, p) if root else value).to(logits.dtype)
 
@@ -587,18 +589,19 @@ def dca(
 
 def dca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None:
     """The hot path of :func:`dca` (and :class:`~torchcal.losses.DCALoss`):
-    :func:`_fast_reading`, ``|mean_i (r_i - o_i)|`` (in float64 above one thread's
-    reduction, :func:`~torchcal.functional._layouts.small_sum`), one value check of the
+    :func:`_fast_reading`, ``|mean_i (r_i - o_i)|`` (:func:`~torchcal.functional._checks.fixed_sum`
+    above one thread's reduction), one value check of the
     result and the true class; ``None`` sends the call to the full path."""
     reading = _fast_reading(logits, target, ignore_index)
     if reading is None:
         return None
     conf, correct, true = reading
     gap = conf - correct.to(conf.dtype)
-    out = (gap.mean() if small_sum(gap) else gap.mean(dtype=torch.float64)).abs()
-    if values_checked() and not fast_true_ok(out, true):
+    n = gap.numel()  # reduce(gap, "mean"), inlined: one thread, or fixed blocks
+    out = (gap.mean() if n <= PARALLEL_GRAIN else fixed_sum(gap) / n).abs()
+    if _checks._VALUE_CHECKS and not fast_true_ok(out, true):
         return None
-    return out.to(logits.dtype)
+    return out
 
 
 def mdca(
@@ -658,25 +661,24 @@ def mdca(
 
 def mdca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None:
     """The hot path of :func:`mdca` (and :class:`~torchcal.losses.MDCALoss`) for
-    :func:`~torchcal.functional._layouts.fast_case` arguments: the per-class sums of the
-    softmax (in float64 above one thread's reduction,
-    :func:`~torchcal.functional._layouts.small_sum`) against ``bincount`` of the labels
+    :func:`~torchcal.functional._layouts.fast_case` arguments: the per-class means of the
+    softmax (float32, one column per thread) against ``bincount`` of the labels
     (after :func:`~torchcal.functional._layouts.true_logits`: a label outside ``[0, C)``
     goes to the full path), one value check of the result and the true class;
     ``None`` sends the call to the full path."""
     if not fast_case(logits, target, ignore_index):
         return None
-    true = true_logits(logits, target)
-    if true is None:
+    try:  # true_logits(), inlined
+        true = logits.detach().gather(1, target.unsqueeze(1))
+    except RuntimeError:  # an index out of bounds: the full path names it (or ignores it)
         return None
-    num_classes = logits.shape[1]
+    n, num_classes = logits.shape
     p = torch.softmax(logits, dim=1)
     counts = torch.bincount(target, minlength=num_classes)
-    if small_sum(p):  # the class frequencies outside the graph: the reference's kernels
-        gap = p.mean(dim=0) - counts.to(p.dtype).div_(logits.shape[0])
-    else:
-        gap = (p.sum(dim=0, dtype=torch.float64) - counts) / logits.shape[0]
-    out = gap.abs().mean()
-    if values_checked() and not fast_true_ok(out, true):
+    # the class frequencies outside the graph, the reference's kernels; a column mean has
+    # C >= 2 outputs, so torch gives each column to one thread: its bits do not depend on
+    # the thread count (docs/design.md section 3)
+    out = (p.mean(dim=0) - counts.to(p.dtype).div_(n)).abs().mean()
+    if _checks._VALUE_CHECKS and not fast_true_ok(out, true):
         return None
-    return out.to(logits.dtype)
+    return out
