@@ -373,13 +373,31 @@ def soft_binned_ece(
         return (_safe_root(value, p) if root else value).to(prep.logits.dtype)
 
 
+_CENTRES: dict[tuple[int, torch.device], Tensor] = {}
+
+
+def _bin_centres(bins: int, device: torch.device) -> Tensor:
+    """The float64 centres ``(k + 1/2) / bins`` of the soft bins, built once per (bins,
+    device) in eager mode (compiling: no cache, a global dict read would be guarded;
+    inference mode: none either, its tensors may not meet autograd later)."""
+    if sync_free():  # compiling (or force_sync_free): no cache read
+        return torch.arange(0.5, bins, dtype=torch.float64, device=device) / bins
+    key = (bins, device)
+    centres = _CENTRES.get(key)
+    if centres is None:
+        centres = torch.arange(0.5, bins, dtype=torch.float64, device=device) / bins
+        if not torch.is_inference_mode_enabled() and len(_CENTRES) < 64:
+            _CENTRES[key] = centres
+    return centres
+
+
 def _soft_binned_power(
     conf: Tensor, correct: Tensor, used: Tensor | None, bins: int, temperature: float, p: float
 ) -> Tensor:
     """``SB-ECE_p^p`` in float64 from the flat confidence reading; ``used``
     (0/1 weights) leaves ignored items out, ``None``: every item is used."""
     r = conf.double()
-    centres = torch.arange(0.5, bins, dtype=torch.float64, device=r.device) / bins
+    centres = _bin_centres(bins, r.device)
     u = torch.softmax((r.unsqueeze(1) - centres).square() / -temperature, dim=1)
     m: float | Tensor
     if used is None:
