@@ -125,21 +125,37 @@ def test_a_plain_sum_does_depend_on_the_thread_count():
     assert differ > 0
 
 
-# sizes: one block plus one value (prime: no divisor fits, whole blocks + the rest), a
-# divisor layout (128000 = 4 x 32000), whole blocks, a prime of a million, two levels
-@pytest.mark.parametrize("n", [PARALLEL_GRAIN + 3, 128_000, 2 * PARALLEL_GRAIN, 1_000_003])
+# one long row: one block plus three values (prime: no divisor fits, whole blocks + the
+# rest), a divisor layout (128000 = 4 x 32000), whole blocks, a prime of a million; rows:
+# (128, 1000) as a loss's batch, (3, 50000) rows longer than a block, (100000, 1) rows of
+# one, (1, 100000) one row, (40, 30, 50) three dims, (50000, 2) more rows than a block
+SHAPES = [
+    (PARALLEL_GRAIN + 3,),
+    (128_000,),
+    (2 * PARALLEL_GRAIN,),
+    (1_000_003,),
+    (128, 1000),
+    (3, 50_000),
+    (100_000, 1),
+    (1, 100_000),
+    (40, 30, 50),
+    (50_000, 2),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
-def test_fixed_sum_is_bitwise_the_same_at_1_and_2_threads(n, dtype):
+def test_fixed_sum_is_bitwise_the_same_at_1_and_2_threads(shape, dtype):
     """fixed_sum's bits do not depend on the thread count, it keeps the dtype and it is as
     accurate as a one-thread sum (float32: within 1e-6 of the sum of |x|, measured ~1e-9;
     float64: 1e-13; half types: one rounding of a float32 accumulation)."""
-    g = torch.Generator().manual_seed(n)
-    x = (torch.randn(n, generator=g) * 10 + 3).to(dtype)
+    g = torch.Generator().manual_seed(math.prod(shape))
+    x = (torch.randn(shape, generator=g) * 10 + 3).to(dtype)
     one = _at_threads(lambda: fixed_sum(x), 1)
     two = _at_threads(lambda: fixed_sum(x), 2)
     assert one.dtype == dtype
     assert torch.equal(one, two), (one.item(), two.item())
-    exact = math.fsum(x.double().tolist())
+    exact = math.fsum(x.double().flatten().tolist())
     scale = x.double().abs().sum().item()
     if dtype in (torch.float32, torch.float64):
         tol = 1e-6 if dtype == torch.float32 else 1e-13
@@ -153,10 +169,13 @@ def test_fixed_sum_is_bitwise_the_same_at_1_and_2_threads(n, dtype):
 def test_fixed_sum_of_a_small_tensor_is_sum_and_its_gradient_is_ones():
     x = torch.randn(100, generator=torch.Generator().manual_seed(1))
     assert torch.equal(fixed_sum(x), x.sum())
-    big = torch.randn(3, PARALLEL_GRAIN + 5, dtype=torch.float64, requires_grad=True)
-    fixed_sum(big).backward()
-    assert torch.equal(big.grad, torch.ones_like(big))
-    assert torch.autograd.gradcheck(fixed_sum, (big[:, :7].detach().requires_grad_(),))
+    for shape in [(3, PARALLEL_GRAIN + 5), (2 * PARALLEL_GRAIN + 1,)]:  # rows; one row
+        big = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+        fixed_sum(big).backward()
+        assert torch.equal(big.grad, torch.ones_like(big))
+    long_row = torch.randn(PARALLEL_GRAIN + 1, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(fixed_sum, (long_row,), fast_mode=True)
+    assert torch.autograd.gradgradcheck(fixed_sum, (long_row,), fast_mode=True)
 
 
 @pytest.mark.parametrize("family", ["normal", "laplace", "logistic"])

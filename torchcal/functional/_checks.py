@@ -430,31 +430,52 @@ PARALLEL_GRAIN = 32768
 
 def fixed_sum(x: Tensor) -> Tensor:
     """``x.sum()`` whose last bit does not depend on the thread count (docs/design.md section
-    3, Determinism). A CPU sum of more than :data:`PARALLEL_GRAIN` values is taken as the sum
-    of fixed blocks of at most :data:`PARALLEL_GRAIN` values: torch splits a reduction with
-    several outputs between threads by output only, so each block is summed (torch's cascade
-    sum) on one thread, and the block sums are summed again the same way; float16/bfloat16
-    accumulate in float32 and round once. Smaller sums (one thread) and other devices (their
-    reductions do not depend on the host's threads) are ``x.sum()``. Two native ops, so
-    autograd, ``torch.compile`` and the cost stay those of ``sum``."""
+    3, Determinism). torch splits a CPU reduction with several outputs between threads by
+    output only (each output is one thread's cascade sum), and one of at most
+    :data:`PARALLEL_GRAIN` values runs on one thread; only a larger full reduction is split
+    by position. So a larger sum is taken in two such steps: over the last dim first (a tensor
+    of two or more rows: native ops, whose backward is an expand, no copy), or, for one long
+    row, over fixed blocks of a flat view (:class:`_BlockSum`). float16/bfloat16 accumulate in
+    float32 and round once. Smaller sums and other devices (their reductions do not depend on
+    the host's threads) are ``x.sum()``."""
     n = x.numel()
     if n <= PARALLEL_GRAIN or not x.is_cpu or not x.is_floating_point():
         return x.sum()
-    acc = torch.float32 if x.dtype in HALF_DTYPES else None
-    flat = x.reshape(-1)
-    width = _block_width(n)
-    if width:
-        parts = flat.view(n // width, width).sum(dim=1, dtype=acc)
-    else:  # no divisor of n fits a block: whole blocks, then the rest as one more block
-        head = n - n % PARALLEL_GRAIN
-        parts = torch.cat(
-            (
-                flat[:head].view(-1, PARALLEL_GRAIN).sum(dim=1, dtype=acc),
-                flat[head:].sum(dtype=acc).reshape(1),
+    if x.dim() >= 2 and n // x.shape[-1] >= 2:
+        acc = torch.float32 if x.dtype in HALF_DTYPES else None
+        total = fixed_sum(x.sum(dim=-1, dtype=acc))
+        return total if acc is None else total.to(x.dtype)
+    return _BlockSum.apply(x)
+
+
+class _BlockSum(torch.autograd.Function):
+    """:func:`fixed_sum` of one long row: the sum of fixed blocks of at most
+    :data:`PARALLEL_GRAIN` values of its flat view (each block one output, so one thread's),
+    then of the block sums; the backward is ``sum``'s (an expand: a reshape of the expanded
+    gradient would copy it)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.shape = x.shape
+        acc = torch.float32 if x.dtype in HALF_DTYPES else None
+        flat = x.reshape(-1)
+        n = flat.numel()
+        width = _block_width(n)
+        if width:
+            parts = flat.view(n // width, width).sum(dim=1, dtype=acc)
+        else:  # no divisor of n fits a block: whole blocks, then the rest as one more block
+            head = n - n % PARALLEL_GRAIN
+            parts = torch.cat(
+                (
+                    flat[:head].view(-1, PARALLEL_GRAIN).sum(dim=1, dtype=acc),
+                    flat[head:].sum(dtype=acc).reshape(1),
+                )
             )
-        )
-    total = fixed_sum(parts)
-    return total if acc is None else total.to(x.dtype)
+        return fixed_sum(parts).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+        return grad.expand(ctx.shape)
 
 
 @functools.lru_cache(maxsize=1024)
