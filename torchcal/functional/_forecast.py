@@ -78,7 +78,7 @@ def check_after(
     ``full_checks`` and its ``args`` come separately, so the common call builds no closure."""
     if not _checks._VALUE_CHECKS:  # values_checked(), inlined
         return
-    total = result.item() if reduction != "none" else result.detach().sum().item()
+    total = result.item() if reduction != "none" else result.data.sum().item()
     if not (math.isfinite(total) and (extra_ok is None or extra_ok())):
         full_checks(*args)
 

@@ -160,11 +160,11 @@ def fast_ok(score: Tensor, logits: Tensor | None = None, target: Tensor | None =
     (conservative: any ``-inf`` mask sends the call to the full path, which allows masks
     of the other classes), a larger one the gathered true logits. A float32 sum of finite
     scores that overflows also only sends the call to the full path."""
-    if not math.isfinite((score if score.dim() == 0 else score.detach().sum()).item()):
+    if not math.isfinite((score if score.dim() == 0 else score.data.sum()).item()):
         return False
     if logits is None or target is None:
         return True
-    z = logits.detach()
+    z = logits.data  # read only: no detach dispatch on the hot path
     if not small_sum(z):
         z = z.gather(1, target.unsqueeze(1))
     return z.amin().item() > NEG_INF  # NaN fails
@@ -176,7 +176,7 @@ def true_logits(logits: Tensor, target: Tensor) -> Tensor | None:
     is outside that range on the fast path), which the gather itself reports (one kernel:
     the label check of the hot path, no host read)."""
     try:
-        return logits.detach().gather(1, target.unsqueeze(1))
+        return logits.data.gather(1, target.unsqueeze(1))
     except RuntimeError:  # an index out of bounds: the full path names it (or ignores it)
         return None
 

@@ -209,7 +209,7 @@ def interval_score(
             target,
             alpha,
             width,
-            extra_ok=lambda: width.detach().amin().item() >= 0,
+            extra_ok=lambda: width.data.amin().item() >= 0,
         )
         return out
     lower, upper, target, alpha = interval_inputs(lower, upper, target, alpha)

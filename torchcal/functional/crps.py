@@ -240,7 +240,7 @@ def _crps_closed_form(fn, loc: Tensor, scale: Tensor, target: Tensor, reduction:
             loc,
             scale,
             target,
-            extra_ok=lambda: scale.detach().amin().item() > 0,
+            extra_ok=lambda: scale.data.amin().item() > 0,
         )
         return out
     (loc, scale, target) = check_location_scale(loc, scale, target)
@@ -354,11 +354,11 @@ def _sort_last(x: Tensor) -> tuple[Tensor, Tensor]:
     the CPU; otherwise numpy's introsort (argsort, then a gather).
     """
     if (
-        not sync_free(x)  # not compiling
+        (x.shape[-1] > _TORCH_SORT_MEMBERS or x.numel() > _TORCH_SORT_VALUES)  # sizes first
+        and not sync_free(x)  # not compiling
         and x.device.type == "cpu"
         and type(x) is Tensor
         and x.dtype in (torch.float32, torch.float64)
-        and (x.shape[-1] > _TORCH_SORT_MEMBERS or x.numel() > _TORCH_SORT_VALUES)
     ):
         idx = torch.from_numpy(x.detach().contiguous().numpy().argsort(axis=-1))
         return x.detach().gather(-1, idx), idx
@@ -389,7 +389,7 @@ class _CRPSEnsemble(torch.autograd.Function):
         score = diff.abs().mean(dim=-1) - half_pairs / denom
         if any(ctx.needs_input_grad[:2]):
             coef = torch.sign(diff).div_(m)
-            coef.scatter_add_(-1, idx.to(x.device), rank_w.expand_as(x))
+            coef.scatter_add_(-1, idx, rank_w.expand_as(x))
             ctx.save_for_backward(coef)
         return score
 
