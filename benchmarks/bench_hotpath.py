@@ -350,12 +350,34 @@ CONTROL = Case(
 )
 
 
+def _pin_allocator() -> str:
+    """glibc's malloc returns a freed buffer above its (moving) mmap threshold to the system,
+    so the next call of a variant may pay page faults for its gradients or not, depending on
+    what ran before it: a 128 x 1000 row read 0.6x in one run and 1.4x in the next. Pinning
+    the threshold (64 MiB) and the trim threshold (128 MiB), as ``MALLOC_MMAP_THRESHOLD_`` /
+    ``MALLOC_TRIM_THRESHOLD_`` would, keeps every buffer of these sizes on the heap for
+    every variant alike. Returns what was done, for the header."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(-3, 64 << 20) == 1 and libc.mallopt(-1, 128 << 20) == 1
+    except (OSError, AttributeError):
+        return "allocator as is (no glibc)"
+    return "glibc mmap threshold pinned at 64 MiB" if ok else "allocator as is (mallopt failed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=45)
     parser.add_argument("--block-ms", type=float, default=3.0)
     parser.add_argument(
         "--runs", type=int, default=3, help="measure each row this often: the median, and the range"
+    )
+    parser.add_argument(
+        "--default-allocator",
+        action="store_true",
+        help="leave glibc's mmap threshold moving (see _pin_allocator)",
     )
     parser.add_argument("--only", default="", help="run the losses whose name contains this")
     parser.add_argument("--sizes", default="", help="e.g. 256x10,128x1000 (default: all three)")
@@ -373,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = SIZES
     if args.sizes:
         sizes = tuple(tuple(int(v) for v in s.split("x")) for s in args.sizes.split(","))  # type: ignore[assignment]
+    allocator = "allocator as is" if args.default_allocator else _pin_allocator()
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cases = _cases()
@@ -389,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         f"one thread, fwd+bwd per call; ratio = torchcal / reference, the median of "
         f"{args.rounds} per-round ratios (rounds of ~{args.block_ms:g} ms blocks of each "
         f"variant, order rotated; {args.clock} clock); the median of {args.runs} such runs "
-        f"per row, and their range"
+        f"per row, and their range; {allocator}"
     )
     head = (
         f"{'loss':<22} {'reference':<32} {'B x C':>10} {'ref us':>9} {'ratio':>7} "
