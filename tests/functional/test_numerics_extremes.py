@@ -15,14 +15,14 @@ from torchcal.functional import (
     crps_normal,
     dawid_sebastiani_score,
     dca,
-    interval_score,
-    mdca,
     energy_score,
+    interval_score,
     log_score,
+    mdca,
     ranked_probability_score,
     spherical_score,
 )
-from torchcal.functional._checks import PARALLEL_GRAIN, fixed_sum
+from torchcal.functional._checks import PARALLEL_GRAIN, fixed_mean, fixed_sum
 
 BIG = 3e38  # 2 * BIG overflows float32
 
@@ -164,6 +164,27 @@ def test_fixed_sum_is_bitwise_the_same_at_1_and_2_threads(shape, dtype):
         assert one.item() == torch.tensor(exact).to(dtype).item() or abs(
             one.item() - exact
         ) <= torch.finfo(dtype).eps * abs(exact)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_fixed_mean_is_bitwise_the_same_at_1_and_2_threads(shape, dtype):
+    """fixed_mean (the mean of row means, or a long row's fixed_sum / n) likewise, within
+    float32 rounding of the exact mean, with the gradient 1/n everywhere."""
+    g = torch.Generator().manual_seed(math.prod(shape) + 1)
+    x = (torch.randn(shape, generator=g) * 10 + 3).to(dtype)
+    one = _at_threads(lambda: fixed_mean(x), 1)
+    two = _at_threads(lambda: fixed_mean(x), 2)
+    assert one.dtype == dtype
+    assert torch.equal(one, two), (one.item(), two.item())
+    exact = math.fsum(x.double().flatten().tolist()) / x.numel()
+    scale = x.double().abs().mean().item()
+    tol = {torch.float32: 1e-6, torch.float64: 1e-13, torch.bfloat16: 1e-2}[dtype]
+    assert abs(one.item() - exact) <= tol * scale
+    if dtype == torch.float64:
+        leaf = x.clone().requires_grad_()
+        fixed_mean(leaf).backward()
+        torch.testing.assert_close(leaf.grad, torch.full_like(leaf, 1.0 / x.numel()))
 
 
 def test_fixed_sum_of_a_small_tensor_is_sum_and_its_gradient_is_ones():

@@ -56,6 +56,7 @@ __all__ = [
     "check_open_unit",
     "compute_dtype",
     "PARALLEL_GRAIN",
+    "fixed_mean",
     "fixed_sum",
     "reduce",
 ]
@@ -448,6 +449,20 @@ def fixed_sum(x: Tensor) -> Tensor:
     return _BlockSum.apply(x)
 
 
+def fixed_mean(x: Tensor) -> Tensor:
+    """``x.mean()`` whose last bit does not depend on the thread count, as :func:`fixed_sum`:
+    the mean of the row means (rows of one length, so that is the mean), or one long row's
+    :func:`fixed_sum` divided by its length."""
+    n = x.numel()
+    if n <= PARALLEL_GRAIN or not x.is_cpu or not x.is_floating_point():
+        return x.mean()
+    if x.dim() >= 2 and n // x.shape[-1] >= 2:
+        acc = torch.float32 if x.dtype in HALF_DTYPES else None
+        total = fixed_mean(x.mean(dim=-1, dtype=acc))
+        return total if acc is None else total.to(x.dtype)
+    return _BlockSum.apply(x) / n
+
+
 class _BlockSum(torch.autograd.Function):
     """:func:`fixed_sum` of one long row: the sum of fixed blocks of at most
     :data:`PARALLEL_GRAIN` values of its flat view (each block one output, so one thread's),
@@ -499,8 +514,7 @@ def reduce(loss: Tensor, reduction: str, weight: Tensor | None = None) -> Tensor
     """
     if weight is None:  # the hot path first: an unweighted mean
         if reduction == "mean":
-            n = loss.numel()
-            return loss.mean() if n <= PARALLEL_GRAIN else fixed_sum(loss) / n
+            return fixed_mean(loss)
     else:
         loss = loss * weight
         if reduction == "mean":

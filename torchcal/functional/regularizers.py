@@ -35,7 +35,6 @@ from torch import Tensor
 
 from torchcal.functional import _checks
 from torchcal.functional._checks import (
-    PARALLEL_GRAIN,
     REDUCTIONS,
     check_bool,
     check_floating,
@@ -45,7 +44,7 @@ from torchcal.functional._checks import (
     check_reduction,
     check_tensor,
     compute_dtype,
-    fixed_sum,
+    fixed_mean,
     reduce,
     sync_free,
     values_checked,
@@ -607,7 +606,7 @@ def dca(
 
 def dca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None:
     """The hot path of :func:`dca` (and :class:`~torchcal.losses.DCALoss`):
-    :func:`_fast_reading`, ``|mean_i (r_i - o_i)|`` (:func:`~torchcal.functional._checks.fixed_sum`
+    :func:`_fast_reading`, ``|mean_i (r_i - o_i)|`` (:func:`~torchcal.functional._checks.fixed_mean`
     above one thread's reduction), one value check of the
     result and the true class; ``None`` sends the call to the full path."""
     reading = _fast_reading(logits, target, ignore_index)
@@ -615,8 +614,7 @@ def dca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None
         return None
     conf, correct, true = reading
     gap = conf - correct.to(conf.dtype)
-    n = gap.numel()  # reduce(gap, "mean"), inlined: one thread, or fixed blocks
-    out = (gap.mean() if n <= PARALLEL_GRAIN else fixed_sum(gap) / n).abs()
+    out = fixed_mean(gap).abs()  # one thread, or fixed blocks
     if _checks._VALUE_CHECKS and not fast_true_ok(out, true):
         return None
     return out
