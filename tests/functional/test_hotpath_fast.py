@@ -240,3 +240,26 @@ def test_cpu_autocast_does_not_change_the_fast_path(name):
     assert got is not None and got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-6)
+
+
+def test_soft_bin_centres_are_built_once_and_never_in_inference_mode():
+    """The soft-binned ECE's bin centres are cached per (bins, device) in eager mode, equal to
+    a fresh build; a first call inside ``torch.inference_mode`` caches nothing (its tensors
+    may not meet autograd later), and the loss still trains after it."""
+    from torchcal.functional import regularizers as R
+
+    R._CENTRES.clear()
+    logits = torch.randn(64, 5, generator=torch.Generator().manual_seed(0))
+    target = torch.randint(0, 5, (64,), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        in_inference = TF.soft_binned_ece(logits, target, bins=7)
+    assert R._CENTRES == {}
+    z = logits.clone().requires_grad_()
+    value = TF.soft_binned_ece(z, target, bins=7)
+    value.backward()
+    assert torch.isfinite(z.grad).all()
+    assert value.item() == in_inference.item()
+    (cached,) = R._CENTRES.values()
+    assert torch.equal(cached, torch.arange(0.5, 7, dtype=torch.float64) / 7)
+    assert TF.soft_binned_ece(logits, target, bins=7).item() == value.item()
+    assert len(R._CENTRES) == 1

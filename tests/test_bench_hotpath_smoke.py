@@ -1,0 +1,41 @@
+"""``benchmarks/bench_hotpath.py`` runs (a case for every loss, the control row, the table's
+columns); no timing is asserted (speed goals live in the script, never in tests)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_hotpath_runs_and_prints_the_control_row():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_hotpath.py"),
+            "--only",
+            "Brier",
+            "--sizes",
+            "16x4",
+            "--rounds",
+            "7",
+            "--runs",
+            "1",
+            "--block-ms",
+            "0.2",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("control ") for line in lines)
+    assert any(line.startswith("BrierLoss ") and "x" in line for line in lines)
+    assert lines[-1].startswith("misses:")
