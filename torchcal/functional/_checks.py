@@ -434,17 +434,18 @@ def fixed_sum(x: Tensor) -> Tensor:
     3, Determinism). torch splits a CPU reduction with several outputs between threads by
     output only (each output is one thread's cascade sum), and one of at most
     :data:`PARALLEL_GRAIN` values runs on one thread; only a larger full reduction is split
-    by position. So a larger sum is taken in two such steps: over the last dim first (a tensor
-    of two or more rows: native ops, whose backward is an expand, no copy), or, for one long
-    row, over fixed blocks of a flat view (:class:`_BlockSum`). float16/bfloat16 accumulate in
-    float32 and round once. Smaller sums and other devices (their reductions do not depend on
+    by position. So a larger sum is taken in two such steps: over the trailing dims first
+    (a tensor of two or more rows: native ops, whose backward is an expand, no copy;
+    :func:`_row_dims`), or, for one long row, over fixed blocks of a flat view
+    (:class:`_BlockSum`). float16/bfloat16 accumulate in float32 and round once. Smaller sums and other devices (their reductions do not depend on
     the host's threads) are ``x.sum()``."""
     n = x.numel()
     if n <= PARALLEL_GRAIN or not x.is_cpu or not x.is_floating_point():
         return x.sum()
-    if x.dim() >= 2 and n // x.shape[-1] >= 2:
+    rows = _row_dims(x.shape)
+    if rows:
         acc = torch.float32 if x.dtype in HALF_DTYPES else None
-        total = fixed_sum(x.sum(dim=-1, dtype=acc))
+        total = fixed_sum(x.sum(dim=rows, dtype=acc))
         return total if acc is None else total.to(x.dtype)
     return _BlockSum.apply(x)
 
@@ -456,11 +457,28 @@ def fixed_mean(x: Tensor) -> Tensor:
     n = x.numel()
     if n <= PARALLEL_GRAIN or not x.is_cpu or not x.is_floating_point():
         return x.mean()
-    if x.dim() >= 2 and n // x.shape[-1] >= 2:
+    rows = _row_dims(x.shape)
+    if rows:
         acc = torch.float32 if x.dtype in HALF_DTYPES else None
-        total = fixed_mean(x.mean(dim=-1, dtype=acc))
+        total = fixed_mean(x.mean(dim=rows, dtype=acc))
         return total if acc is None else total.to(x.dtype)
     return _BlockSum.apply(x) / n
+
+
+def _row_dims(shape: torch.Size) -> tuple[int, ...]:
+    """The trailing dims of a first reduction step of :func:`fixed_sum` / :func:`fixed_mean`:
+    all but the fewest leading dims that hold two or more rows (so the step has several
+    outputs, each one thread's), e.g. ``(1,)`` for ``(B, C)`` and ``(1, 2)`` for ``(B, C,
+    Q)``; ``()`` (one long row: fixed blocks instead) where no leading dims do, or where the
+    rows would be shorter than 16 values."""
+    lead = 1
+    for k in range(len(shape) - 1):
+        lead *= shape[k]
+        if lead >= 2:
+            if math.prod(shape[k + 1 :]) < 16:
+                return ()
+            return tuple(range(k + 1, len(shape)))
+    return ()
 
 
 class _BlockSum(torch.autograd.Function):
