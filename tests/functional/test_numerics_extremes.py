@@ -19,6 +19,7 @@ from torchcal.functional import (
     interval_score,
     log_score,
     mdca,
+    quantile_score,
     ranked_probability_score,
     spherical_score,
 )
@@ -83,6 +84,9 @@ def _cases(n: int):
         "interval_score": lambda: interval_score(mu - half, mu + half, target, alpha=0.1),
         "dawid_sebastiani_score": lambda: dawid_sebastiani_score(mu, scale, target),
         "crps_ensemble": lambda: crps_ensemble(members, target[: n // 4]),
+        "quantile_score": lambda: quantile_score(
+            torch.stack([mu - half, mu, mu + half], dim=-1), target, [0.1, 0.5, 0.9]
+        ),
         "rps": lambda: ranked_probability_score(z, y),
         "brier_score": lambda: brier_score(z, y),
         "brier_score[weight]": lambda: brier_score(z, y, weight=w),
