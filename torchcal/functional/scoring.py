@@ -237,7 +237,7 @@ def log_score_fast(
     node = out.grad_fn
     if node is not None and reduction != "none":
         try:
-            used = node._saved_total_weight.item()
+            used = node._saved_total_weight.item()  # type: ignore[attr-defined]
         except AttributeError:  # a torch without that attribute
             pass
         else:
