@@ -191,6 +191,15 @@ def test_fixed_mean_is_bitwise_the_same_at_1_and_2_threads(shape, dtype):
         torch.testing.assert_close(leaf.grad, torch.full_like(leaf, 1.0 / x.numel()))
 
 
+@pytest.mark.parametrize("shape", [(100_000,), (100_000, 1), (100, 1000)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fixed_mean_of_half_values_does_not_overflow(shape, dtype):
+    """The mean of 100k float16 ones is 1 (their float16 sum, 1e5, overflows to inf)."""
+    x = torch.ones(shape, dtype=dtype)
+    assert fixed_mean(x).item() == 1.0
+    assert fixed_mean(x).dtype == dtype
+
+
 def test_fixed_sum_of_a_small_tensor_is_sum_and_its_gradient_is_ones():
     x = torch.randn(100, generator=torch.Generator().manual_seed(1))
     assert torch.equal(fixed_sum(x), x.sum())

@@ -437,8 +437,9 @@ def fixed_sum(x: Tensor) -> Tensor:
     by position. So a larger sum is taken in two such steps: over the trailing dims first
     (a tensor of two or more rows: native ops, whose backward is an expand, no copy;
     :func:`_row_dims`), or, for one long row, over fixed blocks of a flat view
-    (:class:`_BlockSum`). float16/bfloat16 accumulate in float32 and round once. Smaller sums and other devices (their reductions do not depend on
-    the host's threads) are ``x.sum()``."""
+    (:class:`_BlockSum`). float16/bfloat16 accumulate in float32 and round once. Smaller
+    sums and other devices (their reductions do not depend on the host's threads) are
+    ``x.sum()``."""
     n = x.numel()
     if n <= PARALLEL_GRAIN or not x.is_cpu or not x.is_floating_point():
         return x.sum()
@@ -453,16 +454,20 @@ def fixed_sum(x: Tensor) -> Tensor:
 def fixed_mean(x: Tensor) -> Tensor:
     """``x.mean()`` whose last bit does not depend on the thread count, as :func:`fixed_sum`:
     the mean of the row means (rows of one length, so that is the mean), or one long row's
-    :func:`fixed_sum` divided by its length."""
+    :func:`fixed_sum` divided by its length (float16/bfloat16: in float32, rounded once, so
+    a mean does not overflow where the sum would)."""
     n = x.numel()
     if n <= PARALLEL_GRAIN or not x.is_cpu or not x.is_floating_point():
         return x.mean()
+    acc = torch.float32 if x.dtype in HALF_DTYPES else None
     rows = _row_dims(x.shape)
     if rows:
-        acc = torch.float32 if x.dtype in HALF_DTYPES else None
         total = fixed_mean(x.mean(dim=rows, dtype=acc))
-        return total if acc is None else total.to(x.dtype)
-    return _BlockSum.apply(x) / n
+    elif acc is None:
+        return _BlockSum.apply(x) / n
+    else:  # a float16 sum of many values overflows where their mean does not
+        total = _BlockSum.apply(x.to(acc)) / n
+    return total if acc is None else total.to(x.dtype)
 
 
 def _row_dims(shape: torch.Size) -> tuple[int, ...]:

@@ -53,13 +53,11 @@ __all__ = [
     "fast_ok",
     "fast_true_ok",
     "fused_multiclass",
-    "labels_in_range",
     "log_score_items",
     "plain_indices",
     "prepare",
     "small_sum",
     "soft_expected",
-    "true_logits",
 ]
 
 NEG_INF = float("-inf")
@@ -170,30 +168,11 @@ def fast_ok(score: Tensor, logits: Tensor | None = None, target: Tensor | None =
     return z.amin().item() > NEG_INF  # NaN fails
 
 
-def true_logits(logits: Tensor, target: Tensor) -> Tensor | None:
-    """The detached true-class logits ``(N, 1)`` of :func:`fast_case` arguments, or ``None``
-    where a label lies outside ``[0, C)`` (out of range, or an ignored item: ``ignore_index``
-    is outside that range on the fast path), which the gather itself reports (one kernel:
-    the label check of the hot path, no host read)."""
-    try:
-        return logits.data.gather(1, target.unsqueeze(1))
-    except RuntimeError:  # an index out of bounds: the full path names it (or ignores it)
-        return None
-
-
 def fast_true_ok(value: Tensor, true: Tensor) -> bool:
-    """:func:`fast_ok` of a 0-d ``value`` with the :func:`true_logits` ``true``: ``value``
+    """:func:`fast_ok` of a 0-d ``value`` with the gathered true-class logits ``true``: ``value``
     is finite and no true logit is NaN or ``-inf`` (two host reads, no kernel but one
     ``min``; a ``+inf`` true logit makes the softmax, so ``value``, NaN)."""
     return math.isfinite(value.item()) and true.min().item() > NEG_INF  # NaN fails
-
-
-def labels_in_range(target: Tensor, num_classes: int) -> bool:
-    """CPU: every label of the non-empty ``target`` lies in ``[0, num_classes)`` (one
-    ``aminmax``, two host reads); False for an ignored item too (``ignore_index`` is outside
-    that range on the fast path)."""
-    lo, hi = torch.aminmax(target)
-    return lo.item() >= 0 and hi.item() < num_classes
 
 
 def small_sum(x: Tensor) -> bool:

@@ -223,12 +223,12 @@ def _fast_reading(
     """The confidence reading on the hot path (:func:`~torchcal.functional._layouts.fast_case`
     arguments): ``(conf, correct, true)`` of every item, ``torch.max`` of the softmax as
     :func:`_confidence_reading`, and the true logits of
-    :func:`~torchcal.functional._layouts.true_logits` (a label outside ``[0, C)``, out of
+    the gathered true-class logits (a label outside ``[0, C)``, out of
     range or an ignored item, which the full path leaves out, sends the call there).
     ``None`` where the hot path does not apply."""
     if not fast_case(logits, target, ignore_index):
         return None
-    try:  # true_logits(), inlined (this runs before every call of three losses)
+    try:  # the label check: the gather raises for a label outside [0, C)
         true = logits.data.gather(1, target.unsqueeze(1))  # .data: no detach dispatch
     except RuntimeError:  # an index out of bounds: the full path names it (or ignores it)
         return None
@@ -679,12 +679,12 @@ def mdca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | Non
     """The hot path of :func:`mdca` (and :class:`~torchcal.losses.MDCALoss`) for
     :func:`~torchcal.functional._layouts.fast_case` arguments: the per-class means of the
     softmax (float32, one column per thread) against ``bincount`` of the labels
-    (after :func:`~torchcal.functional._layouts.true_logits`: a label outside ``[0, C)``
+    (after the gather of the true-class logits: a label outside ``[0, C)``
     goes to the full path), one value check of the result and the true class;
     ``None`` sends the call to the full path."""
     if not fast_case(logits, target, ignore_index):
         return None
-    try:  # true_logits(), inlined
+    try:  # the label check: the gather raises for a label outside [0, C)
         true = logits.data.gather(1, target.unsqueeze(1))  # .data: no detach dispatch
     except RuntimeError:  # an index out of bounds: the full path names it (or ignores it)
         return None
