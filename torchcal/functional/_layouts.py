@@ -169,8 +169,8 @@ def fast_ok(score: Tensor, logits: Tensor | None = None, target: Tensor | None =
 
 
 def fast_true_ok(value: Tensor, true: Tensor) -> bool:
-    """:func:`fast_ok` of a 0-d ``value`` with the gathered true-class logits ``true``: ``value``
-    is finite and no true logit is NaN or ``-inf`` (two host reads, no kernel but one
+    """:func:`fast_ok` of a 0-d ``value`` with the true-class logits ``true`` (one gather):
+    ``value`` is finite and no true logit is NaN or ``-inf`` (two host reads, no kernel but one
     ``min``; a ``+inf`` true logit makes the softmax, so ``value``, NaN)."""
     return math.isfinite(value.item()) and true.min().item() > NEG_INF  # NaN fails
 

@@ -217,20 +217,30 @@ def _confidence_reading(prep: Prepared) -> tuple[Tensor, Tensor, Tensor]:
     return conf, correct.reshape(-1).to(conf.dtype), prep.used.reshape(-1).to(conf.dtype)
 
 
+def _true_logits(logits: Tensor, target: Tensor) -> Tensor | None:
+    """The true-class logits ``(N, 1)`` of :func:`~torchcal.functional._layouts.fast_case`
+    arguments, read only (``.data``: no detach dispatch), or ``None`` where a label lies
+    outside ``[0, C)`` (out of range, or an ignored item: ``ignore_index`` is outside that
+    range on the fast path), which the gather itself reports: the hot path's label check, one
+    kernel, no host read."""
+    try:
+        return logits.data.gather(1, target.unsqueeze(1))
+    except RuntimeError:  # an index out of bounds: the full path names it (or ignores it)
+        return None
+
+
 def _fast_reading(
     logits: Tensor, target: Tensor, ignore_index: int
 ) -> tuple[Tensor, Tensor, Tensor] | None:
     """The confidence reading on the hot path (:func:`~torchcal.functional._layouts.fast_case`
     arguments): ``(conf, correct, true)`` of every item, ``torch.max`` of the softmax as
-    :func:`_confidence_reading`, and the true logits of
-    the gathered true-class logits (a label outside ``[0, C)``, out of
+    :func:`_confidence_reading`, and :func:`_true_logits` (a label outside ``[0, C)``, out of
     range or an ignored item, which the full path leaves out, sends the call there).
     ``None`` where the hot path does not apply."""
     if not fast_case(logits, target, ignore_index):
         return None
-    try:  # the label check: the gather raises for a label outside [0, C)
-        true = logits.data.gather(1, target.unsqueeze(1))  # .data: no detach dispatch
-    except RuntimeError:  # an index out of bounds: the full path names it (or ignores it)
+    true = _true_logits(logits, target)
+    if true is None:
         return None
     conf, top = torch.softmax(logits, dim=1).max(dim=1)
     return conf, top == target, true
@@ -678,15 +688,13 @@ def mdca(
 def mdca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None:
     """The hot path of :func:`mdca` (and :class:`~torchcal.losses.MDCALoss`) for
     :func:`~torchcal.functional._layouts.fast_case` arguments: the per-class means of the
-    softmax (float32, one column per thread) against ``bincount`` of the labels
-    (after the gather of the true-class logits: a label outside ``[0, C)``
-    goes to the full path), one value check of the result and the true class;
-    ``None`` sends the call to the full path."""
+    softmax (float32, one column per thread) against ``bincount`` of the labels (after
+    :func:`_true_logits`: a label outside ``[0, C)`` goes to the full path), one value check
+    of the result and the true class; ``None`` sends the call to the full path."""
     if not fast_case(logits, target, ignore_index):
         return None
-    try:  # the label check: the gather raises for a label outside [0, C)
-        true = logits.data.gather(1, target.unsqueeze(1))  # .data: no detach dispatch
-    except RuntimeError:  # an index out of bounds: the full path names it (or ignores it)
+    true = _true_logits(logits, target)
+    if true is None:
         return None
     n, num_classes = logits.shape
     p = torch.softmax(logits, dim=1)
