@@ -623,7 +623,7 @@ def dca_fast(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor | None
     if reading is None:
         return None
     conf, correct, true = reading
-    gap = conf - correct.to(conf.dtype)
+    gap = torch.add(conf, correct, alpha=-1)  # conf - correct: the bool read as 0/1 in the kernel
     out = fixed_mean(gap).abs()  # one thread, or fixed blocks
     if _checks._VALUE_CHECKS and not fast_true_ok(out, true):
         return None
