@@ -10,7 +10,9 @@ variant back to back (blocks sized to about ``--block-ms`` for the reference, th
 rotated from round to round) and the ratio is the median over ``--rounds`` (>= 7) rounds of
 that round's ratio, which a machine whose speed drifts does not bias; each row is measured
 ``--runs`` times (default 3), printed as the median and the range of those runs. The first
-row, the reference against itself, shows the harness's own error (it should read 1.00x).
+row, the reference against itself, shows the harness's own error (it should read 1.00x); the
+second, ``nn.CrossEntropyLoss`` against ``F.cross_entropy``, what torch's own Module shell costs
+(every torchcal loss is a Module timed against a function).
 
 Shapes: classification losses get logits ``(B, C)`` and class indices ``(B,)``. The
 real-valued losses read ``(B, C)`` as the batch shape of the forecast (``B * C`` scores),
@@ -350,6 +352,17 @@ CONTROL = Case(
 )
 
 
+#: torch's own Module shell beside its functional: what ``nn.Module.__call__`` costs at these
+#: sizes (every loss here is a Module timed against a function; no target)
+SHELL = Case(
+    "nn.CrossEntropyLoss",
+    "F.cross_entropy",
+    _class_inputs,
+    torch.nn.CrossEntropyLoss(),
+    lambda z, y: F.cross_entropy(z, y),
+)
+
+
 def _pin_allocator() -> str:
     """glibc's malloc returns a freed buffer above its (moving) mmap threshold to the system,
     so the next call of a variant may pay page faults for its gradients or not, depending on
@@ -403,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = sorted(set(L.__all__) - covered)
     if missing:
         raise SystemExit(f"bench_hotpath: no case for {missing}; add one to _cases()")
-    cases = [CONTROL] + [case for case in cases if args.only in case.loss]
+    cases = [CONTROL, SHELL] + [case for case in cases if args.only in case.loss]
 
     import torchcal
 
@@ -428,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
             spread = f"{min(r[0] for r in runs):.2f}-{max(r[0] for r in runs):.2f}"
             target = TARGETS.get(case.loss, DEFAULT_TARGET)
             mark = ""
-            if (b, c) in TARGET_SIZES and case is not CONTROL:
+            if (b, c) in TARGET_SIZES and case is not CONTROL and case is not SHELL:
                 ok = ratio <= target
                 mark = f"<= {target:g}x " + ("ok" if ok else "MISS")
                 if not ok:

@@ -37,5 +37,7 @@ def test_bench_hotpath_runs_and_prints_the_control_row():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert any(line.startswith("control ") for line in lines)
+    shell = [line for line in lines if line.startswith("nn.CrossEntropyLoss ")]
+    assert shell and "MISS" not in shell[0] and "ok" not in shell[0]  # context, no target
     assert any(line.startswith("BrierLoss ") and "x" in line for line in lines)
     assert lines[-1].startswith("misses:")
