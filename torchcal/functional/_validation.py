@@ -277,7 +277,12 @@ def check_finite_value(name: str, value: object, *, strict: bool = False) -> flo
     """A finite number ``> 0`` (``strict``) or ``>= 0`` (a regulariser, a prior strength, a
     temperature), returned as a float; ``ValueError("<name>: expected a finite value > 0,
     got ...")`` otherwise."""
-    v = float(value)  # type: ignore[arg-type]
+    if isinstance(value, (str, bytes, bool)):  # float() would read "0.5" and True
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, RuntimeError):  # None, a list, a many-element tensor
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__}") from None
     if not (math.isfinite(v) and (v > 0 if strict else v >= 0)):
         raise ValueError(
             f"{name}: expected a finite value {'>' if strict else '>='} 0, got {value!r}"

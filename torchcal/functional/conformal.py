@@ -5,7 +5,7 @@ scores and sets, group- and class-conditional thresholds, and conformal risk con
 ``k``-th smallest score, ``k = ceil((n + 1)(1 - alpha))`` (Vovk et al. 2005; Lei et al. 2018),
 computed in integers from ``alpha`` read as a fraction: the fraction of smallest denominator
 that rounds to the given floating-point ``alpha`` (in its own precision: ``0.7`` is ``7/10``,
-``1/3`` is ``1/3``, ``np.float32(0.1)`` is ``1/10``, ``1 - 1e-10`` is ``9999999999/10^10``);
+``1/3`` is ``1/3``, ``np.float32(0.1)`` is ``1/10``, ``1e-10`` is ``1/10^10``);
 a :class:`~fractions.Fraction` or :class:`~decimal.Decimal` is taken as it is. ``(n + 1)(1 -
 alpha)`` in floating point puts ``k`` one order statistic too high in some cells (MAPIE,
 TorchCP at ``alpha = 1/3`` and ``0.7``, crepes); a denominator cap (``limit_denominator``)
@@ -50,7 +50,7 @@ from torchcal.functional._checks import (
     check_option,
     check_tensor,
 )
-from torchcal.functional._validation import check_group_ids
+from torchcal.functional._validation import check_group_ids, check_probability_rows
 
 __all__ = [
     "conformal_rank",
@@ -198,6 +198,10 @@ def _probs(logits: Tensor, input: str, temperature: float | Tensor | None) -> Te
     if input == "probs":
         if bool(torch.isnan(z).any()) or bool(((z < 0) | (z > 1)).any()):
             raise ValueError("logits: input='probs' expects probabilities in [0, 1]")
+        # rows summing to 1 (the shared tolerance): a row is never silently renormalised
+        check_probability_rows(
+            "logits", logits, hint="; input='probs' expects one distribution per row"
+        )
         z = torch.log(z)
     else:  # -inf is a mask (probability 0); NaN, +inf and all-masked rows are errors
         if bool((torch.isnan(z) | (z == math.inf)).any()):
@@ -241,7 +245,8 @@ def conformal_score_matrix(
 
     Args:
         logits: ``(B, C)`` logits (``input="logits"``; ``-inf`` masks a label: probability 0)
-            or probabilities (``"probs"``).
+            or probabilities (``"probs"``: each row in [0, 1] summing to 1 within 1e-4, or
+            ``ValueError``; no row is silently renormalised).
         method: ``"lac"``, ``"aps"``, ``"raps"`` or ``"topk"``.
         temperature: divide the logits by it first (``None``: as given). The set temperature
             is a choice of its own: a temperature fitted for NLL can enlarge adaptive sets.
@@ -414,6 +419,7 @@ def conformal_risk_control(
             f"lambdas: expected ({losses.shape[-1]},) to match losses' last dimension, got "
             f"{tuple(lambdas.shape)}"
         )
+    _check_lambdas(lambdas)  # a non-empty grid
     check_finite("losses", losses)
     check_finite("lambdas", lambdas)
     if bool((lambdas.diff() <= 0).any()):
@@ -449,6 +455,15 @@ def _check_lambdas(lambdas: Tensor) -> Tensor:
     return lambdas.detach().to(torch.float64)
 
 
+def _check_probs(probs: Tensor) -> Tensor:
+    """``probs`` of a risk-control loss as float64, each value in ``[0, 1]`` (independent
+    per label: the rows need not sum to 1); NaN is an error, not a label never predicted."""
+    p = probs.detach().to(torch.float64)
+    if bool((torch.isnan(p) | (p < 0) | (p > 1)).any()):
+        raise ValueError("probs: expected probabilities in [0, 1] (no NaN)")
+    return p
+
+
 def multilabel_fnr_losses(probs: Tensor, labels: Tensor, lambdas: Tensor) -> Tensor:
     """False-negative rate of the multi-label set ``{j : p_j >= 1 - lambda}`` for every
     ``lambda``: ``(N, L)`` float64, ``1 - |set & Y| / |Y|`` (0 for a row without positives);
@@ -469,7 +484,7 @@ def multilabel_fnr_losses(probs: Tensor, labels: Tensor, lambdas: Tensor) -> Ten
             f"labels: expected probs' shape {tuple(probs.shape)}, got {tuple(labels.shape)}"
         )
     lam = _check_lambdas(lambdas).to(probs.device)
-    p = probs.detach().to(torch.float64)
+    p = _check_probs(probs)
     y = labels.detach().to(torch.float64)
     if bool(((y != 0) & (y != 1)).any()):
         raise ValueError("labels: expected 0/1 labels")
@@ -493,5 +508,5 @@ def set_size_losses(probs: Tensor, lambdas: Tensor) -> Tensor:
     if probs.dim() != 2:
         raise ValueError(f"probs: expected (N, C) probabilities, got {tuple(probs.shape)}")
     lam = _check_lambdas(lambdas).to(probs.device)
-    p = probs.detach().to(torch.float64)
+    p = _check_probs(probs)
     return (p[:, :, None] >= lam).to(torch.float64).mean(dim=1)

@@ -30,6 +30,9 @@ closed form through harmonic numbers; ``a_b``: the samples in bins above) and
 from __future__ import annotations
 
 import math
+from decimal import Decimal
+from fractions import Fraction
+from numbers import Real
 from typing import NamedTuple
 
 import torch
@@ -187,14 +190,28 @@ def augrc(confidence: Tensor, loss: Tensor) -> Tensor:
     return risk_coverage_curve(confidence, loss).augrc
 
 
-def _coverage_count(coverage: float, N: int) -> int:
-    if isinstance(coverage, bool) or not isinstance(coverage, (int, float)):
+def coverage_fraction(coverage: object) -> Fraction:
+    """``coverage`` in ``(0, 1]`` as an exact fraction, read as ``alpha`` is
+    (:func:`~torchcal.functional.conformal.alpha_fraction`: ``0.1`` and ``np.float32(0.1)``
+    are both 1/10, in their own precision); a Python or numpy number, a one-element floating
+    tensor, a :class:`~fractions.Fraction` or a :class:`~decimal.Decimal`."""
+    if isinstance(coverage, bool) or not isinstance(coverage, (Real, Decimal, Tensor)):
         raise TypeError(f"coverage: expected a number in (0, 1], got {type(coverage).__name__}")
-    if coverage == 1:
-        return N
-    frac = alpha_fraction(float(coverage)) if 0 < coverage < 1 else None
-    if frac is None:
+    if isinstance(coverage, Tensor) and (coverage.numel() != 1 or not coverage.is_floating_point()):
+        raise TypeError(
+            f"coverage: expected a number or a one-element floating tensor, got a tensor of "
+            f"shape {tuple(coverage.shape)} and dtype {coverage.dtype}"
+        )
+    x = float(coverage)  # type: ignore[arg-type]
+    if not (math.isfinite(x) and 0 < x <= 1):
         raise ValueError(f"coverage: expected a value in (0, 1], got {coverage!r}")
+    if isinstance(coverage, (Fraction, Decimal)):
+        return Fraction(coverage)
+    return Fraction(1) if x == 1 else alpha_fraction(coverage)
+
+
+def _coverage_count(coverage: object, N: int) -> int:
+    frac = coverage_fraction(coverage)
     return max(1, -(-(frac.numerator * N) // frac.denominator))
 
 

@@ -21,6 +21,7 @@ from torchcal.functional.calibration.readings import samples_from
 from torchcal.functional.selective import (
     RiskCoverage,
     coverage_at_risk_of,
+    coverage_fraction,
     risk_at_coverage_of,
     risk_coverage_curve,
     risk_coverage_from_stats,
@@ -175,10 +176,9 @@ class RiskAtCoverage(RiskCoverageCurve):
 
     def __init__(self, coverage: float, n_bins: int = 1000, **kwargs: Any) -> None:
         super().__init__(n_bins, **kwargs)
-        c = check_finite_value("coverage", coverage)
-        if not 0 < c <= 1:
-            raise ValueError(f"coverage: expected a value in (0, 1], got {coverage!r}")
-        self.coverage = c
+        # read as an exact fraction in its own precision (np.float32(0.1) is 1/10), kept as
+        # the float that reads back as that fraction
+        self.coverage = float(coverage_fraction(coverage))
 
     _CONFIG = RiskCoverageCurve._CONFIG + ("coverage",)
 

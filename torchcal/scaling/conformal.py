@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from numbers import Real
 from typing import Any
 
 import torch
@@ -400,6 +401,7 @@ class ConformalClassifier(_Conformal):
     """
 
     set_temperature: Tensor
+    num_classes: Tensor
 
     def __init__(
         self,
@@ -426,11 +428,14 @@ class ConformalClassifier(_Conformal):
             if temperature_source is not None:
                 raise ValueError("temperature_source: not used with temperature='fit_size'")
         elif temperature is not None:
-            if isinstance(temperature, (str, bool)) or not isinstance(temperature, (int, float)):
+            if isinstance(temperature, (str, bool)) or not (
+                isinstance(temperature, Real)
+                or (isinstance(temperature, Tensor) and temperature.numel() == 1)
+            ):
                 raise ValueError(
                     f"temperature: expected None, a number > 0 or 'fit_size', got {temperature!r}"
                 )
-            t = float(temperature)
+            t = float(temperature)  # numpy floats and one-element tensors too
             if not (math.isfinite(t) and t > 0):
                 raise ValueError(f"temperature: expected a finite value > 0, got {t!r}")
             if temperature_source is None:
@@ -445,8 +450,23 @@ class ConformalClassifier(_Conformal):
                 check_option("temperature_source", temperature_source, _T_SOURCES)
         elif temperature_source is not None:
             raise ValueError("temperature_source: given without a temperature")
-        self.fit_size = temperature == "fit_size"
+        self.fit_size = isinstance(temperature, str) and temperature == "fit_size"
         self.register_buffer("set_temperature", torch.tensor(t, dtype=torch.float64))
+        # the class count of the calibration logits (0 before fit): predict checks it
+        self.register_buffer("num_classes", torch.tensor(0, dtype=torch.int64))
+
+    def _check_state(self, state: Mapping[str, Tensor], prefix: str) -> None:
+        super()._check_state(state, prefix)
+        c = state.get("num_classes")
+        if c is None:
+            return
+        fitted = state.get("fitted")
+        least = 2 if fitted is not None and bool(fitted) else 0
+        if c.numel() != 1 or c.is_floating_point() or c.dtype == torch.bool or int(c) < least:
+            raise ValueError(
+                f"{prefix}num_classes: expected one integer >= {least} in the loaded state, "
+                f"got {c.tolist()}"
+            )
 
     def _scores(
         self, logits: Tensor, t: float, u: Tensor | None, generator: torch.Generator | None
@@ -503,7 +523,9 @@ class ConformalClassifier(_Conformal):
             raise ValueError("groups: conditional='group' needs the group id of every point")
         elif self.conditional == "marginal" and groups is not None:
             raise ValueError("groups: given with conditional='marginal'")
-        return self._fit_scores(scores, groups, num_groups)
+        fit = self._fit_scores(scores, groups, num_groups)
+        self.num_classes.fill_(s.shape[1])
+        return fit
 
     def predict(
         self,
@@ -516,13 +538,16 @@ class ConformalClassifier(_Conformal):
         self._check_fitted()
         s = self._scores(logits, float(self.set_temperature), u, generator)
         q = self.score_quantiles.to(s.device)
+        calibrated = int(self.num_classes)
+        if self.conditional == "class":
+            calibrated = q.numel()
+        if calibrated != s.shape[1]:
+            raise ValueError(
+                f"logits: calibrated on {calibrated} classes, got {s.shape[1]} columns"
+            )
         if self.conditional == "class":
             if groups is not None:
                 raise ValueError("groups: not used with conditional='class'")
-            if q.numel() != s.shape[1]:
-                raise ValueError(
-                    f"logits: calibrated on {q.numel()} classes, got {s.shape[1]} columns"
-                )
             return s <= q[None, :]
         if self.conditional == "marginal" and groups is not None:
             raise ValueError("groups: given with conditional='marginal'")
