@@ -428,13 +428,11 @@ def _soft_binned_power(
     # T = 1e-3 before). p = 2 keeps gap^2 / S (its gap^2 is exactly 0 on an empty bin, so the
     # value is bitwise what it was); other powers take S (|gap| / S)^p, where S^(p-1)
     # underflowed to 0 / 0 for p > 2.
-    live = counts > _LIVE_COUNT
-    safe_counts = torch.where(live, counts, 1.0)
+    safe_counts = counts.clamp_min(_LIVE_COUNT)  # an empty bin: |gap| <= S < the floor
     if p == 2.0:
         total = (gaps.square() / safe_counts).sum()
     else:
-        ratio = torch.where(live, gaps.abs() / safe_counts, 0.0)
-        total = (counts * ratio.pow(p)).sum()
+        total = (counts * (gaps.abs() / safe_counts).pow(p)).sum()
     return total / m  # 0 / 0 = NaN when every item is ignored
 
 
