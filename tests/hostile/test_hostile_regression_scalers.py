@@ -238,9 +238,13 @@ def test_quantile_recalibrator_edge_numbers() -> None:
     assert one.x_knots.tolist() == [0.0, 0.3, 1.0] and one.y_knots.tolist() == [0.0, 0.5, 1.0]
     assert float(one.recalibrate(torch.tensor(0.15, dtype=F64))) == pytest.approx(0.25, abs=1e-15)
     assert float(one.levels_for(0.75)) == pytest.approx(0.65, abs=1e-15)
-    ties = QuantileRecalibrator()  # PIT all 0: the anchor (0, 0) pools with ranks 1/4 .. 3/4
+    ties = QuantileRecalibrator()  # PIT all 0: ranked, but no knot; the anchors stay
     ties.fit(torch.zeros(3, dtype=F64))
-    assert ties.x_knots.tolist() == [0.0, 1.0] and ties.y_knots.tolist() == [0.375, 1.0]
+    assert ties.x_knots.tolist() == [0.0, 1.0] and ties.y_knots.tolist() == [0.0, 1.0]
+    zeros = QuantileRecalibrator()  # two of four exactly 0: the first knot keeps rank 3/5
+    zeros.fit(torch.tensor([0.0, 0.0, 0.4, 0.8], dtype=F64))
+    assert zeros.x_knots.tolist() == [0.0, 0.4, 0.8, 1.0]
+    assert zeros.y_knots.tolist() == pytest.approx([0.0, 0.6, 0.8, 1.0], abs=1e-15)
     m = qr()  # a loaded state equals the fitted one
     back = load(qr)
     p = torch.linspace(0, 1, 11, dtype=F64)

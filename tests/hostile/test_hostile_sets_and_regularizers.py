@@ -241,3 +241,105 @@ def test_mdca_hot_path_error_is_the_float32_rounding_of_its_means() -> None:
         y = torch.multinomial(torch.softmax(z, 1), 1, generator=g)[:, 0]
         worst = max(worst, abs(float(TF.mdca(z, y)) - float(TF.mdca(z.double(), y))))
     assert worst < 1.2e-7  # the documented bound (float32 means near 1 / C)
+
+
+# ------------------------------------------------------------------ regression readings
+
+
+def test_pit_of_a_zero_width_top_segment_is_one_at_the_jump() -> None:
+    # the CDF jumps to 1 at q_K (right-continuous): F(q_K) = 1, not 0 * inf = NaN
+    assert (
+        TF.pit_quantiles(torch.tensor([[0.0, 0.0]]), [0.25, 0.75], torch.tensor([0.0])).item()
+        == 1.0
+    )
+    q = torch.tensor([[-1.0, 0.0, 1.0, 1.0]])
+    got = TF.pit_quantiles(q, [0.2, 0.4, 0.6, 0.8], torch.tensor([1.0, 2.0, 0.5]))
+    assert got.tolist() == pytest.approx([1.0, 1.0, 0.5], abs=1e-7)
+    q = torch.tensor([[-1.0, 0.0, 1.0, 2.0]])  # a tail of positive width: F(q_K) = tau_K
+    assert TF.pit_quantiles(q, [0.2, 0.4, 0.6, 0.8], torch.tensor([2.0])).item() == pytest.approx(
+        0.8
+    )
+
+
+@pytest.mark.parametrize(
+    ("counts", "message"),
+    [([[-1.0, 3.0]], "expected values >= 0"), ([[math.nan, 1.0]], "expected finite values")],
+)
+def test_pit_error_from_counts_rejects_invalid_counts(counts, message: str) -> None:
+    from torchcal.functional.coverage import pit_calibration_error_from_counts
+
+    with pytest.raises(ValueError, match=rf"^counts: {message}"):
+        pit_calibration_error_from_counts(torch.tensor(counts))
+    assert float(pit_calibration_error_from_counts(torch.tensor([[1, 3]]))) == 0.5
+
+
+@pytest.mark.parametrize("observed", [[1.5, 0.9], [math.nan, 0.5]])
+def test_frequency_error_rejects_values_outside_probabilities(observed) -> None:
+    from torchcal.functional.coverage import frequency_calibration_error
+
+    with pytest.raises(ValueError, match=r"^observed: expected probabilities in \[0, 1\]"):
+        frequency_calibration_error(torch.tensor(observed, dtype=F64), [0.5, 0.9])
+
+
+# ------------------------------------------------------------------ calibration metrics
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "name"),
+    [
+        (dict(estimator="equal_mass", exact="False"), TypeError, "exact"),
+        (dict(validate_args="False"), TypeError, "validate_args"),
+        (dict(seed=1.7), TypeError, "seed"),
+        (dict(estimator="smooth", sigma=True), TypeError, "sigma"),
+        (dict(estimator="smooth", sigma="0.1"), TypeError, "sigma"),
+        (dict(estimator="smooth", sigma=math.inf), ValueError, "sigma"),
+        (dict(estimator="smooth", sigma=-1.0), ValueError, "sigma"),
+    ],
+)
+def test_calibration_error_options_are_checked_at_construction(kwargs, error, name) -> None:
+    from torchcal.metrics import CalibrationError
+
+    with pytest.raises(error, match=rf"^{name}: expected"):
+        CalibrationError(**kwargs)
+
+
+def test_reliability_level_of_the_wrong_type() -> None:
+    from torchcal.metrics import ReliabilityDiagram
+
+    with pytest.raises(TypeError, match=r"^level: expected a number"):
+        ReliabilityDiagram(level="0.9")
+    assert ReliabilityDiagram(level=np.float64(0.9)).level == 0.9
+
+
+def test_grouped_nll_takes_class_probability_targets() -> None:
+    from torchcal.metrics import NegativeLogLikelihood
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 3, generator=g)
+    q = torch.softmax(torch.randn(6, 3, generator=g), 1)
+    groups = torch.tensor([0, 0, 1, 1, 1, 0])
+    m = NegativeLogLikelihood(num_groups=2)
+    m.update(x, q, groups)
+    per = m.compute().per_group
+    for k in (0, 1):
+        want = torch.nn.functional.cross_entropy(x[groups == k].double(), q[groups == k].double())
+        assert float(per[k]) == pytest.approx(float(want), rel=1e-6)
+    with pytest.raises(ValueError, match=r"^groups: expected one group id per sample"):
+        m.update(x, q, torch.zeros(6, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("estimator", ["sweep", "equal_mass"])
+def test_exact_estimators_do_not_depend_on_the_update_order(estimator: str) -> None:
+    from torchcal.metrics import CalibrationError
+
+    p1, y1 = torch.tensor([0.5, 0.5], dtype=F64), torch.tensor([1, 1])
+    p2, y2 = torch.tensor([0.5, 0.5, 0.9, 0.9], dtype=F64), torch.tensor([0, 0, 1, 1])
+    values = []
+    for batches in (((p1, y1), (p2, y2)), ((p2, y2), (p1, y1))):
+        m = CalibrationError(
+            reading="binary", input="probs", estimator=estimator, exact=True, n_bins=4
+        )
+        for p, y in batches:
+            m.update(p, y)
+        values.append(float(m.compute()))
+    assert values[0] == values[1]  # the sweep read 0.1333 or 0.3667 before

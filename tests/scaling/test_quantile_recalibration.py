@@ -29,16 +29,33 @@ def test_map_matches_sklearn_isotonic_with_ties():
     rec.fit(p)
     n = p.numel()
     ps = np.sort(p.numpy())
-    x = np.concatenate([[0.0], ps, [1.0]])
-    y = np.concatenate([[0.0], np.arange(1, n + 1) / (n + 1), [1.0]])
+    rank = np.arange(1, n + 1) / (n + 1)
+    inside = (ps > 0) & (ps < 1)  # a PIT value of exactly 0 is ranked but is no knot
+    x = np.concatenate([[0.0], ps[inside], [1.0]])
+    y = np.concatenate([[0.0], rank[inside], [1.0]])
     ref = IsotonicRegression(out_of_bounds="clip").fit(x, y)
     grid = torch.linspace(0, 1, 2001, dtype=torch.float64)
     np.testing.assert_allclose(rec.recalibrate(grid).numpy(), ref.predict(grid.numpy()), atol=1e-12)
-    # R^{-1} inverts R (above R(0) = 1 / (2 (n + 1)): a PIT value is exactly 0; below it,
-    # the level is clipped to 0)
-    assert float(rec.levels_for(0.001)) == 0.0
-    tau = torch.linspace(0.002, 0.999, 998, dtype=torch.float64)
+    # the anchors stay: R(0) = 0, R(1) = 1, and R^{-1} inverts R on all of (0, 1)
+    assert float(rec.recalibrate(torch.tensor([0.0], dtype=torch.float64))) == 0.0
+    assert float(rec.recalibrate(torch.tensor([1.0], dtype=torch.float64))) == 1.0
+    tau = torch.linspace(0.001, 0.999, 999, dtype=torch.float64)
     torch.testing.assert_close(rec.recalibrate(rec.levels_for(tau)), tau, rtol=0, atol=1e-12)
+
+
+def test_pit_values_of_exactly_one_keep_the_quantiles_finite():
+    # a float32 CDF rounds to exactly 1 in its far tail: 83 of these 2000 PIT values
+    g = torch.Generator().manual_seed(0)
+    y = 3 * torch.randn(2000, generator=g)
+    p = torch.distributions.Normal(0.0, 1.0).cdf(y)
+    assert int((p == 1).sum()) > 10
+    rec = QuantileRecalibrator()
+    rec.fit(p)
+    assert float(rec.recalibrate(torch.tensor([1.0]))) == 1.0
+    lo, hi = rec.interval(torch.distributions.Normal(torch.zeros(1), torch.ones(1)), 0.99)
+    assert bool(torch.isfinite(lo).all() and torch.isfinite(hi).all())  # hi was +inf
+    tau32 = np.float32(0.9)  # a numpy level is accepted, read as its float
+    assert float(rec.levels_for(tau32)) == float(rec.levels_for(float(tau32)))
 
 
 def test_hand_worked_small_case():

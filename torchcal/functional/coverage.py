@@ -162,6 +162,7 @@ def pit_calibration_error_from_counts(counts: Tensor) -> Tensor:
     check_tensor("counts", counts)
     if counts.dim() < 1 or counts.shape[-1] == 0:
         raise ValueError(f"counts: expected shape (..., B) with B >= 1, got {tuple(counts.shape)}")
+    check_positive("counts", counts, strict=False)  # finite and >= 0 (NaN, -1 read before)
     c = counts.to(torch.float64)
     n = c.sum(dim=-1, keepdim=True)
     return (c / n - 1.0 / c.shape[-1]).abs().sum(dim=-1)
@@ -280,6 +281,7 @@ def frequency_calibration_error(
             f"observed: expected shape (..., K) with K = {tau.shape[0]} (the number of "
             f"levels), got {tuple(observed.shape)}"
         )
+    check_probabilities("observed", observed)  # frequencies: in [0, 1], no NaN
     err = observed.to(torch.float64) - tau.to(device=observed.device, dtype=torch.float64)
     return err.abs().mean(dim=-1) if norm == "l1" else err.square().mean(dim=-1).sqrt()
 

@@ -72,7 +72,8 @@ def interpolate(x: Tensor, xp: Tensor, fp: Tensor) -> Tensor:
 
 def fit_pit_recalibration(pit: Tensor) -> IsotonicSolution:
     """The increasing map ``R`` of ``[0, 1]`` through ``(0, 0)``, the sorted PIT values at
-    their ranks ``k / (n + 1)`` (ties pooled to their mean rank) and ``(1, 1)``; ``before`` /
+    their ranks ``k / (n + 1)`` (ties pooled to their mean rank; values of exactly 0 or 1
+    are ranked but are no knots, so ``R(0) = 0`` and ``R(1) = 1``) and ``(1, 1)``; ``before`` /
     ``after`` the mean absolute gap between the sorted PIT values (before; after ``R``) and
     their nominal ranks.
 
@@ -86,9 +87,14 @@ def fit_pit_recalibration(pit: Tensor) -> IsotonicSolution:
     p, _ = torch.sort(pit.detach().reshape(-1).to(torch.float64).cpu())
     n = p.numel()
     rank = torch.arange(1, n + 1, dtype=torch.float64) / (n + 1)
-    # the points (p_(k), k / (n + 1)) between the anchors (0, 0) and (1, 1)
-    px = torch.cat([torch.zeros(1, dtype=torch.float64), p, torch.ones(1)])
-    py = torch.arange(0, n + 2, dtype=torch.float64) / (n + 1)
+    # the points (p_(k), k / (n + 1)) between the anchors (0, 0) and (1, 1); PIT values of
+    # exactly 0 or 1 (a float32 CDF rounds there in the tails) keep their ranks but are no
+    # knots: pooled with an anchor they moved R(0) above 0 or R(1) below 1, and the
+    # recalibrated quantiles at levels near 0 or 1 became infinite
+    inside = (p > 0) & (p < 1)
+    zero, one = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    px = torch.cat([zero, p[inside], one])
+    py = torch.cat([zero, rank[inside], one])
     ux, inverse, counts = torch.unique_consecutive(px, return_inverse=True, return_counts=True)
     sums = torch.zeros(ux.numel(), dtype=torch.float64).index_add_(0, inverse, py)
     # ties pooled to their mean rank; the pooled means strictly increase (the targets

@@ -27,6 +27,7 @@ returned in the forecast's compute dtype (float16/bfloat16 -> float32); the read
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -300,7 +301,9 @@ def pit_quantiles(quantiles: Tensor, levels: Tensor | Sequence[float], target: T
     rate_lo = (lv[1] - lv[0]) / (lv[0] * (q[..., 1:2] - q[..., 0:1]))
     rate_hi = (lv[-1] - lv[-2]) / ((1.0 - lv[-1]) * (q[..., -1:] - q[..., -2:-1]))
     low = lv[0] * torch.exp((y - q[..., 0:1]).clamp(max=0.0) * rate_lo)
-    high = 1.0 - (1.0 - lv[-1]) * torch.exp(-(y - q[..., -1:]).clamp(min=0.0) * rate_hi)
+    # a zero-width end segment: rate inf, a jump to 1 at q_K itself (0 * inf would be NaN)
+    above = torch.where(rate_hi == math.inf, -math.inf, -(y - q[..., -1:]).clamp(min=0.0) * rate_hi)
+    high = 1.0 - (1.0 - lv[-1]) * torch.exp(above)
     out = torch.where(i == 0, low, torch.where(i == k, high, inner))
     return out.squeeze(-1).clamp(0.0, 1.0)
 

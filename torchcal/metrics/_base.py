@@ -17,7 +17,13 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.utilities.distributed import gather_all_tensors
 
-from torchcal.functional._checks import check_int, check_option, validation_enabled, values_checked
+from torchcal.functional._checks import (
+    check_bool,
+    check_int,
+    check_option,
+    validation_enabled,
+    values_checked,
+)
 from torchcal.functional._validation import check_optional_int
 from torchcal.functional.calibration.binning import SUM_BLOCK, BinnedStats, accumulate, bin_batches
 from torchcal.functional.calibration.readings import (
@@ -381,7 +387,7 @@ class BinnedMetric(PooledPlotMetric):
         self.num_groups = (
             None if num_groups is None else check_int("num_groups", num_groups, minimum=1)
         )
-        self.validate_args = bool(validate_args)
+        self.validate_args = check_bool("validate_args", validate_args)
         self._G = num_groups or 1
         self._K = num_classes if reading in ("top_label", "classwise") else 1
         self._add_stats("", self.n_bins)

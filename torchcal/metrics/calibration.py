@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional._checks import check_int, check_option
+from torchcal.functional._checks import check_bool, check_int, check_number, check_option
 from torchcal.functional.calibration.binning import BinnedStats, accumulate
 from torchcal.functional.calibration.bootstrap import bootstrap_statistics, ece_bootstrap_from_stats
 from torchcal.functional.calibration.estimators import (
@@ -139,8 +139,8 @@ class CalibrationError(BinnedMetric):
         check_ece_estimator(estimator, norm, reading)
         self.norm = norm
         self.estimator = estimator
-        self.sigma = sigma
-        self.exact = bool(exact)
+        self.sigma = None if sigma is None else check_number("sigma", sigma, strict=True)
+        self.exact = check_bool("exact", exact)
         self.fine_bins = check_int("fine_bins", fine_bins, minimum=1)
         self._fine = estimator in FINE_ESTIMATORS and not self.exact
         self._keep = estimator in FINE_ESTIMATORS and self.exact
@@ -155,7 +155,7 @@ class CalibrationError(BinnedMetric):
         self.bootstrap = check_int("bootstrap", bootstrap, minimum=0)
         z_of_level(level)
         self.level = float(level)
-        self.seed = int(seed)
+        self.seed = check_int("seed", seed)
         self._generator: torch.Generator | None = None
         if self.bootstrap:
             cells = self._K * self.n_bins

@@ -34,7 +34,8 @@ class NegativeLogLikelihood(PooledPlotMetric):
 
     Args:
         input: ``"logits"`` or ``"probs"``.
-        num_groups: per-group means (``update`` then needs ``groups`` of ``target``'s shape).
+        num_groups: per-group means (``update`` then needs one group id per item: ``groups``
+            of ``target``'s shape, or ``(N, *)`` for class-probability targets ``(N, C, *)``).
         validate_args: run the value checks in ``update``.
         ignore_index: a target value whose items are not counted.
         multilabel: score a target of the shape of ``(N, C)`` logits as independent 0/1
@@ -76,7 +77,7 @@ class NegativeLogLikelihood(PooledPlotMetric):
         self.num_groups = (
             None if num_groups is None else check_int("num_groups", num_groups, minimum=1)
         )
-        self.validate_args = bool(validate_args)
+        self.validate_args = check_bool("validate_args", validate_args)
         G = num_groups or 1
         self.add_state("nll_sum", torch.zeros(G, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.zeros(G, dtype=torch.int64), dist_reduce_fx="sum")
@@ -93,8 +94,6 @@ class NegativeLogLikelihood(PooledPlotMetric):
                 f"built with num_groups={self.num_groups}), got None"
             )
         with validation_enabled(self.validate_args):
-            if self.num_groups is not None:
-                G = check_group_ids(groups, target.shape, self.num_groups)
             items, keep = nll_terms(
                 preds,
                 target,
@@ -102,6 +101,8 @@ class NegativeLogLikelihood(PooledPlotMetric):
                 ignore_index=self.ignore_index,
                 multilabel=self.multilabel,
             )
+            if self.num_groups is not None:  # one id per item (a soft target's row: one item)
+                G = check_group_ids(groups, items.shape, self.num_groups)
             if self.input == "logits" and not self.multilabel:
                 self._warn_probs_once(logits_look_like_probs(preds), stacklevel=4)
         if self.num_groups is None:

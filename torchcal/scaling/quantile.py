@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from numbers import Real
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ __all__ = ["QuantileRecalibrator"]
 def as_levels(name: str, tau: float | Tensor) -> Tensor:
     """Levels in (0, 1) as a float64 tensor (a number gives a 0-dim tensor)."""
     if not isinstance(tau, Tensor):
-        if isinstance(tau, bool) or not isinstance(tau, (int, float)):
+        if isinstance(tau, bool) or not isinstance(tau, Real):  # numpy floats are Real
             raise TypeError(f"{name}: expected a float or a tensor, got {type(tau).__name__}")
         tau = torch.tensor(float(tau), dtype=torch.float64)
     check_floating(name, tau)
@@ -46,8 +47,8 @@ class QuantileRecalibrator(FittedMixin):
 
     The estimate of ``R``: the isotonic (PAV, ties pooled) fit of the points
     ``(p_(k), k / (n + 1))`` of the sorted PIT values together with the anchors ``(0, 0)`` and
-    ``(1, 1)`` (pooled like any tie where a PIT value is exactly 0 or 1), interpolated
-    linearly. ``k / (n + 1)`` is the probability that a new
+    ``(1, 1)`` (a PIT value of exactly 0 or 1, which a float32 CDF gives in its far tails,
+    keeps its rank but is no knot: the anchors stay), interpolated linearly. ``k / (n + 1)`` is the probability that a new
     exchangeable PIT value falls below ``p_(k)`` (so ``R^{-1}(tau)`` interpolates between
     order statistics the way the conformal quantile does), and with the end points ``R`` is an
     increasing bijection of ``[0, 1]`` (tied PIT values share their mean rank), so

@@ -72,13 +72,11 @@ def _cumulative(stats: BinnedStats) -> tuple[Tensor, Tensor, Tensor]:
     return cum_n, cum_c, cum_o
 
 
-def _sorted_cumulative(
-    samples: CalibrationSamples, split: str = "fractional"
-) -> tuple[Tensor, Tensor, Tensor]:
-    order = torch.argsort(samples.conf, stable=True)
-    if split == "whole":  # ties by outcome too: the bins do not depend on the row order
-        order = torch.argsort(samples.outcome, stable=True)
-        order = order[torch.argsort(samples.conf[order], stable=True)]
+def _sorted_cumulative(samples: CalibrationSamples) -> tuple[Tensor, Tensor, Tensor]:
+    # ties by outcome too, for either split: the bins (and a fractional boundary inside a tie
+    # block) do not depend on the row order, so neither does a streamed metric's value
+    order = torch.argsort(samples.outcome, stable=True)
+    order = order[torch.argsort(samples.conf[order], stable=True)]
     z = torch.zeros(1, dtype=torch.float64)
     c = samples.conf[order].cpu()
     o = samples.outcome[order].cpu()
@@ -150,9 +148,9 @@ def equal_mass_calibration_error_from_samples(
     samples: CalibrationSamples, n_bins: int = 15, *, norm: str = "l1", split: str = "whole"
 ) -> Tensor:
     """Sort-based equal-mass ECE (the exact reference; the ``split`` conventions of
-    :func:`equal_mass_calibration_error_from_stats`: whole samples by default, tied confidences
-    ordered by outcome so that the bins do not depend on the row order; ``"fractional"``: a
-    fractional rank boundary splits one sample).
+    :func:`equal_mass_calibration_error_from_stats`: whole samples by default; ``"fractional"``:
+    a fractional rank boundary splits one sample; either way tied confidences are ordered by
+    outcome, so the value does not depend on the row order).
 
     Example:
         >>> import torch
@@ -168,7 +166,7 @@ def equal_mass_calibration_error_from_samples(
     check_option("split", split, SPLITS)
     if samples.conf.numel() == 0:
         raise ValueError("samples: no samples were kept")
-    return _equal_mass(_sorted_cumulative(samples, split), n_bins, norm, split)
+    return _equal_mass(_sorted_cumulative(samples), n_bins, norm, split)
 
 
 def ece_sweep_from_stats(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from numbers import Real
 
 import torch
 from torch import Tensor
@@ -13,9 +14,12 @@ INTERVALS = ("wilson", "clopper_pearson")
 
 
 def z_of_level(level: float) -> float:
-    if not 0.0 < float(level) < 1.0:
+    if isinstance(level, bool) or not isinstance(level, Real):  # numpy floats are Real
+        raise TypeError(f"level: expected a number in (0, 1), got {type(level).__name__}")
+    x = float(level)
+    if not 0.0 < x < 1.0:
         raise ValueError(f"level: expected a value in the open interval (0, 1), got {level!r}")
-    return float(torch.special.ndtri(torch.tensor(0.5 + level / 2, dtype=torch.float64)))
+    return float(torch.special.ndtri(torch.tensor(0.5 + x / 2, dtype=torch.float64)))
 
 
 def wilson_interval(

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from torchcal.functional._checks import check_number
 from torchcal.functional.calibration.binning import (
     BinnedStats,
     require_nonempty,
@@ -72,9 +73,8 @@ def _smooth_ece_at(deposit: Any, sigma: float) -> float:
 
 
 def _smooth_ece(deposit: Any, sigma: float | None, eps: float = 1e-3) -> Tensor:
-    if sigma is not None:
-        if not sigma > 0:
-            raise ValueError(f"sigma: expected a bandwidth > 0, got {sigma!r}")
+    if sigma is not None:  # a finite bandwidth > 0 (inf read as one bin gave 0.0)
+        sigma = check_number("sigma", sigma, strict=True, expected="a bandwidth > 0")
         return torch.tensor(_smooth_ece_at(deposit, sigma), dtype=torch.float64)
 
     def ok(alpha: float) -> bool:  # alpha is at least the smooth ECE at bandwidth alpha
