@@ -8,6 +8,7 @@ import os
 import warnings
 from typing import Any
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -23,6 +24,7 @@ from _callbacks_helpers import (
 )
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from torch.utils.data import DataLoader, TensorDataset
 
 from torchcal.callbacks import CalibrationMonitor, TemperatureScaling
 from torchcal.functional import (
@@ -644,3 +646,54 @@ def test_no_logger_writes_csv_to_default_root_dir(tmp_path):
     )
     rows = read_csv(os.path.join(tmp_path, "reliability.csv"))
     assert sum(int(r["count"]) for r in rows) == 40
+
+
+class _FixedOutputs(L.LightningModule):
+    """A validation step that returns given logits and targets (one batch)."""
+
+    def __init__(self, logits: torch.Tensor, target: torch.Tensor) -> None:
+        super().__init__()
+        self.logits, self.target = logits, target
+
+    def validation_step(self, batch: Any, batch_idx: int) -> dict[str, torch.Tensor]:
+        return {"logits": self.logits, "target": self.target}
+
+
+def _validate_once(tmp_path, callback, logits, target) -> dict[str, float]:
+    data = DataLoader(TensorDataset(torch.zeros(1, 1)), batch_size=1)
+    model = _FixedOutputs(logits, target)
+    return trainer(tmp_path, callbacks=[callback]).validate(model, data, verbose=False)[0]
+
+
+def test_binary_reading_of_multi_label_targets_logs_the_binary_nll(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(64, 3, generator=g)
+    y = (torch.rand(64, 3, generator=g) > 0.5).float()  # (B, C) 0/1: independent sigmoids
+    out = _validate_once(tmp_path, CalibrationMonitor(reading="binary", sinks=()), z, y)
+    ref = float(F.binary_cross_entropy_with_logits(z.double(), y.double()))
+    assert out["val/nll"] == pytest.approx(ref, abs=1e-9)  # read as class probabilities before
+    brier = float(((torch.sigmoid(z.double()) - y.double()) ** 2).mean())
+    assert out["val/brier"] == pytest.approx(brier, abs=1e-9)
+
+
+def test_int32_class_targets(tmp_path):
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(64, 3, generator=g)
+    y = torch.randint(0, 3, (64,), generator=g)
+    mon = CalibrationMonitor(num_classes=3, sinks=())
+    out = _validate_once(tmp_path, mon, z, y.to(torch.int32))  # a raw torch RuntimeError before
+    assert out["val/nll"] == pytest.approx(float(F.cross_entropy(z.double(), y)), abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("make", "name"),
+    [
+        (lambda: CalibrationMonitor(validate_args="False"), "validate_args"),
+        (lambda: CalibrationMonitor(verbose="no"), "verbose"),
+        (lambda: CalibrationMonitor(level="0.9"), "level"),
+        (lambda: TemperatureScaling(fit_on_validate="False"), "fit_on_validate"),
+    ],
+)
+def test_callback_flags_of_the_wrong_type(make, name):
+    with pytest.raises(TypeError, match=rf"^{name}: expected"):
+        make()

@@ -23,7 +23,7 @@ from torchcal.callbacks._compose import EpochReport, brier_name, compose, metric
 from torchcal.callbacks._history import StageMonitor
 from torchcal.callbacks._monitor_options import Sink, check_reading_options, check_sinks
 from torchcal.callbacks._outputs import check_extract_fn, check_key, read_outputs
-from torchcal.functional._checks import check_int
+from torchcal.functional._checks import check_bool, check_int
 from torchcal.metrics.calibration import ReliabilityDiagram
 from torchcal.metrics.nll import NegativeLogLikelihood
 from torchcal.metrics.selective import RiskCoverageCurve
@@ -191,8 +191,8 @@ class CalibrationMonitor(StageMonitor):
         self.name = name
         #: Where the results go besides ``pl_module.log`` (see :data:`SINKS`).
         self.sinks = check_sinks(sinks)
-        self.verbose = bool(verbose)
-        self.validate_args = bool(validate_args)
+        self.verbose = check_bool("verbose", verbose)
+        self.validate_args = check_bool("validate_args", validate_args)
         self.dataloader_idx = check_int("dataloader_idx", dataloader_idx, minimum=0)
         #: The scalars logged per stage and dataloader (the keys of :attr:`history`).
         self.selective_bins = None
@@ -242,7 +242,11 @@ class CalibrationMonitor(StageMonitor):
             )
             # NLL gets the tensors the diagram has just validated; its own check would reject
             # the -inf masks that F.cross_entropy handles exactly
-            nll = NegativeLogLikelihood(input=self.input, validate_args=False)
+            # reading="binary": every element an independent sigmoid, as the diagram reads it
+            # ((B, C) 0/1 targets were read as class probabilities before)
+            nll = NegativeLogLikelihood(
+                input=self.input, multilabel=self.reading == "binary", validate_args=False
+            )
             rc = None
             if self.selective_bins:
                 rc = RiskCoverageCurve(
@@ -295,7 +299,10 @@ class CalibrationMonitor(StageMonitor):
         preds, target, groups = self._extract(stage, pl_module, batch, outputs)
         rd, nll, rc = self._acc(stage, dataloader_idx, preds.device)
         rd.update(preds, target, groups)  # validates (NaN/+inf, all -inf rows, labels)
-        nll.update(preds, target)  # the same tensors, already validated: no second check
+        if self.reading == "binary" and preds.dim() == target.dim() + 1:  # a (B, 1) head
+            nll.update(preds.squeeze(-1), target)
+        else:  # the same tensors, already validated: no second check
+            nll.update(preds, target)
         if rc is not None:
             rc.update(preds, target)
 

@@ -23,7 +23,7 @@ from torchcal.callbacks import _sinks
 from torchcal.callbacks._history import StageMonitor
 from torchcal.callbacks._monitor_options import Sink, check_sinks
 from torchcal.callbacks._outputs import check_extract_fn, check_key, read_outputs
-from torchcal.functional._checks import check_int, check_option, validation_enabled
+from torchcal.functional._checks import check_bool, check_int, check_option, validation_enabled
 from torchcal.functional._validation import check_group_ids, check_level_grid
 from torchcal.plotting import pit_figure
 
@@ -149,7 +149,7 @@ class RegressionMonitor(StageMonitor):
         self.dataloader_idx = check_int("dataloader_idx", dataloader_idx, minimum=0)
         #: Where the results go besides ``pl_module.log``.
         self.sinks = check_sinks(sinks)
-        self.verbose = bool(verbose)
+        self.verbose = check_bool("verbose", verbose)
         self.extract_fn = check_extract_fn(extract_fn)
         if not isinstance(name, str) or name.strip("/") != name:
             raise ValueError(f"name: expected a string without leading/trailing '/', got {name!r}")
@@ -164,7 +164,7 @@ class RegressionMonitor(StageMonitor):
                 f"{P.OUTPUT_KEYS[self.family]}, got {group_key!r}"
             )
         self.seed = check_int("seed", seed, minimum=0)
-        self.validate_args = bool(validate_args)
+        self.validate_args = check_bool("validate_args", validate_args)
         #: The scalars logged per stage and dataloader (the keys of :attr:`history`).
         self.metrics = P.metric_names(self.family, self.levels.tolist())
         #: The scalars logged per non-empty group (``{stage}/group_{g}/{name}``).

@@ -21,7 +21,7 @@ from torchcal.callbacks._outputs import (
     check_logits_batch,
     read_outputs,
 )
-from torchcal.functional._checks import check_int, check_option
+from torchcal.functional._checks import check_bool, check_int, check_option
 from torchcal.functional.temperature import all_reduce_, distributed_active
 from torchcal.metrics.calibration import CalibrationError
 from torchcal.scaling._base import TemperatureFit
@@ -174,8 +174,8 @@ class TemperatureScaling(HistoryCallback):
         self.target_key = check_key("target_key", target_key)
         self.extract_fn = check_extract_fn(extract_fn)
         self.attr_name = attr_name
-        self.fit_on_validate = bool(fit_on_validate)
-        self.verbose = bool(verbose)
+        self.fit_on_validate = check_bool("fit_on_validate", fit_on_validate)
+        self.verbose = check_bool("verbose", verbose)
         #: One dict per fit: ``stage, epoch, step, n_local, n, converged`` and the logged values.
         self.history: list[dict[str, Any]] = []
         #: The :class:`~torchcal.scaling.TemperatureFit` of the last fit (not checkpointed).

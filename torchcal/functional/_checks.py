@@ -20,6 +20,7 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
+from numbers import Real
 from typing import TypeVar
 
 import torch
@@ -416,6 +417,8 @@ def check_open_unit(name: str, value: float | Tensor) -> None:
 
         check_values((lo > 0) & (hi < 1), f"{name}: expected values in (0, 1)", scan)
         return
+    if isinstance(value, (str, bytes, bool)) or not isinstance(value, Real):
+        raise TypeError(f"{name}: expected a number in (0, 1), got {type(value).__name__}")
     if not (0.0 < float(value) < 1.0):
         raise ValueError(f"{name}: expected a value in the open interval (0, 1), got {value!r}")
 

@@ -155,7 +155,8 @@ def _nll_indices(
 ) -> tuple[Tensor, Tensor | None]:
     check_class_target("target", target, preds.shape[1], ignore_index=ignore_index)
     keep = None if ignore_index is None else target != ignore_index
-    t = target if keep is None else torch.where(keep, target, 0)
+    # int32/uint8 class ids too (the readings take them; F.cross_entropy wants int64)
+    t = (target if keep is None else torch.where(keep, target, 0)).long()
     if input == "logits":
         check_finite("preds", preds, allow_neg_inf=True)
         items = log_score_items(preds, t, "indices", used=keep)
