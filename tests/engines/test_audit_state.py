@@ -50,6 +50,11 @@ def _cli(capsys, *argv):
 def test_cli_glob_engines_and_state_files_agree(tmp_path, capsys):
     glob = write_parts(rows(1500, seed=4), str(tmp_path / "logs"))
     cols = ["--probs", "p", "--label", "y", "--group", "g", "--threshold", "0.8"]
+    # about 2% of these rows are invalid: more than the default --max-unparsed 0.01 stops
+    for engine in ("duckdb", "memory"):
+        code, out, err = _cli(capsys, "audit", glob, *cols, "--engine", engine)
+        assert code == 2 and "rows are invalid" in err and "more than --max-unparsed" in err
+    cols += ["--max-unparsed", "0.05"]  # allowed: left out and named
     s = str(tmp_path / "state.parquet")
     code, out_duck, err = _cli(
         capsys, "audit", glob, *cols, "--engine", "duckdb", "--write-state", s
@@ -57,16 +62,15 @@ def test_cli_glob_engines_and_state_files_agree(tmp_path, capsys):
     assert code in (0, 1, 3) and "rows were left out of the state" in out_duck
     code2, out_mem, _ = _cli(capsys, "audit", glob, *cols, "--engine", "memory")
     assert code2 == code and out_mem == out_duck
+    state_cols = ["--threshold", "0.8", "--max-unparsed", "0.05"]
     code3, out_state, _ = _cli(
-        capsys, "audit", "--state", s, "--threshold", "0.8", "--out", str(tmp_path / "o")
+        capsys, "audit", "--state", s, *state_cols, "--out", str(tmp_path / "o")
     )
     assert code3 == code and out_state.startswith(out_duck)
     rep = json.loads((tmp_path / "o" / "report.json").read_text())
     assert rep["settings"]["engine"].startswith("duckdb")
     ref = str(tmp_path / "o" / "report.json")  # drift against an earlier report: none
-    code5, out_ref, _ = _cli(
-        capsys, "audit", "--state", s, "--threshold", "0.8", "--reference", ref
-    )
+    code5, out_ref, _ = _cli(capsys, "audit", "--state", s, *state_cols, "--reference", ref)
     assert code5 == code and f"compared with {ref}" in out_ref and "DRIFT" not in out_ref
     # a glob alone picks the engine (auto)
     code4, out_auto, _ = _cli(capsys, "audit", glob, *cols)

@@ -343,3 +343,30 @@ def test_exact_estimators_do_not_depend_on_the_update_order(estimator: str) -> N
             m.update(p, y)
         values.append(float(m.compute()))
     assert values[0] == values[1]  # the sweep read 0.1333 or 0.3667 before
+
+
+def test_weighted_estimates_do_not_floor_a_weight_total_at_one() -> None:
+    import dataclasses
+
+    from torchcal.functional import binned_statistics, brier_decomposition_from_stats
+    from torchcal.functional.verdict import ece_test_from_stats
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(3000, generator=g, dtype=F64)
+    y = (torch.rand(3000, generator=g, dtype=F64) < p**1.3).long()
+    s = binned_statistics(p, y, n_bins=10, reading="binary", input="probs").pooled()
+    c = 1e-7  # every row weighted 1e-7: the totals are below 1 (floored at 1 before)
+    w = dataclasses.replace(
+        s,
+        conf=s.conf * c,
+        acc=s.acc * c,
+        conf2=s.conf2 * c,
+        conf_acc=s.conf_acc * c,
+        weight=s.count.to(F64) * c,
+    )
+    assert float(ece_test_from_stats(w, 0.05)["ece"]) == pytest.approx(
+        float(ece_test_from_stats(s, 0.05)["ece"]), rel=1e-9
+    )
+    a, b = brier_decomposition_from_stats(s), brier_decomposition_from_stats(w)
+    for key in ("brier", "reliability", "resolution"):
+        assert float(b[key]) == pytest.approx(float(a[key]), rel=1e-9)

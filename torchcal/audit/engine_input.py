@@ -207,9 +207,28 @@ def state_of_args(args: argparse.Namespace) -> tuple[BinnedState, dict[str, Any]
     return state, sample
 
 
+def check_rejected(state: BinnedState, source: str, max_share: float) -> None:
+    """``ValueError`` naming ``source`` when the state's rejected rows exceed ``max_share``
+    of the rows seen (reasons and counts in the message)."""
+    bad = {k: v for k, v in state.header.rows_rejected.items() if v}
+    rejected = sum(bad.values())
+    seen = max(int(state.header.rows_seen), rejected)
+    if rejected and rejected > max_share * seen:
+        parts = ", ".join(f"{k} {v}" for k, v in bad.items())
+        raise ValueError(
+            f"{source}: {rejected} of {seen} rows are invalid ({parts}), more than "
+            f"--max-unparsed {max_share:g} of them"
+        )
+
+
 def audit_engine(args: argparse.Namespace) -> tuple[AuditReport, list[Any]]:
-    """The report of ``torchcal audit`` on the engine/state path, and the warnings raised."""
+    """The report of ``torchcal audit`` on the engine/state path, and the warnings raised.
+
+    Rows the engine rejected (NaN, out of range, an invalid label, ...) stop the audit once
+    they are more than ``--max-unparsed`` of the rows seen, as the row reader's excluded rows
+    do: a gate must not PASS half a file."""
     state, sample = state_of_args(args)
+    check_rejected(state, args.state or args.file, getattr(args, "max_unparsed", 0.01))
     if args.write_state:
         write_state(state, args.write_state)
     with warnings.catch_warnings(record=True) as caught:

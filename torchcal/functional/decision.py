@@ -194,7 +194,7 @@ def ece_interval_from_stats(
     n = stats.mass().flatten(-2)  # the weight total when weighted (frequency weights)
     d = (stats.conf - stats.acc).flatten(-2)
     v = (stats.conf2 - 2 * stats.conf_acc + stats.acc).flatten(-2)
-    safe = n.clamp_min(1)
+    safe = torch.where(n > 0, n, 1.0)  # a weight total may be below 1
     # residual variance of D given n (>= 0 by Cauchy-Schwarz; clamp only float rounding)
     resid = torch.sqrt((v - d * d / safe).clamp_min(0))
     gen = torch.Generator(device=n.device).manual_seed(seed)

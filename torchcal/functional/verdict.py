@@ -255,7 +255,7 @@ def ece_test_from_stats(
     alpha = check_alpha(alpha)
     count = stats.mass().flatten(-2)  # the weight total when weighted (frequency weights)
     n = count.sum(-1)
-    safe_n = n.clamp_min(1)
+    safe_n = torch.where(n > 0, n, 1.0)  # a weight total may be below 1
     d = (stats.conf - stats.acc).flatten(-2)
     var = (stats.conf - stats.conf2).flatten(-2).clamp_min(0)  # sum c (1 - c) per bin
     T = d.abs().sum(-1) / safe_n

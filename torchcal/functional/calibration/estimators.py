@@ -146,7 +146,7 @@ def brier_decomposition_from_stats(
     if reading != "classwise":
         n, sc, sa, scc, sca = (t.flatten(-2).unsqueeze(-2) for t in (n, sc, sa, scc, sca))
     N = n.sum(-1)
-    safe = n.clamp_min(1)
+    safe = torch.where(n > 0, n, 1.0)  # bins of weight below 1 (sample weights)
     fb = sc / safe
     ob = sa / safe
     o = sa.sum(-1) / N

@@ -32,7 +32,7 @@ def _deposit_stats(n: Tensor, s_f: Tensor, s_y: Tensor, s_fy: Tensor, points: in
     """Same as :func:`_deposit_samples` from per-bin sums (exact for bins inside one grid
     cell; zeroth and first moments exact otherwise)."""
     ok = n > 0
-    mean = torch.where(ok, s_f / n.clamp_min(1), 0.0)
+    mean = torch.where(ok, s_f / torch.where(ok, n, 1.0), 0.0)  # weights may be below 1
     j = (mean * (points - 1)).to(torch.int64).clamp_(0, points - 2)
     jf = j.to(torch.float64)
     left = torch.where(ok, (1 + jf) * s_y - (points - 1) * s_fy, 0.0)
