@@ -193,7 +193,7 @@ def _wants_engine(args: argparse.Namespace) -> bool:
         or args.table
         or args.weight
         or args.write_state
-        or glob.has_magic(file)
+        or (glob.has_magic(file) and not os.path.exists(file))  # "data[1].csv" is a file
     )
 
 
@@ -566,6 +566,10 @@ def _fit_temperature(args: argparse.Namespace) -> int:
 def _example(args: argparse.Namespace) -> int:
     from torchcal.audit.example import DOMAINS, write_judging_csv, write_stated_csv
 
+    if not args.out.lower().endswith(".csv"):  # CSV text under a .parquet name misleads
+        raise InputError(
+            f"OUT: example writes CSV; expected a name ending in .csv, got {args.out!r}"
+        )
     if args.kind == "stated":
         n = write_stated_csv(args.out, args.n, args.seed)
     else:

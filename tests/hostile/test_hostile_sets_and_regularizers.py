@@ -370,3 +370,45 @@ def test_weighted_estimates_do_not_floor_a_weight_total_at_one() -> None:
     a, b = brier_decomposition_from_stats(s), brier_decomposition_from_stats(w)
     for key in ("brier", "reliability", "resolution"):
         assert float(b[key]) == pytest.approx(float(a[key]), rel=1e-9)
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def test_cli_example_writes_csv_only_and_a_bracketed_file_is_a_file(tmp_path, capsys) -> None:
+    from torchcal import cli
+
+    assert cli.main(["example", str(tmp_path / "e.parquet")]) == 2
+    assert "expected a name ending in .csv" in capsys.readouterr().err
+    assert not (tmp_path / "e.parquet").exists()
+    one, other = tmp_path / "data[1].csv", tmp_path / "data1.csv"
+    assert cli.main(["example", str(one), "--n", "300"]) == 0
+    assert cli.main(["example", str(other), "--n", "900"]) == 0
+    capsys.readouterr()
+    cli.main(["audit", str(one), "--probs", "p_correct", "--label", "correct"])
+    assert "(600 rows" in capsys.readouterr().out  # 300 per domain; data1.csv has 1800
+
+
+def test_cli_state_refuses_bins(tmp_path, capsys) -> None:
+    from torchcal import cli
+
+    rows = tmp_path / "rows.csv"
+    state = tmp_path / "s.parquet"
+    assert cli.main(["example", str(rows), "--n", "300"]) == 0
+    cli.main(
+        [
+            "audit",
+            str(rows),
+            "--probs",
+            "p_correct",
+            "--label",
+            "correct",
+            "--engine",
+            "memory",
+            "--write-state",
+            str(state),
+        ]
+    )
+    capsys.readouterr()
+    assert cli.main(["audit", "--state", str(state), "--bins", "20"]) == 2
+    assert "--bins: a state keeps the bins" in capsys.readouterr().err

@@ -157,6 +157,8 @@ def _check(args: argparse.Namespace) -> None:
         if given:
             flag = given[0] if given[0] == "file" else "--" + given[0]
             raise ValueError(f"--state: audits state files; {flag} belongs to a file of rows")
+        if getattr(args, "bins", None) is not None:
+            raise ValueError("--bins: a state keeps the bins it was written with (its n_bins)")
         if args.fit_temperature:
             raise ValueError(
                 "--fit-temperature: a state holds binned sums, not rows; audit the rows "
