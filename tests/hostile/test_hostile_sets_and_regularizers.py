@@ -412,3 +412,21 @@ def test_cli_state_refuses_bins(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert cli.main(["audit", "--state", str(state), "--bins", "20"]) == 2
     assert "--bins: a state keeps the bins" in capsys.readouterr().err
+
+
+def test_an_inconclusive_reason_says_when_only_holm_kept_it_from_fail() -> None:
+    from torchcal.audit._evaluate import reason_of
+
+    row = {
+        "verdict": "inconclusive",
+        "n": 6000,
+        "ece_ci": [0.051, 0.076],
+        "ece_debiased": 0.069,
+        "ece_debiased_clipped": False,
+        "ece_test": {"p_fail_holm": 0.068, "detectable": 0.074},
+    }
+    text = reason_of(row, None, 0.05, 0.05, 0.8)
+    assert "lies above the tolerance 0.05" in text and "Holm-adjusted p = 0.068" in text
+    assert "not on one side" not in text  # the interval is on one side
+    row["ece_ci"] = [0.04, 0.076]
+    assert "is not on one side of the tolerance 0.05" in reason_of(row, None, 0.05, 0.05, 0.8)

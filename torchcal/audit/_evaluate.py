@@ -241,6 +241,10 @@ def reason_of(s: dict[str, Any], threshold: float | None, tolerance: float, alph
                     f"p {_p(t['p_fail_holm'])})")  # fmt: skip
         if v == "pass":
             return f"ECE within the tolerance {tolerance:g}: {where} (p {_p(t['p_pass'])})"
+        if lo is not None and lo > tolerance:  # outside on its own, not after Holm
+            return (f"cannot tell: {where} lies above the tolerance {tolerance:g}, but the "
+                    f"Holm-adjusted p {_p(t['p_fail_holm'])} over the rows is above "
+                    f"{alpha:g}")  # fmt: skip
         return (f"cannot tell: {where} is not on one side of the tolerance {tolerance:g}; this n "
                 f"detects an ECE of {_pct(t['detectable'], False)} or more with "
                 f"{100 * power:g}% power")  # fmt: skip
@@ -259,6 +263,10 @@ def reason_of(s: dict[str, Any], threshold: float | None, tolerance: float, alph
                 f"+-{tolerance:g} (Holm-adjusted p {_p(w['p_fail_holm'])})")  # fmt: skip
     if v == "pass":
         return f"calibrated {where} within +-{tolerance:g}: {body} (p {_p(w['p_pass'])})"
+    if g_lo is not None and g_hi is not None and (g_lo > tolerance or g_hi < -tolerance):
+        return (f"cannot tell {where}: {body} lies outside +-{tolerance:g}, but the "
+                f"Holm-adjusted p {_p(w['p_fail_holm'])} over the rows is above "
+                f"{alpha:g}")  # fmt: skip
     return (f"cannot tell {where}: {body} is neither inside nor outside +-{tolerance:g}; this n "
             f"detects a gap of {_pct(w['detectable'], False)} or more with {100 * power:g}% "
             f"power")  # fmt: skip
