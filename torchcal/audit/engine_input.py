@@ -157,7 +157,7 @@ def _check(args: argparse.Namespace) -> None:
         if given:
             flag = given[0] if given[0] == "file" else "--" + given[0]
             raise ValueError(f"--state: audits state files; {flag} belongs to a file of rows")
-        if getattr(args, "bins", None) is not None:
+        if args.bins is not None:
             raise ValueError("--bins: a state keeps the bins it was written with (its n_bins)")
         if args.fit_temperature:
             raise ValueError(
@@ -230,7 +230,7 @@ def audit_engine(args: argparse.Namespace) -> tuple[AuditReport, list[Any]]:
     they are more than ``--max-unparsed`` of the rows seen, as the row reader's excluded rows
     do: a gate must not PASS half a file."""
     state, sample = state_of_args(args)
-    check_rejected(state, args.state or args.file, getattr(args, "max_unparsed", 0.01))
+    check_rejected(state, args.state or args.file, args.max_unparsed)
     if args.write_state:
         write_state(state, args.write_state)
     with warnings.catch_warnings(record=True) as caught:

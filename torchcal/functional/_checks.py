@@ -417,7 +417,7 @@ def check_open_unit(name: str, value: float | Tensor) -> None:
 
         check_values((lo > 0) & (hi < 1), f"{name}: expected values in (0, 1)", scan)
         return
-    if isinstance(value, (str, bytes, bool)) or not isinstance(value, Real):
+    if isinstance(value, bool) or not isinstance(value, Real):  # "0.5", True: not levels
         raise TypeError(f"{name}: expected a number in (0, 1), got {type(value).__name__}")
     if not (0.0 < float(value) < 1.0):
         raise ValueError(f"{name}: expected a value in the open interval (0, 1), got {value!r}")

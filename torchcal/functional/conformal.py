@@ -48,6 +48,7 @@ from torchcal.functional._checks import (
     check_floating,
     check_nonempty,
     check_option,
+    check_probabilities,
     check_tensor,
 )
 from torchcal.functional._validation import check_group_ids, check_probability_rows
@@ -455,15 +456,6 @@ def _check_lambdas(lambdas: Tensor) -> Tensor:
     return lambdas.detach().to(torch.float64)
 
 
-def _check_probs(probs: Tensor) -> Tensor:
-    """``probs`` of a risk-control loss as float64, each value in ``[0, 1]`` (independent
-    per label: the rows need not sum to 1); NaN is an error, not a label never predicted."""
-    p = probs.detach().to(torch.float64)
-    if bool((torch.isnan(p) | (p < 0) | (p > 1)).any()):
-        raise ValueError("probs: expected probabilities in [0, 1] (no NaN)")
-    return p
-
-
 def multilabel_fnr_losses(probs: Tensor, labels: Tensor, lambdas: Tensor) -> Tensor:
     """False-negative rate of the multi-label set ``{j : p_j >= 1 - lambda}`` for every
     ``lambda``: ``(N, L)`` float64, ``1 - |set & Y| / |Y|`` (0 for a row without positives);
@@ -484,7 +476,8 @@ def multilabel_fnr_losses(probs: Tensor, labels: Tensor, lambdas: Tensor) -> Ten
             f"labels: expected probs' shape {tuple(probs.shape)}, got {tuple(labels.shape)}"
         )
     lam = _check_lambdas(lambdas).to(probs.device)
-    p = _check_probs(probs)
+    check_probabilities("probs", probs)  # per label in [0, 1], no NaN (rows need not sum to 1)
+    p = probs.detach().to(torch.float64)
     y = labels.detach().to(torch.float64)
     if bool(((y != 0) & (y != 1)).any()):
         raise ValueError("labels: expected 0/1 labels")
@@ -508,5 +501,6 @@ def set_size_losses(probs: Tensor, lambdas: Tensor) -> Tensor:
     if probs.dim() != 2:
         raise ValueError(f"probs: expected (N, C) probabilities, got {tuple(probs.shape)}")
     lam = _check_lambdas(lambdas).to(probs.device)
-    p = _check_probs(probs)
+    check_probabilities("probs", probs)  # per label in [0, 1], no NaN (rows need not sum to 1)
+    p = probs.detach().to(torch.float64)
     return (p[:, :, None] >= lam).to(torch.float64).mean(dim=1)

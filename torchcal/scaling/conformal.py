@@ -539,8 +539,6 @@ class ConformalClassifier(_Conformal):
         s = self._scores(logits, float(self.set_temperature), u, generator)
         q = self.score_quantiles.to(s.device)
         calibrated = int(self.num_classes)
-        if self.conditional == "class":
-            calibrated = q.numel()
         if calibrated != s.shape[1]:
             raise ValueError(
                 f"logits: calibrated on {calibrated} classes, got {s.shape[1]} columns"
