@@ -60,6 +60,13 @@ from torchcal.functional.invariants import (
     check_monotone_map,
     ulp_distance,
 )
+from torchcal.functional.multicalibration import (
+    MulticalibrationResult,
+    ecce,
+    ecce_pvalue,
+    multicalibration_error,
+    segment_masks,
+)
 from torchcal.functional.regression import (
     central_interval_factor,
     pit,
@@ -171,6 +178,11 @@ __all__ = [
     "coverage_at_risk",
     "risk_coverage_from_stats",
     "selective_binned_bound",
+    "MulticalibrationResult",
+    "ecce",
+    "ecce_pvalue",
+    "multicalibration_error",
+    "segment_masks",
 ]
 
 #: the rewards' one path is :mod:`torchcal.rewards` (deprecated here for one release)
