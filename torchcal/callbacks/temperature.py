@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
@@ -35,6 +36,8 @@ _LOGGED = (
     "nll_after_scaling",
     "ece_before_scaling",
     "ece_after_scaling",
+    "refinement_nll",
+    "calibration_gap",
 )
 
 
@@ -105,10 +108,23 @@ class TemperatureScaling(HistoryCallback):
     ``val/temperature``, ``val/nll_before_scaling``, ``val/nll_after_scaling``,
     ``val/ece_before_scaling``, ``val/ece_after_scaling`` (ECE: equal-width L1, ``n_bins``,
     confidence reading for multiclass, binary reading for binary logits, computed from the
-    float64 logits) through ``pl_module.log``; with ``when="fit_end"`` straight to the loggers
-    and into ``trainer.callback_metrics``. Every fit is appended to :attr:`history` (kept in
-    the callback's checkpoint state); :attr:`result` is the last
+    float64 logits), ``val/refinement_nll`` and ``val/calibration_gap`` through
+    ``pl_module.log``; with ``when="fit_end"`` straight to the loggers and into
+    ``trainer.callback_metrics``. Every fit is appended to :attr:`history` (kept in the
+    callback's checkpoint state); :attr:`result` is the last
     :class:`~torchcal.scaling.TemperatureFit`.
+
+    Refine, then calibrate (Berta et al. 2025, "Rethinking Early Stopping: Refine, Then
+    Calibrate", arXiv 2501.19195): ``val/refinement_nll`` is the validation NLL after the
+    fitted T (the refinement error's temperature-scaling estimate; the same number as
+    ``val/nll_after_scaling``, under the name to monitor) and ``val/calibration_gap`` the NLL
+    before T minus after (what T removes). Both are read off the fit's own float64 sums (no
+    extra pass over the logits; under DDP the sums of every rank), in the validation epoch's
+    end, before ``ModelCheckpoint`` saves: ``ModelCheckpoint(monitor="val/refinement_nll")``
+    keeps the epoch whose NLL *after* its own T is lowest, with that T inside, and
+    ``EarlyStopping(monitor="val/refinement_nll")`` stops on it. With ``when="fit_end"``
+    nothing is logged during training, so a checkpoint or early stopping that monitors one
+    of these names is a ``ValueError`` at the start of ``fit``.
 
     Args:
         when: ``"epoch"`` (default) or ``"fit_end"``.
@@ -265,8 +281,24 @@ class TemperatureScaling(HistoryCallback):
         fn = trainer.state.fn
         return fn == TrainerFn.FITTING or (fn == TrainerFn.VALIDATING and self.fit_on_validate)
 
+    def _check_monitors(self, trainer: Trainer) -> None:
+        """With ``when="fit_end"`` nothing is logged during training: a ``ModelCheckpoint`` or
+        ``EarlyStopping`` that monitors one of the logged names would find no value."""
+        if self.when != "fit_end":
+            return
+        logged = {f"val/{k}" for k in _LOGGED}
+        for cb in trainer.callbacks:  # type: ignore[attr-defined]
+            monitor = getattr(cb, "monitor", None)
+            if isinstance(cb, (ModelCheckpoint, EarlyStopping)) and monitor in logged:
+                raise ValueError(
+                    f"when: {type(cb).__name__}(monitor={monitor!r}) needs the value at "
+                    f"every validation epoch, and TemperatureScaling(when='fit_end') logs "
+                    f"it once, at the end of fit; use TemperatureScaling(when='epoch')"
+                )
+
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._check_monitors(trainer)
         self._fits_in_run = 0
         self._warned_no_val = False
         if trainer.limit_val_batches == 0:
@@ -451,6 +483,9 @@ class TemperatureScaling(HistoryCallback):
             "nll_after_scaling": result.nll_after,
             "ece_before_scaling": ece_before,
             "ece_after_scaling": ece_after,
+            # refine, then calibrate (docs/design.md section 4): read off the fit's own sums
+            "refinement_nll": result.nll_after,
+            "calibration_gap": result.nll_before - result.nll_after,
         }
         n_local = sum(int(t.shape[0]) for _, t in self._chunks)
         self.history.append(
