@@ -7,6 +7,7 @@ from torchcal.metrics.calibration import (
     ClasswiseCalibrationError,
     ReliabilityDiagram,
 )
+from torchcal.metrics.multicalibration import MulticalibrationError
 from torchcal.metrics.nll import NegativeLogLikelihood
 from torchcal.metrics.regression import IntervalCoverage, PITHistogram, QuantileCalibrationError
 from torchcal.metrics.regression_scores import CRPS, GaussianNLL, IntervalScore
@@ -19,6 +20,7 @@ from torchcal.metrics.selective import (
 )
 
 __all__ = [
+    "MulticalibrationError",
     "BrierDecomposition",
     "CalibrationError",
     "ClasswiseCalibrationError",
