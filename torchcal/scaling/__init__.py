@@ -6,6 +6,9 @@
 - :class:`VectorScaler`, :class:`MatrixScaler` -- per-class affine maps (Guo et al., 2017;
   Kull et al., 2019).
 - :class:`IsotonicCalibrator` -- pool-adjacent-violators (Zadrozny & Elkan, 2002).
+- :class:`BetaScaler` -- binary beta calibration ``a ln p - b ln(1 - p) + c`` (Kull et al., 2017).
+- :class:`VennAbersCalibrator` -- inductive Venn-Abers ``(p0, p1)`` and their merge (Vovk et al.,
+  2015), binary and one-vs-rest.
 
 Regression (predictive distributions and intervals):
 
@@ -35,6 +38,7 @@ from torchcal.scaling._base import (
     VarianceFit,
 )
 from torchcal.scaling.affine import MatrixScaler, VectorScaler
+from torchcal.scaling.beta import BetaScaler
 from torchcal.scaling.conformal import (
     ConformalClassifier,
     ConformalFit,
@@ -47,6 +51,7 @@ from torchcal.scaling.platt import PlattScaler
 from torchcal.scaling.quantile import QuantileRecalibrator
 from torchcal.scaling.temperature import TemperatureScaler
 from torchcal.scaling.variance import VarianceScaler
+from torchcal.scaling.venn_abers import VennAbersCalibrator
 
 __all__ = [
     "CalibrationWarning",
@@ -71,4 +76,6 @@ __all__ = [
     "conformal_quantile",
     "conformal_rank",
     "ConformalClassifier",
+    "BetaScaler",
+    "VennAbersCalibrator",
 ]

@@ -1,0 +1,126 @@
+"""Inductive Venn-Abers prediction (Vovk & Petej, 2014; Vovk, Petej & Fedorova, 2015): the
+``(p0, p1)`` of every possible test score, precomputed once on the calibration set.
+
+For a test score ``s``, ``p_y(s)`` is the value at ``s`` of the isotonic regression of the
+calibration labels on their scores with ``(s, y)`` added (ties pooled, as every isotonic fit
+here). Both are step functions of ``s`` that change only at the calibration scores, so
+:func:`venn_abers_table` computes them for every insertion point of the ``k`` distinct scores
+``c_1 < ... < c_k`` at once: ``p1`` for ``s`` in ``(c_{j-1}, c_j]`` and ``p0`` for ``s`` in
+``[c_j, c_{j+1})`` (a tie goes to the calibration score's group). On the cumulative sum
+diagram ``P_j = (W_j, Y_j)`` of the sorted groups (``W`` counts, ``Y`` labels), ``p1`` at
+insertion point ``j`` is the slope of the bridge between ``{P_i - (1, 1) : i <= j}`` and
+``{P_i : i >= j}`` in their greatest convex minorant; one sweep over ``j`` with a stack of the
+minorant's corners finds all of them (Vovk et al.'s fast IVAP algorithm; each corner is pushed
+and popped once). ``p0`` is ``p1`` of the mirrored problem (scores reversed, labels ``1 - y``),
+``p0(s) = 1 - p1'(-s)``. Corners are tested in exact integer arithmetic and each value is one
+rounding of an exact ratio of counts, so the table is exact to the last bit: it equals the
+``venn-abers`` package's ``calc_p0p1`` (tested to 1e-12). O(n log n) for the sort, O(n) after;
+a query is a binary search (:func:`venn_abers_interval`). ``docs/design.md`` section 4.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["VennAbersTable", "venn_abers_table", "venn_abers_interval", "venn_abers_merge"]
+
+
+class VennAbersTable(NamedTuple):
+    """``p0`` and ``p1`` (float64 ``(k + 1,)``) at the insertion points of the sorted distinct
+    calibration ``scores`` (float64 ``(k,)``): a test score ``s`` reads ``p0[searchsorted(
+    scores, s, right=True)]`` and ``p1[searchsorted(scores, s)]``."""
+
+    scores: Tensor
+    p0: Tensor
+    p1: Tensor
+
+
+def _cross(o: tuple[int, int], a: tuple[int, int], b: tuple[int, int]) -> int:
+    """The z of ``(a - o) x (b - o)``: > 0 when ``o -> a -> b`` turns left (counter-clockwise)."""
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
+
+
+def _push_left(stack: list[tuple[int, int]], point: tuple[int, int]) -> None:
+    """Put ``point``, left of every corner in ``stack`` (the top is the leftmost), on the
+    greatest convex minorant: pop the corners it leaves above the minorant."""
+    while len(stack) >= 2 and _cross(point, stack[-1], stack[-2]) <= 0:
+        stack.pop()
+    stack.append(point)
+
+
+def _upper_ratios(counts: list[int], ones: list[int]) -> tuple[list[int], list[int]]:
+    """``p1`` at the ``k + 1`` insertion points of the ``k`` sorted groups (``counts`` items,
+    ``ones`` of them labelled 1), as exact ratios ``(numerators, denominators)``."""
+    k = len(counts)
+    csd = [(0, 0)]
+    for w, y in zip(counts, ones):
+        csd.append((csd[-1][0] + w, csd[-1][1] + y))
+    stack: list[tuple[int, int]] = []
+    for point in reversed(csd):  # the minorant of P_0..P_k, then P_0 - (1, 1) in front
+        _push_left(stack, point)
+    _push_left(stack, (-1, -1))
+    nums, dens = [0] * (k + 1), [1] * (k + 1)
+    for j in range(k + 1):
+        if j > 0:  # P_j - (1, 1) joins the left set, P_{j-1} leaves the right one
+            new = (csd[j][0] - 1, csd[j][1] - 1)
+            if _cross(stack[-1], stack[-2], new) < 0:  # below the bridge: the new left corner
+                stack.pop()
+                while stack[-1][0] <= new[0]:
+                    stack.pop()
+                _push_left(stack, new)
+        (x0, y0), (x1, y1) = stack[-1], stack[-2]
+        nums[j], dens[j] = y1 - y0, x1 - x0
+        if nums[j] == dens[j]:  # slope 1: p1 is non-decreasing in j and at most 1
+            for i in range(j + 1, k + 1):
+                nums[i], dens[i] = 1, 1
+            break
+    return nums, dens
+
+
+def venn_abers_table(scores: Tensor, target: Tensor) -> VennAbersTable:
+    """The :class:`VennAbersTable` of calibration ``scores`` ``(n,)`` (finite; only their order
+    and ties matter) and 0/1 ``target`` ``(n,)`` (checked by
+    :class:`~torchcal.scaling.VennAbersCalibrator`, its shell).
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional.venn_abers import venn_abers_table
+        >>> s = torch.tensor([0.1, 0.2, 0.2, 0.7], dtype=torch.float64)
+        >>> t = venn_abers_table(s, torch.tensor([0, 1, 0, 1]))
+        >>> t.scores.tolist(), [round(v, 4) for v in t.p0.tolist()], [round(v, 4) for v in t.p1.tolist()]
+        ([0.1, 0.2, 0.7], [0.0, 0.0, 0.3333, 0.5], [0.5, 0.6667, 1.0, 1.0])
+    """
+    s = scores.detach().to(torch.float64).cpu()
+    y = target.detach().to(torch.float64).cpu()
+    uniq, inverse, counts = torch.unique(s, sorted=True, return_inverse=True, return_counts=True)
+    ones = torch.zeros(uniq.numel(), dtype=torch.float64).index_add_(0, inverse, y)
+    w = counts.tolist()
+    o = [int(v) for v in ones.round().tolist()]
+    n1, d1 = _upper_ratios(w, o)
+    # p0: p1 of the mirrored groups (reversed, labels flipped), p0_j = 1 - p1'_{k - j}
+    n0, d0 = _upper_ratios(w[::-1], [c - v for c, v in zip(w[::-1], o[::-1])])
+    num1 = torch.tensor(n1, dtype=torch.float64)
+    den1 = torch.tensor(d1, dtype=torch.float64)
+    num0 = torch.tensor([d - v for v, d in zip(n0[::-1], d0[::-1])], dtype=torch.float64)
+    den0 = torch.tensor(d0[::-1], dtype=torch.float64)
+    dev = scores.device
+    return VennAbersTable(uniq.to(dev), (num0 / den0).to(dev), (num1 / den1).to(dev))
+
+
+def venn_abers_interval(table: VennAbersTable, scores: Tensor) -> tuple[Tensor, Tensor]:
+    """``(p0, p1)`` (float64, the shape of ``scores``) of test ``scores`` (comparable with the
+    table's: the same transform of the model's output)."""
+    s = scores.to(device=table.scores.device, dtype=torch.float64)
+    lo = torch.searchsorted(table.scores, s, right=True)
+    hi = torch.searchsorted(table.scores, s)
+    return table.p0[lo], table.p1[hi]
+
+
+def venn_abers_merge(p0: Tensor, p1: Tensor) -> Tensor:
+    """The merged probability ``p1 / (1 - p0 + p1)`` (Vovk & Petej's minimax choice for the
+    log loss; the ``venn-abers`` package's ``p_prime``). ``0 <= p0 <= p1 <= 1`` and ``p1 > 0``,
+    so it lies in ``(0, 1]`` and is never NaN."""
+    return p1 / (1.0 - p0 + p1)
