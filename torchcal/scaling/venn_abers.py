@@ -60,9 +60,9 @@ class VennAbersCalibrator(FittedMixin):
         >>> _ = va.fit(p, y)
         >>> p0, p1 = va.predict_interval(torch.tensor([0.3, 0.7]))
         >>> [round(v, 3) for v in p0.tolist()], [round(v, 3) for v in p1.tolist()]
-        ([0.25, 0.333], [0.5, 1.0])
+        ([0.25, 0.25], [0.5, 1.0])
         >>> [round(v, 3) for v in va.predict_proba(torch.tensor([0.3, 0.7])).tolist()]
-        [0.4, 0.6]
+        [0.4, 0.571]
     """
 
     scores: Tensor
