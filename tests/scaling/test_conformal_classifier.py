@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from torchcal.functional import conformal_score_matrix, conformal_scores
+from torchcal.functional import conformal_score_matrix, conformal_scores, conformal_sets
 from torchcal.scaling import CalibrationWarning, ConformalClassifier, conformal_quantile
 
 F64 = torch.float64
@@ -21,18 +21,19 @@ def _data(n: int = 1200, C: int = 6, seed: int = 0):
 
 
 @pytest.mark.parametrize("method", ["lac", "aps", "raps", "topk"])
-def test_shell_equals_the_functional_pipeline(method: str) -> None:
+@pytest.mark.parametrize("randomized", [False, True])
+def test_shell_equals_the_functional_pipeline(method: str, randomized: bool) -> None:
     logits, y, g = _data()
     u_cal = torch.rand(600, generator=g, dtype=F64)
     u_test = torch.rand(600, generator=g, dtype=F64)
-    cc = ConformalClassifier(0.1, method)
+    cc = ConformalClassifier(0.1, method, randomized=randomized)
     fit = cc.fit(logits[:600], y[:600], u=u_cal)
-    s = conformal_scores(logits[:600], y[:600], method, u=u_cal)
+    s = conformal_scores(logits[:600], y[:600], method, u=u_cal, randomized=randomized)
     q, n, k = conformal_quantile(s, 0.1)
     assert fit.quantiles == tuple(q.tolist()) and fit.ranks == (541,)
-    want = conformal_score_matrix(logits[600:], method, u=u_test) <= q
+    want = conformal_sets(logits[600:], q[0], method, u=u_test, randomized=randomized)
     assert torch.equal(cc.predict(logits[600:], u=u_test), want)
-    again = ConformalClassifier(0.1, method)
+    again = ConformalClassifier(0.1, method, randomized=randomized)
     again.load_state_dict(cc.state_dict())
     assert torch.equal(again.predict(logits[600:], u=u_test), want)
 
@@ -63,7 +64,9 @@ def test_set_temperature_is_a_stated_choice() -> None:
         ConformalClassifier(0.1, "aps", temperature=1.7)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        cc = ConformalClassifier(0.1, "aps", temperature=1.7, temperature_source="calibration")
+        cc = ConformalClassifier(
+            0.1, "aps", randomized=True, temperature=1.7, temperature_source="calibration"
+        )
         ConformalClassifier(0.1, "aps")  # no temperature: the logits as given
     u = torch.rand(600, generator=g, dtype=F64)
     cc.fit(logits[:600], y[:600], u=u)

@@ -3,14 +3,17 @@ scores and sets, group- and class-conditional thresholds, and conformal risk con
 
 **The rank.** With ``n`` calibration scores and miscoverage ``alpha``, the threshold is the
 ``k``-th smallest score, ``k = ceil((n + 1)(1 - alpha))`` (Vovk et al. 2005; Lei et al. 2018),
-computed in integers from ``alpha`` read as a fraction: the fraction of smallest denominator
-that rounds to the given floating-point ``alpha`` (in its own precision: ``0.7`` is ``7/10``,
-``1/3`` is ``1/3``, ``np.float32(0.1)`` is ``1/10``, ``1e-10`` is ``1/10^10``);
-a :class:`~fractions.Fraction` or :class:`~decimal.Decimal` is taken as it is. ``(n + 1)(1 -
-alpha)`` in floating point puts ``k`` one order statistic too high in some cells (MAPIE,
-TorchCP at ``alpha = 1/3`` and ``0.7``, crepes); a denominator cap (``limit_denominator``)
-turns ``1 - 1e-10`` into ``1`` and ``k`` into 0. Here ``1 <= k <= n + 1`` always, and ``k = n +
-1`` (``k > n``: fewer than ``1 / alpha - 1`` points) means an infinite threshold.
+computed in integers from ``alpha`` read as an exact fraction (:mod:`torchcal.functional._levels`,
+docs/design.md section 7): the simplest fraction that rounds to the given float in its own
+precision (``0.7`` is ``7/10``, ``1/3`` is ``1/3``, ``np.float32(0.1)`` is ``1/10``, ``1e-10``
+is ``1/10^10``), or ``1 - c`` where the float is ``1 - c`` of a float ``c`` read so (``1 -
+0.8`` is ``1/5``, not ``0.19999999999999996``); ``confidence=c`` (every entry point takes it
+instead of ``alpha``) is ``alpha = 1 - c`` exactly. A :class:`~fractions.Fraction` or
+:class:`~decimal.Decimal` is taken as it is. ``(n + 1)(1 - alpha)`` in floating point puts
+``k`` one order statistic too high in some cells (MAPIE, TorchCP at ``alpha = 1/3`` and
+``0.7``, crepes); a denominator cap (``limit_denominator``) turns ``1 - 1e-10`` into ``1`` and
+``k`` into 0. Here ``1 <= k <= n + 1`` always, and ``k = n + 1`` (``k > n``: fewer than ``1 /
+alpha - 1`` points) means an infinite threshold.
 
 **The guarantee.** For exchangeable calibration and test points, ``P(score_test <= q_k) >= k /
 (n + 1) >= 1 - alpha``, and, without ties among the scores, ``= k / (n + 1) < 1 - alpha + 1 /
@@ -19,15 +22,26 @@ al. 2005: one threshold per group from that group's scores) it holds within each
 that group's ``n``; with the true class as the group (class-conditional) it holds per class.
 
 **Scores** (``conformal_score_matrix``: the score of every label, ``(B, C)``; lower = more
-conforming; the set is ``{j : score(x, j) <= q}``), with ``p`` the softmax of ``logits / T``:
+conforming; the set is ``{j : score(x, j) <= q}``), with ``p`` the softmax of ``logits / T`` or,
+with ``input="probs"``, the probabilities as given (validated rows, never renormalised):
 
 - ``"lac"`` (least ambiguous set-valued classifier, Sadinle et al. 2019): ``1 - p_j``.
 - ``"aps"`` (Romano, Sesia & Candes 2020): the mass ranked above ``j`` plus ``u p_j`` with ``u
   ~ U(0, 1)`` one per row (``randomized=True``, exact coverage, may return the empty set) or
-  plus ``p_j`` (``randomized=False``: conservative, larger sets).
+  plus ``p_j`` (``randomized=False``, conservative). The mass is capped at 1, its exact bound
+  (a float cumulative sum passes it by up to ~4e-16), so a threshold of 1 admits every label,
+  as the RAPS authors' code special-cases ``tau == 1``.
 - ``"raps"`` (Angelopoulos et al. 2021): APS plus ``lam * max(0, rank_j - k_reg)`` (rank
   1-based), which stops the long tail of an over-confident model.
 - ``"topk"``: the label's rank (1-based); the set is the top ``q`` labels.
+
+**The non-randomised set rule.** Non-randomised APS / RAPS sets hold every label ranked above
+the one whose score first exceeds ``q`` *and that label* (``include_last=True``, the default:
+Romano et al.'s and Angelopoulos et al.'s published rule, MAPIE's ``include_last_label=True``;
+the RAPS authors' ``sizes_base = (cumsum <= tau).sum() + 1``): a set is never empty and its
+coverage is ``>= 1 - alpha`` (the true label is in the set whenever its score is ``<= q``).
+``include_last=False`` keeps the plain ``score <= q`` rule, which can return the empty set for
+the surest rows (a top probability above ``q``).
 
 Ties between probabilities are ranked by label index (a stable sort), the same at calibration
 and at test time.
@@ -36,8 +50,6 @@ and at test time.
 from __future__ import annotations
 
 import math
-from decimal import Decimal
-from fractions import Fraction
 from numbers import Real
 
 import torch
@@ -51,6 +63,7 @@ from torchcal.functional._checks import (
     check_probabilities,
     check_tensor,
 )
+from torchcal.functional._levels import alpha_fraction, miscoverage
 from torchcal.functional._validation import check_group_ids, check_probability_rows
 
 __all__ = [
@@ -68,58 +81,13 @@ METHODS = ("lac", "aps", "raps", "topk")
 _INPUTS = ("logits", "probs")
 
 
-def _simplest_between(lo: Fraction, hi: Fraction) -> Fraction:
-    """The fraction of smallest denominator in ``[lo, hi]`` (``0 <= lo <= hi``)."""
-    fl = math.floor(lo)
-    if fl == lo:
-        return Fraction(fl)
-    if fl + 1 <= hi:
-        return Fraction(fl + 1)
-    return fl + 1 / _simplest_between(1 / (hi - fl), 1 / (lo - fl))
-
-
-def alpha_fraction(alpha: object) -> Fraction:
-    """``alpha`` in ``(0, 1)`` as an exact fraction (see the module docstring)."""
-    if isinstance(alpha, Tensor):
-        if alpha.numel() != 1 or not alpha.is_floating_point():
-            raise TypeError(
-                f"alpha: expected a float or a one-element floating tensor, got a tensor of "
-                f"shape {tuple(alpha.shape)} and dtype {alpha.dtype}"
-            )
-        fl = torch.finfo(alpha.dtype)
-        x = float(alpha.detach().cpu().reshape(()))
-        wide = fl.bits < 64
-        kind = alpha.dtype
-    elif isinstance(alpha, (Fraction, Decimal)):
-        frac = Fraction(alpha)
-        if not 0 < frac < 1:
-            raise ValueError(f"alpha: expected a value in the open interval (0, 1), got {alpha}")
-        return frac
-    elif isinstance(alpha, Real) and not isinstance(alpha, (bool, int)):
-        x = float(alpha)
-        kind = getattr(alpha, "dtype", None)
-        wide = kind is not None and getattr(kind, "itemsize", 8) < 8
-    else:
-        raise TypeError(f"alpha: expected a float, got {type(alpha).__name__}")
-    if not (math.isfinite(x) and 0 < x < 1):
-        raise ValueError(f"alpha: expected a value in the open interval (0, 1), got {x!r}")
-    if wide:  # a float32 / float16 alpha: its own rounding interval
-        if not isinstance(kind, torch.dtype):
-            kind = torch.float16 if getattr(kind, "itemsize", 4) == 2 else torch.float32
-        t = torch.tensor(x, dtype=kind)
-        down = float(torch.nextafter(t, torch.tensor(-1.0, dtype=t.dtype)))
-        up = float(torch.nextafter(t, torch.tensor(2.0, dtype=t.dtype)))
-    else:
-        down, up = math.nextafter(x, -1.0), math.nextafter(x, 2.0)
-    fx = Fraction(x)
-    lo, hi = (fx + Fraction(down)) / 2, (fx + Fraction(up)) / 2
-    frac = _simplest_between(lo, hi)
-    return frac if 0 < frac < 1 else fx
-
-
-def conformal_rank(n: Tensor | int, alpha: float) -> Tensor:
+def conformal_rank(
+    n: Tensor | int, alpha: object | None = None, *, confidence: object | None = None
+) -> Tensor:
     """``k = ceil((n + 1)(1 - alpha))`` exactly, int64 of ``n``'s shape, ``1 <= k <= n + 1``
-    (``k = n + 1 > n``: the threshold is infinite). See :mod:`torchcal.functional.conformal`.
+    (``k = n + 1 > n``: the threshold is infinite). Pass ``alpha`` or ``confidence`` (``1 -
+    alpha``, read as written: ``confidence=0.8`` is 4/5, and ``alpha=1 - 0.8`` is 1/5). See
+    :mod:`torchcal.functional.conformal`.
 
     Example:
         >>> from torchcal.scaling import conformal_rank
@@ -127,8 +95,10 @@ def conformal_rank(n: Tensor | int, alpha: float) -> Tensor:
         (8, 3, 10)
         >>> conformal_rank(50, 1 - 1e-10).item(), conformal_rank(2, 1 / 3).item()
         (1, 2)
+        >>> conformal_rank(4, 1 - 0.8).item(), conformal_rank(4, confidence=0.8).item()
+        (4, 4)
     """
-    frac = alpha_fraction(alpha)
+    frac = miscoverage(alpha, confidence)
     p, q = frac.numerator, frac.denominator
     nt = torch.as_tensor(n)
     if nt.is_floating_point() or nt.dtype == torch.bool or bool((nt < 0).any()):
@@ -140,13 +110,18 @@ def conformal_rank(n: Tensor | int, alpha: float) -> Tensor:
 
 
 def conformal_quantile(
-    scores: Tensor, alpha: float, groups: Tensor | None = None, num_groups: int | None = None
+    scores: Tensor,
+    alpha: object | None = None,
+    groups: Tensor | None = None,
+    num_groups: int | None = None,
+    *,
+    confidence: object | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The conformal score quantile per group: the ``k``-th smallest score of each group.
 
     Args:
         scores: finite conformity scores (any shape).
-        alpha: miscoverage in ``(0, 1)`` (see :func:`conformal_rank`).
+        alpha: miscoverage in ``(0, 1)`` (see :func:`conformal_rank`); or ``confidence``.
         groups: integer group ids of ``scores``' shape (``None``: one group).
         num_groups: the number of groups (``None``: ``max(groups) + 1``).
 
@@ -163,6 +138,7 @@ def conformal_quantile(
         >>> q.tolist(), n.tolist(), k.tolist()
         ([8.0], [9], [8])
     """
+    frac = miscoverage(alpha, confidence)
     check_floating("scores", check_tensor("scores", scores))
     check_nonempty("scores", scores)
     check_finite("scores", scores)
@@ -179,7 +155,7 @@ def conformal_quantile(
     order = order[torch.argsort(g[order], stable=True)]  # by group, then by score
     sorted_x = x[order]
     n = torch.bincount(g, minlength=G)
-    k = conformal_rank(n, alpha).to(x.device)
+    k = conformal_rank(n, frac).to(x.device)
     start = torch.cumsum(n, 0) - n
     inside = k <= n
     idx = torch.where(inside, start + k - 1, torch.zeros_like(k))  # k - 1 < n: own group
@@ -188,6 +164,8 @@ def conformal_quantile(
 
 
 def _probs(logits: Tensor, input: str, temperature: float | Tensor | None) -> Tensor:
+    """float64 probabilities: the softmax of ``logits / T``, or the probabilities as given
+    (validated, never renormalised; a temperature ``T != 1`` is ``softmax(log p / T)``)."""
     check_option("input", input, _INPUTS)
     check_floating("logits", check_tensor("logits", logits))
     if logits.dim() != 2 or logits.shape[1] < 2:
@@ -195,6 +173,11 @@ def _probs(logits: Tensor, input: str, temperature: float | Tensor | None) -> Te
             f"logits: expected (B, C) scores with C >= 2, got shape {tuple(logits.shape)}"
         )
     check_nonempty("logits", logits)
+    t = None
+    if temperature is not None:
+        t = float(temperature)
+        if not (math.isfinite(t) and t > 0):
+            raise ValueError(f"temperature: expected a finite value > 0, got {t!r}")
     z = logits.detach().to(torch.float64)
     if input == "probs":
         if bool(torch.isnan(z).any()) or bool(((z < 0) | (z > 1)).any()):
@@ -203,18 +186,13 @@ def _probs(logits: Tensor, input: str, temperature: float | Tensor | None) -> Te
         check_probability_rows(
             "logits", logits, hint="; input='probs' expects one distribution per row"
         )
-        z = torch.log(z)
-    else:  # -inf is a mask (probability 0); NaN, +inf and all-masked rows are errors
-        if bool((torch.isnan(z) | (z == math.inf)).any()):
-            raise ValueError("logits: expected finite values (or -inf masks), got NaN or +inf")
-        if bool(torch.isneginf(z).all(dim=1).any()):
-            raise ValueError("logits: a row is masked entirely (every logit -inf)")
-    if temperature is not None:
-        t = float(temperature)
-        if not (math.isfinite(t) and t > 0):
-            raise ValueError(f"temperature: expected a finite value > 0, got {t!r}")
-        z = z / t
-    return torch.softmax(z, dim=1)
+        return z if t is None or t == 1.0 else torch.softmax(torch.log(z) / t, dim=1)
+    # -inf is a mask (probability 0); NaN, +inf and all-masked rows are errors
+    if bool((torch.isnan(z) | (z == math.inf)).any()):
+        raise ValueError("logits: expected finite values (or -inf masks), got NaN or +inf")
+    if bool(torch.isneginf(z).all(dim=1).any()):
+        raise ValueError("logits: a row is masked entirely (every logit -inf)")
+    return torch.softmax(z if t is None else z / t, dim=1)
 
 
 def _uniforms(
@@ -228,6 +206,75 @@ def _uniforms(
     if bool(((u < 0) | (u > 1) | torch.isnan(u)).any()):
         raise ValueError("u: expected uniforms in [0, 1]")
     return u.detach().to(device=device, dtype=torch.float64)
+
+
+def _include_last(method: str, randomized: bool, include_last: bool | None) -> bool:
+    """Whether the set rule admits the label that crosses the threshold (docstring above)."""
+    applies = method in ("aps", "raps") and not randomized
+    if include_last is None:
+        return applies
+    if not isinstance(include_last, bool):
+        raise TypeError(f"include_last: expected a bool, got {type(include_last).__name__}")
+    if not applies:
+        raise ValueError(
+            "include_last: only for non-randomised APS / RAPS (method 'aps' or 'raps' with "
+            "randomized=False)"
+        )
+    return include_last
+
+
+def score_matrices(
+    logits: Tensor,
+    method: str = "aps",
+    *,
+    input: str = "logits",
+    temperature: float | Tensor | None = None,
+    randomized: bool = True,
+    include_last: bool | None = None,
+    lam: float = 0.01,
+    k_reg: int = 5,
+    u: Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(scores, set_scores)``, float64 ``(B, C)`` each: the conformity score of every label
+    (calibrate on the true label's) and the score its set membership is read from (``<=
+    threshold``). They are the same tensor except for non-randomised APS / RAPS with
+    ``include_last`` (the default there), where a label's set score is the score of the label
+    ranked just above it (``-inf`` for the top label): the label that crosses the threshold is
+    in the set, which is never empty (the module docstring)."""
+    check_option("method", method, METHODS)
+    if not isinstance(randomized, bool):
+        raise TypeError(f"randomized: expected a bool, got {type(randomized).__name__}")
+    shift = _include_last(method, randomized, include_last)
+    p = _probs(logits, input, temperature)
+    if method == "lac":
+        s = 1.0 - p
+        return s, s
+    B, C = p.shape
+    order = torch.argsort(p, dim=1, descending=True, stable=True)
+    ranks = torch.empty_like(order)
+    ar = torch.arange(1, C + 1, device=p.device).expand(B, C)
+    ranks.scatter_(1, order, ar)
+    if method == "topk":
+        s = ranks.to(torch.float64)
+        return s, s
+    ps = torch.gather(p, 1, order)
+    above = torch.cumsum(ps, dim=1) - ps
+    w = _uniforms(B, p.device, u, generator)[:, None] if randomized else 1.0
+    # the mass is at most 1 in exact arithmetic; the float sum can pass it by ~4e-16, which
+    # would drop a label at a threshold of 1 (the RAPS authors special-case tau = 1)
+    s = (above + w * ps).clamp_max(1.0)
+    if method == "raps":
+        if not (math.isfinite(float(lam)) and float(lam) >= 0):
+            raise ValueError(f"lam: expected a finite value >= 0, got {lam!r}")
+        if isinstance(k_reg, bool) or not isinstance(k_reg, int) or k_reg < 0:
+            raise ValueError(f"k_reg: expected an integer >= 0, got {k_reg!r}")
+        s = s + float(lam) * (ar - k_reg).clamp_min(0).to(torch.float64)
+    out = torch.empty_like(s).scatter_(1, order, s)
+    if not shift:
+        return out, out
+    prev = torch.cat([torch.full_like(s[:, :1], -math.inf), s[:, :-1]], dim=1)
+    return out, torch.empty_like(prev).scatter_(1, order, prev)
 
 
 def conformal_score_matrix(
@@ -247,10 +294,11 @@ def conformal_score_matrix(
     Args:
         logits: ``(B, C)`` logits (``input="logits"``; ``-inf`` masks a label: probability 0)
             or probabilities (``"probs"``: each row in [0, 1] summing to 1 within 1e-4, or
-            ``ValueError``; no row is silently renormalised).
+            ``ValueError``; used as given: the LAC score is exactly ``1 - p``).
         method: ``"lac"``, ``"aps"``, ``"raps"`` or ``"topk"``.
-        temperature: divide the logits by it first (``None``: as given). The set temperature
-            is a choice of its own: a temperature fitted for NLL can enlarge adaptive sets.
+        temperature: divide the logits by it first (``None``: as given; probabilities:
+            ``softmax(log p / T)``, as given at ``T = 1``). The set temperature is a choice of
+            its own: a temperature fitted for NLL can enlarge adaptive sets.
         randomized: APS/RAPS: add ``u p_j`` (exact) instead of ``p_j`` (conservative).
         lam, k_reg: the RAPS penalty ``lam * max(0, rank - k_reg)``.
         u: ``(B,)`` uniforms, one per row (randomized APS/RAPS); else drawn from
@@ -265,32 +313,17 @@ def conformal_score_matrix(
         >>> conformal_score_matrix(p, "lac", input="probs")
         tensor([[0.5000, 0.7000, 0.8000]], dtype=torch.float64)
     """
-    check_option("method", method, METHODS)
-    p = _probs(logits, input, temperature)
-    if method == "lac":
-        return 1.0 - p
-    B, C = p.shape
-    order = torch.argsort(p, dim=1, descending=True, stable=True)
-    ranks = torch.empty_like(order)
-    ar = torch.arange(1, C + 1, device=p.device).expand(B, C)
-    ranks.scatter_(1, order, ar)
-    if method == "topk":
-        return ranks.to(torch.float64)
-    ps = torch.gather(p, 1, order)
-    above = torch.cumsum(ps, dim=1) - ps
-    if randomized:
-        s = above + _uniforms(B, p.device, u, generator)[:, None] * ps
-    else:
-        s = above + ps
-    if method == "raps":
-        if not (math.isfinite(float(lam)) and float(lam) >= 0):
-            raise ValueError(f"lam: expected a finite value >= 0, got {lam!r}")
-        if isinstance(k_reg, bool) or not isinstance(k_reg, int) or k_reg < 0:
-            raise ValueError(f"k_reg: expected an integer >= 0, got {k_reg!r}")
-        s = s + float(lam) * (ar - k_reg).clamp_min(0).to(torch.float64)
-    out = torch.empty_like(s)
-    out.scatter_(1, order, s)
-    return out
+    return score_matrices(
+        logits,
+        method,
+        input=input,
+        temperature=temperature,
+        randomized=randomized,
+        lam=lam,
+        k_reg=k_reg,
+        u=u,
+        generator=generator,
+    )[0]
 
 
 def _check_target(target: Tensor, B: int, C: int) -> Tensor:
@@ -338,15 +371,26 @@ def conformal_sets(
     logits: Tensor,
     threshold: float | Tensor,
     method: str = "aps",
-    **kwargs: object,
+    *,
+    input: str = "logits",
+    temperature: float | Tensor | None = None,
+    randomized: bool = True,
+    include_last: bool | None = None,
+    lam: float = 0.01,
+    k_reg: int = 5,
+    u: Tensor | None = None,
+    generator: torch.Generator | None = None,
 ) -> Tensor:
     """Prediction sets as a boolean mask ``(B, C)``: label ``j`` is in row ``b``'s set iff its
-    score is ``<= threshold`` (sizes: ``mask.sum(1)``).
+    score is ``<= threshold`` (sizes: ``mask.sum(1)``); non-randomised APS / RAPS also admit
+    the label that crosses the threshold (``include_last=True``, their default, the published
+    rule: never an empty set; ``include_last=False``: the plain ``score <= threshold``).
 
     ``threshold``: a number or 0-d tensor (one threshold), ``(B, 1)`` (per row: Mondrian,
     ``q[groups][:, None]``), ``(1, C)`` (per class: class-conditional, ``q[None, :]``) or ``(B,
-    C)``; ``inf`` admits every label. Keyword arguments as :func:`conformal_score_matrix` (the
-    same ``method``, temperature and, for randomized sets, fresh uniforms per test row).
+    C)``; ``inf`` admits every label, and so does ``1`` for APS (its scores are at most 1).
+    Keyword arguments as :func:`conformal_score_matrix` (the same ``method``, temperature and,
+    for randomized sets, fresh uniforms per test row).
 
     Example:
         >>> import torch
@@ -355,24 +399,42 @@ def conformal_sets(
         >>> conformal_sets(p, 0.75, "lac", input="probs")
         tensor([[ True,  True, False],
                 [False,  True,  True]])
+        >>> conformal_sets(p, 0.4, "aps", input="probs", randomized=False)  # the crossing label
+        tensor([[ True, False, False],
+                [False,  True, False]])
     """
-    s = conformal_score_matrix(logits, method, **kwargs)  # type: ignore[arg-type]
-    B, C = s.shape
+    _, s = score_matrices(
+        logits,
+        method,
+        input=input,
+        temperature=temperature,
+        randomized=randomized,
+        include_last=include_last,
+        lam=lam,
+        k_reg=k_reg,
+        u=u,
+        generator=generator,
+    )
+    return s <= set_threshold(threshold, s.shape[0], s.shape[1], s.device)
+
+
+def set_threshold(threshold: float | Tensor, B: int, C: int, device: torch.device) -> Tensor:
+    """``threshold`` checked (a number, ``(B, 1)``, ``(1, C)`` or ``(B, C)``, no NaN), float64."""
     if isinstance(threshold, Tensor):
         check_floating("threshold", threshold)
-        t = threshold.detach().to(device=s.device, dtype=torch.float64)
+        t = threshold.detach().to(device=device, dtype=torch.float64)
         if t.dim() != 0 and not (t.dim() == 2 and t.shape[0] in (1, B) and t.shape[1] in (1, C)):
             raise ValueError(
                 f"threshold: expected a number, (B, 1) = ({B}, 1), (1, C) = (1, {C}) or "
                 f"(B, C), got shape {tuple(t.shape)} (a 1-d threshold is ambiguous)"
             )
     elif isinstance(threshold, Real) and not isinstance(threshold, bool):
-        t = torch.tensor(float(threshold), dtype=torch.float64, device=s.device)
+        t = torch.tensor(float(threshold), dtype=torch.float64, device=device)
     else:
         raise TypeError(f"threshold: expected a number or a tensor, got {type(threshold).__name__}")
     if bool(torch.isnan(t).any()):
         raise ValueError("threshold: NaN")
-    return s <= t
+    return t
 
 
 def conformal_risk_control(

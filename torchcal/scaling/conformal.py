@@ -1,16 +1,12 @@
 r"""Split conformal intervals and conformalised quantile regression, optionally per group, and
 conformal prediction sets for classes (:class:`ConformalClassifier`).
 
-**The quantile.** With ``n`` calibration scores and miscoverage ``alpha``, the interval uses the
-``k``-th smallest score, ``k = ceil((n + 1)(1 - alpha))`` (Vovk et al. 2005; Lei et al. 2018,
-"Distribution-free predictive inference for regression"), i.e. the empirical quantile at level
-``k / n``, not ``1 - alpha`` (too narrow) nor ``ceil((n + 1)(1 - alpha)) / n`` read through an
-interpolating or "higher" quantile of the ``n + 1`` augmented scores (one order statistic too
-many). ``k`` is computed in integers from ``alpha`` read as the simplest fraction that rounds to
-it (:func:`torchcal.functional.conformal.conformal_rank`: ``0.7`` is ``7 / 10``, ``1 - 1e-10``
-stays below 1, ``np.float32(0.1)`` is ``1 / 10``). Where ``k > n`` (fewer
-than ``1 / alpha - 1`` points) the score quantile, hence the interval, is infinite, with a
-:class:`~torchcal.scaling.CalibrationWarning`.
+**The quantile.** With ``n`` calibration scores and miscoverage ``alpha`` (or ``confidence = 1 -
+alpha``, read as written: docs/design.md section 7), the interval uses the ``k``-th smallest
+score, ``k = ceil((n + 1)(1 - alpha))`` (Vovk et al. 2005; Lei et al. 2018), computed in
+integers (:func:`torchcal.functional.conformal.conformal_rank`: ``0.7`` is ``7 / 10``, ``1 -
+0.8`` is ``1 / 5``). Where ``k > n`` (fewer than ``1 / alpha - 1`` points) the score quantile,
+hence the interval, is infinite, with a :class:`~torchcal.scaling.CalibrationWarning`.
 
 **The guarantee.** For exchangeable calibration and test points, the coverage
 ``P(lower <= Y <= upper)`` is at least ``1 - alpha``, and, when the scores have no ties, it is
@@ -25,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from numbers import Real
 from typing import Any
 
@@ -40,13 +37,13 @@ from torchcal.functional._checks import (
     check_same_shape,
     check_tensor,
 )
+from torchcal.functional._levels import alpha_fraction, miscoverage
 from torchcal.functional._validation import check_group_ids
 from torchcal.functional.conformal import (
     METHODS,
-    alpha_fraction,
     conformal_gather,
     conformal_quantile,
-    conformal_score_matrix,
+    score_matrices,
 )
 from torchcal.scaling._base import FittedMixin, warn_all
 
@@ -100,9 +97,12 @@ class _Conformal(FittedMixin):
     alpha: Tensor
     _nonnegative = True  # scores are >= 0 (CQR's may be negative)
 
-    def __init__(self, alpha: float) -> None:
+    def __init__(self, alpha: object | None, confidence: object | None = None) -> None:
         super().__init__()
-        a = float(alpha_fraction(alpha))  # numpy floats too; 0.1 for np.float32(0.1)
+        # read as an exact fraction (docs/design.md section 7): np.float32(0.1) is 1/10,
+        # 1 - 0.8 is 1/5, confidence=0.8 is alpha 1/5; the buffer holds its float
+        self._alpha_exact = miscoverage(alpha, confidence, default=0.1)
+        a = float(self._alpha_exact)
         self.register_buffer("alpha", torch.tensor(a, dtype=torch.float64))
         self.register_buffer("score_quantiles", torch.zeros(0, dtype=torch.float64))
         self.register_buffer("counts", torch.zeros(0, dtype=torch.int64))
@@ -154,7 +154,7 @@ class _Conformal(FittedMixin):
         notes: tuple[str, ...] = (),
     ) -> ConformalFit:
         alpha = float(self.alpha)
-        q, n, k = conformal_quantile(scores, alpha, groups, num_groups)
+        q, n, k = conformal_quantile(scores, self._alpha(), groups, num_groups)
         msgs = list(notes)
         if bool(torch.isinf(q).any()):
             bad = torch.nonzero(torch.isinf(q)).reshape(-1)[:5].tolist()
@@ -174,6 +174,11 @@ class _Conformal(FittedMixin):
             alpha=alpha,
             warnings=warn_all(msgs, stacklevel=4),
         )
+
+    def _alpha(self) -> Fraction:
+        """The exact miscoverage: as constructed, or read from a loaded state's float."""
+        exact = self._alpha_exact
+        return exact if float(exact) == float(self.alpha) else alpha_fraction(float(self.alpha))
 
     def _quantile_at(self, groups: Tensor | None, shape: torch.Size, device: Any) -> Tensor:
         """The fitted score quantile of each point (``shape``), float64."""
@@ -232,8 +237,14 @@ class SplitConformal(_Conformal):
         (tensor([-7., -6.]), tensor([ 9., 10.]))
     """
 
-    def __init__(self, alpha: float = 0.1, *, score: str = "absolute") -> None:
-        super().__init__(alpha)
+    def __init__(
+        self,
+        alpha: float | None = None,
+        *,
+        score: str = "absolute",
+        confidence: float | None = None,
+    ) -> None:
+        super().__init__(alpha, confidence)
         check_option("score", score, _SCORES)
         self.score = score
 
@@ -312,8 +323,8 @@ class ConformalQuantileRegression(_Conformal):
 
     _nonnegative = False
 
-    def __init__(self, alpha: float = 0.1) -> None:
-        super().__init__(alpha)
+    def __init__(self, alpha: float | None = None, *, confidence: float | None = None) -> None:
+        super().__init__(alpha, confidence)
 
     @staticmethod
     def _sorted_band(lower: Tensor, upper: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -360,6 +371,7 @@ class ConformalQuantileRegression(_Conformal):
 
 
 _CONDITIONAL = ("marginal", "class", "group")
+_INPUTS = ("logits", "probs")
 _T_SOURCES = ("calibration", "manual")
 
 
@@ -367,24 +379,33 @@ class ConformalClassifier(_Conformal):
     r"""Conformal prediction sets for classes (LAC, APS, RAPS, top-k), marginal, per class or
     per group; a thin shell over :func:`torchcal.functional.conformal_sets`.
 
-    ``fit(logits, target, groups=None, num_groups=None, size_split=None, u=None,
-    generator=None)`` scores the calibration points' true labels and keeps the
-    ``ceil((n + 1)(1 - alpha))``-th smallest score (:func:`conformal_quantile`) per stratum:
-    ``conditional="marginal"`` (one threshold), ``"class"`` (one per true class: **coverage >=
-    1 - alpha within every class**) or ``"group"`` (Mondrian, one per group id: within every
-    group). ``predict(logits, groups=None, u=None, generator=None)`` (and ``forward``) returns
-    the ``(B, C)`` boolean set mask; sizes are ``mask.sum(1)``. **Marginal coverage >= 1 -
-    alpha for exchangeable data, < 1 - alpha + 1 / (n + 1) without ties** (randomized APS /
-    RAPS, LAC on continuous scores).
+    ``alpha`` (default 0.1) or ``confidence`` (``1 - alpha``, read as the decimal written:
+    ``confidence=0.8`` is ``alpha = 1/5``; docs/design.md section 7). ``fit(logits, target,
+    groups=None, num_groups=None, size_split=None, u=None, generator=None)`` scores the
+    calibration points' true labels and keeps the ``ceil((n + 1)(1 - alpha))``-th smallest
+    score (:func:`conformal_quantile`) per stratum: ``conditional="marginal"`` (one threshold),
+    ``"class"`` (one per true class: **coverage >= 1 - alpha within every class**) or
+    ``"group"`` (Mondrian, one per group id: within every group). ``predict(logits,
+    groups=None, u=None, generator=None)`` (and ``forward``) returns the ``(B, C)`` boolean set
+    mask; sizes are ``mask.sum(1)``. ``input="probs"`` takes probabilities (rows summing to 1,
+    used as given) instead of logits. **Marginal coverage >= 1 - alpha for exchangeable
+    data**, and ``< 1 - alpha + 1 / (n + 1)`` without ties (randomized APS / RAPS, LAC on
+    continuous scores).
 
-    **The set temperature** is its own, stated choice (a temperature fitted for NLL can make
-    adaptive sets larger, MAPIE #483): ``temperature=None`` (the logits as given), a number
-    with ``temperature_source="calibration"`` (reusing a calibration ``T``, on purpose) or
-    ``"manual"``; a number without a source warns (:class:`CalibrationWarning`: a calibration
-    ``T`` reused silently). ``temperature="fit_size"`` picks ``T`` on a grid (``0.1 .. 10``)
-    for the smallest mean set size on ``size_split=(logits, target)``, a held-out split
-    disjoint from the calibration points, so the guarantee is kept. State: ``alpha``,
-    ``score_quantiles``, ``counts``, ``set_temperature`` (float64), ``fitted``.
+    **The sets are deterministic by default**: ``randomized=False``, and APS / RAPS then use
+    the published rule that admits the label crossing the threshold (``include_last=True``: a
+    set is never empty, coverage ``>= 1 - alpha``, conservative; ``include_last=False``: the
+    plain ``score <= q`` rule, which can return the empty set for the surest rows), so
+    ``predict`` twice on the same rows gives the same sets. ``randomized=True`` gives exact
+    coverage with one uniform per row: pass ``u`` or a seeded ``generator`` to ``fit`` and
+    ``predict`` for reproducible draws; without them every call draws afresh.
+
+    **The set temperature** is its own, stated choice (an NLL temperature can enlarge adaptive
+    sets, MAPIE #483): ``None`` (as given), a number with ``temperature_source="calibration"``
+    or ``"manual"`` (without a source it warns), or ``"fit_size"``: the ``T`` on a grid ``0.1 ..
+    10`` with the smallest mean set size on ``size_split=(logits, target)``, held out from the
+    calibration points. State: ``alpha``, ``score_quantiles``, ``counts``,
+    ``set_temperature``, ``num_classes``, ``fitted``.
 
     Example:
         >>> import torch
@@ -392,12 +413,18 @@ class ConformalClassifier(_Conformal):
         >>> g = torch.Generator().manual_seed(0)
         >>> logits = torch.randn(500, 5, generator=g) * 2
         >>> y = torch.distributions.Categorical(logits=logits).sample()
-        >>> cc = ConformalClassifier(alpha=0.1, method="lac")
+        >>> cc = ConformalClassifier(confidence=0.9, method="lac")
         >>> cc.fit(logits[:400], y[:400]).ranks             # ceil(401 * 0.9)
         (361,)
         >>> sets = cc.predict(logits[400:])
         >>> sets.shape, sets.dtype
         (torch.Size([100, 5]), torch.bool)
+        >>> aps = ConformalClassifier(alpha=0.1)            # deterministic APS, never empty
+        >>> _ = aps.fit(logits[:400], y[:400])
+        >>> bool(aps.predict(logits[400:]).any(1).all())
+        True
+        >>> torch.equal(aps.predict(logits[400:]), aps.predict(logits[400:]))
+        True
     """
 
     set_temperature: Tensor
@@ -405,24 +432,27 @@ class ConformalClassifier(_Conformal):
 
     def __init__(
         self,
-        alpha: float = 0.1,
+        alpha: float | None = None,
         method: str = "aps",
         *,
-        randomized: bool = True,
+        confidence: float | None = None,
+        randomized: bool = False,
+        include_last: bool | None = None,
+        input: str = "logits",
         lam: float = 0.01,
         k_reg: int = 5,
         conditional: str = "marginal",
         temperature: float | str | None = None,
         temperature_source: str | None = None,
     ) -> None:
-        super().__init__(alpha)
+        super().__init__(alpha, confidence)
         check_option("method", method, METHODS)
         check_option("conditional", conditional, _CONDITIONAL)
-        if not isinstance(randomized, bool):
-            raise TypeError(f"randomized: expected a bool, got {type(randomized).__name__}")
+        check_option("input", input, _INPUTS)
         self.method, self.randomized, self.conditional = method, randomized, conditional
+        self.include_last, self.input = include_last, input
         self.lam, self.k_reg = lam, k_reg
-        conformal_score_matrix(torch.zeros(1, 2), method, lam=lam, k_reg=k_reg, u=torch.zeros(1))
+        self._scores(torch.full((1, 2), 0.5), 1.0, torch.zeros(1), None, probs=True)  # options
         t = 1.0
         if temperature == "fit_size":
             if temperature_source is not None:
@@ -469,13 +499,21 @@ class ConformalClassifier(_Conformal):
             )
 
     def _scores(
-        self, logits: Tensor, t: float, u: Tensor | None, generator: torch.Generator | None
-    ) -> Tensor:
-        return conformal_score_matrix(
+        self,
+        logits: Tensor,
+        t: float,
+        u: Tensor | None,
+        generator: torch.Generator | None,
+        probs: bool = False,
+    ) -> tuple[Tensor, Tensor]:
+        """``(scores, set_scores)`` (:func:`~torchcal.functional.conformal.score_matrices`)."""
+        return score_matrices(
             logits,
             self.method,
+            input="probs" if probs else self.input,
             temperature=t,
             randomized=self.randomized,
+            include_last=self.include_last,
             lam=self.lam,
             k_reg=self.k_reg,
             u=u,
@@ -491,9 +529,9 @@ class ConformalClassifier(_Conformal):
         grid = torch.logspace(-1, 1, 41, dtype=torch.float64).tolist()
         best, best_size = 1.0, math.inf
         for t in grid:  # a loop over 41 temperatures, vectorised over rows
-            s = self._scores(logits, t, None, generator)
-            q, _, _ = conformal_quantile(conformal_gather(s, target), float(self.alpha))
-            size = float((s <= q).sum(1).double().mean())
+            s, sets = self._scores(logits, t, None, generator)
+            q, _, _ = conformal_quantile(conformal_gather(s, target), self._alpha())
+            size = float((sets <= q).sum(1).double().mean())
             if size < best_size:
                 best, best_size = t, size
         return best
@@ -513,7 +551,7 @@ class ConformalClassifier(_Conformal):
             self.set_temperature.fill_(self._fit_temperature(size_split, generator))
         elif size_split is not None:
             raise ValueError("size_split: only used with temperature='fit_size'")
-        s = self._scores(logits, float(self.set_temperature), u, generator)
+        s, _ = self._scores(logits, float(self.set_temperature), u, generator)
         scores = conformal_gather(s, target)
         if self.conditional == "class":
             if groups is not None:
@@ -536,7 +574,7 @@ class ConformalClassifier(_Conformal):
     ) -> Tensor:
         """The ``(B, C)`` boolean set mask."""
         self._check_fitted()
-        s = self._scores(logits, float(self.set_temperature), u, generator)
+        _, s = self._scores(logits, float(self.set_temperature), u, generator)
         q = self.score_quantiles.to(s.device)
         calibrated = int(self.num_classes)
         if calibrated != s.shape[1]:
@@ -556,7 +594,7 @@ class ConformalClassifier(_Conformal):
 
     def extra_repr(self) -> str:
         return (
-            f"alpha={float(self.alpha):g}, method={self.method!r}, "
+            f"alpha={float(self.alpha):g}, method={self.method!r}, input={self.input!r}, "
             f"randomized={self.randomized}, conditional={self.conditional!r}, "
             f"T={float(self.set_temperature):g}"
         )
