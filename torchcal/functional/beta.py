@@ -93,11 +93,13 @@ def beta_midpoint(a: float, b: float, c: float, parameters: str) -> float:
         log_1m = log_m - t
         return a * log_m - b * log_1m + c
 
+    def sigmoid(t: float) -> float:
+        return 1.0 / (1.0 + math.exp(-t)) if t >= 0 else math.exp(t) / (1.0 + math.exp(t))
+
     lo, hi = -745.0, 745.0
     g_lo, g_hi = g(lo), g(hi)
     if not (g_lo < 0.0 < g_hi or g_hi < 0.0 < g_lo):
-        t = lo if abs(g_lo) <= abs(g_hi) else hi
-        return 1.0 / (1.0 + math.exp(-t))
+        return 0.0 if abs(g_lo) <= abs(g_hi) else 1.0
     rising = g_hi > 0.0
     for _ in range(200):
         mid = 0.5 * (lo + hi)
@@ -107,8 +109,7 @@ def beta_midpoint(a: float, b: float, c: float, parameters: str) -> float:
             hi = mid
         else:
             lo = mid
-    t = 0.5 * (lo + hi)
-    return 1.0 / (1.0 + math.exp(-t))
+    return sigmoid(0.5 * (lo + hi))
 
 
 def _solve(

@@ -93,7 +93,10 @@ class BetaScaler(FittedMixin):
     @property
     def m(self) -> float:
         """betacal's midpoint: the ``p`` mapped to 1/2 (0.5 for ``"ab"``)."""
-        return beta_midpoint(float(self.a), float(self.b), float(self.c), self.map_parameters)
+        return beta_midpoint(*self._coefficients(), self.map_parameters)
+
+    def _coefficients(self) -> tuple[float, float, float]:
+        return float(self.a.detach()), float(self.b.detach()), float(self.c.detach())
 
     def _check_state(self, state: Mapping[str, Tensor], prefix: str) -> None:
         check_state_finite(state, prefix, "a", "b", "c")
@@ -112,7 +115,7 @@ class BetaScaler(FittedMixin):
         self._check_fitted()
         flat, _ = check_scores(scores, input=self.input, binary_only=True)
         log_p, log_q = self._logs(flat)
-        return beta_logits(log_p, log_q, float(self.a), float(self.b), float(self.c))
+        return beta_logits(log_p, log_q, *self._coefficients())
 
     def forward(self, scores: Tensor) -> Tensor:
         """Calibrated logits ``a ln p - b ln(1 - p) + c`` (shape and dtype of ``scores``)."""
