@@ -24,7 +24,17 @@ MAY_IMPORT = {
     "callbacks": {"functional", "report", "metrics", "scaling", "plotting"},
     "engines": {"functional"},
     "audit": {"functional", "report", "metrics", "scaling", "plotting", "engines"},
-    "cli": {"torchcal", "functional", "report", "metrics", "scaling", "plotting", "audit"},
+    "integrations": {"functional", "report", "metrics", "scaling", "audit"},
+    "cli": {
+        "torchcal",
+        "functional",
+        "report",
+        "metrics",
+        "scaling",
+        "plotting",
+        "audit",
+        "integrations",
+    },
     "torchcal": {
         "functional",
         "report",
@@ -36,6 +46,7 @@ MAY_IMPORT = {
         "callbacks",
         "audit",
         "engines",
+        "integrations",
         "cli",
     },
 }

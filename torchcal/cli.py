@@ -304,6 +304,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("--seed", type=int, default=0, help="seed of the sample and the fit split")
     a.add_argument("--threads", type=positive_int, default=1, help="torch threads for the audit")
+    a.add_argument(
+        "--from", dest="source", choices=("lm-eval",),
+        help="FILE is an lm-evaluation-harness --output_path: audit its samples_*.jsonl, every "
+        "task a group, with a temperature cross-fitted per task (docs/llm.md)",
+    )  # fmt: skip
+    a.add_argument(
+        "--rule", choices=("raw", "norm"), default="raw",
+        help="--from lm-eval: softmax of the choices' log-likelihoods (raw, the harness's "
+        "brier_score) or of the length-normalised ones (norm, acc_norm's answer)",
+    )  # fmt: skip
     c = sub.add_parser(
         "compare",
         help="drift between two report.json files (exit 1 if flagged)",
@@ -420,7 +430,7 @@ def _check_audit_args(args: argparse.Namespace) -> Any:
     for flag, v in (("--cost-error", args.cost_error), ("--cost-escalation", args.cost_escalation)):
         if v is not None and not (math.isfinite(v) and v > 0):
             raise InputError(f"{flag}: expected a positive number, got {v}")
-    if not _wants_engine(args):
+    if not _wants_engine(args) and args.source is None:
         _require_rows_args(args)
         if not os.path.isfile(args.file):
             raise InputError(f"{args.file}: no such file")
@@ -443,12 +453,20 @@ def _audit(args: argparse.Namespace) -> int:
     ref = _check_audit_args(args)
     from torchcal.audit.compare import compare
 
-    if _wants_engine(args):  # engines and state files (torchcal/audit/engine_input.py)
-        from torchcal.audit.engine_input import audit_engine
+    if args.source is None:  # every road of torchcal/audit/engine_input.py
+        report, caught = _rows_report(args)
+    elif args.source == "lm-eval":  # torchcal/integrations/lm_eval.py
+        from torchcal.integrations.lm_eval import audit_samples
 
-        report, caught = audit_engine(args)
-    else:
-        report, caught = _stream_report(args)
+        if not args.file:
+            raise InputError("the following arguments are required: file (the RESULTS_DIR)")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = audit_samples(
+                args.file, rule=args.rule, threshold=args.threshold,
+                tolerance=args.tolerance, n_bins=args.bins, alpha=args.alpha, power=args.power,
+                cost_error=args.cost_error, cost_escalation=args.cost_escalation, seed=args.seed,
+            )  # fmt: skip
     for w in dict.fromkeys(str(w.message) for w in caught):
         if w not in report.warnings:
             print(f"torchcal: warning: {w}", file=sys.stderr)
@@ -471,39 +489,60 @@ def _audit(args: argparse.Namespace) -> int:
     return code
 
 
-def _stream_report(args: argparse.Namespace) -> tuple[Any, list[Any]]:
-    """The streaming reader's report of a file of rows, and the warnings raised."""
+def _settings(args: argparse.Namespace) -> Any:
+    """The audit's settings from the parsed arguments (the only place that reads them)."""
+    from torchcal.audit.state import AuditSettings
+
+    return AuditSettings(
+        threshold=args.threshold,
+        tolerance=args.tolerance,
+        alpha=args.alpha,
+        power=args.power,
+        n_bins=args.bins,
+        seed=args.seed,
+        cost_error=args.cost_error,
+        cost_escalation=args.cost_escalation,
+        fit_temperature=args.fit_temperature,
+        max_unparsed=args.max_unparsed,
+    )
+
+
+def _request(args: argparse.Namespace) -> Any:
+    """What to read, from the parsed arguments."""
+    from torchcal.audit.engine_input import AuditRequest
+
+    engine = args.engine
+    if engine is None and _wants_engine(args) and not args.state:
+        engine = "auto"  # a glob, --table, --weight or --write-state
+    return AuditRequest(
+        file=args.file,
+        states=tuple(args.state or ()),
+        preds=tuple(args.probs or args.logits or ()),
+        input="probs" if args.probs or not args.logits else "logits",
+        label=args.label,
+        group=args.group,
+        weight=args.weight,
+        engine=engine,
+        table=args.table,
+        write_state=args.write_state,
+        chunk_rows=args.chunk_rows,
+        progress=not args.no_progress,
+    )
+
+
+def _rows_report(args: argparse.Namespace) -> tuple[Any, list[Any]]:
+    """The report of a file, glob, table or state files, and the warnings raised."""
     import torch
 
-    from torchcal.audit.core import Auditor
+    from torchcal.audit.engine_input import run_audit
 
-    input = "probs" if args.probs else "logits"
-    auditor = Auditor(input=input, n_bins=args.bins, seed=args.seed)
-    names: list[str] = []
-    log = None
+    settings, request = _settings(args), _request(args)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)  # light per-chunk arithmetic: threads cost more
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for b in _batches(args):
-                auditor.update(b.preds, b.target, b.groups)
-                names = b.group_names
-                log = b.log
-            report = auditor.report(
-                group_names=names if args.group else None,
-                threshold=args.threshold,
-                tolerance=args.tolerance,
-                cost_error=args.cost_error,
-                cost_escalation=args.cost_escalation,
-                fit_temperature=args.fit_temperature,
-                alpha=args.alpha,
-                power=args.power,
-                read_log=log.to_dict() if log is not None else None,
-            )
+        return run_audit(request, settings)
     finally:
         torch.set_num_threads(threads)
-    return report, list(caught)
 
 
 def _compare(args: argparse.Namespace) -> int:

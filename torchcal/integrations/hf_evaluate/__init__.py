@@ -1,0 +1,1 @@
+"""The Hugging Face ``evaluate`` metric module (``torchcal_calibration.py``), loaded by path."""
