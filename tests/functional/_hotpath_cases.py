@@ -17,6 +17,7 @@ from torchcal.rewards import brier_reward, correctness_brier_reward, log_reward,
 SCORE_MODULES = (
     "torchcal.functional.scoring",
     "torchcal.functional.regularizers",
+    "torchcal.functional.item_regularizers",
     "torchcal.functional.crps",
     "torchcal.functional.continuous",
     "torchcal.functional.rewards",

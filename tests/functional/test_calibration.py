@@ -28,7 +28,7 @@ from torchcal.functional import (
     reliability_table,
     validation_enabled,
 )
-from torchcal.functional.calibration import readings
+from torchcal.functional.calibration._rows import row_max
 from torchcal.functional.calibration.adaptive import (
     equal_mass_calibration_error_from_samples,
     equal_mass_calibration_error_from_stats,
@@ -1078,5 +1078,5 @@ def test_large_cpu_batches_get_torch_max_outcomes_without_the_argmax(input, ties
         prepare_rows(x[i : i + 100], t[i : i + 100], input=input) for i in range(0, 1100, 100)
     ]
     assert torch.equal(conf, torch.cat([c[0] for c in chunks]))
-    taken = readings._row_max(x, t)[1] is None
+    taken = row_max(x, t)[1] is None
     assert taken is not ties, "the amax path runs exactly when no row has a tie"

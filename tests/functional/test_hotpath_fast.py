@@ -14,10 +14,9 @@ import torch
 
 import torchcal.functional as TF
 import torchcal.losses as L
+from torchcal.functional.item_regularizers import confidence_penalty_fast, focal_loss_fast
 from torchcal.functional.regularizers import (
-    confidence_penalty_fast,
     dca_fast,
-    focal_loss_fast,
     mdca_fast,
     mmce_fast,
     soft_binned_ece_fast,

@@ -216,7 +216,7 @@ def test_fixed_sum_of_a_small_tensor_is_sum_and_its_gradient_is_ones():
 def test_crps_scale_sums_do_not_depend_on_the_thread_count(family):
     """The one-factor sums of VarianceScaler(objective='crps'): bitwise at 1 and 2 threads
     (blocks of at most PARALLEL_GRAIN values, each summed on one thread)."""
-    from torchcal.functional.crps import crps_scale_sums
+    from torchcal.functional.crps_scale import crps_scale_sums
 
     g = torch.Generator().manual_seed(4)
     r = torch.randn(300_000, dtype=torch.float64, generator=g)

@@ -11,12 +11,9 @@ from torchcal.functional import recalibration as R
 from torchcal.functional.affine import AffineMap, fit_affine
 from torchcal.functional.isotonic import fit_isotonic, fit_pit_recalibration
 from torchcal.functional.platt import fit_platt
-from torchcal.functional.temperature import (
-    fit_group_temperatures,
-    fit_temperature,
-    solve_temperature,
-    tensor_chunks,
-)
+from torchcal.functional.temperature.chunks import tensor_chunks
+from torchcal.functional.temperature.fit import fit_temperature, solve_temperature
+from torchcal.functional.temperature.group import fit_group_temperatures
 from torchcal.functional.variance import fit_scale_factor
 from torchcal.scaling import (
     CalibrationWarning,

@@ -9,8 +9,8 @@ import pytest
 import torch
 from scipy.optimize import brentq
 
-from torchcal.functional import temperature as temperature_module
 from torchcal.functional.invariants import check_monotone_map
+from torchcal.functional.temperature import fit as temperature_fit
 from torchcal.scaling import CalibrationWarning, NotFittedError, TemperatureScaler
 
 
@@ -196,7 +196,7 @@ def test_reference_recipe_stops_short_but_ours_does_not():
 
 
 def test_subsample_warm_start_path(monkeypatch):
-    monkeypatch.setattr(temperature_module, "SUBSAMPLE_ELEMENTS", 10_000)
+    monkeypatch.setattr(temperature_fit, "SUBSAMPLE_ELEMENTS", 10_000)
     logits, target = sample_multiclass(8000, 50, 2.5, seed=10)
     for method in ("lbfgs", "newton"):
         res = TemperatureScaler(method=method).fit(logits, target)
@@ -282,16 +282,17 @@ def test_deterministic_across_thread_counts():
 @pytest.mark.parametrize("kind", ["multiclass", "binary", "groups"])
 def test_pass_sums_do_not_depend_on_the_worker_count(kind):
     """The per-chunk sums are added in chunk order whatever the number of threads."""
-    from torchcal.functional import temperature as obj
     from torchcal.functional.recalibration import temperature_terms
+    from torchcal.functional.temperature.chunks import tensor_chunks
+    from torchcal.functional.temperature.sums import BLOCK, WINDOW, temperature_pass
 
     if kind == "binary":
         z, y = sample_binary(30_000, 2.0, seed=20)
     else:
         z, y = sample_multiclass(6000, 37, 2.0, seed=20)
     groups = torch.arange(y.shape[0]) * 7 % 3 if kind == "groups" else None
-    chunks = obj.tensor_chunks(z, y, groups, rows=17)
-    assert len(chunks) > obj.BLOCK > 2 * obj.WINDOW  # several windows and blocks
+    chunks = tensor_chunks(z, y, groups, rows=17)
+    assert len(chunks) > BLOCK > 2 * WINDOW  # several windows and blocks
     u = torch.tensor([0.3, -0.2, 0.1][: 3 if groups is not None else 1], dtype=torch.float64)
     kw = dict(
         binary=kind == "binary",
@@ -299,9 +300,9 @@ def test_pass_sums_do_not_depend_on_the_worker_count(kind):
         num_groups=3 if groups is not None else 1,
         identity=True,
     )
-    ref = obj.temperature_pass(chunks, u, workers=1, **kw)
+    ref = temperature_pass(chunks, u, workers=1, **kw)
     for workers in (2, 3, 5):
-        assert torch.equal(obj.temperature_pass(chunks, u, workers=workers, **kw), ref)
+        assert torch.equal(temperature_pass(chunks, u, workers=workers, **kw), ref)
     # and the sums are right (float64, one pass, against a plain sum over the rows)
     terms = temperature_terms(
         z,

@@ -185,7 +185,7 @@ def test_crps_scale_sums_match_autograd_of_the_closed_forms(family, monkeypatch)
     """Weighted sums of the CRPS and of d/ds, s d2/ds2 from crps_scale_sums == the closed-form
     CRPS and its double backward (an independent path: the custom backward, differentiated by
     autograd), across several blocks (a small block size) and extreme residuals."""
-    import torchcal.functional.crps as C
+    import torchcal.functional.crps_scale as C
     from torchcal.functional import crps_laplace, crps_logistic, crps_normal
 
     monkeypatch.setattr(C, "SCALE_BLOCK", 6)  # 13 values: a last block of one

@@ -23,7 +23,7 @@ from torchcal.callbacks._outputs import (
     read_outputs,
 )
 from torchcal.functional._checks import check_bool, check_int, check_option
-from torchcal.functional.temperature import all_reduce_, distributed_active
+from torchcal.functional.temperature.distributed import all_reduce_, distributed_active
 from torchcal.metrics.calibration import CalibrationError
 from torchcal.scaling._base import TemperatureFit
 from torchcal.scaling.temperature import TemperatureScaler

@@ -60,6 +60,7 @@ from torchcal.functional.invariants import (
     check_monotone_map,
     ulp_distance,
 )
+from torchcal.functional.item_regularizers import confidence_penalty, focal_loss
 from torchcal.functional.multicalibration import (
     MulticalibrationResult,
     ecce,
@@ -76,14 +77,7 @@ from torchcal.functional.regression import (
     pit_normal,
     pit_quantiles,
 )
-from torchcal.functional.regularizers import (
-    confidence_penalty,
-    dca,
-    focal_loss,
-    mdca,
-    mmce,
-    soft_binned_ece,
-)
+from torchcal.functional.regularizers import dca, mdca, mmce, soft_binned_ece
 from torchcal.functional.scoring import (
     brier_score,
     log_score,

@@ -46,6 +46,7 @@ __all__ = [
     "binary_brier",
     "check_class_probabilities",
     "check_multiclass_rows",
+    "check_no_soft",
     "check_rows",
     "check_weight_values",
     "diagnose",
@@ -71,6 +72,16 @@ class Prepared(NamedTuple):
     weight: Tensor | None  # per-item weight w_i (0 where ignored), compute dtype; None: soft
     soft: Tensor | None = None  # class-probability target (N, C, *), compute dtype
     class_weight: Tensor | None = None  # soft targets only: (C,) weights or None
+
+
+def check_no_soft(prep: Prepared, name: str) -> None:
+    """The confidence-reading regularisers need a class label per item."""
+    if prep.soft is not None:
+        raise ValueError(
+            f"target: {name} needs class indices (N, *) (or 0/1 labels with "
+            f"multilabel=True), got class probabilities of the logits' shape "
+            f"{tuple(prep.soft.shape)}"
+        )
 
 
 _FAST_DTYPES = (torch.float32, torch.float64)

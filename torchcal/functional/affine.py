@@ -19,7 +19,8 @@ from torch import Tensor
 
 from torchcal.functional import recalibration as R
 from torchcal.functional._solvers import damped_newton, lbfgs, solve_direction
-from torchcal.functional.temperature import Chunk, validate_masked_target
+from torchcal.functional.temperature.chunks import Chunk
+from torchcal.functional.temperature.validation import validate_masked_target
 
 __all__ = [
     "AffineMap",

@@ -71,6 +71,7 @@ from torchcal.functional._checks import (
     sync_free,
     values_checked,
 )
+from torchcal.functional._fused import SoftmaxBrier, SoftmaxRPS, SoftmaxSpherical
 from torchcal.functional._layouts import (
     Prepared,
     autocast_off,
@@ -331,43 +332,6 @@ def _smoothed_log_score(
 # --------------------------------------------------------------------------- Brier score
 
 
-class _SoftmaxBrier(torch.autograd.Function):
-    """Per-item multiclass Brier score ``||softmax(z) - e_y||^2`` with a fused backward.
-
-    Gradient: ``dS/dz_j = 2 p_j (p_j - [j = y] - d)`` with ``d = ||p||^2 - p_y``. The first
-    backward uses the saved softmax (two passes over the logits); when a graph of the
-    backward is requested (double backward) it recomputes the same closed form with
-    differentiable ops from the saved logits.
-    """
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, index: Tensor) -> Tensor:  # type: ignore[override]
-        p = torch.softmax(logits, dim=1)
-        p_y = p.gather(1, index)
-        # ||p - e_y||^2 exactly as written (never negative): shift the true class in place,
-        # take the norm, restore the saved value bit for bit.
-        p.scatter_add_(1, index, torch.full_like(p_y, -1.0))
-        score = torch.linalg.vector_norm(p, dim=1, keepdim=True).square_()
-        p.scatter_(1, index, p_y)
-        d = score + p_y - 1.0  # = ||p||^2 - p_y
-        ctx.save_for_backward(logits, index, p, p_y, d)
-        return score.squeeze(1)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        logits, index, p, p_y, d = ctx.saved_tensors
-        g2 = (2.0 * grad).unsqueeze(1)
-        if torch.is_grad_enabled():  # create_graph=True: differentiable recomputation
-            p = torch.softmax(logits, dim=1)
-            p_y = p.gather(1, index)
-            d = (p * p).sum(dim=1, keepdim=True) - p_y
-            out = g2 * p * (p - d)
-            return out.scatter_add(1, index, -g2 * p_y), None
-        out = torch.addcmul(-g2 * d, p, g2).mul_(p)
-        out.scatter_add_(1, index, -g2 * p_y)
-        return out, None
-
-
 def _squared_distance(a: Tensor, b: Tensor, reduction: str) -> Tensor:
     """``sum_c (a - b)^2`` per item (dim 1), reduced: ``F.mse_loss`` (one kernel each way;
     its ``'sum'`` runs on one thread for :func:`~torchcal.functional._layouts.small_sum`
@@ -409,10 +373,10 @@ def brier_score_fast(
     """The hot path of :func:`brier_score` (and :class:`~torchcal.losses.BrierLoss`) for
     :func:`~torchcal.functional._layouts.fast_case` arguments without ``weight``, options
     already checked: small batches ``F.mse_loss(softmax(z), one_hot(y))``, larger ones the
-    fused :class:`_SoftmaxBrier`; ``None`` sends the call to the full path."""
+    fused :class:`SoftmaxBrier`; ``None`` sends the call to the full path."""
     if not fast_case(logits, target, ignore_index):
         return None
-    return _fast_rule(logits, target, _brier_small, _SoftmaxBrier, reduction)
+    return _fast_rule(logits, target, _brier_small, SoftmaxBrier, reduction)
 
 
 def brier_score(
@@ -460,41 +424,10 @@ def brier_score(
             sq = p.square()
             per_class = (1.0 - p).square() + (sq.sum(dim=1, keepdim=True) - sq)
             return soft_expected(prep, per_class, reduction)
-        return fused_multiclass(_SoftmaxBrier, prep, reduction)
+        return fused_multiclass(SoftmaxBrier, prep, reduction)
 
 
 # --------------------------------------------------------------------------- spherical
-
-
-class _SoftmaxSpherical(torch.autograd.Function):
-    """Per-item ``1 - p_y / ||p||_2`` of ``p = softmax(z)`` with a fused backward.
-
-    With ``a = p_y / ||p||`` and ``q = p^2 / ||p||^2`` (``= softmax(2 z)``):
-    ``dS/dz_j = a (q_j - [j = y])``. ``||p|| >= p_y`` holds in floating point too (a sum
-    of non-negative squares never rounds below one of its terms), so ``S >= 0``.
-    Double backward recomputes the closed form with differentiable ops.
-    """
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, index: Tensor) -> Tensor:  # type: ignore[override]
-        p = torch.softmax(logits, dim=1)
-        norm = torch.linalg.vector_norm(p, dim=1, keepdim=True)
-        ratio = p.gather(1, index) / norm
-        ctx.save_for_backward(logits, index, p, norm, ratio)
-        return (1.0 - ratio).squeeze(1)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        logits, index, p, norm, ratio = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: differentiable recomputation
-            p = torch.softmax(logits, dim=1)
-            norm2 = (p * p).sum(dim=1, keepdim=True)
-            ratio = p.gather(1, index) / norm2.sqrt()
-            ga = grad.unsqueeze(1) * ratio
-            return (ga * p * p / norm2).scatter_add(1, index, -ga), None
-        ga = grad.unsqueeze(1) * ratio
-        out = torch.mul(p, ga / norm.square()).mul_(p)
-        return out.scatter_add_(1, index, -ga), None
 
 
 def spherical_score_fast(
@@ -502,11 +435,11 @@ def spherical_score_fast(
 ) -> Tensor | None:
     """The hot path of :func:`spherical_score` (and :class:`~torchcal.losses.SphericalLoss`)
     for :func:`~torchcal.functional._layouts.fast_case` arguments without ``weight``, options
-    already checked: the fused :class:`_SoftmaxSpherical`; ``None`` sends the call to the
+    already checked: the fused :class:`SoftmaxSpherical`; ``None`` sends the call to the
     full path."""
     if not fast_case(logits, target, ignore_index):
         return None
-    return _fast_rule(logits, target, None, _SoftmaxSpherical, reduction)
+    return _fast_rule(logits, target, None, SoftmaxSpherical, reduction)
 
 
 def spherical_score(
@@ -555,53 +488,10 @@ def spherical_score(
             half_norm = m + 0.5 * torch.logaddexp(-2.0 * m, 2.0 * (z - m))
             score = -torch.expm1(prep.target * z - half_norm)
             return reduce(score, reduction, prep.weight)
-        return fused_multiclass(_SoftmaxSpherical, prep, reduction)
+        return fused_multiclass(SoftmaxSpherical, prep, reduction)
 
 
 # --------------------------------------------------------------------------- RPS
-
-
-class _SoftmaxRPS(torch.autograd.Function):
-    """Per-item RPS ``sum_{k<C-1} (P_k - [y <= k])^2`` of ``p = softmax(z)``, fused backward.
-
-    With ``d_k = P_k - [y <= k]`` (``d_{C-1} = 0``) and suffix sums ``h_j = sum_{k>=j} d_k``:
-    ``dS/dp_j = 2 h_j`` and ``dS/dz = 2 p (h - <p, h>)``, where ``<p, h> = S + h_y``
-    (``sum_k d_k P_k = sum_k d_k^2 + sum_{k>=y} d_k``). One cumulative sum in each pass;
-    double backward recomputes the same closed form with differentiable ops.
-    """
-
-    @staticmethod
-    def forward(ctx, logits: Tensor, index: Tensor) -> Tensor:  # type: ignore[override]
-        num_classes = logits.shape[1]
-        p = torch.softmax(logits, dim=1)
-        p_y = p.gather(1, index)
-        p.scatter_add_(1, index, torch.full_like(p_y, -1.0))
-        diff = torch.cumsum(p, dim=1)  # P_k - [y <= k] = cumsum(p - e_y)
-        p.scatter_(1, index, p_y)  # restore p bit for bit
-        diff.narrow(1, num_classes - 1, 1).zero_()  # P_{C-1} - 1 is 0 up to rounding
-        score = torch.linalg.vector_norm(diff, dim=1, keepdim=True).square_()
-        ctx.save_for_backward(logits, index, p, diff, score)
-        return score.squeeze(1)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
-        logits, index, p, diff, score = ctx.saved_tensors
-        num_classes = logits.shape[1]
-        g2 = (2.0 * grad).unsqueeze(1)
-        if torch.is_grad_enabled():  # create_graph=True: differentiable recomputation
-            p = torch.softmax(logits, dim=1)
-            head = p.scatter_add(1, index, -torch.ones_like(index, dtype=p.dtype))
-            head = head.cumsum(dim=1).narrow(1, 0, num_classes - 1)
-            h = torch.cat(
-                [head.flip(1).cumsum(dim=1).flip(1), torch.zeros_like(p.narrow(1, 0, 1))], dim=1
-            )
-            centre = head.square().sum(dim=1, keepdim=True) + h.gather(1, index)
-            return g2 * p * (h - centre), None
-        h = torch.cumsum(diff, dim=1)
-        total = h.narrow(1, num_classes - 1, 1).clone()
-        h.sub_(diff).neg_().add_(total)  # suffix sums: h_j = total - sum_{k<j} d_k
-        centre = score + h.gather(1, index)  # <p, h>
-        return h.sub_(centre).mul_(p).mul_(g2), None
 
 
 def _suffix_after(x: Tensor) -> Tensor:
@@ -644,10 +534,10 @@ def ranked_probability_score_fast(
     """The hot path of :func:`ranked_probability_score` (and :class:`~torchcal.losses.RPSLoss`)
     for :func:`~torchcal.functional._layouts.fast_case` arguments without ``weight``, options
     already checked: small batches ``F.mse_loss`` of the two cumulative distributions,
-    larger ones the fused :class:`_SoftmaxRPS`; ``None`` sends the call to the full path."""
+    larger ones the fused :class:`SoftmaxRPS`; ``None`` sends the call to the full path."""
     if not fast_case(logits, target, ignore_index):
         return None
-    return _fast_rule(logits, target, _rps_small, _SoftmaxRPS, reduction)
+    return _fast_rule(logits, target, _rps_small, SoftmaxRPS, reduction)
 
 
 def ranked_probability_score(
@@ -688,4 +578,4 @@ def ranked_probability_score(
             return reduce(binary_brier(prep), reduction, prep.weight)
         if prep.soft is not None:
             return reduce(_soft_rps(prep), reduction)
-        return fused_multiclass(_SoftmaxRPS, prep, reduction)
+        return fused_multiclass(SoftmaxRPS, prep, reduction)

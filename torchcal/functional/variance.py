@@ -1,6 +1,6 @@
 """Variance scaling's fit: :func:`fit_scale_factor`, the factor ``s`` on a location-scale
 forecast's scale minimising the mean NLL (closed form) or the mean CRPS (bracketed Newton on
-``log s`` over the closed-form sums of :func:`torchcal.functional.crps.crps_scale_sums`).
+``log s`` over the closed-form sums of :func:`torchcal.functional.crps_scale.crps_scale_sums`).
 :class:`~torchcal.scaling.VarianceScaler` is the shell (its docstring describes the method)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import Tensor
 
 from torchcal.functional._checks import fixed_sum
 from torchcal.functional._solvers import bracketed_newton
-from torchcal.functional.crps import crps_scale_sums
+from torchcal.functional.crps_scale import crps_scale_sums
 
 __all__ = ["ScaleSolution", "fit_scale_factor", "nll_at_unit_scale"]
 

@@ -20,10 +20,9 @@ from torchcal.functional._validation import (
     check_label_smoothing,
     check_norm_power,
 )
+from torchcal.functional.item_regularizers import confidence_penalty_fast, focal_loss_fast
 from torchcal.functional.regularizers import (
-    confidence_penalty_fast,
     dca_fast,
-    focal_loss_fast,
     mdca_fast,
     mmce_fast,
     soft_binned_ece_fast,

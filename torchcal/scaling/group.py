@@ -15,7 +15,7 @@ from torchcal.functional._validation import (
     check_group_ids,
     check_temperature_bounds,
 )
-from torchcal.functional.temperature import fit_group_temperatures
+from torchcal.functional.temperature.group import fit_group_temperatures
 from torchcal.scaling._base import (
     FittedMixin,
     GroupTemperatureFit,

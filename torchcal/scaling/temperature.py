@@ -11,14 +11,12 @@ from torch import Tensor, nn
 
 from torchcal.functional._checks import check_finite, check_int
 from torchcal.functional._validation import check_finite_value, check_temperature_bounds
-from torchcal.functional.temperature import (
-    Chunk,
+from torchcal.functional.temperature.chunks import Chunk, tensor_chunks
+from torchcal.functional.temperature.distributed import check_distributed, distributed_active
+from torchcal.functional.temperature.fit import (
     TemperatureSolution,
-    check_distributed,
-    distributed_active,
     fit_temperature,
     solve_temperature,
-    tensor_chunks,
 )
 from torchcal.scaling._base import (
     FittedMixin,

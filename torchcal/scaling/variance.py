@@ -46,7 +46,7 @@ class VarianceScaler(FittedMixin):
       and its Laplace/logistic twins). ``CRPS(s) = sum_i scale_i CRPS_0(s, r_i)`` is convex in
       ``s`` (a perspective of a convex function); a bracketed Newton iteration on ``log s``
       (``functional/_solvers.py``) reads its exact gradient and curvature from one pass per step
-      (:func:`~torchcal.functional.crps.crps_scale_sums`, closed forms, no autograd) and
+      (:func:`~torchcal.functional.crps_scale.crps_scale_sums`, closed forms, no autograd) and
       stops on ``grad_tol``.
 
     All sums are float64. The fitted state ``log_scale_factor`` is a float64 buffer that keeps

@@ -30,11 +30,8 @@ from torchcal.functional._checks import (
 )
 from torchcal.functional._layouts import log_score_items
 from torchcal.functional._validation import check_optional_int, check_probability_rows
-from torchcal.functional.calibration.readings import (
-    INPUTS,
-    PROBS_AS_LOGITS,
-    rows_look_like_probs,
-)
+from torchcal.functional.calibration._rows import rows_look_like_probs
+from torchcal.functional.calibration.readings import INPUTS, PROBS_AS_LOGITS
 
 __all__ = [
     "as_float64",
@@ -102,7 +99,7 @@ def _nll_binary(
 def logits_look_like_probs(preds: Tensor) -> bool:
     """Whether multiclass logits ``(N, C, *)`` (``C >= 2``) are all in [0, 1] with every
     row (dim 1) summing to 1 within ``max(1e-4, C * eps)``: probabilities passed as logits.
-    The guards of :func:`~.readings.rows_look_like_probs` (validation on, a class axis)."""
+    The guards of :func:`~._rows.rows_look_like_probs` (validation on, a class axis)."""
     if (
         not values_checked()
         or preds.dim() < 2
