@@ -205,3 +205,16 @@ def test_imports_follow_the_layers():
 def test_allowed_exceptions_still_occur():
     for name, target in ALLOWED_AGAINST_LAYERS:
         assert target in GRAPH.get(name, ()), f"{name} -> {target} is gone: delete the entry"
+
+
+#: docs/design.md section 1: a module does one job and stays under this many lines
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {
+        name: n
+        for name, path in MODULES.items()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    }
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {long}"
