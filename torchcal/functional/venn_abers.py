@@ -67,9 +67,7 @@ def _upper_ratios(counts: list[int], ones: list[int]) -> tuple[list[int], list[i
         if j > 0:  # P_j - (1, 1) joins the left set, P_{j-1} leaves the right one
             new = (csd[j][0] - 1, csd[j][1] - 1)
             if _cross(stack[-1], stack[-2], new) < 0:  # below the bridge: the new left corner
-                stack.pop()
-                while stack[-1][0] <= new[0]:
-                    stack.pop()
+                stack.pop()  # (P_{j-1} is no corner here: that takes slope 1, the exit below)
                 _push_left(stack, new)
         (x0, y0), (x1, y1) = stack[-1], stack[-2]
         nums[j], dens[j] = y1 - y0, x1 - x0

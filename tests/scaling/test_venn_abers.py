@@ -1,0 +1,206 @@
+"""VennAbersCalibrator (issue 28 item 5): the (p0, p1) table equals the definition (isotonic
+regression with the test point added) and the venn-abers package to 1e-12, ties included,
+binary and one-vs-rest; logits input, state and bad input."""
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from torchcal.functional.venn_abers import (
+    venn_abers_interval,
+    venn_abers_merge,
+    venn_abers_table,
+)
+from torchcal.scaling import NotFittedError, VennAbersCalibrator
+
+
+def _package():
+    return pytest.importorskip("venn_abers")
+
+
+def _quiet(fn, *args, **kwargs):
+    """Call the package (it warns on all-NaN slices of its own) with warnings silenced."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        return fn(*args, **kwargs)
+
+
+def _binary(seed, n, decimals):
+    """Scores rounded to ``decimals`` (many ties) and labels drawn from them."""
+    rng = np.random.default_rng(seed)
+    p = np.round(rng.beta(2.0, 2.0, n), decimals)
+    y = (rng.random(n) < p**1.5).astype(np.int64)
+    return p, y
+
+
+def _queries(p, rng, m=500):
+    """Test scores: every calibration score (ties), between and beyond them."""
+    return np.concatenate([np.unique(p), rng.random(m), [0.0, 1.0]])
+
+
+def _isotonic_at(s, y, value):
+    """The definition: the isotonic regression of ``y`` on ``s`` (ties pooled, PAV), read at
+    the score ``value`` (one of ``s``)."""
+    keys = sorted(set(s))
+    blocks = [[float(sum(y[s == k])), float(sum(s == k)), [k]] for k in keys]
+    out = []
+    for block in blocks:
+        out.append(block)
+        while len(out) > 1 and out[-2][0] / out[-2][1] > out[-1][0] / out[-1][1]:
+            top = out.pop()
+            out[-1] = [out[-1][0] + top[0], out[-1][1] + top[1], out[-1][2] + top[2]]
+    return next(total / count for total, count, members in out if value in members)
+
+
+def test_equals_the_definition_on_small_sets():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 25))
+        s = rng.integers(0, int(rng.integers(1, 9)), n) / 8.0  # heavy ties
+        y = (rng.random(n) < rng.random()).astype(np.float64)
+        test = np.concatenate([np.unique(s), rng.integers(-1, 10, 6) / 8.0 + 1 / 16])
+        table = venn_abers_table(torch.tensor(s), torch.tensor(y))
+        p0, p1 = venn_abers_interval(table, torch.tensor(test))
+        for value, q0, q1 in zip(test, p0.tolist(), p1.tolist()):
+            for label, got in ((0, q0), (1, q1)):
+                want = _isotonic_at(np.append(s, value), np.append(y, label), value)
+                assert got == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize(("seed", "n", "decimals"), [(0, 3000, 2), (1, 2000, 3), (2, 1500, 8)])
+def test_binary_equals_the_package(seed, n, decimals):
+    va = _package()
+    p, y = _binary(seed, n, decimals)
+    q = _queries(p, np.random.default_rng(seed + 10))
+    ref = va.VennAbers()
+    _quiet(ref.fit, np.stack([1 - p, p], 1), y)
+    merged, p0p1 = _quiet(ref.predict_proba, np.stack([1 - q, q], 1))
+    ours = VennAbersCalibrator()
+    ours.fit(torch.tensor(p), torch.tensor(y))
+    p0, p1 = ours.predict_interval(torch.tensor(q))
+    assert np.abs(p0.numpy() - p0p1[:, 0]).max() <= 1e-12
+    assert np.abs(p1.numpy() - p0p1[:, 1]).max() <= 1e-12
+    assert np.abs(ours.predict_proba(torch.tensor(q)).numpy() - merged[:, 1]).max() <= 1e-12
+    assert torch.equal(ours(torch.tensor(q)), ours.predict_proba(torch.tensor(q)))
+    # the interval's order and the merge inside it
+    m = venn_abers_merge(p0, p1)
+    assert bool((p0 <= p1).all() and (p0 <= m).all() and (m <= p1).all() and (m > 0).all())
+
+
+@pytest.mark.parametrize("num_classes", [3, 5])
+def test_one_vs_rest_equals_the_package(num_classes):
+    va = _package()
+    rng = np.random.default_rng(num_classes)
+    n = 1500
+    z = rng.normal(size=(n, num_classes)) * 2
+    prob = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    prob = np.round(prob, 3)  # ties within each column
+    prob = prob / prob.sum(1, keepdims=True)
+    y = np.array([rng.choice(num_classes, p=row) for row in prob])
+    test = prob[rng.permutation(n)[:400]]
+    test = np.concatenate([test, rng.dirichlet(np.ones(num_classes), 300)])
+    merged, p0p1 = _quiet(
+        va.VennAbersCalibrator().predict_proba,
+        p_cal=prob,
+        y_cal=y,
+        p_test=test,
+        va_type="one_vs_rest",
+        p0_p1_output=True,
+    )
+    ours = VennAbersCalibrator()
+    ours.fit(torch.tensor(prob), torch.tensor(y))
+    p0, p1 = ours.predict_interval(torch.tensor(test))
+    assert p0.shape == p1.shape == (len(test), num_classes)
+    for k in range(num_classes):
+        assert np.abs(p0[:, k].numpy() - p0p1[k][:, 0]).max() <= 1e-12
+        assert np.abs(p1[:, k].numpy() - p0p1[k][:, 1]).max() <= 1e-12
+    out = ours.predict_proba(torch.tensor(test))
+    assert np.abs(out.numpy() - merged).max() <= 1e-12
+    assert torch.allclose(out.sum(1), torch.ones(len(test), dtype=torch.float64), atol=1e-12)
+
+
+def test_logits_input_reads_the_same_order():
+    g = torch.Generator().manual_seed(3)
+    s = torch.randn(2000, generator=g, dtype=torch.float64)
+    y = torch.bernoulli(torch.sigmoid(2 * s), generator=g)
+    by_logits, by_probs = VennAbersCalibrator(input="logits"), VennAbersCalibrator()
+    by_logits.fit(s, y)
+    by_probs.fit(torch.sigmoid(s), y)
+    q = torch.randn(500, generator=g, dtype=torch.float64)
+    assert torch.equal(by_logits(q), by_probs(torch.sigmoid(q)))
+    z = 2 * torch.randn(2000, 4, generator=g, dtype=torch.float64)
+    t = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
+    multi_logits, multi_probs = VennAbersCalibrator(input="logits"), VennAbersCalibrator()
+    res = multi_logits.fit(z, t)
+    multi_probs.fit(torch.softmax(z, 1), t)
+    zq = torch.randn(300, 4, generator=g, dtype=torch.float64)
+    assert torch.allclose(multi_logits(zq), multi_probs(torch.softmax(zq, 1)), atol=1e-15)
+    assert res.converged and np.isfinite(res.nll_before) and np.isfinite(res.nll_after)
+
+
+def test_degenerate_sets_give_probabilities_never_nan():
+    q = torch.tensor([-1.0, 0.0, 0.5, 2.0], dtype=torch.float64)
+    for y in ([0, 0, 0], [1, 1, 1], [1, 0, 1]):
+        va = VennAbersCalibrator(input="logits")
+        va.fit(torch.tensor([-1.0, -1.0, 2.0], dtype=torch.float64), torch.tensor(y))
+        p0, p1 = va.predict_interval(q)
+        p = va(q)
+        assert bool(((p0 >= 0) & (p0 <= p1) & (p1 <= 1) & (p > 0) & (p < 1)).all())
+    # a class absent from the calibration set: all-negative, still a probability row
+    va = VennAbersCalibrator()
+    prob = torch.tensor([[0.7, 0.2, 0.1], [0.2, 0.7, 0.1], [0.6, 0.3, 0.1]], dtype=torch.float64)
+    va.fit(prob, torch.tensor([0, 1, 0]))
+    out = va(prob)
+    assert torch.isfinite(out).all() and torch.allclose(out.sum(1), torch.ones(3, dtype=out.dtype))
+
+
+def test_state_round_trip_and_validation():
+    p, y = _binary(4, 500, 2)
+    va = VennAbersCalibrator()
+    va.fit(torch.tensor(p), torch.tensor(y))
+    q = torch.rand(200, dtype=torch.float64)
+    buf = io.BytesIO()
+    torch.save(va.state_dict(), buf)
+    buf.seek(0)
+    loaded = VennAbersCalibrator()
+    loaded.load_state_dict(torch.load(buf, weights_only=True))
+    assert loaded.is_fitted and torch.equal(loaded(q), va(q))
+    state = va.state_dict()
+    with pytest.raises(ValueError, match="^scores: expected strictly increasing"):
+        VennAbersCalibrator().load_state_dict(dict(state, scores=state["scores"].flip(1)))
+    with pytest.raises(ValueError, match="^p1: expected p0 in"):
+        VennAbersCalibrator().load_state_dict(dict(state, p1=state["p1"] * float("nan")))
+    with pytest.raises(ValueError, match="^p0: expected scores"):
+        VennAbersCalibrator().load_state_dict(dict(state, p0=state["p0"][:, :-1]))
+
+
+def test_bad_input():
+    p, y = _binary(5, 100, 2)
+    pt, yt = torch.tensor(p), torch.tensor(y)
+    with pytest.raises(NotFittedError):
+        VennAbersCalibrator()(pt)
+    with pytest.raises(ValueError, match="^input: "):
+        VennAbersCalibrator(input="log")
+    with pytest.raises(TypeError, match="^scores: "):
+        VennAbersCalibrator().fit(p, yt)
+    with pytest.raises(ValueError, match="^scores: expected probabilities"):
+        VennAbersCalibrator().fit(pt + 1, yt)
+    with pytest.raises(ValueError, match="^scores: expected finite"):
+        VennAbersCalibrator(input="logits").fit(pt / 0, yt)
+    with pytest.raises(ValueError, match="^scores: expected probabilities whose sum"):
+        VennAbersCalibrator().fit(torch.rand(10, 3, dtype=torch.float64), torch.zeros(10).long())
+    with pytest.raises(ValueError, match="^target: expected binary labels"):
+        VennAbersCalibrator().fit(pt, yt + 1)
+    with pytest.raises(ValueError, match="^target: expected class indices"):
+        VennAbersCalibrator().fit(torch.full((4, 2), 0.5), torch.tensor([0, 1, 2, 0]))
+    with pytest.raises(ValueError, match="^target: expected shape"):
+        VennAbersCalibrator().fit(pt, yt[1:])
+    va = VennAbersCalibrator()
+    va.fit(pt, yt)
+    with pytest.raises(
+        ValueError, match="^scores: expected \\(N,\\) binary scores \\(as at fit\\)"
+    ):
+        va.predict_interval(torch.full((4, 2), 0.5))
