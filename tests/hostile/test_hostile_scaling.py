@@ -2,6 +2,7 @@
 load_state_dict, fit_stream): each case expects a ValueError naming the argument, a warning,
 or the right number (against an independent reference) -- never a plausible wrong number."""
 
+import functools
 import math
 import warnings
 
@@ -134,6 +135,11 @@ def test_single_sample_is_flagged(kind):
     make, extra = MULTI[kind]
     extra = tuple(e[:1] for e in extra)
     y1 = Z[:1].argmax(1)
+    if kind in ("vector", "matrix"):  # reg="cv" (the default) needs a row per fold
+        with pytest.raises(ValueError, match="^folds: expected at most N = 1"):
+            make().fit(Z[:1], y1)
+        make = {"vector": VectorScaler, "matrix": MatrixScaler}[kind]
+        make = functools.partial(make, 3, reg=0.0)
     with pytest.warns(CalibrationWarning):
         res = make().fit(Z[:1], y1, *extra)
     assert not res.converged

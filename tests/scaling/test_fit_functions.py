@@ -7,8 +7,7 @@ import warnings
 
 import torch
 
-from torchcal.functional import recalibration as R
-from torchcal.functional.affine import AffineMap, fit_affine
+from torchcal.functional.affine import fit_affine, vector_map
 from torchcal.functional.isotonic import fit_isotonic, fit_pit_recalibration
 from torchcal.functional.platt import fit_platt
 from torchcal.functional.temperature.chunks import tensor_chunks
@@ -104,11 +103,9 @@ def test_the_other_scalers_store_what_their_fit_function_returns():
         sol.grad_norm,
     )
 
-    vector = AffineMap(
-        R.vector_affine, R.vector_nll_hessian, lambda w, b: R.vector_penalty(b, 0.0, 5)
-    )
+    vector = vector_map(5, 0.0, 0.0)
     sol = silent(fit_affine, z, y, vector, torch.ones(5).double(), torch.zeros(5).double())
-    vs = VectorScaler(5)
+    vs = VectorScaler(5, reg=0.0)
     vs.fit(z, y)
     assert torch.equal(vs.weight.detach(), sol.weight) and torch.equal(vs.bias.detach(), sol.bias)
 
@@ -149,7 +146,7 @@ def test_newton_fit_messages_point_at_the_caller_of_fit():
     separated[torch.arange(30), torch.arange(30) % 3] = 5.0
     capped = torch.tensor([-1.0, 1.0]).repeat(20), torch.tensor([0.0, 1.0]).repeat(20)
     for fit in (
-        lambda: VectorScaler(3).fit(separated, torch.arange(30) % 3),
+        lambda: VectorScaler(3, reg=0.0).fit(separated, torch.arange(30) % 3),
         lambda: PlattScaler(max_iter=1).fit(*capped),
     ):
         with warnings.catch_warnings(record=True) as caught:

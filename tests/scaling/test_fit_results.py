@@ -67,7 +67,7 @@ def test_each_scaler_returns_its_kind_and_reads_without_warnings():
     assert len(no_warning(lambda: grp.temperatures)) == 3
     for scaler, args in (
         (PlattScaler(), (zb, yb)),
-        (VectorScaler(4), (z, y)),
+        (VectorScaler(4, reg=0.0), (z, y)),
         (IsotonicCalibrator(), (zb, yb)),
     ):
         r = scaler.fit(*args)

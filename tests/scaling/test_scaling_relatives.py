@@ -298,7 +298,7 @@ def test_affine_scalers_with_masked_logits(kind):
     mask = torch.rand(z.shape, generator=g) < 0.2
     mask[torch.arange(2000), y] = False
     zm = z.masked_fill(mask, -math.inf)
-    scaler = VectorScaler(c, bias_reg=0.01) if kind == "vector" else MatrixScaler(c)
+    scaler = VectorScaler(c, bias_reg=0.01) if kind == "vector" else MatrixScaler(c, reg=0.01)
     od, breg = (0.0, 0.01) if kind == "vector" else (0.01, 0.01)
     res = scaler.fit(zm, y)
     assert res.converged and math.isfinite(res.nll_after)

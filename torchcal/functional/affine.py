@@ -25,6 +25,8 @@ from torchcal.functional.temperature.validation import validate_masked_target
 __all__ = [
     "AffineMap",
     "AffineSolution",
+    "vector_map",
+    "matrix_map",
     "NEWTON_MAX_PARAMS",
     "affine_objective",
     "affine_nll_hessian",
@@ -40,11 +42,67 @@ MAX_ABS_LOGIT = 1e100
 
 class AffineMap(NamedTuple):
     """An affine map of logits: ``affine(z, weight, bias)``, the Hessian of its mean NLL from
-    ``(z, p)`` and the penalty ``penalty(weight, bias)`` added to the fitted objective."""
+    ``(z, p)`` and the penalty ``penalty(weight, bias)`` added to the fitted objective.
+
+    Optional closed forms (built by :func:`vector_map` / :func:`matrix_map`; without them the
+    gradient is autograd's and LBFGS runs unpreconditioned): ``grad(z, R, weight, bias)``, the
+    gradient of the penalised objective from the NLL's residual ``R``
+    (:func:`~torchcal.functional.recalibration.affine_residual`), and ``curvature(z, p,
+    weight, bias)``, the diagonal of its Hessian (the LBFGS preconditioner)."""
 
     affine: Callable[[Tensor, Tensor, Tensor], Tensor]
     hessian: Callable[[Tensor, Tensor], Tensor]
     penalty: Callable[[Tensor, Tensor], Tensor]
+    grad: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None
+    curvature: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None
+
+
+def vector_map(num_classes: int, weight_reg: float, bias_reg: float) -> AffineMap:
+    """Vector scaling ``z * w + b`` with the penalty ``weight_reg / C * ||w - mean(w)||^2 +
+    bias_reg / C * ||b||^2`` (:func:`~torchcal.functional.recalibration.vector_penalty`)."""
+    C = num_classes
+
+    def grad(z: Tensor, r: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        gw, gb = R.vector_nll_grad(z, r)
+        pw, pb = R.vector_penalty_grad(w, b, weight_reg, bias_reg)
+        return torch.cat([gw + pw, gb + pb])
+
+    def curvature(z: Tensor, p: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        pen = torch.cat([torch.full_like(w, weight_reg), torch.full_like(b, bias_reg)])
+        return R.vector_nll_hessian_diag(z, p) + 2 / C * pen
+
+    return AffineMap(
+        R.vector_affine,
+        R.vector_nll_hessian,
+        lambda w, b: R.vector_penalty(b, bias_reg, C, w, weight_reg),
+        grad,
+        curvature,
+    )
+
+
+def matrix_map(num_classes: int, off_diagonal_reg: float, bias_reg: float) -> AffineMap:
+    """Matrix scaling ``z @ W.T + b`` with the ODIR penalty
+    (:func:`~torchcal.functional.recalibration.matrix_penalty`)."""
+    C = num_classes
+    off = 1.0 - torch.eye(C, dtype=torch.float64)
+
+    def grad(z: Tensor, r: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        gw, gb = R.matrix_nll_grad(z, r)
+        pw, pb = R.matrix_penalty_grad(w, b, off_diagonal_reg, bias_reg)
+        return torch.cat([(gw + pw).flatten(), gb + pb])
+
+    def curvature(z: Tensor, p: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        pen_w = 2 * off_diagonal_reg / (C * (C - 1)) * off.to(w.device)
+        pen_b = torch.full_like(b, 2 * bias_reg / C)
+        return R.matrix_nll_hessian_diag(z, p) + torch.cat([pen_w.flatten(), pen_b])
+
+    return AffineMap(
+        R.matrix_affine,
+        R.matrix_nll_hessian,
+        lambda w, b: R.matrix_penalty(w, b, off_diagonal_reg, bias_reg),
+        grad,
+        curvature,
+    )
 
 
 class AffineSolution(NamedTuple):
@@ -100,14 +158,28 @@ class Objective:
         return affine_objective(self.m, self.z, self.y, *self.split(x), self.mask)[0]
 
     def gradient(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        if self.m.grad is not None:  # closed form: one pass, no graph
+            self.passes += 1
+            w, b = self.split(x.detach())
+            out = R.masked_affine(self.m.affine(self.z, w, b), self.mask)
+            nll, r = R.affine_residual(out, self.y)
+            return nll + self.m.penalty(w, b), self.m.grad(self.z, r, w, b)
         xg = x.detach().clone().requires_grad_(True)
         f = self.total(xg)
         (g,) = torch.autograd.grad(f, [xg])
         return f.detach(), g
 
+    def curvature(self, x: Tensor) -> Tensor | None:
+        """The diagonal of the objective's Hessian at ``x`` (``None``: no closed form)."""
+        if self.m.curvature is None:
+            return None
+        w, b = self.split(x.detach())
+        p = torch.softmax(R.masked_affine(self.m.affine(self.z, w, b), self.mask), dim=1)
+        return self.m.curvature(self.z, p, w, b)
+
     def hessian(self, x: Tensor) -> Tensor:
         pen = torch.autograd.functional.hessian(
-            lambda v: self.m.penalty(*self.split(v)), x
+            lambda v: self.m.penalty(*self.split(v)), x, vectorize=True
         )  # tiny: no data involved
         return affine_nll_hessian(self.m, self.z, *self.split(x), self.mask) + pen
 
@@ -152,11 +224,12 @@ def affine_inputs(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tenso
 
 
 def minimise(
-    obj: Objective, x: Tensor, grad_tol: float, max_iter: int
+    obj: Objective, x: Tensor, grad_tol: float, max_iter: int, newton_max: int
 ) -> tuple[Tensor, int, int, str]:
-    """Damped Newton with the exact Hessian up to :data:`NEWTON_MAX_PARAMS` parameters
-    (max-abs gradient test, Armijo halving down to ``1e-12``), else full-batch LBFGS."""
-    if x.numel() <= NEWTON_MAX_PARAMS:
+    """Damped Newton with the exact Hessian up to ``newton_max`` parameters (max-abs
+    gradient test, Armijo halving down to ``1e-12``), else full-batch LBFGS, diagonally
+    preconditioned where the map has a closed-form curvature."""
+    if x.numel() <= newton_max:
         res = damped_newton(
             lambda v: Probe(obj, v),
             x,
@@ -167,15 +240,27 @@ def minimise(
             min_step=1e-12,
         )
         return res.x.detach(), res.iterations, obj.passes, "newton"
+    # diagonal preconditioning (x = s * v, s = curvature^-1/2 at the start, scaled to
+    # min(s) = 1): the ODIR-penalised off-diagonal entries and the data-driven diagonal
+    # differ in curvature by orders of magnitude; |g| = |g_v| / s <= |g_v| keeps grad_tol
+    # a bound on the unscaled gradient
+    curv = obj.curvature(x)
+    s = torch.ones_like(x) if curv is None else curv.clamp(min=1e-300).rsqrt()
+    s = s / s.min()
+
+    def scaled(v: Tensor) -> tuple[Tensor, Tensor]:
+        f, g = obj.gradient(v * s)
+        return f, g * s
+
     run = lbfgs(
-        obj.gradient,
-        x,
+        scaled,
+        x / s,
         max_iter=max_iter,
         max_eval=2 * max_iter,
         grad_tol=grad_tol,
-        history_size=50,
+        history_size=20,
     )
-    return run.x, run.iterations, run.evaluations, "lbfgs"
+    return run.x * s, run.iterations, obj.passes, "lbfgs"
 
 
 def fit_affine(
@@ -188,6 +273,7 @@ def fit_affine(
     grad_tol: float = 1e-10,
     max_iter: int = 500,
     name: str = "affine map",
+    newton_max: int = NEWTON_MAX_PARAMS,
 ) -> AffineSolution:
     """The parameters of the affine map ``m`` minimising the mean NLL plus its penalty on
     multiclass ``logits`` ``(N, C)`` (``-inf`` masks allowed) and class indices ``target``,
@@ -212,13 +298,16 @@ def fit_affine(
     x = torch.cat([w0.flatten(), b0])
     nll_before = float(affine_objective(m, z, y, w0, b0, mask)[1])
     with torch.enable_grad():
-        x, iterations, passes, method = minimise(obj, x, grad_tol, max_iter)
+        x, iterations, passes, method = minimise(obj, x, grad_tol, max_iter, newton_max)
         grad = obj.gradient(x)[1]
     w, b = obj.split(x.detach())
     nll = affine_objective(m, z, y, w, b, mask)[1]
     grad_norm = float(torch.linalg.vector_norm(grad))
     msgs = []
-    if z.shape[0] < x.numel():
+    # a penalty on every direction but the temperature's keeps the optimum finite and unique
+    probe = torch.linspace(0.5, 1.5, x.numel(), dtype=torch.float64, device=z.device)
+    penalised = float(m.penalty(*obj.split(probe))) > 0
+    if z.shape[0] < x.numel() and not penalised:
         msgs.append(
             f"{name}: fewer samples ({z.shape[0]}) than parameters "
             f"({x.numel()}): the map interpolates the fitting set; use more data, "

@@ -27,7 +27,10 @@ with ``p = softmax(beta z_i)``. For binary logits ``s`` and ``p = sigmoid(beta s
 **Affine maps** (vector / matrix scaling; Guo et al., 2017; Kull et al., 2019): the multiclass
 NLL of ``z * w + b`` or ``z @ W.T + b`` and its exact Hessian ``mean_i S_i (x) u_i u_i^T`` with
 ``S_i = diag(p_i) - p_i p_i^T`` (:func:`vector_nll_hessian`, :func:`matrix_nll_hessian`), plus
-the L2 / ODIR penalties.
+the L2 / ODIR penalties, their closed-form gradients (:func:`affine_residual`,
+:func:`vector_nll_grad`, :func:`matrix_nll_grad`: one pass, no autograd) and the diagonals of
+the Hessians (the LBFGS preconditioner of ``functional/affine.py``). Dirichlet calibration is
+the same matrix (or vector) map applied to ``log_softmax(z)``.
 
 **Isotonic**: pool-adjacent-violators (:func:`pool_adjacent_violators`) on the log-odds score
 (:func:`confidence_log_odds` for the confidence reading).
@@ -51,6 +54,13 @@ __all__ = [
     "masked_affine",
     "vector_penalty",
     "matrix_penalty",
+    "vector_penalty_grad",
+    "matrix_penalty_grad",
+    "affine_residual",
+    "vector_nll_grad",
+    "matrix_nll_grad",
+    "vector_nll_hessian_diag",
+    "matrix_nll_hessian_diag",
     "vector_nll_hessian",
     "matrix_nll_hessian",
     "pool_adjacent_violators",
@@ -186,7 +196,7 @@ def vector_affine(z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 
 def matrix_affine(z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """Matrix scaling ``z @ weight.T + bias``."""
-    return z @ weight.T + bias
+    return torch.addmm(bias, z, weight.T)
 
 
 def masked_affine(out: Tensor, mask: Tensor | None) -> Tensor:
@@ -194,9 +204,28 @@ def masked_affine(out: Tensor, mask: Tensor | None) -> Tensor:
     return out if mask is None else out.masked_fill(mask, float("-inf"))
 
 
-def vector_penalty(bias: Tensor, bias_reg: float, num_classes: int) -> Tensor:
-    """``bias_reg / C * ||bias||^2``."""
-    return bias_reg / num_classes * (bias * bias).sum()
+def vector_penalty(
+    bias: Tensor,
+    bias_reg: float,
+    num_classes: int,
+    weight: Tensor | None = None,
+    weight_reg: float = 0.0,
+) -> Tensor:
+    """``bias_reg / C * ||bias||^2`` plus, with ``weight``, ``weight_reg / C * ||weight -
+    mean(weight)||^2`` (the spread of the per-class scales about one temperature)."""
+    out = bias_reg / num_classes * (bias * bias).sum()
+    if weight is None:
+        return out
+    d = weight - weight.mean()
+    return out + weight_reg / num_classes * (d * d).sum()
+
+
+def vector_penalty_grad(
+    weight: Tensor, bias: Tensor, weight_reg: float, bias_reg: float
+) -> tuple[Tensor, Tensor]:
+    """Gradient of :func:`vector_penalty` (with ``weight``) w.r.t. ``(weight, bias)``."""
+    C = bias.shape[0]
+    return 2 * weight_reg / C * (weight - weight.mean()), 2 * bias_reg / C * bias
 
 
 def matrix_penalty(
@@ -209,6 +238,54 @@ def matrix_penalty(
     return off_diagonal_reg / (C * (C - 1)) * (off * off).sum() + bias_reg / C * (bias * bias).sum()
 
 
+def matrix_penalty_grad(
+    weight: Tensor, bias: Tensor, off_diagonal_reg: float, bias_reg: float
+) -> tuple[Tensor, Tensor]:
+    """Gradient of :func:`matrix_penalty` w.r.t. ``(weight, bias)``."""
+    C = weight.shape[0]
+    off = weight - torch.diag(torch.diagonal(weight))
+    return 2 * off_diagonal_reg / (C * (C - 1)) * off, 2 * bias_reg / C * bias
+
+
+def affine_residual(out: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """``(mean NLL, R)`` of calibrated logits ``out`` (``-inf`` at masks) with
+    ``R = (softmax(out) - onehot(target)) / N``, the NLL's gradient w.r.t. ``out``."""
+    n = out.shape[0]
+    top = out.amax(1, keepdim=True)
+    e = (out - top).exp_()
+    s = e.sum(1)
+    nll = (
+        torch.log(s).sum() + (top.squeeze(1) - out.gather(1, target.unsqueeze(1)).squeeze(1)).sum()
+    ) / n
+    r = e.div_(s.unsqueeze(1))
+    r[torch.arange(n, device=out.device), target] -= 1.0
+    return nll, r.div_(n)
+
+
+def vector_nll_grad(z: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
+    """Gradient of the mean NLL of vector scaling w.r.t. ``(weight, bias)`` from the logits
+    ``z`` (0 at masked entries) and :func:`affine_residual`'s ``R``."""
+    return (r * z).sum(0), r.sum(0)
+
+
+def matrix_nll_grad(z: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
+    """Gradient of the mean NLL of matrix scaling w.r.t. ``(weight, bias)`` (``R.T @ z``,
+    ``R.sum(0)``; inputs as in :func:`vector_nll_grad`)."""
+    return r.T @ z, r.sum(0)
+
+
+def vector_nll_hessian_diag(z: Tensor, p: Tensor) -> Tensor:
+    """Diagonal of :func:`vector_nll_hessian` (``mean p (1 - p) z^2``, ``mean p (1 - p)``)."""
+    q = p * (1 - p)
+    return torch.cat([(q * z * z).mean(0), q.mean(0)])
+
+
+def matrix_nll_hessian_diag(z: Tensor, p: Tensor) -> Tensor:
+    """Diagonal of :func:`matrix_nll_hessian` in the order ``cat(weight.flatten(), bias)``."""
+    q = p * (1 - p)
+    return torch.cat([(q.T @ (z * z)).flatten() / z.shape[0], q.mean(0)])
+
+
 def vector_nll_hessian(z: Tensor, p: Tensor) -> Tensor:
     """Exact Hessian of the mean NLL of vector scaling w.r.t. ``cat(weight, bias)``, from the
     logits ``z`` (0 at masked entries) and the fitted probabilities ``p`` (0 there)."""
@@ -218,7 +295,8 @@ def vector_nll_hessian(z: Tensor, p: Tensor) -> Tensor:
     pu = p.unsqueeze(1) * u  # (N, 2, C)
     C = z.shape[1]
     diag = torch.einsum("ikc,ilc->klc", pu, u) / z.shape[0]  # diag(p) part
-    h = -torch.einsum("ikc,ild->kcld", pu, pu) / z.shape[0]
+    flat = pu.reshape(z.shape[0], 2 * C)
+    h = (flat.T @ flat).div_(-z.shape[0]).reshape(2, C, 2, C)
     idx = torch.arange(C)
     h[:, idx, :, idx] += diag.permute(2, 0, 1)
     return h.reshape(2 * C, 2 * C)
