@@ -120,7 +120,9 @@ def test_the_norm_rule_answers_as_acc_norm(harness_run) -> None:
 def test_audit_from_lm_eval_on_the_output_directory(harness_run, tmp_path, capsys) -> None:
     _, out = harness_run
     report_dir = tmp_path / "report"
-    code = main(["audit", "--from", "lm-eval", str(out), "--rule", "norm", "--out", str(report_dir)])
+    code = main(
+        ["audit", "--from", "lm-eval", str(out), "--rule", "norm", "--out", str(report_dir)]
+    )
     text = capsys.readouterr().out
     assert code in (0, 1, 3)
     d = json.loads((report_dir / "report.json").read_text())
@@ -131,3 +133,23 @@ def test_audit_from_lm_eval_on_the_output_directory(harness_run, tmp_path, capsy
     assert all(len(t["fold_T"][g]) == 2 for g in ("tc_fixed", "tc_varied"))
     assert (report_dir / "report.html").is_file()
     assert "temperature: pooled T" in text
+
+
+def test_evaluate_metric_on_the_harness_probabilities(harness_run, tmp_path, monkeypatch) -> None:
+    evaluate = pytest.importorskip("evaluate")
+    import torch
+
+    from torchcal.integrations.lm_eval import evaluate_module_path
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(evaluate.config, "HF_MODULES_CACHE", tmp_path / "modules")
+    res, _ = harness_run
+    samples = res["samples"]["tc_fixed"]
+    lls = [[float(r[0]) for r in s["filtered_resps"]] for s in samples]
+    p = torch.softmax(torch.tensor(lls, dtype=torch.float64), 1)
+    metric = evaluate.load(evaluate_module_path(), cache_dir=str(tmp_path / "cache"))
+    out = metric.compute(predictions=p.tolist(), references=[int(s["target"]) for s in samples])
+    fixed = res["results"]["tc_fixed"]
+    assert abs(out["ece"] - fixed["torchcal_ece,none"]) <= 1e-12
+    assert abs(out["brier"] - fixed["brier_score,none"]) <= 1e-12
+    assert abs(out["nll"] - fixed["torchcal_nll,none"]) <= 1e-12

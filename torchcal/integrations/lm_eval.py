@@ -101,20 +101,28 @@ def choice_logits(lls: Tensor, lengths: Tensor | None, rule: str) -> Tensor:
     return lls / lengths.to(torch.float64)
 
 
-def choice_scores(logits: Tensor, gold: Tensor, *, n_bins: int = N_BINS) -> dict[str, float]:
-    """:data:`METRICS` of the probabilities ``softmax(logits)`` against the gold choices,
-    every formula from :mod:`torchcal.functional` (module docstring)."""
+def choice_scores(
+    logits: Tensor, gold: Tensor, *, n_bins: int = N_BINS, metrics: Sequence[str] = METRICS
+) -> dict[str, float]:
+    """The ``metrics`` (of :data:`METRICS`) of the probabilities ``softmax(logits)`` against
+    the gold choices, every formula from :mod:`torchcal.functional` (module docstring)."""
     check_int("n_bins", n_bins, minimum=1)
-    ece = calibration_error(logits, gold, n_bins=n_bins, reading="confidence")
-    smooth = calibration_error(logits, gold, estimator="smooth", exact=True)
-    conf, pred = torch.softmax(logits, dim=1).max(dim=1)
-    return {
-        "ece": float(ece),  # type: ignore[arg-type]
-        "smooth_ece": float(smooth),  # type: ignore[arg-type]
-        "nll": float(negative_log_likelihood(logits, gold)),
-        "brier": float(brier_score(logits, gold)),
-        "aurc": float(aurc(conf, (pred != gold).to(torch.float64))),
-    }
+    for m in metrics:
+        check_option("metric", m, METRICS)
+    out: dict[str, float] = {}
+    if "ece" in metrics:
+        out["ece"] = float(calibration_error(logits, gold, n_bins=n_bins))  # type: ignore[arg-type]
+    if "smooth_ece" in metrics:
+        smooth = calibration_error(logits, gold, estimator="smooth", exact=True)
+        out["smooth_ece"] = float(smooth)  # type: ignore[arg-type]
+    if "nll" in metrics:
+        out["nll"] = float(negative_log_likelihood(logits, gold))
+    if "brier" in metrics:
+        out["brier"] = float(brier_score(logits, gold))
+    if "aurc" in metrics:
+        conf, pred = torch.softmax(logits, dim=1).max(dim=1)
+        out["aurc"] = float(aurc(conf, (pred != gold).to(torch.float64)))
+    return {m: out[m] for m in METRICS if m in out}
 
 
 def items_to_tensors(items: Sequence[Any]) -> tuple[Tensor, Tensor, Tensor]:
@@ -146,7 +154,8 @@ def aggregate(items: Sequence[Any], metric: str, rule: str, n_bins: int = N_BINS
     """
     check_option("metric", metric, METRICS)
     gold, lls, lengths = items_to_tensors(items)
-    return choice_scores(choice_logits(lls, lengths, rule), gold, n_bins=n_bins)[metric]
+    z = choice_logits(lls, lengths, rule)
+    return choice_scores(z, gold, n_bins=n_bins, metrics=(metric,))[metric]
 
 
 def evaluate_module_path() -> str:
