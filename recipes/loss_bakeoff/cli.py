@@ -78,8 +78,9 @@ def evaluate_run(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Test metrics of one trained network before and after its temperature, and its
     reliability curves: ``(numbers, curves)``. Without a known truth (digits) the numbers
-    also hold the ECE noise floor of the model's own confidences. The command line's
-    ``--report.*`` options are ``n_bins`` and ``floor_draws``.
+    also hold the ECE noise floor of the model's own confidences. ``numbers["picked"]``
+    holds, for each checkpoint selection, its epoch, its T and its test metrics after that
+    T. The command line's ``--report.*`` options are ``n_bins`` and ``floor_draws``.
 
     Args:
         data: the splits.
@@ -98,6 +99,16 @@ def evaluate_run(
         # CalibrationMonitor's last validation epoch (before T): what training saw
         "val_monitor": {k: last.get(k) for k in ("epoch", "ece", "ece_debiased", "nll")},
     }
+    # the checkpoints picked by val/nll and by val/refinement_nll, each after its own T
+    numbers["picked"] = {}
+    for name, pick in trained.picks.items():
+        with torch.no_grad():
+            zp = pick.net(x).to(torch.float64) / pick.temperature
+        numbers["picked"][name] = {
+            "epoch": pick.epoch,
+            "temperature": pick.temperature,
+            "after": score(zp, y, data.test_truth, n_bins=n_bins),
+        }
     curves = {}
     for stage, t in (("before", 1.0), ("after", trained.temperature)):
         zt = z / t

@@ -56,6 +56,14 @@ def aggregate(name: str, is_proper: str | None, runs: list[dict[str, Any]]) -> d
     for key in ("ece_floor_before", "ece_floor_after"):
         if key in runs[0]:
             row[key] = _spread([r[key]["mean"] for r in runs])
+    if "picked" in runs[0]:  # the checkpoint selections: epoch and test metrics after T
+        row["picked"] = {
+            name: {
+                "epoch": _spread([r["picked"][name]["epoch"] for r in runs]),
+                **{m: _spread([r["picked"][name]["after"][m] for r in runs]) for m in METRICS},
+            }
+            for name in runs[0]["picked"]
+        }
     row["seeds"] = runs
     return row
 
@@ -96,6 +104,27 @@ def table_rows(report: dict, metrics: Sequence[str]) -> tuple[list[str], list[li
     return header, rows
 
 
+def selection_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+    """Refine, then calibrate: per loss, the test NLL after T of the last epoch, of the
+    checkpoint of lowest ``val/nll`` and of the checkpoint of lowest ``val/refinement_nll``
+    (its epoch beside it), and on how many seeds the refinement pick is the better one."""
+    header = ["loss", "last epoch", "epoch (val/nll)", "picked by val/nll"]
+    header += ["epoch (val/refinement_nll)", "picked by val/refinement_nll", "refinement better"]
+    rows = []
+    for r in report["rows"]:
+        p = r["picked"]
+        better = sum(
+            s["picked"]["refinement_nll"]["after"]["nll"] < s["picked"]["val_nll"]["after"]["nll"]
+            for s in r["seeds"]
+        )
+        rows.append(
+            [r["loss"], _fmt(r["nll"]["after"]), _fmt(p["val_nll"]["epoch"], 1)]
+            + [_fmt(p["val_nll"]["nll"]), _fmt(p["refinement_nll"]["epoch"], 1)]
+            + [_fmt(p["refinement_nll"]["nll"]), f"{better}/{len(r['seeds'])}"]
+        )
+    return header, rows
+
+
 def render(report: dict, markdown: bool = False, plots: bool = False) -> str:
     """The report as text or markdown: setting, the table (mean ± sample std over seeds),
     notes and timing."""
@@ -130,6 +159,18 @@ def render(report: dict, markdown: bool = False, plots: bool = False) -> str:
         + "ECE: binned |confidence - accuracy| against the labels; dECE: debiased L2 ECE "
         f"(Kumar et al. 2019). {report['n_bins']} equal-width bins.",
     ]
+    if "picked" in report["rows"][0]:
+        out += [
+            "",
+            f"{h2}Checkpoint selection: refine, then calibrate",
+            "",
+            table(*selection_rows(report)),
+            "",
+            "test NLL after each checkpoint's own T (fitted on the validation split at that "
+            "epoch): the last epoch, the validated epoch of lowest val/nll, and that of lowest "
+            "val/refinement_nll (the validation NLL after T; Berta et al. 2025); epochs "
+            "counted from 0.",
+        ]
     if "ece_floor_after" in report["rows"][0]:
         out += [
             "",
