@@ -3,8 +3,9 @@
 - :class:`TemperatureScaler` -- one temperature (Guo et al., 2017): keeps every argmax / ranking.
 - :class:`GroupTemperatureScaler` -- one temperature per group, shrunk toward the global one.
 - :class:`PlattScaler` -- binary ``a * s + b`` (Platt, 1999): moves the offset, keeps the ranking.
-- :class:`VectorScaler`, :class:`MatrixScaler` -- per-class affine maps (Guo et al., 2017;
-  Kull et al., 2019).
+- :class:`VectorScaler`, :class:`MatrixScaler`, :class:`DirichletScaler` -- per-class affine
+  maps of logits or log-probabilities, their strength cross-validated with a temperature guard
+  (a :class:`CVFit`; Guo et al., 2017; Kull et al., 2019).
 - :class:`IsotonicCalibrator` -- pool-adjacent-violators (Zadrozny & Elkan, 2002).
 - :class:`BetaScaler` -- binary beta calibration ``a ln p - b ln(1 - p) + c`` (Kull et al., 2017).
 - :class:`VennAbersCalibrator` -- inductive Venn-Abers ``(p0, p1)`` and their merge (Vovk et al.,
@@ -37,7 +38,7 @@ from torchcal.scaling._base import (
     TemperatureFit,
     VarianceFit,
 )
-from torchcal.scaling.affine import MatrixScaler, VectorScaler
+from torchcal.scaling.affine import CVFit, MatrixScaler, VectorScaler
 from torchcal.scaling.beta import BetaScaler
 from torchcal.scaling.conformal import (
     ConformalClassifier,
@@ -45,10 +46,12 @@ from torchcal.scaling.conformal import (
     ConformalQuantileRegression,
     SplitConformal,
 )
+from torchcal.scaling.dirichlet import DirichletScaler
 from torchcal.scaling.group import GroupTemperatureScaler
 from torchcal.scaling.isotonic import IsotonicCalibrator
 from torchcal.scaling.platt import PlattScaler
 from torchcal.scaling.quantile import QuantileRecalibrator
+from torchcal.scaling.structured import StructuredFit, StructuredScaler
 from torchcal.scaling.temperature import TemperatureScaler
 from torchcal.scaling.variance import VarianceScaler
 from torchcal.scaling.venn_abers import VennAbersCalibrator
@@ -64,12 +67,16 @@ __all__ = [
     "GroupTemperatureScaler",
     "IsotonicCalibrator",
     "MatrixScaler",
+    "DirichletScaler",
+    "CVFit",
     "NotFittedError",
     "PlattScaler",
     "TemperatureScaler",
     "VectorScaler",
     "VarianceScaler",
     "QuantileRecalibrator",
+    "StructuredScaler",
+    "StructuredFit",
     "SplitConformal",
     "ConformalQuantileRegression",
     "ConformalFit",

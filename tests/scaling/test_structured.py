@@ -1,0 +1,244 @@
+"""StructuredScaler (issue 28 item 4): against probmetrics' SMS on the same logits, against one
+temperature where it is the Bayes map and where a structured map is the truth, the guard, the
+cross-validated strength, state, masks and bad input."""
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchcal.functional.structured import structured_basis
+from torchcal.scaling import (
+    CalibrationWarning,
+    NotFittedError,
+    StructuredFit,
+    StructuredScaler,
+    TemperatureScaler,
+)
+
+
+def _data(n, c, kind, seed=0):
+    """float32 logits and labels with a known truth: labels from softmax(t); the model's
+    logits are 2 t (one temperature is the Bayes map) or 2 a_c t_c + b_c (a per-class
+    temperature and bias are)."""
+    g = torch.Generator().manual_seed(seed)
+    t = 3.0 * torch.randn(n, c, generator=g, dtype=torch.float64)
+    u = torch.rand(n, c, generator=g, dtype=torch.float64).clamp_min(1e-300)
+    y = (t - torch.log(-torch.log(u))).argmax(1)
+    if kind == "ts":
+        return (2.0 * t).float(), y
+    g2 = torch.Generator().manual_seed(1234)
+    a = torch.exp(0.4 * torch.randn(c, generator=g2, dtype=torch.float64))
+    b = torch.randn(c, generator=g2, dtype=torch.float64)
+    return (2.0 * a * t + b).float(), y
+
+
+def _split(n_fit, n_test, c, kind, seed=0):
+    z, y = _data(n_fit + n_test, c, kind, seed)
+    return z[:n_fit], y[:n_fit], z[n_fit:], y[n_fit:]
+
+
+def _nll_acc(logits, y):
+    logits = logits.detach().double()
+    return float(F.cross_entropy(logits, y)), float((logits.argmax(1) == y).double().mean())
+
+
+def _quiet_fit(scaler, z, y):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        return scaler.fit(z, y)
+
+
+@pytest.mark.parametrize("c, n_fit", [(10, 3000), (100, 5000)])
+def test_within_0002_of_probmetrics_sms(c, n_fit):
+    """Test NLL on the same logits: ours <= probmetrics' SMS (its defaults) + 0.002."""
+    pytest.importorskip("probmetrics")
+    from probmetrics.calibrators import get_calibrator
+
+    zf, yf, zt, yt = _split(n_fit, 5000, c, "vec")
+    sms = get_calibrator("sms")
+    sms.fit(torch.softmax(zf.double(), 1).numpy(), yf.numpy())
+    q = sms.predict_proba(torch.softmax(zt.double(), 1).numpy())
+    theirs = float(-np.mean(np.log(q[np.arange(len(yt)), yt.numpy()])))
+    scaler = StructuredScaler(c)
+    res = _quiet_fit(scaler, zf, yf)
+    ours = _nll_acc(scaler(zt), yt)[0]
+    assert not res.fell_back
+    assert ours <= theirs + 0.002, (ours, theirs)
+
+
+@pytest.mark.parametrize("c, n_fit", [(10, 3000), (100, 5000)])
+def test_close_to_temperature_where_it_is_the_bayes_map(c, n_fit):
+    zf, yf, zt, yt = _split(n_fit, 5000, c, "ts", seed=1)
+    ts = TemperatureScaler()
+    ts.fit(zf, yf)
+    nll_ts, acc_ts = _nll_acc(ts(zt), yt)
+    scaler = StructuredScaler(c)
+    _quiet_fit(scaler, zf, yf)
+    nll, acc = _nll_acc(scaler(zt), yt)
+    assert nll <= nll_ts + 0.005, (nll, nll_ts)
+    assert acc >= acc_ts - 0.005, (acc, acc_ts)
+
+
+def test_beats_one_temperature_where_a_structured_map_is_the_truth():
+    zf, yf, zt, yt = _split(3000, 5000, 10, "vec", seed=2)
+    ts = TemperatureScaler()
+    ts.fit(zf, yf)
+    scaler = StructuredScaler(10)
+    res = scaler.fit(zf, yf)
+    assert not res.fell_back and res.converged
+    assert min(res.cv_nll) < res.cv_nll_temperature - 0.05
+    assert _nll_acc(scaler(zt), yt)[0] < _nll_acc(ts(zt), yt)[0] - 0.05
+
+
+def test_fit_result_and_the_strength_path():
+    zf, yf, _, _ = _split(2000, 0, 10, "vec", seed=3)
+    res = StructuredScaler(10).fit(zf, yf)
+    assert isinstance(res, StructuredFit)
+    assert res.strengths[:3] == (1.0, 4.0, 0.25)
+    assert len(res.cv_nll) == len(res.strengths)
+    assert res.reg == res.strengths[int(np.argmin(res.cv_nll))]
+    assert res.nll_after < res.nll_before and res.passes > 0 and res.method == "lbfgs"
+    # the walk went on toward the better side until the held-out NLL rose (or the cap)
+    order = sorted(range(len(res.strengths)), key=lambda i: res.strengths[i])
+    nlls = [res.cv_nll[i] for i in order]
+    best = int(np.argmin(nlls))
+    assert all(nlls[i] > nlls[i + 1] for i in range(best))
+    assert all(nlls[i] < nlls[i + 1] for i in range(best, len(nlls) - 1))
+
+
+def test_guard_falls_back_to_the_temperature_map():
+    """Labels independent of the logits' per-class structure, few rows per parameter: the
+    map cannot beat one temperature on held-out folds, so the fit returns the temperature map
+    (a warning, the flag, and the output equals softmax(z / T) up to a row constant)."""
+    zf, yf, zt, _ = _split(400, 200, 10, "ts", seed=4)
+    scaler = StructuredScaler(10)
+    with pytest.warns(CalibrationWarning, match="not below one temperature"):
+        res = scaler.fit(zf, yf)
+    assert res.fell_back and res.converged
+    assert min(res.cv_nll) >= res.cv_nll_temperature
+    assert any("not below" in w for w in res.warnings)
+    p = torch.softmax(scaler(zt).double(), 1)
+    t = res.temperature / float(scaler.scale[0])
+    assert torch.allclose(scaler.scale, scaler.scale[0].expand(10))
+    assert float(scaler.bias.abs().max()) == 0.0 and float(scaler.coef.abs().max()) == 0.0
+    torch.testing.assert_close(p, torch.softmax(zt.double() / t, 1), atol=1e-5, rtol=0)
+    ts = TemperatureScaler()
+    ts.fit(zf, yf)
+    assert abs(t - ts.temperature) < 1e-3 * ts.temperature
+
+
+def test_explicit_strength_has_no_cross_validation():
+    zf, yf, _, _ = _split(1500, 0, 10, "vec", seed=5)
+    res = StructuredScaler(10, reg=1.0).fit(zf, yf)
+    assert res.reg == 1.0 and res.strengths == () and res.cv_nll_temperature is None
+    assert not res.fell_back and res.converged
+    strong = StructuredScaler(10, reg=1e6)
+    strong.fit(zf, yf)
+    assert float(strong.bias.abs().max()) < 1e-3  # pulled onto the temperature map
+
+
+def test_deterministic_and_state_round_trip():
+    zf, yf, zt, _ = _split(1500, 300, 10, "vec", seed=6)
+    a, b = StructuredScaler(10, seed=3), StructuredScaler(10, seed=3)
+    a.fit(zf, yf)
+    b.fit(zf, yf)
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k
+    buf = io.BytesIO()
+    torch.save(a.state_dict(), buf)
+    buf.seek(0)
+    c = StructuredScaler(10)
+    c.load_state_dict(torch.load(buf, weights_only=True))
+    assert c.is_fitted
+    assert torch.equal(c(zt), a(zt))
+    assert a.scale.dtype == torch.float64 and a.to(torch.float16).scale.dtype == torch.float64
+    assert a(zt.half()).dtype == torch.float16
+
+
+def test_low_rank_basis_is_the_top_singular_subspace():
+    g = torch.Generator().manual_seed(0)
+    spectrum = torch.logspace(1, -2, 40)
+    rot = torch.linalg.qr(torch.randn(40, 40, generator=g)).Q
+    x = (torch.randn(500, 40, generator=g) * spectrum) @ rot.T
+    q = structured_basis(x, 5, seed=0)
+    assert q.shape == (40, 5)
+    torch.testing.assert_close(q.T @ q, torch.eye(5, dtype=torch.float64), atol=1e-5, rtol=0)
+    v = torch.linalg.svd(x.double(), full_matrices=False).Vh[:5].T
+    # the same subspace: the projector of one onto the other is the identity on it
+    torch.testing.assert_close(
+        v.T @ q @ q.T @ v, torch.eye(5, dtype=torch.float64), atol=1e-3, rtol=0
+    )
+    assert torch.equal(structured_basis(x, 40), torch.eye(40, dtype=torch.float64))
+
+
+def test_low_rank_and_rank_zero_fit():
+    zf, yf, zt, yt = _split(3000, 3000, 30, "vec", seed=7)
+    for rank in (0, 4):
+        scaler = StructuredScaler(30, rank=rank)
+        res = _quiet_fit(scaler, zf, yf)
+        assert scaler.coef.shape == (30, rank) and not res.fell_back
+        assert _nll_acc(scaler(zt), yt)[0] < res.nll_before
+
+
+def test_masked_logits():
+    zf, yf, zt, yt = _split(2000, 500, 6, "vec", seed=8)
+    zf, zt = zf.clone(), zt.clone()
+    rows = torch.arange(0, 2000, 7)
+    col = (yf[rows] + 1) % 6
+    zf[rows, col] = float("-inf")
+    zt[:5, 0] = float("-inf")
+    zt[:5, 1] = 0.0
+    scaler = StructuredScaler(6)
+    _quiet_fit(scaler, zf, yf)
+    out = scaler(zt)
+    assert torch.isneginf(out[:5, 0]).all() and torch.isfinite(out[:5, 1:]).all()
+    assert torch.isfinite(out[5:]).all()
+    bad = zf.clone()
+    bad[0, yf[0]] = float("-inf")
+    with pytest.raises(ValueError, match="target class is masked"):
+        StructuredScaler(6).fit(bad, yf)
+
+
+def test_bad_input():
+    z, y = _data(50, 4, "vec")
+    s = StructuredScaler(4)
+    with pytest.raises(NotFittedError):
+        s(z)
+    with pytest.raises(ValueError, match="^logits: expected 4 columns"):
+        s.fit(z[:, :3], y)
+    with pytest.raises(ValueError, match="^target"):
+        s.fit(z, y.float())
+    with pytest.raises(ValueError, match="^target"):
+        s.fit(z, y[:10])
+    with pytest.raises(ValueError, match="^target"):
+        s.fit(z, y + 4)
+    with pytest.raises(ValueError, match="^logits"):
+        s.fit(z.masked_fill(z > 2, float("nan")), y)
+    with pytest.raises(ValueError, match="^logits"):
+        s.fit(z[:, 0], y)
+    with pytest.raises(ValueError, match="^logits: expected at least folds"):
+        s.fit(z[:3], y[:3])
+    for kw, name in [
+        ({"reg": "auto"}, "reg"),
+        ({"reg": -1.0}, "reg"),
+        ({"reg": float("inf")}, "reg"),
+        ({"rank": -1}, "rank"),
+        ({"folds": 1}, "folds"),
+        ({"seed": 1.5}, "seed"),
+        ({"grad_tol": 0.0}, "grad_tol"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match=f"^{name}"):
+            StructuredScaler(4, **kw)
+    with pytest.raises((ValueError, TypeError), match="^num_classes"):
+        StructuredScaler(1)
+    _quiet_fit(s, z, y)
+    with pytest.raises(ValueError, match="^logits: expected a floating-point tensor"):
+        s(z[:, :3])
+    bad = s.state_dict()
+    bad["scale"] = torch.full((4,), float("nan"), dtype=torch.float64)
+    with pytest.raises(ValueError, match="scale"):
+        StructuredScaler(4).load_state_dict(bad)

@@ -1,0 +1,230 @@
+"""Structured matrix scaling: one temperature plus a per-class scale and bias and a low-rank
+correction, regularised toward the temperature map (docs/design.md section 4)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from torchcal.functional._checks import check_class_target, check_finite, check_int
+from torchcal.functional.structured import fit_structured_map, structured_logits
+from torchcal.functional.temperature.chunks import Chunk
+from torchcal.functional.temperature.validation import validate_masked_target
+from torchcal.scaling._base import (
+    FittedMixin,
+    NLLFit,
+    check_logits_target,
+    check_state_finite,
+    logits_as,
+    warn_all,
+    warn_if_probabilities,
+    working_dtype,
+)
+
+__all__ = ["StructuredScaler", "StructuredFit"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StructuredFit(NLLFit):
+    """What :meth:`StructuredScaler.fit` did: the fields of :class:`~torchcal.scaling.NLLFit`
+    (``grad_norm`` is the max-abs preconditioned gradient) and
+
+    Attributes:
+        temperature: ``T0``, the temperature of the features ``log_softmax(z / T0)``.
+        reg: the ridge multiplier used (``1`` is SMS's default strength): the one chosen on
+            the folds for ``reg="cv"``, else the given one.
+        fell_back: the guard returned the temperature map (the chosen map's cross-validated
+            NLL was not below one temperature's); also a ``CalibrationWarning``.
+        strengths: the multipliers scored on the folds, in the order tried (``()`` for a
+            given ``reg``).
+        cv_nll: their cross-validated NLLs (mean held-out NLL over all rows).
+        cv_nll_temperature: one temperature's cross-validated NLL on the same folds
+            (``None`` for a given ``reg``).
+    """
+
+    temperature: float
+    reg: float
+    fell_back: bool
+    strengths: tuple[float, ...]
+    cv_nll: tuple[float, ...]
+    cv_nll_temperature: float | None
+
+
+class StructuredScaler(FittedMixin):
+    r"""Structured matrix scaling: a temperature plus a per-class scale, a per-class bias and
+    a rank-``r`` correction of the log-probabilities, regularised toward the temperature map.
+
+    On ``x = log_softmax(z / T0)``, ``forward(z) = x * scale + bias + (x @ basis) @ coef.T``
+    (calibrated logits). This is the map of ``probmetrics``' SMS (Berta et al., 2026,
+    "Structured matrix scaling for multi-class calibration": ``(I + Delta) x + b`` after a
+    temperature, with the ridge ``lam (C/n) |diag Delta|^2 + lam (C/n) |b|^2 +
+    lam (C(C-1)/n) |offdiag Delta|^2``) with ``Delta = diag(d) + coef @ basis.T`` restricted
+    to the top ``r = min(rank, C)`` singular directions of the fitting rows' ``x`` (the full
+    matrix when ``rank >= C``), and the temperature refitted jointly (``scale = a + d``,
+    ``a`` unpenalised). See :mod:`torchcal.functional.structured` for the fit.
+
+    ``reg="cv"`` (default) picks ``lam`` among powers of 4 by the held-out NLL on ``folds``
+    seeded, shuffled folds (:func:`~torchcal.functional.folds.kfold_indices`), refits on all
+    rows, and guards: if the chosen map's cross-validated NLL is not below the temperature
+    map's on the same folds, the fit returns the temperature map (``fell_back``, with a
+    :class:`~torchcal.scaling.CalibrationWarning`). A number fixes ``lam`` (``1``: SMS's
+    default; ``0``: unregularised). Deterministic for a ``seed``.
+
+    Invariance: none guaranteed (per-class terms can change the argmax). ``-inf`` logits are
+    masks (fit and forward): a masked entry contributes nothing to the other classes and
+    stays ``-inf`` (probability 0); the target class may not be masked.
+
+    State: ``log_temperature`` ``()``, ``scale``, ``bias`` ``(C,)``, ``basis``, ``coef``
+    ``(C, r)`` (float64 buffers, float64 under ``.to(dtype)``; finite on load), ``fitted``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.scaling import StructuredScaler
+        >>> g = torch.Generator().manual_seed(0)
+        >>> z = 3 * torch.randn(3000, 4, generator=g)
+        >>> y = torch.multinomial(torch.softmax(z / 2 + torch.tensor([1.0, 0, 0, -1]), 1), 1,
+        ...                       generator=g).squeeze(1)
+        >>> res = StructuredScaler(4).fit(z, y)
+        >>> res.fell_back, res.nll_after < res.nll_before, res.cv_nll_temperature > min(res.cv_nll)
+        (False, True, True)
+    """
+
+    log_temperature: Tensor
+    scale: Tensor
+    bias: Tensor
+    basis: Tensor
+    coef: Tensor
+
+    def __init__(
+        self,
+        num_classes: int,
+        *,
+        rank: int = 16,
+        reg: float | str = "cv",
+        folds: int = 5,
+        seed: int = 0,
+        grad_tol: float = 1e-4,
+        max_iter: int = 200,
+    ) -> None:
+        super().__init__()
+        self.num_classes = check_int("num_classes", num_classes, minimum=2)
+        self.rank = min(check_int("rank", rank, minimum=0), self.num_classes)
+        if isinstance(reg, str):
+            if reg != "cv":
+                raise ValueError(f"reg: expected 'cv' or a non-negative number, got {reg!r}")
+        elif isinstance(reg, bool) or not isinstance(reg, (int, float)) or not reg >= 0:
+            raise ValueError(f"reg: expected 'cv' or a finite number >= 0, got {reg!r}")
+        elif not math.isfinite(reg):
+            raise ValueError(f"reg: expected 'cv' or a finite number >= 0, got {reg!r}")
+        self.reg = reg
+        self.folds = check_int("folds", folds, minimum=2)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed: expected an int, got {seed!r}")
+        self.seed = seed
+        if isinstance(grad_tol, bool) or not isinstance(grad_tol, (int, float)) or not grad_tol > 0:
+            raise ValueError(f"grad_tol: expected a number > 0, got {grad_tol!r}")
+        self.grad_tol = float(grad_tol)
+        self.max_iter = check_int("max_iter", max_iter, minimum=1)
+        c, r, f64 = self.num_classes, self.rank, torch.float64
+        self.register_buffer("log_temperature", torch.zeros((), dtype=f64))
+        self.register_buffer("scale", torch.ones(c, dtype=f64))
+        self.register_buffer("bias", torch.zeros(c, dtype=f64))
+        self.register_buffer("basis", torch.eye(c, dtype=f64)[:, :r].contiguous())
+        self.register_buffer("coef", torch.zeros(c, r, dtype=f64))
+        self._init_fitted()
+
+    def _check_state(self, state: Mapping[str, Tensor], prefix: str) -> None:
+        check_state_finite(state, prefix, "log_temperature", "scale", "bias", "basis", "coef")
+
+    def _check_logits(self, logits: object) -> None:
+        if (
+            not isinstance(logits, Tensor)
+            or not logits.is_floating_point()
+            or logits.dim() != 2
+            or logits.shape[1] != self.num_classes
+        ):
+            raise ValueError(
+                f"logits: expected a floating-point tensor of shape (N, {self.num_classes})"
+            )
+
+    def forward(self, logits: Tensor) -> Tensor:
+        """Calibrated logits ``(N, C)`` in the dtype of ``logits``; a ``-inf`` (masked) logit
+        stays ``-inf`` (probability 0) and contributes nothing to the other classes."""
+        self._check_fitted()
+        self._check_logits(logits)
+        check_finite("logits", logits, allow_neg_inf=True)
+        work = working_dtype(logits)
+        z = logits.to(work)
+        mask = torch.isneginf(z)
+        x = torch.log_softmax(z / torch.exp(self.log_temperature).to(work), dim=1)
+        has_mask = bool(mask.any())
+        if has_mask:
+            x = x.masked_fill(mask, 0.0)
+
+        def here(t: Tensor) -> Tensor:
+            return t.to(device=logits.device, dtype=work)
+
+        out = structured_logits(
+            x,
+            here(self.scale),
+            here(self.bias),
+            here(self.basis),
+            here(self.coef),
+            mask if has_mask else None,
+        )
+        return logits_as(out, logits.dtype, 1)
+
+    def fit(self, logits: Tensor, target: Tensor) -> StructuredFit:
+        """Fit the map on multiclass logits ``(N, C)`` and class indices ``(N,)``."""
+        check_logits_target(logits, target, multiclass_only=True)
+        if logits.shape[1] != self.num_classes:
+            raise ValueError(
+                f"logits: expected {self.num_classes} columns (num_classes), got "
+                f"shape {tuple(logits.shape)}"
+            )
+        check_finite("logits", logits, allow_neg_inf=True)
+        check_class_target("target", target, self.num_classes)
+        if self.reg == "cv" and logits.shape[0] < self.folds:
+            raise ValueError(
+                f"logits: expected at least folds = {self.folds} rows for reg='cv', got "
+                f"{logits.shape[0]}"
+            )
+        warn_if_probabilities(logits)
+        if bool(torch.isneginf(logits).any()):
+            validate_masked_target(Chunk(logits.detach(), target.detach().long()))
+        with torch.inference_mode(False), torch.no_grad():
+            sol = fit_structured_map(
+                logits,
+                target,
+                rank=self.rank,
+                reg=self.reg,
+                folds=self.folds,
+                seed=self.seed,
+                grad_tol=self.grad_tol,
+                max_iter=self.max_iter,
+            )
+        self._store("log_temperature", math.log(sol.temperature))
+        for name in ("scale", "bias", "basis", "coef"):
+            self._store(name, getattr(sol, name).to(self.scale.device))
+        self._mark_fitted()
+        choice = sol.choice
+        return StructuredFit(
+            nll_before=sol.nll_before,
+            nll_after=sol.nll_after,
+            grad_norm=sol.grad_norm,
+            iterations=sol.iterations,
+            converged=sol.fell_back or not sol.messages,
+            warnings=warn_all(sol.messages),
+            passes=sol.passes,
+            method="lbfgs",
+            temperature=sol.temperature,
+            reg=sol.strength,
+            fell_back=sol.fell_back,
+            strengths=() if choice is None else choice.strengths,
+            cv_nll=() if choice is None else choice.cv_nll,
+            cv_nll_temperature=None if choice is None else choice.cv_nll_temperature,
+        )
