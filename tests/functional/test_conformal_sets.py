@@ -45,7 +45,17 @@ def _splits(P: int, S: int, g: torch.Generator) -> torch.Tensor:
     return torch.argsort(torch.rand(S, P, generator=g), dim=1)
 
 
-METHODS = [("lac", {}), ("aps", {}), ("raps", {"lam": 0.01, "k_reg": 2})]
+METHODS = [
+    ("lac", {}),
+    ("aps", {}),
+    ("raps", {"lam": 0.01, "k_reg": 2}),
+    # non-randomised, both set rules: the published one (include_last, never empty) and the
+    # inclusive-mass one; continuous scores away from 0, so the coverage is k / (n + 1) too
+    ("aps", {"randomized": False}),
+    ("aps", {"randomized": False, "include_last": False}),
+    ("raps", {"lam": 0.01, "k_reg": 2, "randomized": False}),
+    ("raps", {"lam": 0.01, "k_reg": 2, "randomized": False, "include_last": False}),
+]
 
 
 @pytest.mark.parametrize("rank_offset", [0, -1, 1], indirect=True)
@@ -139,28 +149,38 @@ def test_raps_sets_smaller_than_aps_at_equal_coverage() -> None:
 # ----------------------------------------------------------------------------- the set API
 
 
-def _aps_reference(p: list[float], u: float, randomized: bool, lam: float, k_reg: int):
-    """Row-by-row Python APS / RAPS scores of every label (the independent reference)."""
+def _aps_reference(p: list[float], u: float, rule: str, lam: float, k_reg: int):
+    """Row-by-row Python APS / RAPS scores of every label (the independent reference):
+    randomised, inclusive mass, or (the published non-randomised rule) the smallest threshold
+    whose set ``{ranks up to the first whose cumulative score reaches it}`` holds the label."""
     order = sorted(range(len(p)), key=lambda j: (-p[j], j))
     out, above = [0.0] * len(p), 0.0
+    inclusive = []
     for r, j in enumerate(order, start=1):
-        s = above + (u * p[j] if randomized else p[j]) + lam * max(0, r - k_reg)
-        out[j], above = s, above + p[j]
+        inclusive.append(above + p[j] + lam * max(0, r - k_reg))
+        if rule == "published":
+            out[j] = 0.0 if r == 1 else inclusive[r - 2]
+        else:
+            out[j] = above + (u * p[j] if rule == "randomized" else p[j]) + lam * max(0, r - k_reg)
+        above += p[j]
     return out
 
 
-@pytest.mark.parametrize("randomized", [True, False])
+@pytest.mark.parametrize("rule", ["randomized", "inclusive", "published"])
 @pytest.mark.parametrize("lam, k_reg", [(0.0, 0), (0.05, 2)])
-def test_aps_raps_scores_match_a_row_by_row_reference(randomized, lam, k_reg) -> None:
+def test_aps_raps_scores_match_a_row_by_row_reference(rule, lam, k_reg) -> None:
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(30, 7, generator=g, dtype=F64) * 2
     logits[0, 3] = logits[0, 5]  # a tie: ranked by label index
     u = torch.rand(30, generator=g, dtype=F64)
     method = "raps" if lam else "aps"
-    got = conformal_score_matrix(logits, method, u=u, randomized=randomized, lam=lam, k_reg=k_reg)
+    kw = {"randomized": rule == "randomized"}
+    if rule == "inclusive":
+        kw["include_last"] = False
+    got = conformal_score_matrix(logits, method, u=u, lam=lam, k_reg=k_reg, **kw)
     p = torch.softmax(logits, 1)
     for b in range(30):
-        ref = _aps_reference(p[b].tolist(), float(u[b]), randomized, lam, k_reg)
+        ref = _aps_reference(p[b].tolist(), float(u[b]), rule, lam, k_reg)
         assert got[b].tolist() == pytest.approx(ref, abs=1e-12)
 
 

@@ -31,7 +31,7 @@ def _brute(conf: list[float], loss: list[Fraction], coverage: Fraction):
     N = len(conf)
     levels = sorted(set(conf), reverse=True)
     blocks = [[loss[i] for i in range(N) if conf[i] == v] for v in levels]
-    tot_aurc = tot_augrc = tot_risk = Fraction(0)
+    tot_aurc = tot_augrc = tot_trap = tot_risk = Fraction(0)
     count = 0
     k = math.ceil(coverage * N)
     for orders in itertools.product(*(itertools.permutations(b) for b in blocks)):
@@ -39,9 +39,10 @@ def _brute(conf: list[float], loss: list[Fraction], coverage: Fraction):
         S = list(itertools.accumulate(seq))
         tot_aurc += sum(S[i] / (i + 1) for i in range(N)) / N
         tot_augrc += sum(S) / (N * N)
+        tot_trap += sum((a + b) / 2 for a, b in zip([0, *S[:-1]], S)) / (N * N)
         tot_risk += S[k - 1] / k
         count += 1
-    return tot_aurc / count, tot_augrc / count, tot_risk / count
+    return tot_aurc / count, (tot_augrc / count, tot_trap / count), tot_risk / count
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -55,7 +56,11 @@ def test_exact_equals_tie_averaged_brute_force(seed: int) -> None:
         a, b, r = _brute(conf, loss, cov)
         c, lo = torch.tensor(conf, dtype=F64), torch.tensor([float(x) for x in loss], dtype=F64)
         assert abs(float(aurc(c, lo)) - float(a)) <= 1e-12
-        assert abs(float(augrc(c, lo)) - float(b)) <= 1e-12
+        b_mean, b_trapezoid = b  # the trapezoid over every sample, averaged over tie orders
+        assert abs(float(augrc(c, lo)) - float(b_trapezoid)) <= 1e-12
+        assert abs(float(augrc(c, lo, integration="mean")) - float(b_mean)) <= 1e-12
+        gap = float(b_mean - b_trapezoid) - float(sum(loss)) / (2 * N * N)
+        assert abs(gap) <= 1e-15  # exactly mean(loss) / (2N)
         assert abs(float(risk_at_coverage(c, lo, float(cov))) - float(r)) <= 1e-12
 
 
@@ -151,3 +156,87 @@ def test_thread_count_does_not_change_a_bit() -> None:
     finally:
         torch.set_num_threads(old)
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+
+
+# fd-shifts (IML-DKFZ/fd-shifts, fd_shifts/tests/utils.py, RC_STATS_TEST_CASES: the AUGRC
+# authors' own cases, N = 100, n_bins irrelevant to these two values): (aurc, augrc) of
+# (confidence, correct), loss = 1 - correct. fd-shifts' "aurc" is the trapezoid rule over the
+# block ends (its curve starts at the first block's risk), its "augrc" the trapezoid from (0, 0).
+FD_SHIFTS_CASES = {
+    ("all_equal", "all_one"): (0.0, 0),
+    ("all_equal", "all_zero"): (1.0, 0.5),
+    ("all_equal", "alt01"): (0.5, 0.25),
+    ("all_equal", "asc"): (0.5, 0.24999999999999997),
+    ("all_equal", "plateaus"): (0.5, 0.25000000000000017),
+    ("alt01", "all_one"): (0.0, 0),
+    ("alt01", "all_zero"): (1.0, 0.5),
+    ("alt01", "alt01"): (0.125, 0.125),
+    ("alt01", "asc"): (0.49621212121212127, 0.24873737373737373),
+    ("alt01", "plateaus"): (0.49699999999999944, 0.24899999999999978),
+    ("alt10", "all_one"): (0.0, 0),
+    ("alt10", "all_zero"): (1.0, 0.5),
+    ("alt10", "alt01"): (0.875, 0.375),
+    ("alt10", "asc"): (0.503787878787879, 0.25126262626262635),
+    ("alt10", "plateaus"): (0.5029999999999994, 0.2509999999999998),
+    ("asc", "all_one"): (0.0, 0),
+    ("asc", "all_zero"): (1.0, 0.5),
+    ("asc", "alt01"): (0.48281112575762547, 0.2475),
+    ("asc", "asc"): (0.24750000000000133, 0.16583333333333353),
+    ("asc", "plateaus"): (0.3182085320116945, 0.18750000000000108),
+    ("asc_unnormalized", "all_one"): (0.0, 0),
+    ("asc_unnormalized", "all_zero"): (1.0, 0.5),
+    ("asc_unnormalized", "alt01"): (0.48281112575762547, 0.2475),
+    ("asc_unnormalized", "asc"): (0.24750000000000133, 0.16583333333333353),
+    ("asc_unnormalized", "plateaus"): (0.3182085320116945, 0.18750000000000108),
+    ("plateaus", "all_one"): (0.0, 0),
+    ("plateaus", "all_zero"): (1.0, 0.5),
+    ("plateaus", "alt01"): (0.49083333333333334, 0.2475),
+    ("plateaus", "plateau_permutation"): (0.49083333333333334, 0.2475),
+    ("plateaus", "asc"): (0.2632575757575754, 0.17108585858585845),
+    ("plateaus", "plateaus"): (0.31250000000000255, 0.18750000000000097),
+}
+
+
+def _fd_shifts_arrays() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    N = 100
+    ar = torch.arange(N, dtype=F64)
+    plateaus = torch.tensor([0.2, 0.4, 0.6, 0.8], dtype=F64).repeat_interleave(N // 4)
+    conf = {
+        "all_equal": torch.full((N,), 0.37, dtype=F64),  # fd-shifts: one np.random.random()
+        "alt01": ar % 2,
+        "alt10": (ar + 1) % 2,
+        "asc": torch.linspace(0, 1, N, dtype=F64),
+        "asc_unnormalized": torch.arange(-(N // 2), N // 2, dtype=F64),
+        "plateaus": plateaus,
+    }
+    g = torch.Generator().manual_seed(0)  # fd-shifts: a random permutation within each quarter
+    quarters = (ar % 2).reshape(4, N // 4)
+    perm = torch.cat([q[torch.randperm(N // 4, generator=g)] for q in quarters])
+    correct = {
+        "all_one": torch.ones(N, dtype=F64),
+        "all_zero": torch.zeros(N, dtype=F64),
+        "alt01": ar % 2,
+        "asc": torch.linspace(0, 1, N, dtype=F64),
+        "plateaus": plateaus,
+        "plateau_permutation": perm,
+    }
+    return conf, correct
+
+
+@pytest.mark.parametrize("case", sorted(FD_SHIFTS_CASES), ids="-".join)
+def test_augrc_and_trapezoid_aurc_equal_fd_shifts(case: tuple[str, str]) -> None:
+    conf, correct = _fd_shifts_arrays()
+    c, loss = conf[case[0]], 1 - correct[case[1]]
+    want_aurc, want_augrc = FD_SHIFTS_CASES[case]
+    assert abs(float(augrc(c, loss)) - want_augrc) <= 1e-12
+    assert abs(float(aurc(c, loss, integration="trapezoid")) - want_aurc) <= 1e-12
+    # the mean form is larger by exactly mean(loss) / (2N) (all wrong: 0.505 against 0.5)
+    gap = float(augrc(c, loss, integration="mean") - augrc(c, loss))
+    assert abs(gap - float(loss.mean()) / 200) <= 1e-15
+
+
+def test_integration_is_checked() -> None:
+    c, lo = torch.tensor([0.9, 0.8]), torch.tensor([0.0, 1.0])
+    for f in (aurc, augrc):
+        with pytest.raises(ValueError, match="^integration"):
+            f(c, lo, integration="simpson")

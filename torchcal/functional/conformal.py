@@ -35,13 +35,18 @@ with ``input="probs"``, the probabilities as given (validated rows, never renorm
   1-based), which stops the long tail of an over-confident model.
 - ``"topk"``: the label's rank (1-based); the set is the top ``q`` labels.
 
-**The non-randomised set rule.** Non-randomised APS / RAPS sets hold every label ranked above
-the one whose score first exceeds ``q`` *and that label* (``include_last=True``, the default:
-Romano et al.'s and Angelopoulos et al.'s published rule, MAPIE's ``include_last_label=True``;
-the RAPS authors' ``sizes_base = (cumsum <= tau).sum() + 1``): a set is never empty and its
-coverage is ``>= 1 - alpha`` (the true label is in the set whenever its score is ``<= q``).
-``include_last=False`` keeps the plain ``score <= q`` rule, which can return the empty set for
-the surest rows (a top probability above ``q``).
+**The non-randomised set rule.** Non-randomised APS / RAPS sets hold every label up to and
+including the one whose cumulative mass first reaches ``q`` (``include_last=True``, the default:
+Romano et al.'s published rule, MAPIE's ``include_last_label=True``, the RAPS authors'
+``(cumsum <= tau).sum() + 1``), so a set is never empty. Its score, the smallest ``q`` whose set
+holds the label (Romano et al.'s ``E = min{tau : y in S(x, tau)}``), is the score of the label
+ranked just above: the mass above ``j`` (0 for the top label) plus, for RAPS, the penalty of
+rank ``j - 1``. Calibrating on that same score keeps ``score <= q`` as the set and the
+guarantee: coverage ``>= 1 - alpha`` (ties at 0, the rows whose true label ranks first, can
+only raise it). MAPIE and the RAPS code calibrate on the inclusive mass and then admit the
+crossing label, which over-covers (0.95 and 0.9995 at ``alpha = 0.1`` in docs/sets.md's
+table). ``include_last=False`` keeps the inclusive score ``above + p_j``, which can give the
+empty set for the surest rows (a top probability above ``q``).
 
 Ties between probabilities are ranked by label index (a stable sort), the same at calibration
 and at test time.
@@ -223,60 +228,6 @@ def _include_last(method: str, randomized: bool, include_last: bool | None) -> b
     return include_last
 
 
-def score_matrices(
-    logits: Tensor,
-    method: str = "aps",
-    *,
-    input: str = "logits",
-    temperature: float | Tensor | None = None,
-    randomized: bool = True,
-    include_last: bool | None = None,
-    lam: float = 0.01,
-    k_reg: int = 5,
-    u: Tensor | None = None,
-    generator: torch.Generator | None = None,
-) -> tuple[Tensor, Tensor]:
-    """``(scores, set_scores)``, float64 ``(B, C)`` each: the conformity score of every label
-    (calibrate on the true label's) and the score its set membership is read from (``<=
-    threshold``). They are the same tensor except for non-randomised APS / RAPS with
-    ``include_last`` (the default there), where a label's set score is the score of the label
-    ranked just above it (``-inf`` for the top label): the label that crosses the threshold is
-    in the set, which is never empty (the module docstring)."""
-    check_option("method", method, METHODS)
-    if not isinstance(randomized, bool):
-        raise TypeError(f"randomized: expected a bool, got {type(randomized).__name__}")
-    shift = _include_last(method, randomized, include_last)
-    p = _probs(logits, input, temperature)
-    if method == "lac":
-        s = 1.0 - p
-        return s, s
-    B, C = p.shape
-    order = torch.argsort(p, dim=1, descending=True, stable=True)
-    ranks = torch.empty_like(order)
-    ar = torch.arange(1, C + 1, device=p.device).expand(B, C)
-    ranks.scatter_(1, order, ar)
-    if method == "topk":
-        s = ranks.to(torch.float64)
-        return s, s
-    ps = torch.gather(p, 1, order)
-    above = torch.cumsum(ps, dim=1) - ps
-    w = _uniforms(B, p.device, u, generator)[:, None] if randomized else 1.0
-    # the mass is at most 1 in exact arithmetic; the float sum can pass it by ~4e-16, which
-    # would drop a label at a threshold of 1 (the RAPS authors special-case tau = 1)
-    s = (above + w * ps).clamp_max(1.0)
-    if method == "raps":
-        if not (math.isfinite(float(lam)) and float(lam) >= 0):
-            raise ValueError(f"lam: expected a finite value >= 0, got {lam!r}")
-        if isinstance(k_reg, bool) or not isinstance(k_reg, int) or k_reg < 0:
-            raise ValueError(f"k_reg: expected an integer >= 0, got {k_reg!r}")
-        s = s + float(lam) * (ar - k_reg).clamp_min(0).to(torch.float64)
-    out = torch.empty_like(s).scatter_(1, order, s)
-    if not shift:
-        return out, out
-    prev = torch.cat([torch.full_like(s[:, :1], -math.inf), s[:, :-1]], dim=1)
-    return out, torch.empty_like(prev).scatter_(1, order, prev)
-
-
 def conformal_score_matrix(
     logits: Tensor,
     method: str = "aps",
@@ -284,6 +235,7 @@ def conformal_score_matrix(
     input: str = "logits",
     temperature: float | Tensor | None = None,
     randomized: bool = True,
+    include_last: bool | None = None,
     lam: float = 0.01,
     k_reg: int = 5,
     u: Tensor | None = None,
@@ -300,6 +252,10 @@ def conformal_score_matrix(
             ``softmax(log p / T)``, as given at ``T = 1``). The set temperature is a choice of
             its own: a temperature fitted for NLL can enlarge adaptive sets.
         randomized: APS/RAPS: add ``u p_j`` (exact) instead of ``p_j`` (conservative).
+        include_last: non-randomised APS/RAPS only (default ``True``): the score of the label
+            ranked just above (the mass above ``j``, plus the penalty of rank ``j - 1``), so
+            ``score <= q`` admits the label that crosses ``q`` and never returns an empty set;
+            ``False``: the mass up to and including ``j``.
         lam, k_reg: the RAPS penalty ``lam * max(0, rank - k_reg)``.
         u: ``(B,)`` uniforms, one per row (randomized APS/RAPS); else drawn from
             ``generator``. Use the same ``u`` for a row's calibration score and its set.
@@ -309,21 +265,43 @@ def conformal_score_matrix(
         >>> from torchcal.functional import conformal_score_matrix
         >>> p = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64)
         >>> conformal_score_matrix(p, "aps", input="probs", randomized=False)
+        tensor([[0.0000, 0.5000, 0.8000]], dtype=torch.float64)
+        >>> conformal_score_matrix(p, "aps", input="probs", randomized=False, include_last=False)
         tensor([[0.5000, 0.8000, 1.0000]], dtype=torch.float64)
         >>> conformal_score_matrix(p, "lac", input="probs")
         tensor([[0.5000, 0.7000, 0.8000]], dtype=torch.float64)
     """
-    return score_matrices(
-        logits,
-        method,
-        input=input,
-        temperature=temperature,
-        randomized=randomized,
-        lam=lam,
-        k_reg=k_reg,
-        u=u,
-        generator=generator,
-    )[0]
+    check_option("method", method, METHODS)
+    if not isinstance(randomized, bool):
+        raise TypeError(f"randomized: expected a bool, got {type(randomized).__name__}")
+    shift = _include_last(method, randomized, include_last)
+    p = _probs(logits, input, temperature)
+    if method == "lac":
+        return 1.0 - p
+    B, C = p.shape
+    order = torch.argsort(p, dim=1, descending=True, stable=True)
+    ranks = torch.empty_like(order)
+    ar = torch.arange(1, C + 1, device=p.device).expand(B, C)
+    ranks.scatter_(1, order, ar)
+    if method == "topk":
+        return ranks.to(torch.float64)
+    ps = torch.gather(p, 1, order)
+    above = torch.cumsum(ps, dim=1) - ps
+    if shift:  # the score of the label ranked above: its mass is `above`
+        s, rank = above, ar - 1
+    else:
+        w = _uniforms(B, p.device, u, generator)[:, None] if randomized else 1.0
+        s, rank = above + w * ps, ar
+    # the mass is at most 1 in exact arithmetic; the float sum can pass it by ~4e-16, which
+    # would drop a label at a threshold of 1 (the RAPS authors special-case tau = 1)
+    s = s.clamp_max(1.0)
+    if method == "raps":
+        if not (math.isfinite(float(lam)) and float(lam) >= 0):
+            raise ValueError(f"lam: expected a finite value >= 0, got {lam!r}")
+        if isinstance(k_reg, bool) or not isinstance(k_reg, int) or k_reg < 0:
+            raise ValueError(f"k_reg: expected an integer >= 0, got {k_reg!r}")
+        s = s + float(lam) * (rank - k_reg).clamp_min(0).to(torch.float64)
+    return torch.empty_like(s).scatter_(1, order, s)
 
 
 def _check_target(target: Tensor, B: int, C: int) -> Tensor:
@@ -382,9 +360,9 @@ def conformal_sets(
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """Prediction sets as a boolean mask ``(B, C)``: label ``j`` is in row ``b``'s set iff its
-    score is ``<= threshold`` (sizes: ``mask.sum(1)``); non-randomised APS / RAPS also admit
-    the label that crosses the threshold (``include_last=True``, their default, the published
-    rule: never an empty set; ``include_last=False``: the plain ``score <= threshold``).
+    score is ``<= threshold`` (sizes: ``mask.sum(1)``); non-randomised APS / RAPS sets hold the
+    label that crosses the threshold (``include_last=True``, their default, the published rule:
+    never an empty set; ``include_last=False``: the inclusive-mass score, which can give one).
 
     ``threshold``: a number or 0-d tensor (one threshold), ``(B, 1)`` (per row: Mondrian,
     ``q[groups][:, None]``), ``(1, C)`` (per class: class-conditional, ``q[None, :]``) or ``(B,
@@ -399,11 +377,11 @@ def conformal_sets(
         >>> conformal_sets(p, 0.75, "lac", input="probs")
         tensor([[ True,  True, False],
                 [False,  True,  True]])
-        >>> conformal_sets(p, 0.4, "aps", input="probs", randomized=False)  # the crossing label
-        tensor([[ True, False, False],
+        >>> conformal_sets(p, 0.55, "aps", input="probs", randomized=False)  # + the crossing label
+        tensor([[ True,  True, False],
                 [False,  True, False]])
     """
-    _, s = score_matrices(
+    s = conformal_score_matrix(
         logits,
         method,
         input=input,

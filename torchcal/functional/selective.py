@@ -4,8 +4,16 @@ a risk, with tied confidences treated as one block.
 **Definitions.** Rank the ``N`` samples by confidence, highest first, and accept the top ``i``:
 coverage ``i / N``, selective risk ``S_i / i`` and generalised risk ``S_i / N`` (Traub et al.,
 NeurIPS 2024: the joint probability of being accepted and wrong), ``S_i`` the summed loss of
-the accepted samples (0/1 error by default). ``AURC = (1/N) sum_i S_i / i`` (Geifman et al.
-2019) and ``AUGRC = (1/N) sum_i S_i / N``.
+the accepted samples (0/1 error by default).
+
+**Integration rules** (``integration=``). ``"mean"``: the mean over the ``N`` acceptance counts,
+``AURC = (1/N) sum_i S_i / i`` (Geifman et al. 2019; the default for AURC) and ``(1/N) sum_i S_i
+/ N`` for AUGRC (a left Riemann sum of its curve). ``"trapezoid"``: the trapezoid rule over the
+curve's points at the tie-block ends, as the AUGRC paper and its code (fd-shifts'
+``np.trapz``) integrate: the generalised risk starts at ``(0, 0)``, the selective risk at the
+first block's risk. **AUGRC's default is the trapezoid**, equal to fd-shifts to 1e-12 on the
+authors' test cases; it is the mean form less ``mean(loss) / (2N)`` exactly (all wrong: 0.5,
+not 0.5 + 1/(2N)). ``aurc(..., integration="trapezoid")`` is fd-shifts' ``aurc``.
 
 **Ties.** Sorting alone breaks tied confidences by row order (torch-uncertainty's AURC reads
 0.109 or 0.241 on one data set depending on the order). Here a block of ``m`` tied samples
@@ -38,9 +46,15 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from torchcal.functional._checks import check_finite, check_floating, check_nonempty, check_tensor
+from torchcal.functional._checks import (
+    check_finite,
+    check_floating,
+    check_nonempty,
+    check_option,
+    check_tensor,
+)
+from torchcal.functional._levels import level_fraction
 from torchcal.functional.calibration.binning import BinnedStats, require_single_slot
-from torchcal.functional.conformal import alpha_fraction
 
 __all__ = [
     "RiskCoverage",
@@ -66,8 +80,8 @@ class RiskCoverage(NamedTuple):
         coverage: coverage at each block end ``(K,)``.
         risk: selective risk at each block end ``(K,)``.
         generalized_risk: generalised risk at each block end ``(K,)``.
-        aurc: the tie-averaged AURC (0-d).
-        augrc: the tie-averaged AUGRC (0-d).
+        aurc: the tie-averaged AURC, ``integration="mean"`` (0-d).
+        augrc: the AUGRC, ``integration="trapezoid"`` (0-d).
     """
 
     threshold: Tensor
@@ -136,7 +150,7 @@ def _summary(
     else:  # sum_{j=1}^m (S_a + j mu) / (a + j) = (S_a - a mu)(H(a + m) - H(a)) + m mu
         dH = torch.special.digamma(a + n + 1) - torch.special.digamma(a + 1)
         aurc = _fixed_sum(torch.where(n > 0, (S_a - a * mu) * dH + n * mu, 0.0)) / N
-    augrc = _fixed_sum(n * S_a + mu * n * (n + 1) / 2) / (N * N)
+    augrc = _fixed_sum(n * S_a + block_loss * n / 2) / (N * N)  # the trapezoid rule
     cov = torch.cumsum(n, 0) / N
     end_n = torch.cumsum(n, 0)
     risk = torch.where(end_n > 0, S_end / end_n.clamp_min(1), 0.0)
@@ -163,8 +177,31 @@ def risk_coverage_curve(confidence: Tensor, loss: Tensor) -> RiskCoverage:
     return _summary(vals, counts, block_loss, per_sample=True)
 
 
-def aurc(confidence: Tensor, loss: Tensor) -> Tensor:
+INTEGRATIONS = ("mean", "trapezoid")
+
+
+def aurc_of(rc: RiskCoverage, integration: str = "mean") -> Tensor:
+    """The AURC of a summary by ``integration`` (module docstring)."""
+    check_option("integration", integration, INTEGRATIONS)
+    if integration == "mean":
+        return rc.aurc
+    prev = torch.cat([rc.risk[:1], rc.risk[:-1]])  # the curve starts at the first risk
+    width = rc.count.to(F64) / rc.count.sum().to(F64)
+    return _fixed_sum(width * (prev + rc.risk) / 2)
+
+
+def augrc_of(rc: RiskCoverage, integration: str = "trapezoid") -> Tensor:
+    """The AUGRC of a summary by ``integration`` (module docstring)."""
+    check_option("integration", integration, INTEGRATIONS)
+    if integration == "trapezoid":
+        return rc.augrc
+    N = rc.count.sum().to(F64)
+    return rc.augrc + _fixed_sum(rc.loss) / (2 * N * N)  # the mean form: + mean(loss) / (2N)
+
+
+def aurc(confidence: Tensor, loss: Tensor, *, integration: str = "mean") -> Tensor:
     """Area under the risk-coverage curve, tie-averaged (module docstring); 0-d float64.
+    ``integration="mean"`` (default): ``(1/N) sum_i S_i / i``; ``"trapezoid"``: fd-shifts'.
 
     Example:
         >>> import torch
@@ -172,28 +209,33 @@ def aurc(confidence: Tensor, loss: Tensor) -> Tensor:
         >>> c = torch.tensor([0.9, 0.8, 0.8, 0.6])
         >>> float(aurc(c, torch.tensor([0.0, 1.0, 0.0, 1.0])))   # (0 + 1/4 + 1/3 + 1/2) / 4
         0.2708333333333333
+        >>> float(aurc(c, torch.tensor([0.0, 1.0, 0.0, 1.0]), integration="trapezoid"))
+        0.1875
     """
-    return risk_coverage_curve(confidence, loss).aurc
+    return aurc_of(risk_coverage_curve(confidence, loss), integration)
 
 
-def augrc(confidence: Tensor, loss: Tensor) -> Tensor:
+def augrc(confidence: Tensor, loss: Tensor, *, integration: str = "trapezoid") -> Tensor:
     """Area under the generalised risk-coverage curve (Traub et al. 2024), tie-averaged;
-    0-d float64.
+    0-d float64. ``integration="trapezoid"`` (default, the paper's and fd-shifts'); ``"mean"``:
+    ``(1/N) sum_i S_i / N``, larger by ``mean(loss) / (2N)``.
 
     Example:
         >>> import torch
         >>> from torchcal.functional import augrc
-        >>> c = torch.tensor([0.9, 0.8, 0.8, 0.6])
-        >>> float(augrc(c, torch.tensor([0.0, 1.0, 0.0, 1.0])))  # (0 + .5 + 1 + 2) / 16
+        >>> c = torch.tensor([0.9, 0.8, 0.8, 0.6])          # ends (1/4, 0), (3/4, 1/4), (1, 1/2)
+        >>> float(augrc(c, torch.tensor([0.0, 1.0, 0.0, 1.0])))  # 0 + 1/16 + 3/32
+        0.15625
+        >>> float(augrc(c, torch.tensor([0.0, 1.0, 0.0, 1.0]), integration="mean"))
         0.21875
     """
-    return risk_coverage_curve(confidence, loss).augrc
+    return augrc_of(risk_coverage_curve(confidence, loss), integration)
 
 
 def coverage_fraction(coverage: object) -> Fraction:
     """``coverage`` in ``(0, 1]`` as an exact fraction, read as ``alpha`` is
-    (:func:`~torchcal.functional.conformal.alpha_fraction`: ``0.1`` and ``np.float32(0.1)``
-    are both 1/10, in their own precision); a Python or numpy number, a one-element floating
+    (:mod:`torchcal.functional._levels`: ``0.1`` and ``np.float32(0.1)`` are both 1/10, in
+    their own precision); a Python or numpy number, a one-element floating
     tensor, a :class:`~fractions.Fraction` or a :class:`~decimal.Decimal`."""
     if isinstance(coverage, bool) or not isinstance(coverage, (Real, Decimal, Tensor)):
         raise TypeError(f"coverage: expected a number in (0, 1], got {type(coverage).__name__}")
@@ -207,7 +249,7 @@ def coverage_fraction(coverage: object) -> Fraction:
         raise ValueError(f"coverage: expected a value in (0, 1], got {coverage!r}")
     if isinstance(coverage, (Fraction, Decimal)):
         return Fraction(coverage)
-    return Fraction(1) if x == 1 else alpha_fraction(coverage)
+    return Fraction(1) if x == 1 else level_fraction("coverage", coverage)
 
 
 def _coverage_count(coverage: object, N: int) -> int:

@@ -16,10 +16,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import check_finite_value
+from torchcal.functional._validation import check_finite_value, check_option
 from torchcal.functional.calibration.readings import samples_from
 from torchcal.functional.selective import (
+    INTEGRATIONS,
     RiskCoverage,
+    augrc_of,
+    aurc_of,
     coverage_at_risk_of,
     coverage_fraction,
     risk_at_coverage_of,
@@ -129,7 +132,9 @@ class RiskCoverageCurve(BinnedMetric):
 
 
 class AURC(RiskCoverageCurve):
-    """Streaming AURC (tie-averaged; see :class:`RiskCoverageCurve` for the arguments).
+    """Streaming AURC (tie-averaged; see :class:`RiskCoverageCurve` for the arguments);
+    ``integration="mean"`` (default, ``(1/N) sum_i S_i / i``) or ``"trapezoid"`` (fd-shifts'
+    ``aurc``), as :func:`~torchcal.functional.aurc`.
 
     Example:
         >>> import torch
@@ -140,24 +145,42 @@ class AURC(RiskCoverageCurve):
         0.1111
     """
 
+    def __init__(self, n_bins: int = 1000, *, integration: str = "mean", **kwargs: Any) -> None:
+        super().__init__(n_bins, **kwargs)
+        check_option("integration", integration, INTEGRATIONS)
+        self.integration = integration
+
+    _CONFIG = RiskCoverageCurve._CONFIG + ("integration",)
+
     def compute(self) -> Tensor:
-        return self._summary().aurc
+        return aurc_of(self._summary(), self.integration)
 
 
 class AUGRC(RiskCoverageCurve):
-    """Streaming AUGRC (Traub et al. 2024), tie-averaged (:class:`RiskCoverageCurve`).
+    """Streaming AUGRC (Traub et al. 2024), tie-averaged (:class:`RiskCoverageCurve`);
+    ``integration="trapezoid"`` (default: the paper's rule, fd-shifts' value) or ``"mean"``
+    (``(1/N) sum_i S_i / N``), as :func:`~torchcal.functional.augrc`.
 
     Example:
         >>> import torch
         >>> from torchcal.metrics import AUGRC
         >>> m = AUGRC(n_bins=10)
         >>> m.update(torch.tensor([[3.0, 0.0], [0.0, 1.0], [2.0, 0.0]]), torch.tensor([0, 0, 0]))
-        >>> round(float(m.compute()), 4)                     # (0 + 0 + 1) / 9
-        0.1111
+        >>> round(float(m.compute()), 4)                     # trapezoid (2/3, 0) -> (1, 1/3)
+        0.0556
     """
 
+    def __init__(
+        self, n_bins: int = 1000, *, integration: str = "trapezoid", **kwargs: Any
+    ) -> None:
+        super().__init__(n_bins, **kwargs)
+        check_option("integration", integration, INTEGRATIONS)
+        self.integration = integration
+
+    _CONFIG = RiskCoverageCurve._CONFIG + ("integration",)
+
     def compute(self) -> Tensor:
-        return self._summary().augrc
+        return augrc_of(self._summary(), self.integration)
 
 
 class RiskAtCoverage(RiskCoverageCurve):

@@ -43,7 +43,7 @@ from torchcal.functional.conformal import (
     METHODS,
     conformal_gather,
     conformal_quantile,
-    score_matrices,
+    conformal_score_matrix,
 )
 from torchcal.scaling._base import FittedMixin, warn_all
 
@@ -505,9 +505,8 @@ class ConformalClassifier(_Conformal):
         u: Tensor | None,
         generator: torch.Generator | None,
         probs: bool = False,
-    ) -> tuple[Tensor, Tensor]:
-        """``(scores, set_scores)`` (:func:`~torchcal.functional.conformal.score_matrices`)."""
-        return score_matrices(
+    ) -> Tensor:
+        return conformal_score_matrix(
             logits,
             self.method,
             input="probs" if probs else self.input,
@@ -529,9 +528,9 @@ class ConformalClassifier(_Conformal):
         grid = torch.logspace(-1, 1, 41, dtype=torch.float64).tolist()
         best, best_size = 1.0, math.inf
         for t in grid:  # a loop over 41 temperatures, vectorised over rows
-            s, sets = self._scores(logits, t, None, generator)
+            s = self._scores(logits, t, None, generator)
             q, _, _ = conformal_quantile(conformal_gather(s, target), self._alpha())
-            size = float((sets <= q).sum(1).double().mean())
+            size = float((s <= q).sum(1).double().mean())
             if size < best_size:
                 best, best_size = t, size
         return best
@@ -551,7 +550,7 @@ class ConformalClassifier(_Conformal):
             self.set_temperature.fill_(self._fit_temperature(size_split, generator))
         elif size_split is not None:
             raise ValueError("size_split: only used with temperature='fit_size'")
-        s, _ = self._scores(logits, float(self.set_temperature), u, generator)
+        s = self._scores(logits, float(self.set_temperature), u, generator)
         scores = conformal_gather(s, target)
         if self.conditional == "class":
             if groups is not None:
@@ -574,7 +573,7 @@ class ConformalClassifier(_Conformal):
     ) -> Tensor:
         """The ``(B, C)`` boolean set mask."""
         self._check_fitted()
-        _, s = self._scores(logits, float(self.set_temperature), u, generator)
+        s = self._scores(logits, float(self.set_temperature), u, generator)
         q = self.score_quantiles.to(s.device)
         calibrated = int(self.num_classes)
         if calibrated != s.shape[1]:
