@@ -294,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--cost-escalation", type=float, help="cost of sending an item to a person")
     a.add_argument("--fit-temperature", action="store_true", help="fit T on a seeded half")
     a.add_argument("--reference", metavar="OLD.json", help="earlier report.json: flag drift")
+    a.add_argument(
+        "--allow-mismatch", action="store_true",
+        help="compare with --reference even when it was made with another threshold, bin "
+        "count or reading",
+    )  # fmt: skip
     a.add_argument("--out", metavar="DIR", help="write report.json/md/txt/html and PNGs here")
     a.add_argument(
         "--diagrams",
@@ -470,6 +475,10 @@ def _audit(args: argparse.Namespace) -> int:
     for w in dict.fromkeys(str(w.message) for w in caught):
         if w not in report.warnings:
             print(f"torchcal: warning: {w}", file=sys.stderr)
+    if ref is not None and not args.allow_mismatch:
+        from torchcal.audit.compare import check_comparable
+
+        check_comparable(ref, report.to_dict(), args.reference, "this audit")
     codes = {**EXIT_CODES, "inconclusive": args.inconclusive_exit}
     code = codes[report.verdict]
     if args.out is not None:  # before the text: report.json names the diagrams

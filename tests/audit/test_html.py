@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from torchcal.audit import audit
+from torchcal.audit._format import note_lines
 from torchcal.audit.html import CSP, json_safe, page_data, render_html, script_json
 
 ASSETS = Path(__file__).parents[2] / "torchcal" / "audit" / "assets"
@@ -126,7 +127,9 @@ def test_data_block_round_trips(report, page):
     assert data["report"] == json_safe(report.to_dict())
     # the sample's float64 values come back bit for bit, in row order
     s = data["sample"]
-    assert s["classes"] == 1 and s["input"] == "probs" and s["names"] == ["math", EVIL]
+    assert (
+        s["classes"] == 1 and s["input"] == "probs" and s["names"] == sorted(["math", EVIL])
+    )  # name order
     sample = report.sample
     get = sample.get if isinstance(sample, dict) else lambda k: getattr(sample, k)
     assert s["preds"] == get("preds").to(torch.float64).tolist()
@@ -140,16 +143,16 @@ def test_group_names_are_escaped_everywhere(page):
     assert page.lower().count("</script") == 2
     parsed = Page(page)
     assert [t for t, _ in parsed.tags].count("b") == 0
-    assert parsed.options == ["pooled", "math", EVIL]
+    assert parsed.options == ["pooled", *sorted(["math", EVIL])]  # groups in name order
     assert EVIL in parsed.cells  # the summary row's name cell, as text
-    assert parsed.data()["sample"]["names"][1] == EVIL
+    assert parsed.data()["sample"]["names"][0] == EVIL  # name order
 
 
 def test_quotes_and_ampersands_round_trip():
     p, y, g, _ = two_domains(n=300, seed=1)
     r = audit(p, y, groups=g, group_names=["plain", QUOTES])
     parsed = Page(render_html(r))
-    assert parsed.options == ["pooled", "plain", QUOTES]
+    assert parsed.options == ["pooled", *sorted(["plain", QUOTES])]
     assert [t for t, _ in parsed.tags].count("i") == 0
     assert parsed.data()["report"] == json_safe(r.to_dict())
 
@@ -203,7 +206,10 @@ def test_verdict_banner_lists_every_reason(report, page):
     parsed = Page(page)
     classes = [a.get("class") for t, a in parsed.tags if a.get("id") == "verdict"]
     assert classes == [f"banner {d['verdict']}"]
-    assert d["reasons"] and sorted(d["reasons"]) == sorted(parsed.items)  # each reason once
+    notes = [n.strip() for n in note_lines(d)]  # every note the console prints, too
+    assert notes and any(n.startswith("engine: ") for n in notes)
+    assert d["reasons"] and sorted(d["reasons"] + notes) == sorted(parsed.items)  # each once
+    assert all(n in report.to_text() for n in notes)
 
 
 def test_report_read_from_json_renders_without_diagram(report):

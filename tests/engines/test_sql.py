@@ -82,6 +82,7 @@ def test_bad_rows_are_counted_by_reason_like_the_memory_path(tmp_path):
         weight=w,
     )
     want = {
+        "preds_unparsed": 0,
         "preds_null": 1,
         "preds_nan": 1,
         "preds_out_of_range": 3,
@@ -131,7 +132,7 @@ def test_csv_glob_and_database_table_give_the_parquet_state(tmp_path):
 
 def test_errors_name_the_source_or_column(tmp_path):
     pq.write_table(pa.table({"p": [0.5], "y": [1]}), tmp_path / "a.parquet")
-    with pytest.raises(ValueError, match="a.parquet: DuckDB could not compute the state: .*nope"):
+    with pytest.raises(ValueError, match=r"nope: no such column in read_parquet\('.*a.parquet'\)"):
         state_from_duckdb(tmp_path / "a.parquet", preds="nope", label="y")
     with pytest.raises(ValueError, match="expected a .parquet/.pq/.csv path or glob"):
         source_sql("x.txt")

@@ -167,6 +167,7 @@ def test_rejected_rows_are_counted_by_their_first_reason():
         weight=[1, 1, 1, 1, 1, -1, 1],
     )
     assert st.header.rows_rejected == {
+        "preds_unparsed": 0,
         "preds_null": 0,
         "preds_nan": 2,
         "preds_out_of_range": 1,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -13,7 +14,7 @@ from torch import Tensor
 
 from torchcal.audit._format import display_name
 from torchcal.audit.report import AuditReport
-from torchcal.functional._checks import check_bool, check_int, check_number
+from torchcal.audit.state import AuditSettings, AuditState, generator_seed, grid_stats
 from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.calibration.estimators import (
     brier_decomposition_from_stats,
@@ -29,62 +30,13 @@ from torchcal.functional.verdict import (
     FAIL,
     INCONCLUSIVE,
     PASS,
-    check_alpha,
     decide,
     ece_test_from_stats,
     holm_adjust,
     window_gap_test,
 )
 
-__all__ = ["build_report", "check_report_args", "judge", "reason_of", "summaries"]
-
-
-def check_report_args(
-    threshold: float | None,
-    tolerance: float,
-    cost_error: float | None,
-    cost_escalation: float | None,
-    min_group: int,
-    alpha: float = 0.05,
-    power: float = 0.8,
-) -> None:
-    """``ValueError`` naming the argument for each bad report option."""
-    if threshold is not None:
-        t = check_number("threshold", threshold, strict=True)
-        if not t < 1:
-            raise ValueError(f"threshold: expected a value in (0, 1), got {threshold!r}")
-    tol = check_number("tolerance", tolerance, strict=True)
-    if not tol < 1:
-        hint = f" (did you mean {tol / 100:g}, i.e. {tol:g} points?)" if tol < 100 else ""
-        raise ValueError(
-            f"tolerance: expected a fraction in (0, 1), e.g. 0.05 for 5 points, got "
-            f"{tolerance!r}{hint}"
-        )
-    if (cost_error is None) != (cost_escalation is None):
-        missing = "cost_escalation" if cost_escalation is None else "cost_error"
-        raise ValueError(f"{missing}: expected both cost_error and cost_escalation, or neither")
-    if cost_error is not None:
-        check_number("cost_error", cost_error, strict=True)
-        check_number("cost_escalation", cost_escalation, strict=True)
-    check_int("min_group", min_group, minimum=0)
-    check_alpha(alpha)
-    pw = check_number("power", power, strict=True)
-    if not pw < 1:
-        raise ValueError(f"power: expected a value in (0, 1), e.g. 0.8, got {power!r}")
-
-
-def check_names(group_names: list[str] | None, G: int, grouped: bool) -> list[str]:
-    if group_names is None:
-        return [str(g) for g in range(G)] if grouped else ["all"]
-    names = list(group_names)
-    if len(names) < G or not all(isinstance(n, str) and n for n in names):
-        raise ValueError(
-            f"group_names: expected at least {G} non-empty strings (one per group id), "
-            f"got {names[: G + 2]!r}"
-        )
-    if len(set(names)) != len(names):
-        raise ValueError(f"group_names: expected unique names, got {names!r}")
-    return names
+__all__ = ["build_report", "judge", "reason_of", "summaries"]
 
 
 def _num(x: Any) -> float | None:
@@ -316,10 +268,9 @@ def judge(
     return verdict, reasons
 
 
-def _evaluate(
-    auditor: Any, **report_kw: Any
-) -> dict[str, Any]:  # one place that shapes an eval summary
-    r = auditor.report(**report_kw)
+def _evaluate(state: AuditState, settings: AuditSettings) -> dict[str, Any]:
+    """The summary of a held-out evaluation (one place that shapes it)."""
+    r = build_report(state, settings)
     keep = ("n", "ece", "ece_debiased", "ece_ci", "threshold_gap", "verdict", "reasons")
     return {
         "verdict": r.verdict,
@@ -364,24 +315,24 @@ def concentration(
 
 
 def fit_temperatures(
-    auditor: Any, names: list[str], report_kw: dict[str, Any], warn: list[str], n_bins: int
+    state: AuditState, settings: AuditSettings, warn: list[str], n_bins: int
 ) -> dict[str, Any]:
     """Fit T pooled and per group on a seeded half of the kept sample; the other half before
     and after (per-group T where there are groups, else the pooled T)."""
+    from torchcal.audit.core import Auditor
     from torchcal.scaling.group import GroupTemperatureScaler
     from torchcal.scaling.temperature import TemperatureScaler
 
-    smp = auditor.sample()
+    smp = state.sample_rows()
     n = smp["target"].numel()
     if n < 4:
         raise ValueError(f"fit_temperature: needs at least 4 kept rows, got {n}")
-    gen = torch.Generator().manual_seed(auditor.seed + 1)
+    gen = torch.Generator().manual_seed(generator_seed(settings.seed) + 1)
     perm = torch.randperm(n, generator=gen)
     fit, ev = perm[: n // 2], perm[n // 2 :]
-    binary = auditor.reading == "binary"
     z, clamped = smp["preds"], 0
-    if auditor.input == "probs":
-        z, clamped = probs_to_logits(z, binary=binary)
+    if state.input == "probs":
+        z, clamped = probs_to_logits(z, binary=state.reading == "binary")
         if clamped:
             msg = (
                 f"fit_temperature: {clamped} probabilities of exactly 0 or 1 have infinite "
@@ -391,28 +342,33 @@ def fit_temperatures(
             warnings.warn(msg, UserWarning, stacklevel=4)
             warn.append(msg)
     y, g = smp["target"], smp["group"]
+    names = list(state.names)
     pooled = TemperatureScaler(method="newton")  # no torch.optim import (seconds)
     pooled.fit(z[fit], y[fit])
     group_t = {"all": pooled.temperature}
-    if auditor.grouped:
+    if state.grouped:
         per = GroupTemperatureScaler(len(names))
         per.fit(z[fit], y[fit], g[fit])
         group_t = dict(zip(names, per.temperatures.tolist(), strict=True))
+    ev_settings = replace(
+        settings, n_bins=n_bins, cost_error=None, cost_escalation=None, fit_temperature=False,
+        min_group=0,
+    )  # fmt: skip
 
     def run(preds: Tensor, input: str) -> dict[str, Any]:
-        a = type(auditor)(input=input, n_bins=n_bins, sample_size=0)
-        a.update(preds, y[ev], g[ev] if auditor.grouped else None)
-        return _evaluate(a, **report_kw)
+        a = Auditor(input=input, n_bins=n_bins, sample_size=0)
+        a.update(preds, y[ev], g[ev] if state.grouped else None)
+        return _evaluate(a.state(names if state.grouped else None), ev_settings)
 
-    grouped_after = per(z[ev], g[ev]) if auditor.grouped else pooled(z[ev])
+    grouped_after = per(z[ev], g[ev]) if state.grouped else pooled(z[ev])
     return {
         "pooled_T": pooled.temperature,
         "group_T": group_t,
         "n_fit": int(fit.numel()),
         "n_eval": int(ev.numel()),
-        "rows": "all" if n == auditor.n_rows else "sample",
+        "rows": "all" if n == state.n_rows else "sample",
         "clamped": clamped,
-        "eval_before": run(smp["preds"][ev], auditor.input),
+        "eval_before": run(smp["preds"][ev], state.input),
         "eval_after": run(grouped_after.detach(), "logits"),
         "eval_after_pooled": run(pooled(z[ev]).detach(), "logits"),
     }
@@ -442,92 +398,83 @@ def _fmt_or_na(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
-def build_report(
-    auditor: Any,
-    *,
-    group_names: list[str] | None,
-    threshold: float | None,
-    tolerance: float,
-    cost_error: float | None,
-    cost_escalation: float | None,
-    fit_temperature: bool,
-    min_group: int,
-    alpha: float = 0.05,
-    power: float = 0.8,
-    read_log: dict[str, Any] | None = None,
-) -> AuditReport:
-    """The report of an :class:`~torchcal.audit.Auditor` (see :meth:`Auditor.report`)."""
-    check_report_args(threshold, tolerance, cost_error, cost_escalation, min_group, alpha, power)
-    check_bool("fit_temperature", fit_temperature)
-    names = check_names(group_names, auditor.num_groups, auditor.grouped)
-    auditor.grow(len(names))
-    st, n_bins, grid = auditor.stats, auditor.n_bins, None
-    if auditor.auto_bins:
-        grid = auditor.grid_of_values()
+def build_report(state: AuditState, settings: AuditSettings) -> AuditReport:
+    """The report of a filled :class:`~torchcal.audit.state.AuditState` under
+    :class:`~torchcal.audit.state.AuditSettings` (see :meth:`Auditor.report`): every road
+    (the streaming reader, a state file, DuckDB, Spark) reports through this function."""
+    if state.n_rows == 0:
+        raise ValueError("preds: no rows were given to the audit (empty input)")
+    state = state.by_name()
+    names, grouped = list(state.names), state.grouped
+    st, n_bins, grid = state.stats, state.stats.n_bins, None
+    if settings.n_bins is None and state.grid is not None:
+        grid = state.grid.step()
         if grid is not None:
-            st = auditor.grid_stats(grid)
+            st = grid_stats(state.grid, grid)
             n_bins = st.n_bins
     S = st.map(lambda t: torch.cat([t.sum(0, keepdim=True), t]))  # keeps weight sums
-    nll = torch.cat([auditor.nll.sum(0, keepdim=True), auditor.nll])
-    nll_inf = torch.cat([auditor.nll_inf.sum(0, keepdim=True), auditor.nll_inf])
-    hits = torch.cat([auditor.hits.sum(0, keepdim=True), auditor.hits])
-    costs = None if cost_error is None else (float(cost_error), float(cost_escalation))  # type: ignore[arg-type]
-    family = 1 + (len(names) if auditor.grouped else 0)
+    nll = torch.cat([state.nll.sum(0, keepdim=True), state.nll])
+    nll_inf = torch.cat([state.nll_inf.sum(0, keepdim=True), state.nll_inf])
+    hits = torch.cat([state.hits.sum(0, keepdim=True), state.hits])
+    costs = settings.costs
+    family = 1 + (len(names) if grouped else 0)
+    tolerance, alpha, power = (
+        float(settings.tolerance),
+        float(settings.alpha),
+        float(settings.power),
+    )
+    threshold = settings.threshold
     rows = summaries(
-        S,
-        nll,
-        nll_inf,
-        hits,
-        threshold=threshold,
-        tolerance=float(tolerance),
-        alpha=float(alpha),
-        power=float(power),
-        family=family,
-        costs=costs,
-    )
+        S, nll, nll_inf, hits, threshold=threshold, tolerance=tolerance, alpha=alpha,
+        power=power, family=family, costs=costs,
+    )  # fmt: skip
     pooled, groups = rows[0], dict(zip(names, rows[1:], strict=True))
-    if not auditor.grouped:
+    if not grouped:
         groups = {"all": rows[1]}
-    verdict, reasons = judge(
-        pooled, groups, threshold, float(tolerance), float(alpha), float(power), auditor.grouped
-    )
-    warn = _warnings(groups, n_bins, min_group, auditor.grouped)
-    if auditor.saturated:
+    verdict, reasons = judge(pooled, groups, threshold, tolerance, alpha, power, grouped)
+    warn = _warnings(groups, n_bins, settings.min_group, grouped)
+    if state.saturated:
         warn.append(
-            f"{auditor.saturated} rows have a probability of exactly 0 or 1 (infinite logits"
-            f"{'; the temperature fit clamps them: pass --logits if you have them' if fit_temperature else ''})"
+            f"{state.saturated} rows have a probability of exactly 0 or 1 (infinite logits"
+            f"{'; the temperature fit clamps them: pass --logits if you have them' if settings.fit_temperature else ''})"
         )
-    settings = {
-        "input": auditor.input,
-        "reading": auditor.reading,
+    bad = {k: v for k, v in state.rejected.items() if v}
+    if bad:
+        parts = ", ".join(f"{k} {v}" for k, v in bad.items())
+        warn.append(f"{sum(bad.values())} rows were left out of the state: {parts}")
+    smp = state.sample_rows()
+    settings_d = {
+        "input": state.input,
+        "reading": state.reading,
         "n_bins": n_bins,
         "bins_from_grid": grid,
         "threshold": threshold,
-        "tolerance": float(tolerance),
-        "rule": "threshold_gap" if threshold is not None else "ece",
-        "alpha": float(alpha),
-        "interval_level": 1 - 2 * float(alpha),
-        "power": float(power),
+        "tolerance": tolerance,
+        "rule": settings.rule,
+        "alpha": alpha,
+        "interval_level": 1 - 2 * alpha,
+        "power": power,
         "family": family,
         "cost_error": costs and costs[0],
         "cost_escalation": costs and costs[1],
-        "seed": auditor.seed,
-        "n_rows": auditor.n_rows,
-        "saturated": auditor.saturated,
-        "sample_size": auditor.sample_size,
-        "min_group": min_group,
-        "grouped": auditor.grouped,
-        "confidences": concentration(auditor.sample()["preds"], auditor.reading, auditor.input,
-                                     grid, auditor.n_rows),
+        "seed": settings.seed,
+        "n_rows": state.n_rows,
+        "saturated": state.saturated,
+        "sample_size": settings.sample_size,
+        "min_group": settings.min_group,
+        "grouped": grouped,
+        "confidences": concentration(smp["preds"], state.reading, state.input, grid,
+                                     state.n_rows),
+        "engine": state.engine,
     }  # fmt: skip
+    if state.weight is not None:
+        settings_d["weight"] = state.weight
+        settings_d["weight_total"] = float(state.stats.mass().sum())
     temperature = None
-    if fit_temperature:
-        kw = {"threshold": threshold, "tolerance": tolerance, "min_group": 0}
-        kw.update(alpha=alpha, power=power)
-        kw["group_names"] = names if auditor.grouped else None
-        temperature = fit_temperatures(auditor, names, kw, warn, n_bins)
-    smp = auditor.sample()
+    if settings.fit_temperature:
+        temperature = fit_temperatures(state, settings, warn, n_bins)
     sample = {"preds": smp["preds"], "target": smp["target"], "group": smp["group"], "names": names}
     return AuditReport(
-        verdict, pooled, groups, settings, warn, temperature, sample, reasons, dict(read_log or {})
-    )
+        verdict, pooled, groups, settings_d, warn, temperature, sample, reasons,
+        dict(state.read_log),
+    )  # fmt: skip

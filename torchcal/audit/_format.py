@@ -8,6 +8,7 @@ from typing import Any
 __all__ = [
     "TABLE_GROUPS",
     "display_name",
+    "note_lines",
     "report_markdown",
     "report_text",
     "rule_text",
@@ -245,10 +246,11 @@ def _read_lines(d: dict[str, Any]) -> list[str]:
     if excluded:
         total = sum(int(e.get("count", 0)) for e in excluded)
         parts = [
-            f"{display_name(e.get('column'))}: {e.get('reason')}: {e.get('count')} (first "
-            f"{display_name(e.get('text'), 40)!s} at {e.get('where')})"
+            f"{display_name(e.get('column'))}: {e.get('reason')}: {e.get('count')} ("
+            + (f"first {display_name(e.get('text'), 40)!s} at {e['where']})" if e.get("where")
+               else f"e.g. {display_name(e.get('text'), 40)!s})")
             for e in excluded
-        ]
+        ]  # fmt: skip
         out.append(
             f"excluded rows: {total} of {log.get('rows', '?')} left out; " + "; ".join(parts)
         )
@@ -263,6 +265,11 @@ def _read_lines(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def _engine_lines(d: dict[str, Any]) -> list[str]:
+    engine = d["settings"].get("engine")
+    return [f"engine: {engine}"] if engine else []
+
+
 def _reason_lines(d: dict[str, Any]) -> list[str]:
     lines = [f"verdict: {d['verdict'].upper()}"]
     lines += [f"  - {r}" for r in d.get("reasons") or []]
@@ -274,10 +281,17 @@ def _tail(d: dict[str, Any]) -> list[str]:
     return (
         _concentration_lines(d)
         + _read_lines(d)
+        + _engine_lines(d)
         + _temperature_lines(d)
         + [rule_text(d)]
         + _reason_lines(d)
     )
+
+
+def note_lines(d: dict[str, Any]) -> list[str]:
+    """The notes the console prints under the tables (the confidences' concentration and
+    grid, rows excluded, percents read, the engine), for the HTML page."""
+    return _concentration_lines(d) + _read_lines(d) + _engine_lines(d)
 
 
 def report_text(d: dict[str, Any]) -> str:

@@ -20,7 +20,34 @@ from torchcal.audit._format import display_name
 from torchcal.audit.report import AuditReport, load_report_dict
 from torchcal.functional.decision import drift_from_summaries
 
-__all__ = ["Comparison", "compare"]
+__all__ = ["COMPARED_SETTINGS", "Comparison", "check_comparable", "compare"]
+
+#: settings two reports must share to be compared (docs/design.md section 6c.2)
+COMPARED_SETTINGS = ("threshold", "n_bins", "reading")
+
+
+def check_comparable(
+    old: dict[str, Any], new: dict[str, Any], old_name: str, new_name: str
+) -> None:
+    """``ValueError`` naming both reports when they were made with another threshold, bin
+    count or reading (their ECEs and gaps measure different things).
+
+    Example:
+        >>> a = {"settings": {"threshold": 0.8, "n_bins": 10, "reading": "binary"}}
+        >>> b = {"settings": {"threshold": 0.8, "n_bins": 21, "reading": "binary"}}
+        >>> check_comparable(a, b, "old.json", "new.json")
+        Traceback (most recent call last):
+        ...
+        ValueError: --reference: old.json was made with n_bins 10, new.json with 21: the reports measure different things (pass --allow-mismatch to compare them anyway)
+    """
+    for key in COMPARED_SETTINGS:
+        x, y = old["settings"].get(key), new["settings"].get(key)
+        if x != y:
+            raise ValueError(
+                f"--reference: {old_name} was made with {key} {x}, {new_name} with {y}: the "
+                f"reports measure different things (pass --allow-mismatch to compare them "
+                f"anyway)"
+            )
 
 
 def _as_dict(x: AuditReport | dict[str, Any] | str | os.PathLike[str], name: str) -> dict[str, Any]:

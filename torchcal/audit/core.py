@@ -18,32 +18,36 @@ from torch import Tensor
 
 from torchcal.audit._evaluate import build_report
 from torchcal.audit.report import AuditReport
+from torchcal.audit.state import (
+    DEFAULT_BINS,
+    GRID,
+    MAX_BINS,
+    AuditSettings,
+    AuditState,
+    GridCounts,
+    empty_sample,
+    generator_seed,
+)
 from torchcal.functional._checks import check_int, check_option, validation_enabled
-from torchcal.functional.calibration.binning import BinnedStats, accumulate, bin_index
+from torchcal.functional.calibration.binning import BinnedStats, accumulate
 from torchcal.functional.calibration.nll import nll_terms
 from torchcal.functional.calibration.readings import INPUTS, prepare_inputs, warn_probs_as_logits
+from torchcal.functional.calibration.weights import accumulate_weighted
 
-__all__ = ["TEMPERATURE_FORMAT", "Auditor", "audit", "fit_temperature_file", "load_temperatures"]
+__all__ = [
+    "MAX_BINS",
+    "TEMPERATURE_FORMAT",
+    "Auditor",
+    "audit",
+    "fit_temperature_file",
+    "load_temperatures",
+]
 
 AUDIT_READINGS = ("binary", "confidence")
-
-#: bins when none are given and the confidences sit on no 0.05/0.1 grid
-DEFAULT_BINS = 10
-#: the finest grid whose per-value counts are kept (1 / GRID)
-GRID = 100
 #: groups above which the per-value counts are dropped (memory: 16 bytes x 101 per group)
 MAX_GRID_GROUPS = 10_000
-
-#: most bins an audit accepts (40 bytes per bin and group of state; the tables list them)
-MAX_BINS = 10_000
-
-
-def _size(nbytes: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if nbytes < 1000 or unit == "TB":
-            return f"{nbytes:.3g} {unit}"
-        nbytes /= 1000
-    return f"{nbytes:.3g} TB"  # pragma: no cover
+#: the engine name of the in-process road in ``report.json["settings"]["engine"]``
+ENGINE = "memory"
 
 
 def reading_of(preds: Tensor, reading: str | None) -> str:
@@ -103,14 +107,10 @@ class Auditor:
     ) -> None:
         self.input = str(check_option("input", input, INPUTS))
         self.auto_bins = n_bins is None
-        self.n_bins = DEFAULT_BINS if n_bins is None else check_int("n_bins", n_bins, minimum=1)
-        if self.n_bins > MAX_BINS:
-            raise ValueError(
-                f"n_bins: expected at most {MAX_BINS:,} bins, got {self.n_bins:,} (the audit "
-                f"keeps 40 bytes per bin and group: {_size(40 * self.n_bins)} per group)"
-            )
-        self.sample_size = check_int("sample_size", sample_size, minimum=0)
-        self.seed = check_int("seed", seed)
+        AuditSettings(n_bins=n_bins, seed=seed, sample_size=sample_size)  # the checks
+        self.n_bins = DEFAULT_BINS if n_bins is None else n_bins
+        self.sample_size = sample_size
+        self.seed = seed
         if num_classes is not None:
             check_int("num_classes", num_classes, minimum=2)
         self.num_classes = num_classes
@@ -122,25 +122,28 @@ class Auditor:
         self.nll = torch.zeros(1, dtype=torch.float64)
         self.nll_inf = torch.zeros(1, dtype=torch.int64)
         self.saturated = 0
-        self.hits = torch.zeros(1, dtype=torch.int64)
+        self.hits = torch.zeros(1, dtype=torch.float64)
         self.grouped = False
+        self.weighted: bool | None = None  # set by the first update
         # exact counts per (group, confidence on the 0.01 grid) while every value is on it
-        self.grid: tuple[Tensor, Tensor] | None = (
-            (
+        self.grid: GridCounts | None = (
+            GridCounts(
                 torch.zeros(1, GRID + 1, dtype=torch.int64),
                 torch.zeros(1, GRID + 1, dtype=torch.float64),
             )
             if self.auto_bins
             else None
         )
-        self._gen = torch.Generator().manual_seed(self.seed)
+        self._gen = torch.Generator().manual_seed(generator_seed(self.seed))
         self._sample: dict[str, Tensor] | None = None
 
     @property
     def num_groups(self) -> int:
         return int(self.stats.count.shape[0])
 
-    def _check_shapes(self, preds: Tensor, target: Tensor, groups: Tensor | None) -> Tensor:
+    def _check_shapes(
+        self, preds: Tensor, target: Tensor, groups: Tensor | None, weight: Tensor | None
+    ) -> Tensor:
         reading = reading_of(preds, self.reading)
         if self.reading is None:
             self.reading = reading
@@ -159,6 +162,15 @@ class Auditor:
             raise ValueError("groups: expected group ids (earlier updates had them), got None")
         if groups is not None and self.n_rows and not self.grouped:
             raise ValueError("groups: earlier updates had no group ids; give them on every update")
+        if self.weighted is not None and self.weighted != (weight is not None):
+            raise ValueError("weight: give weights on every update or on none")
+        if weight is not None:
+            if not isinstance(weight, Tensor) or weight.shape != preds.shape[:1]:
+                got = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
+                raise ValueError(f"weight: expected shape {tuple(preds.shape[:1])}, got {got}")
+            w = weight.to(torch.float64)
+            if not bool((torch.isfinite(w) & (w >= 0)).all()):
+                raise ValueError("weight: expected finite weights >= 0")
         return preds
 
     def grow(self, G: int) -> None:
@@ -167,47 +179,74 @@ class Auditor:
         if extra <= 0:
             return
         pad = BinnedStats.zeros(extra, 1, self.n_bins)
-        self.stats = BinnedStats(
-            *(torch.cat([a, b]) for a, b in zip(_fields(self.stats), _fields(pad), strict=True))
-        )
+        if self.stats.weight is not None:
+            pad = BinnedStats(*_fields(pad), weight=torch.zeros_like(pad.conf))
+        self.stats = _cat(self.stats, pad)
         self.nll = torch.cat([self.nll, torch.zeros(extra, dtype=torch.float64)])
         self.nll_inf = torch.cat([self.nll_inf, torch.zeros(extra, dtype=torch.int64)])
         if self.grid is not None:
             if G > MAX_GRID_GROUPS:
                 self.grid = None
             else:
-                pad = torch.zeros(extra, GRID + 1, dtype=torch.int64)
-                self.grid = (
-                    torch.cat([self.grid[0], pad]),
-                    torch.cat([self.grid[1], pad.double()]),
+                z = torch.zeros(extra, GRID + 1, dtype=torch.int64)
+                g = self.grid
+                self.grid = GridCounts(
+                    torch.cat([g.count, z]),
+                    torch.cat([g.pos, z.double()]),
+                    None if g.weight is None else torch.cat([g.weight, z.double()]),
                 )
-        self.hits = torch.cat([self.hits, torch.zeros(extra, dtype=torch.int64)])
+        self.hits = torch.cat([self.hits, torch.zeros(extra, dtype=torch.float64)])
 
-    def update(self, preds: Tensor, target: Tensor, groups: Tensor | None = None) -> None:
+    def update(
+        self,
+        preds: Tensor,
+        target: Tensor,
+        groups: Tensor | None = None,
+        weight: Tensor | None = None,
+    ) -> None:
         """Add a chunk: ``preds`` ``(N,)``/``(N, 1)`` (binary) or ``(N, C)``, ``target``
-        ``(N,)`` labels, ``groups`` ``(N,)`` int ids ``>= 0`` (the set may grow)."""
-        preds = self._check_shapes(preds, target, groups)
+        ``(N,)`` labels, ``groups`` ``(N,)`` int ids ``>= 0`` (the set may grow), ``weight``
+        ``(N,)`` frequency weights (finite, ``>= 0``; on every update or none)."""
+        preds = self._check_shapes(preds, target, groups, weight)
         prep = prepare_inputs(
             preds, target, reading=self.reading or "binary", input=self.input, groups=groups
         )
         warn_probs_as_logits(prep)
         if groups is not None:
             self.grouped = True
-        chunk = accumulate(prep, self.n_bins)  # (G_chunk, 1, B): ids seen in this chunk
+        w = None if weight is None else weight.to(torch.float64)
+        if self.weighted is None:
+            self.weighted = w is not None
+            if w is not None:
+                s = self.stats
+                self.stats = BinnedStats(*_fields(s), weight=torch.zeros_like(s.conf))
+                if self.grid is not None:
+                    self.grid = GridCounts(self.grid.count, self.grid.pos, self.grid.pos.clone())
+        # (G_chunk, 1, B): ids seen in this chunk
+        chunk = (
+            accumulate(prep, self.n_bins)
+            if w is None
+            else accumulate_weighted(prep, self.n_bins, w)
+        )
         G = max(self.num_groups, prep.num_groups)
         self.grow(G)
         if prep.num_groups < G:
             pad = BinnedStats.zeros(G - prep.num_groups, 1, self.n_bins)
-            chunk = BinnedStats(*(torch.cat(p) for p in zip(_fields(chunk), _fields(pad))))
+            if w is not None:
+                pad = BinnedStats(*_fields(pad), weight=torch.zeros_like(pad.conf))
+            chunk = _cat(chunk, pad)
         self.stats = self.stats + chunk
         if self.grid is not None:
             if self.input == "probs":
-                self._track_grid(prep, G)
+                self._track_grid(prep, G, w)
             else:
                 self.grid = None
         g = torch.zeros(target.shape[0], dtype=torch.int64) if groups is None else groups.long()
         items = _nll_items(preds, target, self.input)
         inf = torch.isinf(items)
+        if w is not None:
+            inf = inf & (w > 0)
+            items = torch.where(w == 0, 0.0, w * items)
         if bool(inf.any()):  # counted apart, so the other rows keep a finite NLL
             self.nll_inf += torch.bincount(g[inf], minlength=G)
             items = torch.where(inf, 0.0, items)
@@ -216,12 +255,16 @@ class Auditor:
             edge = (preds == 0) | (preds == 1)
             self.saturated += int((edge if edge.dim() == 1 else edge.any(1)).sum())
         right = _right_decisions(prep.conf, prep.outcome, self.reading)
-        self.hits += torch.bincount(g * 2 + right, minlength=2 * G).view(G, 2)[:, 1]
+        if w is None:
+            self.hits += torch.bincount(g * 2 + right, minlength=2 * G).view(G, 2)[:, 1]
+        else:
+            self.hits += torch.bincount(g, weights=w * right, minlength=G)
         self._keep_sample(preds, target, g)
         self.n_rows += target.shape[0]
 
-    def _track_grid(self, prep: Any, G: int) -> None:
+    def _track_grid(self, prep: Any, G: int, w: Tensor | None) -> None:
         """Exact per-value counts while every confidence is a multiple of 0.01 (to 1e-9)."""
+        assert self.grid is not None
         if self.reading == "confidence" and prep.per_sample != 1:  # pragma: no cover
             self.grid = None
             return
@@ -234,43 +277,19 @@ class Auditor:
         idx = lead.to(torch.int64) * (GRID + 1) + k.to(torch.int64)
         size = G * (GRID + 1)
         cnt = torch.bincount(idx, minlength=size).view(G, GRID + 1)
-        pos = torch.bincount(idx, weights=prep.outcome.to(torch.float64), minlength=size)
-        self.grid = (self.grid[0] + cnt, self.grid[1] + pos.view(G, GRID + 1))  # type: ignore[index]
+        y = prep.outcome.to(torch.float64)
+        pos = torch.bincount(idx, weights=y if w is None else w * y, minlength=size)
+        g = self.grid
+        wsum = None
+        if g.weight is not None and w is not None:
+            wsum = g.weight + torch.bincount(idx, weights=w, minlength=size).view(G, GRID + 1)
+        self.grid = GridCounts(g.count + cnt, g.pos + pos.view(G, GRID + 1), wsum)
 
     def grid_of_values(self) -> float | None:
         """The coarsest of the grids 0.1 and 0.05 every confidence seen sits on, else None."""
         if self.grid is None or self.n_rows == 0:
             return None
-        used = self.grid[0].sum(0) > 0
-        k = torch.nonzero(used).squeeze(1)
-        for g in (10, 5):
-            if bool((k % g == 0).all()):
-                return g / GRID
-        return None
-
-    def grid_stats(self, step: float) -> BinnedStats:
-        """The per-group statistics with one bin per multiple of ``step`` (``1 / step + 1``
-        bins), from the exact per-value counts."""
-        assert self.grid is not None
-        cnt, pos = self.grid
-        m = round(step * GRID)
-        B = GRID // m + 1
-        values = torch.arange(GRID + 1, dtype=torch.float64) / GRID
-        # each grid value's bin by the one bin rule (k * step lands in bin k)
-        b = bin_index(values, B)
-
-        def per_bin(x: Tensor) -> Tensor:
-            out = torch.zeros(x.shape[0], B, dtype=x.dtype)
-            return out.index_add_(1, b, x)
-
-        cf = cnt.to(torch.float64)
-        return BinnedStats(
-            per_bin(cnt)[:, None],
-            per_bin(cf * values)[:, None],
-            per_bin(pos)[:, None],
-            per_bin(cf * values * values)[:, None],
-            per_bin(pos * values)[:, None],
-        )
+        return self.grid.step()
 
     def _keep_sample(self, preds: Tensor, target: Tensor, g: Tensor) -> None:
         N = target.shape[0]
@@ -305,15 +324,38 @@ class Auditor:
     def sample(self) -> dict[str, Tensor]:
         """The kept rows in row order: ``row``, ``preds`` (float64), ``target``, ``group``."""
         if self._sample is None:
-            C = self.num_classes or 0
-            shape = (0,) if self.reading != "confidence" else (0, C)
-            return {
-                "row": torch.zeros(0, dtype=torch.int64),
-                "preds": torch.zeros(shape, dtype=torch.float64),
-                "target": torch.zeros(0, dtype=torch.int64),
-                "group": torch.zeros(0, dtype=torch.int64),
-            }
+            return empty_sample(self.reading or "binary", self.num_classes)
         return {k: v for k, v in self._sample.items() if k != "key"}
+
+    def state(
+        self,
+        group_names: list[str] | None = None,
+        *,
+        read_log: dict[str, Any] | None = None,
+        weight: str | None = None,
+    ) -> AuditState:
+        """The :class:`~torchcal.audit.state.AuditState` of everything seen so far (groups
+        named by ``group_names``, one per id; ``"0"``, ``"1"``, ... without them)."""
+        names = _check_names(group_names, self.num_groups, self.grouped)
+        self.grow(len(names))
+        return AuditState(
+            stats=self.stats,
+            nll=self.nll,
+            nll_inf=self.nll_inf,
+            hits=self.hits,
+            names=tuple(names),
+            grouped=self.grouped,
+            input=self.input,
+            reading=self.reading or "binary",
+            num_classes=self.num_classes,
+            n_rows=self.n_rows,
+            saturated=self.saturated,
+            engine=ENGINE,
+            grid=self.grid if self.n_rows else None,
+            sample=self.sample(),
+            read_log=dict(read_log or {}),
+            weight=weight if self.weighted else None,
+        )
 
     def report(
         self,
@@ -339,28 +381,48 @@ class Auditor:
         INCONCLUSIVE; the report PASSes when every row does, FAILs when any does. The
         smallest gap (or ECE) each row could detect with probability ``power`` is reported.
         ``read_log`` (the reader's ``ReadLog.to_dict()``: rows excluded, percents read) is
-        reported as is.
+        reported as is. Groups are reported in name order.
 
         ``fit_temperature=True`` fits T (pooled and per group) on a seeded half of the kept
         sample (all rows when ``n_rows <= sample_size``) and reports the other half before and
         after (``report.temperature``). Probabilities of exactly 0 or 1 get clamped logits
         for the fit, with a warning that counts them.
         """
-        if self.n_rows == 0:
-            raise ValueError("preds: no rows were given to the audit (empty input)")
-        return build_report(
-            self,
-            group_names=group_names,
+        settings = AuditSettings(
             threshold=threshold,
             tolerance=tolerance,
+            alpha=alpha,
+            power=power,
+            n_bins=None if self.auto_bins else self.n_bins,
+            seed=self.seed,
             cost_error=cost_error,
             cost_escalation=cost_escalation,
             fit_temperature=fit_temperature,
             min_group=min_group,
-            alpha=alpha,
-            power=power,
-            read_log=read_log,
+            sample_size=self.sample_size,
         )
+        if self.n_rows == 0:
+            raise ValueError("preds: no rows were given to the audit (empty input)")
+        return build_report(self.state(group_names, read_log=read_log), settings)
+
+
+def _check_names(group_names: list[str] | None, G: int, grouped: bool) -> list[str]:
+    if group_names is None:
+        return [str(g) for g in range(G)] if grouped else ["all"]
+    names = list(group_names)
+    if len(names) < G or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(
+            f"group_names: expected at least {G} non-empty strings (one per group id), "
+            f"got {names[: G + 2]!r}"
+        )
+    if len(set(names)) != len(names):
+        raise ValueError(f"group_names: expected unique names, got {names!r}")
+    return names
+
+
+def _cat(a: BinnedStats, b: BinnedStats) -> BinnedStats:
+    w = None if a.weight is None or b.weight is None else torch.cat([a.weight, b.weight])
+    return BinnedStats(*(torch.cat(p) for p in zip(_fields(a), _fields(b), strict=True)), weight=w)
 
 
 def _fields(s: BinnedStats) -> tuple[Tensor, ...]:

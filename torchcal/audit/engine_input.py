@@ -1,85 +1,355 @@
-"""The audit of a binned state (docs/design.md section 6f): ``torchcal audit --state
-'part-*.parquet'``, ``torchcal audit 'logs/*.parquet' --engine duckdb``.
+"""Every road into the audit (docs/design.md sections 6c.2 and 6f): a file through the
+streaming reader, a glob or a table through an engine (DuckDB, the in-process reader), state
+files; each fills one :class:`~torchcal.audit.state.AuditState` and the same
+:func:`~torchcal.audit._evaluate.build_report` reports it under one
+:class:`~torchcal.audit.state.AuditSettings`.
 
-:func:`report_from_state` turns a :class:`~torchcal.engines.BinnedState` into the
-:class:`~torchcal.audit.AuditReport` the streaming :class:`~torchcal.audit.Auditor` gives for
-the same rows: the state is loaded into an :class:`StateAuditor` (an ``Auditor`` whose
-statistics, NLL and decision sums come from the state) and reported by the same code.
-What a state cannot carry: the rows themselves, so ``--fit-temperature`` and the HTML sliders
-need a sample (the DuckDB path draws one with ``USING SAMPLE reservoir``; a ``--state`` file
-has none and refuses ``--fit-temperature``). Costs, thresholds and ``--reference`` drift read
-only the statistics and work on every path.
+* :class:`AuditRequest` is what to read (the command line parses into it; no ``Namespace``
+  below ``torchcal/cli.py``); :func:`run_audit` runs it.
+* ``memory`` (and ``auto`` without DuckDB) streams each file of the glob through the same
+  reader and :class:`~torchcal.audit.Auditor` as a single file: the same values, rejections,
+  grid rule, sample and notes.
+* ``duckdb`` computes the state, the value grid and a seeded sample in DuckDB
+  (:func:`torchcal.engines.duck.audit_duckdb`); text columns (every CSV column) are parsed by
+  the readers' rule in SQL. :func:`state_of_engine` turns the result into an ``AuditState``.
+* :func:`report_from_state` reports a :class:`~torchcal.engines.BinnedState` (a ``--state``
+  file: no rows, so no sample, no value grid, no ``--fit-temperature``).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
+import sys
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from torchcal.audit.core import Auditor
+from torchcal.audit._evaluate import build_report
 from torchcal.audit.report import AuditReport
-from torchcal.engines.state import BinnedState, write_state
+from torchcal.audit.state import AuditSettings, AuditState, GridCounts
+from torchcal.engines.collect import EngineAudit
+from torchcal.engines.state import BinnedState, expand_paths, write_state
 
-__all__ = ["StateAuditor", "audit_engine", "report_from_state", "state_of_args"]
+__all__ = [
+    "AuditRequest",
+    "check_rejected",
+    "report_from_state",
+    "run_audit",
+    "state_of_binned",
+    "state_of_engine",
+]
 
-#: the bin count of the engine path when ``--bins`` is not given (the grid detection of the
-#: streaming reader needs the rows)
-DEFAULT_ENGINE_BINS = 10
+#: files above this size get a progress bar on stderr (with tqdm installed)
+PROGRESS_BYTES = 50 * 2**20
+#: rejection reasons that are the readers' exclusions (listed under ``read``, not warned)
+_READ_REASONS = ("preds_unparsed", "preds_null")
 
 
-class StateAuditor(Auditor):
-    """An :class:`~torchcal.audit.Auditor` holding a state's sums (see :meth:`from_state`)."""
+@dataclass(frozen=True)
+class AuditRequest:
+    """What ``torchcal audit`` reads: ``file`` (a path or glob) or ``states`` (state files);
+    ``preds`` columns with ``input`` ``"probs"``/``"logits"``, ``label``, ``group``,
+    ``weight``; ``engine`` ``None`` (a file through the streaming reader), ``"auto"``,
+    ``"duckdb"`` or ``"memory"``; ``table`` of a DuckDB database; ``write_state`` a path;
+    ``chunk_rows``; ``progress`` (a bar for large files)."""
 
-    _kept: dict[str, torch.Tensor] | None = None
+    file: str | None = None
+    states: tuple[str, ...] = ()
+    preds: tuple[str, ...] = ()
+    input: str = "probs"
+    label: str | None = None
+    group: str | None = None
+    weight: str | None = None
+    engine: str | None = None
+    table: str | None = None
+    write_state: str | None = None
+    chunk_rows: int = 1 << 20
+    progress: bool = True
 
-    @classmethod
-    def from_state(
-        cls,
-        state: BinnedState,
-        *,
-        seed: int = 0,
-        sample: dict[str, Any] | None = None,
-    ) -> StateAuditor:
-        """Load ``state`` (binary or confidence reading, one slot); ``sample`` (``preds``,
-        ``target``, ``group`` names) is the kept-rows sample, if any."""
-        h = state.header
-        if h.reading not in ("binary", "confidence") or state.stats.count.shape[1] != 1:
+
+def _engine_of(request: AuditRequest) -> str:
+    """``stream``, ``memory`` or ``duckdb``: the road ``request`` takes."""
+    from torchcal.engines.duck import available
+
+    if request.table:
+        if request.engine == "memory":
+            raise ValueError("--table: a DuckDB table is read by DuckDB (not --engine memory)")
+        if not available():
+            raise ValueError("--table: needs duckdb (pip install 'torchcal[engines]')")
+        return "duckdb"
+    engine = request.engine
+    if engine is None:
+        return "stream"
+    if engine == "auto":
+        return "duckdb" if available() else "memory"
+    if engine == "duckdb" and not available():
+        raise ValueError("--engine: duckdb is not installed (pip install 'torchcal[engines]')")
+    return engine
+
+
+def _check(request: AuditRequest, settings: AuditSettings) -> None:
+    if request.states:
+        given = [
+            ("FILE", request.file), ("--probs", request.preds), ("--label", request.label),
+            ("--group", request.group), ("--weight", request.weight),
+        ]  # fmt: skip
+        for flag, v in given:
+            if v:
+                raise ValueError(f"--state: audits state files; {flag} belongs to a file of rows")
+        if settings.n_bins is not None:
+            raise ValueError("--bins: a state keeps the bins it was written with (its n_bins)")
+        if settings.fit_temperature:
             raise ValueError(
-                f"state: the audit reads the binary or confidence reading (one slot), got "
-                f"reading {h.reading!r}"
+                "--fit-temperature: a state holds binned sums, not rows; audit the rows "
+                "(FILE with --engine duckdb draws a sample) or use `torchcal fit-temperature`"
             )
-        n = len(sample["target"]) if sample else 0
-        a = cls(input=h.input, n_bins=h.n_bins, sample_size=n, seed=seed)
-        a.reading = h.reading
-        if h.reading == "confidence":
-            a.num_classes = h.num_classes
-        a.stats = state.stats
-        G = len(state.groups)
-        nan = torch.full((G,), float("nan"), dtype=torch.float64)
-        a.nll = nan if state.nll is None else state.nll.sum((1, 2))
-        a.nll_inf = torch.zeros(G, dtype=torch.int64)
-        a.grid = None  # per-value counts need the rows
-        a.hits = nan.clone() if state.right is None else state.right.sum((1, 2))
-        if state.right is None and h.reading == "confidence":
-            a.hits = state.stats.acc.sum((1, 2))  # right = the argmax was the label
-        a.grouped = h.group is not None
-        a.n_rows = int(state.stats.count.sum())
-        if sample:
-            pos = {g: i for i, g in enumerate(state.groups)}
-            a._kept = {
-                "row": torch.arange(n),
-                "preds": torch.tensor(sample["preds"], dtype=torch.float64),
-                "target": torch.tensor(sample["target"], dtype=torch.int64),
-                "group": torch.tensor([pos.get(g, 0) for g in sample["group"]]),
-            }
-        return a
+        return
+    if not request.file:
+        raise ValueError("the following arguments are required: file (or --state FILE_OR_GLOB)")
+    if not request.preds:
+        raise ValueError("one of the arguments --probs --logits is required")
+    if not request.label:
+        raise ValueError("the following arguments are required: --label")
+    if settings.fit_temperature and request.weight:
+        raise ValueError("--fit-temperature: the temperature fit reads rows without weights")
+    if request.table:
+        if not os.path.isfile(request.file):
+            raise ValueError(f"{request.file}: no such DuckDB database")
+        if os.path.splitext(request.file)[1].lower() in (".csv", ".parquet", ".pq"):
+            raise ValueError(
+                f"--table: {request.file} is a data file, not a DuckDB database; drop --table"
+            )
 
-    def sample(self) -> dict[str, torch.Tensor]:
-        return super().sample() if self._kept is None else dict(self._kept)
+
+def run_audit(
+    request: AuditRequest, settings: AuditSettings
+) -> tuple[AuditReport, list[warnings.WarningMessage]]:
+    """The report of ``request`` under ``settings``, and the warnings raised. Rows an engine
+    rejected stop the audit once they are more than ``settings.max_unparsed`` of the rows
+    seen, as the reader's excluded rows do: a gate must not PASS half a file."""
+    _check(request, settings)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if request.states:
+            from torchcal.engines.state import read_states
+
+            binned = read_states(list(request.states))
+            check_rejected(binned, " ".join(request.states), settings.max_unparsed)
+            state = state_of_binned(binned)
+        else:
+            engine = _engine_of(request)
+            if engine == "duckdb":
+                state = _duckdb_state(request, settings)
+            else:
+                if request.write_state:
+                    raise ValueError("--write-state: states are written by --engine duckdb")
+                if request.input != "probs" and request.weight:
+                    raise ValueError("--weight: weights are read with --probs")
+                files = expand_paths(request.file or "", what="source")
+                state = _stream_state(request, settings, files, engine)
+        report = build_report(state, settings)
+    return report, list(caught)
+
+
+def _duckdb_state(request: AuditRequest, settings: AuditSettings) -> AuditState:
+    from torchcal.engines.duck import audit_duckdb
+
+    if request.input != "probs":
+        raise ValueError("--logits: the engines read probabilities (--probs COL)")
+    preds = request.preds[0] if len(request.preds) == 1 else list(request.preds)
+    result = audit_duckdb(
+        request.file or "", preds=preds, label=request.label or "", group=request.group,
+        weight=request.weight, n_bins=settings.n_bins, table=request.table,
+        sample_size=settings.sample_size, seed=settings.seed,
+    )  # fmt: skip
+    check_rejected(result.state, request.file or "", settings.max_unparsed)
+    if request.write_state:
+        write_state(result.state, request.write_state)
+    return state_of_engine(result)
+
+
+def _batches(request: AuditRequest, path: str, log: Any, max_unparsed: float) -> Iterator[Any]:
+    """Checked batches of one file, with a progress bar on large files (stderr)."""
+    from torchcal.audit.io import progress_total, read_predictions
+
+    batches = read_predictions(
+        path, preds=list(request.preds), label=request.label or "", group=request.group,
+        weight=request.weight, input=request.input, chunk_rows=request.chunk_rows, log=log,
+        max_unparsed=max_unparsed,
+    )  # fmt: skip
+    total, unit = progress_total(path)
+    big = request.progress and unit == "B" and total > PROGRESS_BYTES
+    try:
+        from tqdm import tqdm  # an extra (torchcal[audit]): no bar without it
+    except ImportError:
+        big = False
+    if not big:
+        yield from batches
+        return
+    with tqdm(total=total, unit=unit, unit_scale=True, file=sys.stderr, leave=False) as bar:
+        for b in batches:
+            bar.update(b.done - bar.n)
+            yield b
+
+
+def _stream_state(
+    request: AuditRequest, settings: AuditSettings, files: list[str], engine: str
+) -> AuditState:
+    """Every file through the streaming reader into one Auditor (group names global)."""
+    from torchcal.audit._columns import ReadLog
+    from torchcal.audit.core import Auditor
+
+    auditor = Auditor(
+        input=request.input, n_bins=settings.n_bins, sample_size=settings.sample_size,
+        seed=settings.seed,
+    )  # fmt: skip
+    names: dict[str, int] = {}
+    log = ReadLog()
+    for path in files:
+        for b in _batches(request, path, log, settings.max_unparsed):
+            groups = None
+            if request.group:
+                lut = torch.tensor(
+                    [names.setdefault(n, len(names)) for n in b.group_names], dtype=torch.int64
+                )
+                groups = lut[b.groups] if b.groups.numel() else b.groups
+            auditor.update(b.preds, b.target, groups, b.weight)
+    state = auditor.state(list(names) if request.group else None, read_log=log.to_dict(),
+                          weight=request.weight)  # fmt: skip
+    return state if engine == "stream" else replace(state, engine=engine)
+
+
+def check_rejected(state: BinnedState, source: str, max_share: float) -> None:
+    """``ValueError`` naming ``source`` when the state's rejected rows exceed ``max_share``
+    of the rows seen (reasons and counts in the message)."""
+    bad = {k: v for k, v in state.header.rows_rejected.items() if v}
+    rejected = sum(bad.values())
+    seen = max(int(state.header.rows_seen), rejected)
+    if rejected and rejected > max_share * seen:
+        parts = ", ".join(f"{k} {v}" for k, v in bad.items())
+        raise ValueError(
+            f"{source}: {rejected} of {seen} rows are invalid ({parts}), more than "
+            f"--max-unparsed {max_share:g} of them"
+        )
+
+
+def state_of_binned(
+    state: BinnedState,
+    *,
+    grid: GridCounts | None = None,
+    sample: dict[str, Any] | None = None,
+    read_log: dict[str, Any] | None = None,
+    rejected: dict[str, int] | None = None,
+) -> AuditState:
+    """The :class:`~torchcal.audit.state.AuditState` of a binned state (binary or confidence
+    reading, one slot); ``sample`` (``preds``, ``target``, ``group`` names) the kept rows an
+    engine sampled, ``rejected`` the reasons to warn about (default: all of the header's)."""
+    h = state.header
+    if read_log is None and rejected is None:
+        read_log, rejected = _read_log(state, {})
+    if h.reading not in ("binary", "confidence") or state.stats.count.shape[1] != 1:
+        raise ValueError(
+            f"state: the audit reads the binary or confidence reading (one slot), got "
+            f"reading {h.reading!r}"
+        )
+    G = len(state.groups)
+    nan = torch.full((G,), float("nan"), dtype=torch.float64)
+    nll = nan if state.nll is None else state.nll.sum((1, 2))
+    if state.right is not None:
+        hits = state.right.sum((1, 2))
+    elif h.reading == "confidence":
+        hits = state.stats.acc.sum((1, 2))  # right = the argmax was the label
+    else:
+        hits = nan.clone()
+    smp: dict[str, torch.Tensor] = {}
+    if sample and sample["target"]:
+        pos = {g: i for i, g in enumerate(state.groups)}
+        n = len(sample["target"])
+        smp = {
+            "row": torch.arange(n),
+            "preds": torch.tensor(sample["preds"], dtype=torch.float64),
+            "target": torch.tensor(sample["target"], dtype=torch.int64),
+            "group": torch.tensor([pos.get(g, 0) for g in sample["group"]], dtype=torch.int64),
+        }
+    return AuditState(
+        stats=state.stats,
+        nll=nll,
+        nll_inf=torch.zeros(G, dtype=torch.int64),
+        hits=hits,
+        names=tuple(state.groups),
+        grouped=h.group is not None,
+        input=h.input,
+        reading=h.reading,
+        num_classes=h.num_classes if h.reading == "confidence" else None,
+        n_rows=int(state.stats.count.sum()),
+        saturated=h.rows_saturated,
+        engine=h.producer,
+        grid=grid,
+        sample=smp,
+        read_log=dict(read_log or {}),
+        rejected=dict(h.rows_rejected if rejected is None else rejected),
+        weight=h.weight,
+    )
+
+
+def _read_log(
+    st: BinnedState, text: dict[str, dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """The read log of a state's rows the readers exclude (unparsed and missing confidences,
+    as the streaming road lists them; ``text``: what an engine saw in its text columns), and
+    the other rejections, to be warned about."""
+    rej = dict(st.header.rows_rejected)
+    excluded = []
+    for col, t in text.items():
+        count = t["unparsed"] + t["missing"]
+        if count:
+            excluded.append({"column": col, "reason": "not a number nor a percent",
+                             "count": count, "where": None,
+                             "text": "" if t["missing"] else str(t["example"])})  # fmt: skip
+    numeric = [c for c in st.header.columns.get("preds", []) if c not in text] or ["preds"]
+    if not text and rej.get("preds_unparsed"):
+        excluded.append({"column": numeric[0], "reason": "not a number nor a percent",
+                         "count": rej["preds_unparsed"], "where": None, "text": ""})  # fmt: skip
+    if len(numeric) == len(st.header.columns.get("preds", [None])) and rej.get("preds_null"):
+        excluded.append({"column": numeric[0], "reason": "missing value",
+                         "count": rej["preds_null"], "where": None, "text": ""})  # fmt: skip
+    for r in _READ_REASONS:
+        rej[r] = 0
+    if not excluded and not text:
+        return {}, rej
+    n_kept = int(st.stats.count.sum())
+    read = {
+        "rows": n_kept + sum(int(e["count"]) for e in excluded),
+        "kept": n_kept,
+        "excluded": excluded,
+        "blank_lines": 0,
+        "percent": {c: t["percent"] for c, t in text.items() if t["percent"]},
+    }
+    return read, rej
+
+
+def state_of_engine(result: EngineAudit) -> AuditState:
+    """The :class:`~torchcal.audit.state.AuditState` of an engine's :class:`~torchcal
+    .engines.collect.EngineAudit`: its value grid and sample, and the rows the readers would
+    have excluded (unparsed and missing confidences) as the read log, as the streaming road
+    reports them."""
+    st = result.state
+    grid = None
+    if result.grid is not None:
+        names, count, pos, w = result.grid
+        order = [names.index(g) for g in st.groups if g in names]
+        if len(order) == len(st.groups):
+            idx = torch.tensor(order, dtype=torch.int64)
+            grid = GridCounts(
+                torch.from_numpy(count)[idx],
+                torch.from_numpy(pos)[idx],
+                None if w is None else torch.from_numpy(w)[idx],
+            )
+    read, rej = _read_log(st, result.text)
+    return state_of_binned(st, grid=grid, sample=result.sample, read_log=read, rejected=rej)
 
 
 def report_from_state(
@@ -110,141 +380,12 @@ def report_from_state(
             "fit_temperature: a state holds binned sums, not rows; fit on the rows "
             "(FILE with --engine duckdb draws a sample) or with `torchcal fit-temperature`"
         )
-    a = StateAuditor.from_state(state, seed=seed, sample=sample)
-    if a.n_rows == 0:
+    settings = AuditSettings(
+        threshold=threshold, tolerance=tolerance, alpha=alpha, power=power, seed=seed,
+        cost_error=cost_error, cost_escalation=cost_escalation,
+        fit_temperature=fit_temperature, min_group=min_group,
+    )  # fmt: skip
+    st = state_of_binned(state, sample=sample)
+    if st.n_rows == 0:
         raise ValueError("state: no rows were kept (every row was rejected, or none was seen)")
-    report = a.report(
-        group_names=list(state.groups) if a.grouped else None,
-        threshold=threshold,
-        tolerance=tolerance,
-        cost_error=cost_error,
-        cost_escalation=cost_escalation,
-        fit_temperature=fit_temperature,
-        min_group=min_group,
-        alpha=alpha,
-        power=power,
-    )
-    bad = {k: v for k, v in state.header.rows_rejected.items() if v}
-    if bad:
-        parts = ", ".join(f"{k} {v}" for k, v in bad.items())
-        report.warnings.append(f"{sum(bad.values())} rows were left out of the state: {parts}")
-    report.settings["engine"] = state.header.producer
-    if state.header.weight is not None:
-        report.settings["weight"] = state.header.weight
-        report.settings["weight_total"] = float(state.stats.mass().sum())
-    return report
-
-
-# --- command-line glue (torchcal/cli.py calls these) ---
-
-
-def _engine_of(args: argparse.Namespace) -> str:
-    from torchcal.engines.duck import available
-
-    engine = args.engine or "auto"
-    if engine == "auto":
-        return "duckdb" if available() else "memory"
-    if engine == "duckdb" and not available():
-        raise ValueError("--engine: duckdb is not installed (pip install 'torchcal[engines]')")
-    return engine
-
-
-def _check(args: argparse.Namespace) -> None:
-    if args.state:
-        given = [
-            f for f in ("file", "probs", "logits", "label", "group", "weight") if getattr(args, f)
-        ]
-        if given:
-            flag = given[0] if given[0] == "file" else "--" + given[0]
-            raise ValueError(f"--state: audits state files; {flag} belongs to a file of rows")
-        if args.bins is not None:
-            raise ValueError("--bins: a state keeps the bins it was written with (its n_bins)")
-        if args.fit_temperature:
-            raise ValueError(
-                "--fit-temperature: a state holds binned sums, not rows; audit the rows "
-                "(FILE with --engine duckdb draws a sample) or use `torchcal fit-temperature`"
-            )
-        return
-    if not args.file:
-        raise ValueError("the following arguments are required: file (or --state FILE_OR_GLOB)")
-    if not (args.probs or args.logits):
-        raise ValueError("one of the arguments --probs --logits is required")
-    if not args.label:
-        raise ValueError("the following arguments are required: --label")
-    if args.logits:
-        raise ValueError("--logits: the engines read probabilities (--probs COL)")
-    if args.fit_temperature and args.weight:
-        raise ValueError("--fit-temperature: the temperature fit reads rows without weights")
-    if args.table and not os.path.isfile(args.file):
-        raise ValueError(f"{args.file}: no such DuckDB database")
-
-
-def state_of_args(args: argparse.Namespace) -> tuple[BinnedState, dict[str, Any] | None]:
-    """The state (and, on the DuckDB path with ``--fit-temperature``, a sample) the command
-    line asks for."""
-    from torchcal.engines import duck, memory
-    from torchcal.engines.state import read_states
-
-    _check(args)
-    if args.state:
-        return read_states(args.state), None
-    preds = args.probs[0] if len(args.probs) == 1 else list(args.probs)  # binary | confidence
-    kw = {"preds": preds, "label": args.label, "group": args.group, "weight": args.weight}
-    n_bins = DEFAULT_ENGINE_BINS if args.bins is None else args.bins
-    engine = "duckdb" if args.table else _engine_of(args)
-    sample = None
-    if engine == "duckdb":
-        state = duck.state_from_duckdb(args.file, n_bins=n_bins, table=args.table, **kw)
-        if args.fit_temperature:
-            sample = duck.sample_rows(
-                args.file,
-                preds=preds,
-                label=args.label,
-                group=args.group,
-                seed=args.seed,
-                table=args.table,
-            )
-    else:
-        state = memory.state_from_files(args.file, n_bins=n_bins, chunk_rows=args.chunk_rows, **kw)
-    return state, sample
-
-
-def check_rejected(state: BinnedState, source: str, max_share: float) -> None:
-    """``ValueError`` naming ``source`` when the state's rejected rows exceed ``max_share``
-    of the rows seen (reasons and counts in the message)."""
-    bad = {k: v for k, v in state.header.rows_rejected.items() if v}
-    rejected = sum(bad.values())
-    seen = max(int(state.header.rows_seen), rejected)
-    if rejected and rejected > max_share * seen:
-        parts = ", ".join(f"{k} {v}" for k, v in bad.items())
-        raise ValueError(
-            f"{source}: {rejected} of {seen} rows are invalid ({parts}), more than "
-            f"--max-unparsed {max_share:g} of them"
-        )
-
-
-def audit_engine(args: argparse.Namespace) -> tuple[AuditReport, list[Any]]:
-    """The report of ``torchcal audit`` on the engine/state path, and the warnings raised.
-
-    Rows the engine rejected (NaN, out of range, an invalid label, ...) stop the audit once
-    they are more than ``--max-unparsed`` of the rows seen, as the row reader's excluded rows
-    do: a gate must not PASS half a file."""
-    state, sample = state_of_args(args)
-    check_rejected(state, args.state or args.file, args.max_unparsed)
-    if args.write_state:
-        write_state(state, args.write_state)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        report = report_from_state(
-            state,
-            threshold=args.threshold,
-            tolerance=args.tolerance,
-            cost_error=args.cost_error,
-            cost_escalation=args.cost_escalation,
-            fit_temperature=args.fit_temperature,
-            seed=args.seed,
-            alpha=args.alpha,
-            power=args.power,
-            sample=sample,
-        )
-    return report, list(caught)
+    return build_report(st, settings)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from torchcal.audit._format import rule_text
+from torchcal.audit._format import note_lines, rule_text
 
 __all__ = ["CSP", "json_safe", "page_data", "render_html", "script_json"]
 
@@ -207,6 +207,10 @@ def banner(d: dict[str, Any]) -> str:
     if warnings:
         lis = "".join(f"<li>{html.escape(str(w))}</li>" for w in warnings)
         out += f'<div class="warnings" id="warnings">Warnings:<ul>{lis}</ul></div>'
+    notes = note_lines(d) if "settings" in d and "tolerance" in d["settings"] else []
+    if notes:  # every note the console prints under its tables
+        lis = "".join(f"<li>{html.escape(n.strip())}</li>" for n in notes)
+        out += f'<div class="notes" id="notes">Notes:<ul>{lis}</ul></div>'
     return out
 
 

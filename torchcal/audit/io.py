@@ -224,6 +224,7 @@ class Batch:
     group_names: list[str]
     done: int
     log: ReadLog
+    weight: Tensor | None = None
 
 
 def read_predictions(
@@ -237,12 +238,14 @@ def read_predictions(
     engine: str | None = None,
     max_unparsed: float = MAX_UNPARSED,
     log: ReadLog | None = None,
+    weight: str | None = None,
 ) -> Iterator[Batch]:
     """:func:`read_columns` plus the audit's checks: ``preds`` names one column (binary:
     P(y = 1), or a 2-D NPZ/.pt array) or C >= 2 columns (the classes' probabilities or logits);
     labels must be 0/1 (binary, True/False too) or class indices in [0, C); probabilities must
     lie in [0, 1] (percents read as such; a row whose probability does not parse is excluded,
-    see ``max_unparsed``), logits be finite. Errors name the column, the value and where it is.
+    see ``max_unparsed``), logits be finite; a ``weight`` column (frequency weights) finite
+    and ``>= 0``. Errors name the column, the value and where it is.
 
     Example:
         >>> import tempfile
@@ -262,7 +265,7 @@ def read_predictions(
     """
     if input not in ("probs", "logits"):
         raise ValueError(f"input: expected 'probs' or 'logits', got {input!r}")
-    names = list(dict.fromkeys([*preds, label]))
+    names = list(dict.fromkeys([*preds, label] + ([weight] if weight else [])))
     kinds = {c: STATED if input == "probs" else NUMBER for c in preds}
     kinds[label] = LABEL if label not in kinds else kinds[label]
     log = ReadLog() if log is None else log
@@ -282,7 +285,21 @@ def read_predictions(
         y = _check_labels(chunk, chunk.columns[label], label, 1 if p.ndim == 1 else p.shape[1])
         groups = None if chunk.groups is None else torch.from_numpy(chunk.groups)
         tensors = torch.from_numpy(p), torch.from_numpy(y)
-        yield Batch(*tensors, groups, chunk.group_names, chunk.done, log)
+        w = None if weight is None else _check_weights(chunk, weight)
+        yield Batch(*tensors, groups, chunk.group_names, chunk.done, log, w)
+
+
+def _check_weights(chunk: Chunk, name: str) -> Tensor:
+    """Frequency weights: finite and >= 0; name the row of the first bad one."""
+    w = np.ascontiguousarray(chunk.columns[name], dtype=np.float64)
+    bad = ~(np.isfinite(w) & (w >= 0))
+    if bad.any():
+        i, where = _first(chunk, bad)
+        raise ValueError(
+            f"{name}: weight {float(w[i])!r} at {where} is not a frequency weight (expected a "
+            f"finite number >= 0)"
+        )
+    return torch.from_numpy(w if w.flags.writeable else w.copy())
 
 
 def _stack_preds(chunk: Chunk, preds: list[str]) -> np.ndarray:

@@ -8,10 +8,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from torchcal.engines.sql import checked_rows_sql, header_for, state_from_rows, state_sql
+from torchcal.engines.collect import EngineAudit, collect
+from torchcal.engines.sql import header_for, state_from_rows, state_sql
 from torchcal.engines.state import BinnedState
 
-__all__ = ["NO_STATS", "available", "sample_rows", "source_sql", "state_from_duckdb"]
+__all__ = ["NO_STATS", "audit_duckdb", "available", "source_sql", "state_from_duckdb"]
 
 #: DuckDB (2.0.1) folds ``isnan(p)`` of a Parquet column to false from the file's min/max
 #: statistics, which leave NaN out (and so would fold ``p > 1`` for a file whose only bad
@@ -52,6 +53,8 @@ def source_sql(source: str | os.PathLike[str], table: str | None = None) -> str:
         raise ValueError(
             f"{s}: expected a .parquet/.pq/.csv path or glob (or a DuckDB database with --table)"
         )
+    if ext == ".csv":  # every field as text, parsed by the readers' rule (percents, True)
+        return f"read_csv({_literal(s)}, all_varchar = true)"
     return f"{_READERS[ext]}({_literal(s)})"
 
 
@@ -67,6 +70,67 @@ def _connect(source: str, table: str | None, threads: int | None) -> Any:
             raise ValueError(f"{source}: no such DuckDB database")
         con.execute(f"ATTACH {_literal(source)} AS db (READ_ONLY)")
     return con
+
+
+def _text_columns(con: Any, src: str, columns: Sequence[str]) -> list[str]:
+    """The ``columns`` of ``src`` DuckDB types as text (parsed by the readers' rule)."""
+    import duckdb
+
+    try:
+        desc = con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()
+    except duckdb.Error as e:
+        raise ValueError(f"{src}: DuckDB cannot read it: {_short(e)}") from None
+    types = {str(r[0]): str(r[1]).upper() for r in desc}
+    missing = [c for c in columns if c not in types]
+    if missing:
+        raise ValueError(f"{missing[0]}: no such column in {src} (columns: {list(types)})")
+    return [c for c in columns if types[c] == "VARCHAR"]
+
+
+def _short(e: BaseException, limit: int = 200) -> str:
+    msg = " ".join(str(e).split())
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def audit_duckdb(
+    source: str | os.PathLike[str],
+    *,
+    preds: str | Sequence[str],
+    label: str,
+    group: str | None = None,
+    weight: str | None = None,
+    n_bins: int | None = None,
+    table: str | None = None,
+    threads: int | None = None,
+    sample_size: int = 20000,
+    seed: int = 0,
+) -> EngineAudit:
+    """The audit's state, value grid, sample and text log (:func:`~torchcal.engines.collect
+    .collect`) of a Parquet/CSV path or glob, or of ``table`` in the DuckDB database
+    ``source``. Text columns (every CSV column is read as text) are parsed by the readers'
+    rule; a failing query is a one-line ``ValueError`` naming ``source``."""
+    import duckdb
+
+    s = os.fspath(source)
+    src = source_sql(s, table)
+    con = _connect(s, table, threads)
+    cols = [preds] if isinstance(preds, str) else list(preds)
+    used = list(dict.fromkeys(c for c in (*cols, label, group, weight) if c))
+    try:
+        text = _text_columns(con, src, used)
+
+        def run(sql: str) -> list[Any]:
+            return con.execute(sql).fetchall()
+
+        return collect(
+            run, src, preds=preds, label=label, group=group, weight=weight, n_bins=n_bins,
+            text=text, sample_size=sample_size, seed=seed,
+            producer=f"duckdb {duckdb.__version__}",
+        )  # fmt: skip
+    except duckdb.Error as e:
+        raise ValueError(f"{s}: DuckDB could not compute the state: {_short(e)}") from None
+    finally:
+        con.close()
 
 
 def state_from_duckdb(
@@ -104,12 +168,16 @@ def state_from_duckdb(
     else:
         src = source_sql(s, table)
         con = _connect(s, table, threads)
-    sql = state_sql(src, preds=preds, label=label, group=group, weight=weight, n_bins=n_bins)
+    cols = [preds] if isinstance(preds, str) else list(preds)
+    used = list(dict.fromkeys(c for c in (*cols, label, group, weight) if c))
     try:
+        text = _text_columns(con, src, used)
+        sql = state_sql(
+            src, preds=preds, label=label, group=group, weight=weight, n_bins=n_bins, text=text
+        )
         rows = con.execute(sql).fetchall()
     except duckdb.Error as e:
-        msg = " ".join(str(e).split())
-        raise ValueError(f"{s}: DuckDB could not compute the state: {msg}") from None
+        raise ValueError(f"{s}: DuckDB could not compute the state: {_short(e)}") from None
     finally:
         if connection is None:
             con.close()
@@ -122,40 +190,3 @@ def state_from_duckdb(
         producer=f"duckdb {duckdb.__version__}",
     )
     return state_from_rows(rows, header)
-
-
-def sample_rows(
-    source: str | os.PathLike[str],
-    *,
-    preds: str | Sequence[str],
-    label: str,
-    group: str | None = None,
-    size: int = 20000,
-    seed: int = 0,
-    table: str | None = None,
-) -> dict[str, list[Any]]:
-    """A seeded reservoir sample of at most ``size`` kept rows (the checks of the state),
-    by ``USING SAMPLE reservoir(size ROWS) REPEATABLE (seed)`` on one thread (DuckDB's sample
-    is repeatable only single-threaded), ordered by ``(p, y, g)``: the rows the temperature
-    fit and the HTML page use on this path. Not the in-memory path's sample (another
-    generator), so ``--fit-temperature`` numbers differ between the paths."""
-    s = os.fspath(source)
-    con = _connect(s, table, 1)
-    with_sql = checked_rows_sql(
-        source_sql(s, table), preds=preds, label=label, group=group, n_bins=10
-    )
-    C = 1 if isinstance(preds, str) else len(preds)
-    pv = ", ".join(f"p{k}" for k in range(C))
-    sql = f"""{with_sql}
-SELECT {pv}, y, g FROM (SELECT {pv}, y, g FROM scored WHERE reason IS NULL)
-USING SAMPLE reservoir({int(size)} ROWS) REPEATABLE ({int(seed)})"""
-    try:
-        rows = sorted(con.execute(sql).fetchall())
-    finally:
-        con.close()
-    preds_out = [r[0] if C == 1 else list(r[:C]) for r in rows]
-    return {
-        "preds": preds_out,
-        "target": [int(r[C]) for r in rows],
-        "group": [r[C + 1] for r in rows],
-    }

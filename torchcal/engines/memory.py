@@ -89,9 +89,10 @@ def state_from_arrays(
     if g is not None and g.shape != (n,):
         raise ValueError(f"groups: expected {n} group names, got shape {g.shape}")
     reason = np.full(n, -1, np.int8)
+    code = {r: i for i, r in enumerate(REJECT_REASONS)}
 
-    def mark(i: int, bad: np.ndarray) -> None:
-        reason[(reason < 0) & bad] = i
+    def mark(why: str, bad: np.ndarray) -> None:
+        reason[(reason < 0) & bad] = code[why]
 
     x2 = x.reshape(n, C)
 
@@ -100,24 +101,27 @@ def state_from_arrays(
 
     with np.errstate(invalid="ignore"):
         if preds_null is not None:
-            mark(0, rows_any(np.asarray(preds_null, bool)))
-        mark(1, rows_any(np.isnan(x2)))
-        mark(2, rows_any((x2 < 0) | (x2 > 1)))
+            mark("preds_null", rows_any(np.asarray(preds_null, bool)))
+        mark("preds_nan", rows_any(np.isnan(x2)))
+        mark("preds_out_of_range", rows_any((x2 < 0) | (x2 > 1)))
         if C == 1:
             bad_y = ~((y == 0) | (y == 1))
         else:
             total = x2[:, 0].copy()
             for k in range(1, C):  # left to right, as the SQL adds them
                 total = total + x2[:, k]
-            mark(3, np.abs(total - 1) > probability_sum_tolerance(torch.float64, C))
+            mark(
+                "preds_not_normalised",
+                np.abs(total - 1) > probability_sum_tolerance(torch.float64, C),
+            )
             bad_y = ~((y == np.floor(y)) & (y >= 0) & (y <= C - 1))
         if target_null is not None:
             bad_y |= np.asarray(target_null, bool)
-        mark(4, bad_y)
+        mark("label_invalid", bad_y)
         if g is not None:
-            mark(5, np.array([v is None for v in g], bool))
+            mark("group_null", np.array([v is None for v in g], bool))
         if w is not None:
-            mark(6, ~(np.isfinite(w) & (w >= 0)))
+            mark("weight_invalid", ~(np.isfinite(w) & (w >= 0)))
     rejected = {r: int((reason == i).sum()) for i, r in enumerate(REJECT_REASONS)}
     keep = reason < 0
     names: list[str]
@@ -137,6 +141,7 @@ def state_from_arrays(
         rows_seen=n,
         rows_rejected=rejected,
         producer=PRODUCER,
+        rows_saturated=int(rows_any((x2 == 0) | (x2 == 1))[keep].sum()),
     )
     p = torch.from_numpy(np.ascontiguousarray(x[keep]))
     t = torch.from_numpy(y[keep]).long()

@@ -9,10 +9,46 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from torchcal.engines.collect import EngineAudit, collect
 from torchcal.engines.sql import header_for, state_from_rows, state_sql
 from torchcal.engines.state import BinnedState
 
-__all__ = ["state_from_spark"]
+__all__ = ["audit_spark", "state_from_spark"]
+
+
+def audit_spark(
+    df: Any,
+    *,
+    preds: str | Sequence[str],
+    label: str,
+    group: str | None = None,
+    weight: str | None = None,
+    n_bins: int | None = None,
+    sample_size: int = 20000,
+    seed: int = 0,
+) -> EngineAudit:
+    """The audit's state, value grid, sample and text log (:func:`~torchcal.engines.collect
+    .collect`) of a PySpark DataFrame, every query in the Spark dialect on a temporary view;
+    string columns are parsed by the readers' rule (percents, ``True``/``False``)."""
+    import pyspark
+
+    cols = [preds] if isinstance(preds, str) else list(preds)
+    missing = [c for c in (*cols, label, group, weight) if c and c not in df.columns]
+    if missing:
+        raise ValueError(f"{missing[0]}: no such column in the DataFrame (columns: {df.columns})")
+    types = dict(df.dtypes)
+    text = [c for c in dict.fromkeys((*cols, label, weight)) if c and types[c] == "string"]
+    view = f"torchcal_state_{uuid.uuid4().hex}"
+    df.createOrReplaceTempView(view)
+    try:
+        return collect(
+            lambda q: [tuple(r) for r in df.sparkSession.sql(q).collect()], view,
+            preds=preds, label=label, group=group, weight=weight, n_bins=n_bins,
+            dialect="spark", text=text, sample_size=sample_size, seed=seed,
+            producer=f"spark {pyspark.__version__}",
+        )  # fmt: skip
+    finally:
+        df.sparkSession.catalog.dropTempView(view)
 
 
 def state_from_spark(

@@ -48,6 +48,9 @@ _D = {  # per dialect: the few spellings that differ
         "isnan": "isnan({})",
         "sum": "fsum",
         "q": '"',
+        "match": "regexp_full_match({}, '{}')",
+        "strip": "regexp_replace({}, '^\\s+|\\s+$', '', 'g')",
+        "hash": "hash({})",
     },
     "spark": {
         "double": "DOUBLE",
@@ -56,6 +59,9 @@ _D = {  # per dialect: the few spellings that differ
         "isnan": "isnan({})",
         "sum": "SUM",
         "q": "`",
+        "match": "({} RLIKE '^(?:{})$')",
+        "strip": "regexp_replace({}, '^\\\\s+|\\\\s+$', '')",
+        "hash": "xxhash64({})",
     },
     "bigquery": {
         "double": "FLOAT64",
@@ -96,6 +102,61 @@ def _as_columns(preds: str | Sequence[str]) -> list[str]:
     return cols
 
 
+#: the value syntax of docs/design.md section 6c.1 (``torchcal.audit._columns``), as regular
+#: expressions on the stripped text: numbers (ASCII decimals, sign, fraction, exponent,
+#: ``inf``/``infinity``/``nan`` in any case), a stated percent (``85%``, `` 85 % ``) and the
+#: label words ``true``/``false`` (any case)
+NUMBER_RE = r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf(?:inity)?|nan))"
+PERCENT_RE = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)\s*%"
+#: how a text column reads, by its kind (the kinds of ``torchcal.audit._columns``)
+TEXT_KINDS = ("number", "stated", "label")
+
+
+def _regex(pattern: str, dialect: str) -> str:
+    """``pattern`` inside a SQL string literal of ``dialect`` (Spark unescapes backslashes)."""
+    if dialect == "spark":
+        pattern = pattern.replace("\\", "\\\\")
+    return pattern.replace("'", "''")
+
+
+def text_value_sql(column: str, kind: str, dialect: str) -> tuple[str, str, str]:
+    """Three SQL expressions over a text column: its value as DOUBLE by the readers' rule for
+    ``kind`` (NULL when blank or unparsed), whether it is unparsed (text that is no value),
+    and whether it was read as a percent. A percent is the decimal's digits divided by the
+    power of ten once (``85.5%`` = 855 / 1000: one rounding, as ``Decimal / 100``, for up to
+    15 digits).
+
+    Example:
+        >>> v, bad, pct = text_value_sql("p", "stated", "duckdb")
+        >>> "regexp_full_match" in v and "%" in pct
+        True
+    """
+    if kind not in TEXT_KINDS:
+        raise ValueError(f"kind: expected one of {TEXT_KINDS}, got {kind!r}")
+    d = _D[dialect]
+    if "match" not in d:
+        raise ValueError(f"dialect: {dialect!r} reads numeric columns only (no text parsing)")
+    dbl = d["double"]
+    t = d["strip"].format(quote(column, dialect))
+    is_num = d["match"].format(t, _regex(NUMBER_RE, dialect))
+    forms = [(is_num, f"CAST({t} AS {dbl})")]  # (condition, value), first match wins
+    pct = "FALSE"
+    if kind == "label":
+        forms.append((f"lower({t}) = 'true'", f"CAST(1 AS {dbl})"))
+        forms.append((f"lower({t}) = 'false'", f"CAST(0 AS {dbl})"))
+    if kind == "stated":
+        pct = d["match"].format(t, _regex(PERCENT_RE, dialect))
+        tail = _regex(r"\s*%$", dialect)
+        core = f"regexp_replace({t}, '{tail}', '')"
+        pos = "strpos" if dialect == "duckdb" else "instr"
+        frac = f"(CASE WHEN {pos}({core}, '.') > 0 THEN length({core}) - {pos}({core}, '.') ELSE 0 END)"
+        digits = f"CAST(replace({core}, '.', '') AS {dbl})"
+        forms.append((pct, f"{digits} / POWER(10, {frac} + 2)"))
+    value = "CASE " + " ".join(f"WHEN {c} THEN {v}" for c, v in forms) + " END"
+    unparsed = f"({t} IS NOT NULL AND NOT ({' OR '.join(c for c, _ in forms)}))"
+    return value, unparsed, f"COALESCE({pct}, FALSE)"
+
+
 def checked_rows_sql(
     source: str,
     *,
@@ -105,10 +166,13 @@ def checked_rows_sql(
     weight: str | None = None,
     n_bins: int = 10,
     dialect: str = "duckdb",
+    text: Sequence[str] = (),
 ) -> str:
-    """The ``WITH`` clause shared by :func:`state_sql` and the DuckDB sample: CTEs ``src``
-    (casts), ``checked`` (``reason``), ``conf`` (``c``) and ``kept`` (``bin``, ``c``, ``o`` the
-    outcome, ``w``, ``nll``, ``hit``; NULL on rejected rows)."""
+    """The ``WITH`` clause shared by :func:`state_sql` and the queries of the sample and the
+    value grid: CTEs ``src`` (casts; columns named in ``text`` are parsed by the readers' rule,
+    :func:`text_value_sql`), ``checked`` (``reason``), ``conf`` (``c``) and ``kept`` /
+    ``scored`` (``bin``, ``c``, ``o`` the outcome, ``w``, ``nll``, ``hit``; NULL on rejected
+    rows)."""
     if dialect not in DIALECTS:
         raise ValueError(f"dialect: expected one of {DIALECTS}, got {dialect!r}")
     B = check_int("n_bins", n_bins, minimum=1)
@@ -117,12 +181,22 @@ def checked_rows_sql(
     d = _D[dialect]
     dbl = d["double"]
     inf = f"CAST('inf' AS {dbl})"
+    text = set(text)
+
+    def value(col: str, kind: str) -> str:
+        if col in text:
+            return text_value_sql(col, kind, dialect)[0]
+        return f"CAST({quote(col, dialect)} AS {dbl})"
+
     g = f"CAST({quote(group, dialect)} AS {d['str']})" if group else "'all'"
-    w = f"CAST({quote(weight, dialect)} AS {dbl})" if weight else f"CAST(1 AS {dbl})"
+    w = value(weight, "number") if weight else f"CAST(1 AS {dbl})"
     ps = [f"p{k}" for k in range(C)]
-    cast = ", ".join(f"CAST({quote(c, dialect)} AS {dbl}) AS {v}" for c, v in zip(cols, ps))
+    cast = ", ".join(f"{value(c, 'stated')} AS {v}" for c, v in zip(cols, ps))
+    unparsed = [text_value_sql(c, "stated", dialect)[1] for c in cols if c in text]
+    bad_text = f"({' OR '.join(unparsed)})" if unparsed else "FALSE"
     any_of = " OR ".join
     checks = [
+        "WHEN u THEN 'preds_unparsed'",
         f"WHEN {any_of(f'{v} IS NULL' for v in ps)} THEN 'preds_null'",
         f"WHEN {any_of(d['isnan'].format(v) for v in ps)} THEN 'preds_nan'",
         f"WHEN {any_of(f'{v} < 0 OR {v} > 1' for v in ps)} THEN 'preds_out_of_range'",
@@ -154,7 +228,7 @@ def checked_rows_sql(
         q = "(CASE " + " ".join(f"WHEN y = {k} THEN {v}" for k, v in enumerate(ps)) + " END)"
         hit = "o"
     sql = f"""WITH src AS (
-  SELECT {cast}, CAST({quote(label, dialect)} AS {dbl}) AS y, {g} AS g, {w} AS w
+  SELECT {cast}, {value(label, "label")} AS y, {g} AS g, {w} AS w, {bad_text} AS u
   FROM {source}
 ), checked AS (
   SELECT {pv}, y, g, w, CASE
@@ -189,6 +263,7 @@ def state_sql(
     weight: str | None = None,
     n_bins: int = 10,
     dialect: str = "duckdb",
+    text: Sequence[str] = (),
 ) -> str:
     """The query computing the binned state of ``source`` (a table name or a table expression
     such as ``read_parquet('x/*.parquet')``; inserted as given) in ``dialect``. ``preds``: one
@@ -198,7 +273,10 @@ def state_sql(
 
     Output columns: ``reason`` (NULL for kept rows), ``grp`` (the group as a string, ``'all'``
     without ``group``), ``bin`` (NULL for rejected rows), ``n``, ``sum_c``, ``sum_y``,
-    ``sum_c2``, ``sum_cy``, ``sum_w`` (NULL when unweighted), ``nll``, ``hits``.
+    ``sum_c2``, ``sum_cy``, ``sum_w`` (NULL when unweighted), ``nll``, ``hits``, ``saturated``
+    (kept rows with a probability exactly 0 or 1). Columns named
+    in ``text`` are text parsed by the readers' rule (:func:`text_value_sql`; a value that is
+    no number nor percent is ``preds_unparsed``).
 
     Example:
         >>> sql = state_sql("t", preds="p", label="y", n_bins=10)
@@ -213,6 +291,7 @@ def state_sql(
         weight=weight,
         n_bins=n_bins,
         dialect=dialect,
+        text=text,
     )
     d = _D[dialect]
     dbl, S = d["double"], d["sum"]
@@ -227,8 +306,11 @@ def state_sql(
             f"{S}(c) AS sum_c, {S}(o) AS sum_y, {S}(c * c) AS sum_c2, {S}(c * o) AS sum_cy, "
             f"CAST(NULL AS {dbl}) AS sum_w, {S}(nll) AS nll, {S}(hit) AS hits"
         )
+    pv = [f"p{k}" for k in range(len(_as_columns(preds)))]
+    edge = " OR ".join(f"{v} = 0 OR {v} = 1" for v in pv)
+    sat = f"SUM(CASE WHEN reason IS NULL AND ({edge}) THEN 1 ELSE 0 END) AS saturated"
     return f"""{with_sql}
-SELECT reason, g AS grp, bin, COUNT(*) AS n, {sums}
+SELECT reason, g AS grp, bin, COUNT(*) AS n, {sums}, {sat}
 FROM scored
 GROUP BY reason, g, bin"""
 
@@ -258,7 +340,8 @@ def state_from_rows(rows: Iterable[Sequence[Any]], header: StateHeader) -> Binne
     t = [torch.from_numpy(v.copy()) for v in vals]
     weighted = header.weight is not None
     stats = BinnedStats(torch.from_numpy(count), *t[:4], weight=t[4] if weighted else None)
-    h = replace(header, rows_seen=seen, rows_rejected=rejected)
+    sat = sum(int(r[11] or 0) for r in kept if len(r) > 11)
+    h = replace(header, rows_seen=seen, rows_rejected=rejected, rows_saturated=sat)
     return BinnedState(h, tuple(names), stats, t[5], t[6])
 
 

@@ -18,7 +18,8 @@ One row per non-empty (group, slot, bin) cell (docs/design.md section 6f)::
 The file's schema metadata holds the header under the key ``torchcal.state`` (JSON):
 ``schema_version``, ``kind``, ``bin_rule``, ``n_bins``, ``reading``, ``input``,
 ``num_classes``, ``columns`` (preds, label), ``group``, ``weight`` (column names or null),
-``rows_seen``, ``rows_rejected`` (reason -> rows), ``producer``.
+``rows_seen``, ``rows_rejected`` (reason -> rows), ``producer``, ``rows_saturated`` (kept rows
+with a probability exactly 0 or 1; 0 where the producer did not count them).
 
 :func:`merge_states` adds states of one configuration (any other header field that differs is
 an error naming it): counts as integers, every float sum as ``math.fsum`` over the parts, the
@@ -61,6 +62,7 @@ METADATA_KEY = b"torchcal.state"
 BIN_RULE = "min(floor(float64(c) * B), B - 1)"
 #: why a row was left out, in the order the checks run (the first that applies counts)
 REJECT_REASONS = (
+    "preds_unparsed",
     "preds_null",
     "preds_nan",
     "preds_out_of_range",
@@ -99,6 +101,7 @@ class StateHeader:
     rows_seen: int = 0
     rows_rejected: dict[str, int] = field(default_factory=dict)
     producer: str = "torchcal"
+    rows_saturated: int = 0
     schema_version: int = SCHEMA_VERSION
     kind: str = "torchcal.binned_state"
     bin_rule: str = BIN_RULE
@@ -118,6 +121,7 @@ class StateHeader:
             "rows_seen": self.rows_seen,
             "rows_rejected": {r: int(self.rows_rejected.get(r, 0)) for r in REJECT_REASONS},
             "producer": self.producer,
+            "rows_saturated": self.rows_saturated,
         }
 
     @classmethod
@@ -141,6 +145,7 @@ class StateHeader:
             rows_seen=int(d["rows_seen"]),
             rows_rejected={str(k): int(v) for k, v in d["rows_rejected"].items()},
             producer=str(d.get("producer", "")),
+            rows_saturated=int(d.get("rows_saturated", 0)),
             schema_version=int(d["schema_version"]),
             kind=str(d["kind"]),
             bin_rule=str(d["bin_rule"]),
@@ -310,7 +315,9 @@ def expand_paths(patterns: str | Sequence[str], what: str = "--state") -> list[s
         patterns = [os.fspath(patterns)]
     out: list[str] = []
     for pat in patterns:
-        hits = sorted(_glob.glob(pat)) if _glob.has_magic(pat) else [pat]
+        # an existing file is itself, brackets and all (day[1].parquet is no character class)
+        magic = _glob.has_magic(pat) and not os.path.isfile(pat)
+        hits = sorted(_glob.glob(pat)) if magic else [pat]
         if not hits or not all(os.path.isfile(h) for h in hits):
             raise ValueError(f"{what}: no file matches {pat}")
         out.extend(hits)
@@ -402,6 +409,7 @@ def merge_states(states: Iterable[BinnedState], names: Sequence[str] | None = No
         h0,
         rows_seen=sum(st.header.rows_seen for st in states),
         rows_rejected=rejected,
+        rows_saturated=sum(st.header.rows_saturated for st in states),
         producer=" + ".join(producers),
         columns=h0.columns if all(st.header.columns == h0.columns for st in states) else {},
     )
