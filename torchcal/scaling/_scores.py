@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import warnings
+
+import torch
 from torch import Tensor
 
 from torchcal.functional._checks import (
@@ -14,9 +17,10 @@ from torchcal.functional._checks import (
     check_option,
     check_probabilities,
     check_tensor,
+    values_checked,
 )
 from torchcal.functional._validation import check_probability_rows
-from torchcal.scaling._base import as_binary_vector, warn_if_probabilities
+from torchcal.scaling._base import CalibrationWarning, as_binary_vector
 
 __all__ = ["INPUTS", "check_input", "check_scores"]
 
@@ -60,7 +64,7 @@ def check_scores(
             check_probabilities("scores", scores)
     else:
         check_finite("scores", scores)
-        warn_if_probabilities(scores)
+        _warn_if_probabilities(scores)
     if target is None:
         return scores, None
     target = check_tensor("target", target)
@@ -74,3 +78,22 @@ def check_scores(
     else:
         check_class_target("target", target, scores.shape[1])
     return scores, target
+
+
+def _warn_if_probabilities(scores: Tensor) -> None:
+    """A :class:`~torchcal.scaling.CalibrationWarning` when ``input="logits"`` scores look
+    like probabilities (every value in ``[0, 1]``; rows summing to 1 within 1e-4)."""
+    if not values_checked() or scores.numel() < 2:
+        return
+    x = scores.detach()
+    lo, hi = torch.aminmax(x)
+    if not (float(lo) >= 0.0 and float(hi) <= 1.0):
+        return
+    if x.dim() == 2 and not bool(((x.sum(1, dtype=torch.float64) - 1).abs() <= 1e-4).all()):
+        return
+    warnings.warn(
+        "scores: every value is in [0, 1]: these look like probabilities, not logits "
+        "(pass input='probs')",
+        CalibrationWarning,
+        stacklevel=4,
+    )
