@@ -198,6 +198,10 @@ class TemperatureRecorder(L.Callback):
         with open(f"{self.dirpath}/ece_rank{trainer.global_rank}.txt", "w") as fh:
             for h in ts.history:
                 fh.write(f"{h['ece_before_scaling']!r} {h['ece_after_scaling']!r}\n")
+        # and the refinement NLL and calibration gap it logged, per fit (ref_rank<r>.txt)
+        with open(f"{self.dirpath}/ref_rank{trainer.global_rank}.txt", "w") as fh:
+            for h in ts.history:
+                fh.write(f"{h['refinement_nll']!r} {h['calibration_gap']!r}\n")
 
 
 class RankShard(torch.utils.data.IterableDataset):

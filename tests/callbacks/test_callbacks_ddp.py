@@ -71,6 +71,13 @@ def check_eces(single: str, ddp: str) -> None:
     assert e0 == e1 and len(e0) == len(e_single) == 4  # two fits, before and after
     assert e0 == pytest.approx(e_single, rel=1e-12, abs=1e-15)
     assert e0[1] < e0[0]  # T lowered the ECE
+    # the refinement NLL and the calibration gap come from the all-reduced sums of the fit
+    r0, r1, r_single = (
+        [float(v) for line in open(os.path.join(out, f"ref_rank{r}.txt")) for v in line.split()]
+        for out, r in ((ddp, 0), (ddp, 1), (single, 0))
+    )
+    assert r0 == r1 and len(r0) == 4
+    assert r0 == pytest.approx(r_single, rel=1e-9)
 
 
 @pytest.mark.ddp
