@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from torchcal.functional.structured import structured_basis
 from torchcal.scaling import (
     CalibrationWarning,
+    CVFit,
+    NLLFit,
     NotFittedError,
-    StructuredFit,
     StructuredScaler,
     TemperatureScaler,
 )
@@ -66,7 +67,7 @@ def test_within_0002_of_probmetrics_sms(c, n_fit):
     scaler = StructuredScaler(c)
     res = _quiet_fit(scaler, zf, yf)
     ours = _nll_acc(scaler(zt), yt)[0]
-    assert not res.fell_back
+    assert not res.fallback
     assert ours <= theirs + 0.002, (ours, theirs)
 
 
@@ -89,22 +90,23 @@ def test_beats_one_temperature_where_a_structured_map_is_the_truth():
     ts.fit(zf, yf)
     scaler = StructuredScaler(10)
     res = scaler.fit(zf, yf)
-    assert not res.fell_back and res.converged
-    assert min(res.cv_nll) < res.cv_nll_temperature - 0.05
+    assert not res.fallback and res.converged
+    assert min(res.cv_nll) < res.temperature_cv_nll - 0.05
     assert _nll_acc(scaler(zt), yt)[0] < _nll_acc(ts(zt), yt)[0] - 0.05
 
 
 def test_fit_result_and_the_strength_path():
     zf, yf, _, _ = _split(2000, 0, 10, "vec", seed=3)
     res = StructuredScaler(10).fit(zf, yf)
-    assert isinstance(res, StructuredFit)
-    assert res.strengths[:3] == (1.0, 4.0, 0.25)
-    assert len(res.cv_nll) == len(res.strengths)
+    assert isinstance(res, CVFit) and res.chosen == "map" and res.temperature is None
+    assert {1.0, 4.0, 0.25} <= set(res.strengths)
+    assert list(res.strengths) == sorted(res.strengths, reverse=True)  # strongest first
+    assert len(res.cv_nll) == len(res.strengths) == len(res.fold_nll)
+    assert all(len(f) == 5 for f in res.fold_nll) and len(res.temperature_fold_nll) == 5
     assert res.reg == res.strengths[int(np.argmin(res.cv_nll))]
     assert res.nll_after < res.nll_before and res.passes > 0 and res.method == "lbfgs"
     # the walk went on toward the better side until the held-out NLL rose (or the cap)
-    order = sorted(range(len(res.strengths)), key=lambda i: res.strengths[i])
-    nlls = [res.cv_nll[i] for i in order]
+    nlls = list(reversed(res.cv_nll))  # weakest first
     best = int(np.argmin(nlls))
     assert all(nlls[i] > nlls[i + 1] for i in range(best))
     assert all(nlls[i] < nlls[i + 1] for i in range(best, len(nlls) - 1))
@@ -118,24 +120,22 @@ def test_guard_falls_back_to_the_temperature_map():
     scaler = StructuredScaler(10)
     with pytest.warns(CalibrationWarning, match="not below one temperature"):
         res = scaler.fit(zf, yf)
-    assert res.fell_back and res.converged
-    assert min(res.cv_nll) >= res.cv_nll_temperature
+    assert res.fallback and res.converged and res.chosen == "temperature" and res.reg is None
+    assert min(res.cv_nll) >= res.temperature_cv_nll
     assert any("not below" in w for w in res.warnings)
-    p = torch.softmax(scaler(zt).double(), 1)
-    t = res.temperature / float(scaler.scale[0])
-    assert torch.allclose(scaler.scale, scaler.scale[0].expand(10))
-    assert float(scaler.bias.abs().max()) == 0.0 and float(scaler.coef.abs().max()) == 0.0
-    torch.testing.assert_close(p, torch.softmax(zt.double() / t, 1), atol=1e-5, rtol=0)
     ts = TemperatureScaler()
     ts.fit(zf, yf)
-    assert abs(t - ts.temperature) < 1e-3 * ts.temperature
+    assert res.temperature == pytest.approx(ts.temperature, rel=1e-12)
+    assert float((scaler.scale - 1).abs().max()) == 0.0
+    assert float(scaler.bias.abs().max()) == 0.0 and float(scaler.coef.abs().max()) == 0.0
+    p = torch.softmax(scaler(zt).double(), 1)
+    torch.testing.assert_close(p, torch.softmax(ts(zt).double(), 1), atol=1e-6, rtol=0)
 
 
 def test_explicit_strength_has_no_cross_validation():
     zf, yf, _, _ = _split(1500, 0, 10, "vec", seed=5)
     res = StructuredScaler(10, reg=1.0).fit(zf, yf)
-    assert res.reg == 1.0 and res.strengths == () and res.cv_nll_temperature is None
-    assert not res.fell_back and res.converged
+    assert type(res) is NLLFit and res.converged and res.nll_after < res.nll_before
     strong = StructuredScaler(10, reg=1e6)
     strong.fit(zf, yf)
     assert float(strong.bias.abs().max()) < 1e-3  # pulled onto the temperature map
@@ -180,7 +180,7 @@ def test_low_rank_and_rank_zero_fit():
     for rank in (0, 4):
         scaler = StructuredScaler(30, rank=rank)
         res = _quiet_fit(scaler, zf, yf)
-        assert scaler.coef.shape == (30, rank) and not res.fell_back
+        assert scaler.coef.shape == (30, rank) and not res.fallback
         assert _nll_acc(scaler(zt), yt)[0] < res.nll_before
 
 

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from torchcal.functional.folds import fold_complement, kfold_indices
+from torchcal.functional.temperature.fit import fit_temperature
 
 __all__ = [
     "StructuredParams",
@@ -305,13 +306,17 @@ def _lbfgs(
 
 
 class StrengthChoice(NamedTuple):
-    """What :func:`choose_strength` scored: the strengths in the order tried, their
-    cross-validated NLLs (mean held-out NLL over all rows), the temperature map's, the
-    best strength, and the mean of its fold solutions (a warm start for the refit)."""
+    """What :func:`choose_strength` scored (the fields of
+    :class:`~torchcal.scaling.CVFit`): the strengths, strongest first, their
+    cross-validated NLLs (held-out NLL summed over the folds, per row) and per-fold mean
+    held-out NLLs, the same for the temperature map, the best strength, and the mean of its
+    fold solutions (a warm start for the refit)."""
 
     strengths: tuple[float, ...]
     cv_nll: tuple[float, ...]
-    cv_nll_temperature: float
+    fold_nll: tuple[tuple[float, ...], ...]
+    temperature_cv_nll: float
+    temperature_fold_nll: tuple[float, ...]
     best: float
     start: StructuredParams
     passes: int
@@ -349,10 +354,10 @@ def choose_strength(
         )
         parts.append(_Fold(fit_rows, test_rows, curv, ts.params, test_rows.nll(ts.params)))
     cv_ts = sum(p.test.x.shape[0] * p.ts_nll for p in parts) / n
-    scored: dict[int, tuple[float, list[StructuredParams]]] = {}
+    scored: dict[int, tuple[float, list[StructuredParams], tuple[float, ...]]] = {}
 
     def score(k: int, warm: int | None) -> float:
-        total, sols = 0.0, []
+        total, sols, per_fold = 0.0, [], []
         for i, part in enumerate(parts):
             start = part.ts if warm is None else scored[warm][1][i]
             sol = fit_structured(
@@ -363,9 +368,10 @@ def choose_strength(
                 grad_tol=10 * grad_tol,
                 max_iter=max_iter,
             )
-            total += part.test.nll(sol.params) * part.test.x.shape[0]
+            per_fold.append(part.test.nll(sol.params))
+            total += per_fold[-1] * part.test.x.shape[0]
             sols.append(sol.params)
-        scored[k] = (total / n, sols)
+        scored[k] = (total / n, sols, tuple(per_fold))
         return total / n
 
     score(0, None)
@@ -375,7 +381,7 @@ def choose_strength(
     while abs(k) < max_steps and scored[k][0] < scored[k - step][0]:
         score(k + step, k)
         k += step
-    ks = list(scored)
+    ks = sorted(scored, reverse=True)  # strongest first
     best = min(ks, key=lambda j: scored[j][0])
     sols = scored[best][1]
     mean = StructuredParams(*(torch.stack([s[i] for s in sols]).mean(0) for i in range(4)))
@@ -383,7 +389,9 @@ def choose_strength(
     return StrengthChoice(
         tuple(4.0**j for j in ks),
         tuple(scored[j][0] for j in ks),
+        tuple(scored[j][2] for j in ks),
         cv_ts,
+        tuple(p.ts_nll for p in parts),
         4.0**best,
         mean,
         passes,
@@ -464,16 +472,19 @@ def fit_structured_map(
         prob, strength, start, curvature=curv, grad_tol=grad_tol, max_iter=max_iter
     )
     messages: list[str] = []
-    fell_back = choice is not None and min(choice.cv_nll) >= choice.cv_nll_temperature
+    fell_back = choice is not None and min(choice.cv_nll) >= choice.temperature_cv_nll
     if fell_back:
         assert choice is not None
-        sol = fit_structured(
-            prob, 1.0, zero, curvature=curv, temperature_only=True, grad_tol=grad_tol
-        )
+        exact = fit_temperature(logits, y)  # TemperatureScaler's fit: the same T
+        t0 = math.exp(exact.log_temperature)
+        x, _ = structured_features(logits, t0)
+        prob = StructuredProblem.of(x, y, basis, mask)
+        sol = FitInfo(zero, math.nan, exact.grad_norm, exact.iterations, exact.passes)
         messages.append(
-            f"StructuredScaler: the chosen map's cross-validated NLL ({min(choice.cv_nll):.6f}) "
-            f"is not below one temperature's ({choice.cv_nll_temperature:.6f}); "
-            f"returning the temperature map"
+            f"StructuredScaler: the cross-validated NLL of the map ({min(choice.cv_nll):.6g}, "
+            f"strength {choice.best:.3g}) is not below one temperature's "
+            f"({choice.temperature_cv_nll:.6g}) on {folds} folds: fitted the temperature map "
+            f"instead (T = {t0:.6g}); TemperatureScaler is the better map here"
         )
     elif sol.grad_norm > grad_tol and sol.iterations >= max_iter:
         messages.append(

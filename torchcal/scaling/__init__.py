@@ -7,6 +7,8 @@
   maps of logits or log-probabilities, their strength cross-validated with a temperature guard
   (a :class:`CVFit`; Guo et al., 2017; Kull et al., 2019).
 - :class:`IsotonicCalibrator` -- pool-adjacent-violators (Zadrozny & Elkan, 2002).
+- :class:`StructuredScaler` -- a temperature plus per-class scales, biases and a low-rank
+  correction, regularised toward it (structured matrix scaling; Berta et al., 2026).
 - :class:`BetaScaler` -- binary beta calibration ``a ln p - b ln(1 - p) + c`` (Kull et al., 2017).
 - :class:`VennAbersCalibrator` -- inductive Venn-Abers ``(p0, p1)`` and their merge (Vovk et al.,
   2015), binary and one-vs-rest.
@@ -50,7 +52,7 @@ from torchcal.scaling.group import GroupTemperatureScaler
 from torchcal.scaling.isotonic import IsotonicCalibrator
 from torchcal.scaling.platt import PlattScaler
 from torchcal.scaling.quantile import QuantileRecalibrator
-from torchcal.scaling.structured import StructuredFit, StructuredScaler
+from torchcal.scaling.structured import StructuredScaler
 from torchcal.scaling.temperature import TemperatureScaler
 from torchcal.scaling.variance import VarianceScaler
 from torchcal.scaling.venn_abers import VennAbersCalibrator
@@ -74,7 +76,6 @@ __all__ = [
     "VarianceScaler",
     "QuantileRecalibrator",
     "StructuredScaler",
-    "StructuredFit",
     "SplitConformal",
     "ConformalQuantileRegression",
     "ConformalFit",

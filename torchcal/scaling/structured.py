@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,34 +24,9 @@ from torchcal.scaling._base import (
     warn_if_probabilities,
     working_dtype,
 )
+from torchcal.scaling.affine import CVFit, check_reg
 
-__all__ = ["StructuredScaler", "StructuredFit"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class StructuredFit(NLLFit):
-    """What :meth:`StructuredScaler.fit` did: the fields of :class:`~torchcal.scaling.NLLFit`
-    (``grad_norm`` is the max-abs preconditioned gradient) and
-
-    Attributes:
-        temperature: ``T0``, the temperature of the features ``log_softmax(z / T0)``.
-        reg: the ridge multiplier used (``1`` is SMS's default strength): the one chosen on
-            the folds for ``reg="cv"``, else the given one.
-        fell_back: the guard returned the temperature map (the chosen map's cross-validated
-            NLL was not below one temperature's); also a ``CalibrationWarning``.
-        strengths: the multipliers scored on the folds, in the order tried (``()`` for a
-            given ``reg``).
-        cv_nll: their cross-validated NLLs (mean held-out NLL over all rows).
-        cv_nll_temperature: one temperature's cross-validated NLL on the same folds
-            (``None`` for a given ``reg``).
-    """
-
-    temperature: float
-    reg: float
-    fell_back: bool
-    strengths: tuple[float, ...]
-    cv_nll: tuple[float, ...]
-    cv_nll_temperature: float | None
+__all__ = ["StructuredScaler"]
 
 
 class StructuredScaler(FittedMixin):
@@ -70,7 +45,7 @@ class StructuredScaler(FittedMixin):
     ``reg="cv"`` (default) picks ``lam`` among powers of 4 by the held-out NLL on ``folds``
     seeded, shuffled folds (:func:`~torchcal.functional.folds.kfold_indices`), refits on all
     rows, and guards: if the chosen map's cross-validated NLL is not below the temperature
-    map's on the same folds, the fit returns the temperature map (``fell_back``, with a
+    map's on the same folds, the fit returns the temperature map (``fallback``, with a
     :class:`~torchcal.scaling.CalibrationWarning`). A number fixes ``lam`` (``1``: SMS's
     default; ``0``: unregularised). Deterministic for a ``seed``.
 
@@ -89,8 +64,8 @@ class StructuredScaler(FittedMixin):
         >>> y = torch.multinomial(torch.softmax(z / 2 + torch.tensor([1.0, 0, 0, -1]), 1), 1,
         ...                       generator=g).squeeze(1)
         >>> res = StructuredScaler(4).fit(z, y)
-        >>> res.fell_back, res.nll_after < res.nll_before, res.cv_nll_temperature > min(res.cv_nll)
-        (False, True, True)
+        >>> res.chosen, res.nll_after < res.nll_before, min(res.cv_nll) < res.temperature_cv_nll
+        ('map', True, True)
     """
 
     log_temperature: Tensor
@@ -113,14 +88,7 @@ class StructuredScaler(FittedMixin):
         super().__init__()
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
         self.rank = min(check_int("rank", rank, minimum=0), self.num_classes)
-        if isinstance(reg, str):
-            if reg != "cv":
-                raise ValueError(f"reg: expected 'cv' or a non-negative number, got {reg!r}")
-        elif isinstance(reg, bool) or not isinstance(reg, (int, float)) or not reg >= 0:
-            raise ValueError(f"reg: expected 'cv' or a finite number >= 0, got {reg!r}")
-        elif not math.isfinite(reg):
-            raise ValueError(f"reg: expected 'cv' or a finite number >= 0, got {reg!r}")
-        self.reg = reg
+        self.reg = check_reg(reg)
         self.folds = check_int("folds", folds, minimum=2)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed: expected an int, got {seed!r}")
@@ -178,8 +146,11 @@ class StructuredScaler(FittedMixin):
         )
         return logits_as(out, logits.dtype, 1)
 
-    def fit(self, logits: Tensor, target: Tensor) -> StructuredFit:
-        """Fit the map on multiclass logits ``(N, C)`` and class indices ``(N,)``."""
+    def fit(self, logits: Tensor, target: Tensor) -> NLLFit:
+        """Fit the map on multiclass logits ``(N, C)`` and class indices ``(N,)``: a
+        :class:`~torchcal.scaling.CVFit` for ``reg="cv"`` (the strengths scored, their
+        cross-validated and per-fold NLLs, one temperature's, ``fallback``), else an
+        :class:`~torchcal.scaling.NLLFit`."""
         check_logits_target(logits, target, multiclass_only=True)
         if logits.shape[1] != self.num_classes:
             raise ValueError(
@@ -211,20 +182,30 @@ class StructuredScaler(FittedMixin):
         for name in ("scale", "bias", "basis", "coef"):
             self._store(name, getattr(sol, name).to(self.scale.device))
         self._mark_fitted()
-        choice = sol.choice
-        return StructuredFit(
+        common: dict[str, Any] = dict(
             nll_before=sol.nll_before,
             nll_after=sol.nll_after,
             grad_norm=sol.grad_norm,
             iterations=sol.iterations,
-            converged=sol.fell_back or not sol.messages,
             warnings=warn_all(sol.messages),
             passes=sol.passes,
-            method="lbfgs",
-            temperature=sol.temperature,
-            reg=sol.strength,
-            fell_back=sol.fell_back,
-            strengths=() if choice is None else choice.strengths,
-            cv_nll=() if choice is None else choice.cv_nll,
-            cv_nll_temperature=None if choice is None else choice.cv_nll_temperature,
+        )
+        choice = sol.choice
+        if choice is None:
+            return NLLFit(converged=not sol.messages, method="lbfgs", **common)
+        return CVFit(
+            converged=sol.fell_back or not sol.messages,
+            method="temperature" if sol.fell_back else "lbfgs",
+            reg=None if sol.fell_back else sol.strength,
+            strengths=choice.strengths,
+            cv_nll=choice.cv_nll,
+            fold_nll=choice.fold_nll,
+            temperature_cv_nll=choice.temperature_cv_nll,
+            temperature_fold_nll=choice.temperature_fold_nll,
+            chosen="temperature" if sol.fell_back else "map",
+            fallback=sol.fell_back,
+            temperature=sol.temperature if sol.fell_back else None,
+            folds=self.folds,
+            seed=self.seed,
+            **common,
         )
