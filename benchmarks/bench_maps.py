@@ -20,8 +20,10 @@ Data (each map is fitted on the fit split and scored on the test split):
 Maps: torchcal's ``TemperatureScaler``, ``VectorScaler``, ``MatrixScaler`` and, where they can
 be imported, ``DirichletScaler``, ``StructuredScaler``, ``BetaScaler``, ``VennAbersCalibrator``
 and ``calibrate(...)`` (a map that cannot be imported is listed as "not available"); peers:
-probmetrics (temperature scaling, SVS, SMS, Dirichlet), netcal (temperature scaling, beta),
-betacal and venn-abers. A map whose C^2 weights are too many for this CPU is listed as skipped.
+probmetrics (temperature scaling, SVS, SMS; its Dirichlet calibrator needs ``dirichletcal``,
+which cannot be installed here), netcal (temperature scaling, beta), betacal and venn-abers
+(binary). A map whose C^2 weights are too many for this CPU is listed as skipped. Each fit runs
+on ``--threads`` threads (default 1); the fit time is the ``fit`` call alone.
 
     python benchmarks/bench_maps.py            # about 5 minutes on 2 shared cores
     python benchmarks/bench_maps.py --quick    # tiny sizes, a smoke run
