@@ -103,7 +103,7 @@ class BetaScaler(FittedMixin):
 
     def _logs(self, scores: Tensor) -> tuple[Tensor, Tensor]:
         """``(ln p, ln(1 - p))`` in float64 (betacal's clip for ``input="probs"``)."""
-        x = scores.detach().to(torch.float64)
+        x = scores.to(torch.float64)
         if self.input == "logits":
             return F.logsigmoid(x), F.logsigmoid(-x)
         eps = torch.finfo(scores.dtype).eps
@@ -134,7 +134,7 @@ class BetaScaler(FittedMixin):
         if bool((y == y[0]).all()):
             raise ValueError("target: expected both classes 0 and 1, got one")
         with torch.inference_mode(False), torch.no_grad():
-            log_p, log_q = self._logs(scores)
+            log_p, log_q = self._logs(scores.detach())
             z = log_p - log_q  # logit(p), monotone in p
             neg, pos = z[y < 0.5], z[y > 0.5]
             if float(neg.max()) <= float(pos.min()) or float(pos.max()) <= float(neg.min()):
