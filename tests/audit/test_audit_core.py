@@ -311,7 +311,7 @@ def test_save_writes_the_report_folder(data: tuple[torch.Tensor, ...], tmp_path)
                             "reliability_pooled.png", "reliability_group_0_m.png",
                             "reliability_group_1_o_q.png"])  # fmt: skip
     d = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert d == r.to_dict() and d["diagrams"]["groups"]["o/q"] == "reliability_group_1_o_q.png"
+    assert d == r.to_dict() and d["diagrams"]["o/q"] == "reliability_group_1_o_q.png"
     assert (tmp_path / "out" / "reliability_pooled.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -14,7 +14,8 @@
       "warnings": [str],
       "read": {} | {rows, excluded: [{column, reason, count, where, text}], blank_lines,
                percent: {column: n}},   # the reader's log (torchcal.audit.io.ReadLog)
-      "diagrams": {} | {pooled: file name | null, groups: {name: file name}},  # by save()
+      "diagrams": {name: file name} | {},  # written by save(); "pooled", then the groups
+                                          # (a group named "pooled" under "group:pooled")
       "pooled": SUMMARY,
       "groups": {name: SUMMARY},          # {"all": ...} without groups (the pooled row)
       "temperature": null | {pooled_T, group_T {name: T}, n_fit, n_eval, rows, clamped,
@@ -121,8 +122,8 @@ class AuditReport:
         reasons: the overall verdict's reasons (each row's, named).
         read_log: what the reader did (rows, excluded rows per reason with the first one,
             percents read), as ``ReadLog.to_dict()`` of :mod:`torchcal.audit.io`.
-        diagrams: the PNG files written by :meth:`save`: ``{"pooled": file, "groups": {name:
-            file}}`` (a group named ``pooled`` is a group like any other).
+        diagrams: the PNG file of each diagram written by :meth:`save` (name -> file; a group
+            whose name is taken, ``pooled``, is listed as ``group:pooled``).
 
     Example:
         >>> import torch
@@ -144,7 +145,7 @@ class AuditReport:
     sample: dict[str, Any] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
     read_log: dict[str, Any] = field(default_factory=dict)
-    diagrams: dict[str, Any] = field(default_factory=dict)
+    diagrams: dict[str, str] = field(default_factory=dict)
 
     def _raw(self) -> dict[str, Any]:
         return {
@@ -392,27 +393,27 @@ def check_report_dict(d: Any) -> None:
         _check_summary(s, f"groups[{name!r:.80}]", t)
 
 
-def diagram_files(report: AuditReport, max_diagrams: int | None = MAX_DIAGRAMS) -> dict[str, Any]:
-    """The PNG file of each diagram :meth:`AuditReport.save` draws: ``{"pooled":
-    "reliability_pooled.png" (None without rows), "groups": {name: file}}``, the groups with
-    items **worst first** (FAIL, then
+def diagram_files(report: AuditReport, max_diagrams: int | None = MAX_DIAGRAMS) -> dict[str, str]:
+    """The PNG file of each diagram :meth:`AuditReport.save` draws: ``"pooled"`` ->
+    ``reliability_pooled.png``, then the groups with items, **worst first** (FAIL, then
     INCONCLUSIVE, then PASS; within each, the largest |gap| near the threshold or debiased
     ECE first), at most ``max_diagrams`` in all (``None``: every group). A group's file is
     ``reliability_group_<i>_<name>.png`` with ``i`` its position in the report and the name
     reduced to at most 40 of ``[A-Za-z0-9._-]``: collision-free (``a/b``, ``a.b``, ``a b``
     and ``a_b`` get different files) and short (a name of any length fits a file system)."""
-    pooled = "reliability_pooled.png" if report.pooled.get("n") else None
-    files: dict[str, str] = {}
-    out = {"pooled": pooled, "groups": files}
+    out = {"pooled": "reliability_pooled.png"} if report.pooled.get("n") else {}
     if not report.settings.get("grouped"):
         return out
-    budget = None if max_diagrams is None else max(max_diagrams - (pooled is not None), 0)
+    budget = None if max_diagrams is None else max(max_diagrams - len(out), 0)
     chosen = worst_groups(report.groups, budget)
     width = len(str(max(len(report.groups) - 1, 0)))
     index = {k: i for i, k in enumerate(report.groups)}
     for name in sorted(chosen, key=index.__getitem__):
         slug = "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_" for c in name)
-        files[name] = f"reliability_group_{index[name]:0{width}d}_{slug[:40]}.png"
+        key = name
+        while key in out:  # a group named "pooled" never takes the pooled diagram's entry
+            key = "group:" + key
+        out[key] = f"reliability_group_{index[name]:0{width}d}_{slug[:40]}.png"
     return out
 
 
@@ -426,11 +427,13 @@ def _save_diagrams(report: AuditReport, out: Path) -> list[Path]:
     from torchcal.plotting import table_figure
 
     paths = []
-    pooled = report.diagrams.get("pooled")
-    todo = [("pooled", report.pooled, pooled)] if pooled else []
-    todo += [(f"group {display_name(name, 40)}", report.groups[name], file)
-             for name, file in report.diagrams.get("groups", {}).items()]  # fmt: skip
-    for label, summary, file in todo:
+    names = list(report.groups)
+    for file in report.diagrams.values():
+        if file == "reliability_pooled.png":
+            label, summary = "pooled", report.pooled
+        else:  # reliability_group_<index>_<slug>.png: the index names the group
+            name = names[int(file.split("_")[2])]
+            label, summary = f"group {display_name(name, 40)}", report.groups[name]
         fig = table_figure(table_of(summary, report.settings["n_bins"], report.settings["reading"]))
         fig.axes[0].set_title(
             f"{label}: {summary.get('verdict', '').upper()}, ECE {summary['ece']:.4f}, "
