@@ -22,6 +22,7 @@ PUBLIC = [
     "torchcal",
     "torchcal.audit",
     "torchcal.callbacks",
+    "torchcal.engines",
     "torchcal.functional",
     "torchcal.losses",
     "torchcal.metrics",
@@ -94,6 +95,40 @@ def test_a_module_exports_only_what_it_defines(module: str) -> None:
     if names is None or module in PUBLIC or MODULES[module].name == "__init__.py":
         return
     assert [n for n in names if n not in DEFINED[module]] == []
+
+
+def public_names() -> set[tuple[str, str]]:
+    """``(defining module, name)`` of every name a public namespace exports."""
+    found: set[tuple[str, str]] = set()
+    for ns in PUBLIC:
+        module = importlib.import_module(ns)
+        sources = {  # constants carry no __module__: the namespace's own import says where
+            alias.asname or alias.name: node.module
+            for node in ast.walk(TREES[ns])
+            if isinstance(node, ast.ImportFrom) and node.module
+            for alias in node.names
+        }
+        for name in module.__all__:
+            value = getattr(module, name)
+            home = sources.get(name) or getattr(value, "__module__", None) or ns
+            found.add((home, name))
+            found.add((getattr(value, "__module__", home), name))
+    return found
+
+
+def test_a_module_all_lists_only_public_names() -> None:
+    """A name is public iff a public namespace exports it (docs/design.md section 2): every
+    other module's ``__all__`` lists only such names, so an internal helper has no entry."""
+    public = public_names()
+    half_public = {
+        module: wrong
+        for module in sorted(MODULES)
+        if module not in PUBLIC
+        and (names := declared_all(TREES[module]))
+        and (wrong := [n for n in names if (module, n) not in public])
+    }
+    count = sum(map(len, half_public.values()))
+    assert not half_public, f"{count} names in __all__ no public namespace exports: {half_public}"
 
 
 @pytest.mark.parametrize("module", sorted(MODULES))

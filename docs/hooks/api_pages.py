@@ -20,6 +20,8 @@ NAMESPACES = {
     "torchcal.scaling": "Post-hoc calibrators (`fit`, then call them on logits or forecasts).",
     "torchcal.callbacks": "Lightning callbacks (needs `pip install 'torchcal[lightning]'`).",
     "torchcal.audit": "The `torchcal audit` pipeline as a Python API.",
+    "torchcal.engines": "Audits where the data lives: the binned state as a portable table, "
+    "its SQL per dialect and the runners (DuckDB, Spark, in process).",
     "torchcal.rewards": "Proper scoring rules as rewards for a stated confidence (RL).",
     "torchcal.plotting": "Every figure torchcal draws (needs matplotlib).",
 }

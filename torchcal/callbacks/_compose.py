@@ -21,8 +21,6 @@ from torchcal.functional.calibration.results import ReliabilityTable
 from torchcal.functional.calibration.tables import reliability_table_from_stats
 from torchcal.metrics._base import MetricStatistics
 
-__all__ = ["EpochReport", "brier_name", "compose", "metric_names"]
-
 
 def brier_name(reading: str) -> str:
     """The key of the reading's Brier score: ``"brier"`` where it is the usual Brier score of

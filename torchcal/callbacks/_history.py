@@ -12,8 +12,6 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
 
-__all__ = ["HistoryCallback", "StageMonitor"]
-
 
 class HistoryCallback(Callback):
     """A callback whose checkpoint state is :attr:`history` (one plain dict per record), so a

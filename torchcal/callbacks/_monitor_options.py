@@ -11,8 +11,6 @@ from torchcal.functional._checks import check_int, check_open_unit, check_option
 from torchcal.functional.calibration.intervals import INTERVALS
 from torchcal.functional.calibration.readings import INPUTS, READINGS
 
-__all__ = ["SINKS", "Sink", "check_sinks", "check_reading_options"]
-
 #: Where the monitor's results can go (``sinks=``): ``"loggers"`` (tables, and with
 #: ``"figures"`` the diagrams, to the attached loggers), ``"figures"`` (draw the reliability
 #: diagram each epoch for the image loggers, and the calibration-over-epochs figure at fit

@@ -13,8 +13,6 @@ from torch import Tensor
 from torchcal.functional._checks import check_binary_target, check_class_target, check_finite
 from torchcal.scaling._base import check_logits_target
 
-__all__ = ["STEP_NAME", "check_extract_fn", "check_key", "check_logits_batch", "read_outputs"]
-
 STEP_NAME = {"val": "validation_step", "test": "test_step"}
 _EXAMPLE_VALUE = {"logits": "logits", "probs": "logits.softmax(-1)", "target": "y"}
 

@@ -28,24 +28,6 @@ from torchcal.metrics._base import PooledPlotMetric
 from torchcal.metrics.regression import IntervalCoverage, PITHistogram
 from torchcal.metrics.regression_scores import CRPS, GaussianNLL
 
-__all__ = [
-    "CLOSED_FORMS",
-    "FAMILIES",
-    "OUTPUT_KEYS",
-    "Accumulator",
-    "coverage_rows",
-    "group_metric_names",
-    "group_rows",
-    "group_values",
-    "level_key",
-    "metric_names",
-    "pit_rows",
-    "rows_markdown",
-    "rows_text",
-    "send_text_table",
-    "write_rows",
-]
-
 #: Families read as ``{"loc", "scale", "target"}`` (the closed forms the CRPS supports).
 CLOSED_FORMS = ("normal", "laplace", "logistic")
 #: Every ``family=`` of the monitor.

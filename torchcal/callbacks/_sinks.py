@@ -31,8 +31,6 @@ from lightning.pytorch.utilities.rank_zero import WarningCache
 from torchcal.functional.calibration.results import CSV_COLUMNS, ReliabilityTable
 from torchcal.plotting import figure_rgb
 
-__all__ = ["IMAGE_LOGGERS", "TableRecord", "log_dir_of", "send_figure", "send_tables", "write_csv"]
-
 #: Columns of ``reliability.csv`` (long format, one line per non-empty bin and epoch).
 EPOCH_CSV_COLUMNS = ("epoch", "step") + CSV_COLUMNS
 #: Loggers that take images (the reliability diagram is drawn only when one is attached).

@@ -22,8 +22,6 @@ from torch import Tensor
 
 from torchcal.functional._checks import check_floating, check_int, check_nonempty, check_tensor
 
-__all__ = ["SharedLayout", "counts_below_and_at", "members_last", "shared_layout"]
-
 
 @dataclass(frozen=True)
 class SharedLayout:

@@ -27,17 +27,6 @@ from torchcal.functional._checks import (
     compute_dtype,
 )
 
-__all__ = [
-    "broadcast_or_none",
-    "check_target_shape",
-    "cast_forecast",
-    "check_location_scale",
-    "renamed_keyword",
-    "gaussian_spread",
-    "plain_cpu",
-    "check_after",
-]
-
 _FAST_DTYPES = (torch.float32, torch.float64)
 _is_compiling = torch.compiler.is_compiling
 

@@ -39,28 +39,6 @@ from torchcal.functional._checks import (
 )
 from torchcal.functional._validation import check_probability_rows
 
-__all__ = [
-    "NEG_INF",
-    "Prepared",
-    "autocast_off",
-    "binary_brier",
-    "check_class_probabilities",
-    "check_multiclass_rows",
-    "check_no_soft",
-    "check_rows",
-    "check_weight_values",
-    "diagnose",
-    "fast_case",
-    "fast_ok",
-    "fast_true_ok",
-    "fused_multiclass",
-    "log_score_items",
-    "plain_indices",
-    "prepare",
-    "small_sum",
-    "soft_expected",
-]
-
 NEG_INF = float("-inf")
 
 

@@ -24,21 +24,6 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-__all__ = [
-    "BracketedResult",
-    "bracketed_newton",
-    "Probe",
-    "NewtonResult",
-    "damped_newton",
-    "active_bounds",
-    "projected_grad_norm",
-    "cholesky_direction",
-    "solve_direction",
-    "OnBound",
-    "LbfgsResult",
-    "lbfgs",
-]
-
 
 # ----------------------------------------------------------------------------- 1-D, bracketed
 @dataclass

@@ -45,19 +45,6 @@ from torchcal.functional._checks import (
     values_checked,
 )
 
-__all__ = [
-    "check_label_smoothing",
-    "check_gamma",
-    "check_kernel_width",
-    "check_norm_power",
-    "ENSEMBLE_ESTIMATORS",
-    "check_ensemble_estimator",
-    "check_ensemble_size",
-    "check_alpha",
-    "check_levels",
-]
-
-
 # ------------------------------------------------------------------ options of the losses
 
 

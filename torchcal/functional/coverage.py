@@ -40,7 +40,6 @@ from torchcal.functional.calibration.binning import bin_counts, bin_ids
 from torchcal.functional.continuous import check_interval_width, interval_parts
 
 __all__ = [
-    "quantile_inputs",
     "pit_histogram",
     "pit_calibration_error",
     "pit_calibration_error_from_counts",

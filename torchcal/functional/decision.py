@@ -31,7 +31,6 @@ from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.calibration.intervals import wilson_interval, z_of_level
 
 __all__ = [
-    "LOGIT_LIMIT",
     "cost_threshold_from_stats",
     "drift_from_summaries",
     "ece_interval_from_stats",

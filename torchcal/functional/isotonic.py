@@ -14,8 +14,6 @@ from torch import Tensor
 from torchcal.functional.recalibration import pool_adjacent_violators
 from torchcal.functional.scoring import binary_nll
 
-__all__ = ["IsotonicSolution", "fit_isotonic", "fit_pit_recalibration"]
-
 
 class IsotonicSolution(NamedTuple):
     """An increasing piecewise-linear map through the knots ``(x, y)`` (float64) and how it

@@ -26,8 +26,6 @@ from torchcal.functional._solvers import (
 from torchcal.functional.recalibration import platt_terms
 from torchcal.functional.scoring import binary_nll
 
-__all__ = ["PlattSolution", "fit_platt", "smoothed_targets"]
-
 
 @dataclass
 class Point:

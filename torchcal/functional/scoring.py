@@ -89,7 +89,6 @@ from torchcal.functional._layouts import (
 from torchcal.functional._validation import check_label_smoothing
 
 __all__ = [
-    "binary_nll",
     "log_score",
     "brier_score",
     "spherical_score",

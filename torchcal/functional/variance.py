@@ -15,8 +15,6 @@ from torchcal.functional._checks import fixed_sum
 from torchcal.functional._solvers import bracketed_newton
 from torchcal.functional.crps_scale import crps_scale_sums
 
-__all__ = ["ScaleSolution", "fit_scale_factor", "nll_at_unit_scale"]
-
 # the standard deviation of the unit-scale family (a start point of the CRPS fit)
 UNIT_SD = {"normal": 1.0, "laplace": math.sqrt(2.0), "logistic": math.pi / math.sqrt(3.0)}
 

@@ -31,18 +31,6 @@ from torchcal.functional._checks import check_number
 from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.decision import window_gap_from_stats
 
-__all__ = [
-    "FAIL",
-    "INCONCLUSIVE",
-    "PASS",
-    "check_alpha",
-    "decide",
-    "ece_test_from_stats",
-    "holm_adjust",
-    "wilson_cc_interval",
-    "window_gap_test",
-]
-
 #: verdict codes of :func:`decide`
 PASS, FAIL, INCONCLUSIVE = 0, 1, 2
 

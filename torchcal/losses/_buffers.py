@@ -13,8 +13,6 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-__all__ = ["KeepBufferDtype"]
-
 
 class KeepBufferDtype(nn.Module):
     """A module whose floating buffers follow device moves but never dtype casts."""

@@ -38,7 +38,9 @@ from torchcal.functional.calibration.readings import (
 from torchcal.functional.calibration.results import GroupedResult
 from torchcal.functional.calibration.wrappers import per_group
 
-__all__ = ["STAT_NAMES", "BinnedMetric", "MetricStatistics", "PooledPlotMetric", "StateRules"]
+__all__ = [
+    "MetricStatistics",
+]
 
 STAT_NAMES = ("count", "sum_conf", "sum_acc", "sum_conf2", "sum_conf_acc")
 

@@ -52,7 +52,11 @@ from torchcal.functional.coverage import (
 from torchcal.functional.regression import central_interval_factor
 from torchcal.metrics._base import PooledPlotMetric, StateRules
 
-__all__ = ["PITHistogram", "IntervalCoverage", "QuantileCalibrationError", "RegressionMetric"]
+__all__ = [
+    "PITHistogram",
+    "IntervalCoverage",
+    "QuantileCalibrationError",
+]
 
 
 def level_tuple(name: str, levels: Tensor | Sequence[float]) -> tuple[float, ...]:

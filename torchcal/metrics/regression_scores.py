@@ -26,7 +26,11 @@ from torchcal.functional.crps import crps_ensemble, crps_laplace, crps_logistic,
 from torchcal.metrics._base import StateRules
 from torchcal.metrics.regression import RegressionMetric
 
-__all__ = ["CRPS", "GaussianNLL", "IntervalScore", "MeanScore"]
+__all__ = [
+    "CRPS",
+    "GaussianNLL",
+    "IntervalScore",
+]
 
 
 def as_float64(*xs: Tensor) -> list[Tensor]:

@@ -21,9 +21,6 @@ __all__ = [
     "QuantileFit",
     "CalibrationWarning",
     "NotFittedError",
-    "collect_logits",
-    "as_binary_vector",
-    "check_state_finite",
 ]
 
 

@@ -17,14 +17,6 @@ from torchcal.functional.calibration.binning import (
 from torchcal.functional.calibration.estimators import NORMS
 from torchcal.functional.calibration.readings import CalibrationSamples
 
-__all__ = [
-    "ece_sweep_from_samples",
-    "ece_sweep_from_stats",
-    "equal_mass_calibration_error_from_samples",
-    "equal_mass_calibration_error_from_stats",
-]
-
-
 SPLITS = ("whole", "fractional")
 
 

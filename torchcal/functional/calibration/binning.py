@@ -18,17 +18,8 @@ from torchcal.functional._checks import check_int, sync_free
 from torchcal.functional.calibration.readings import PreparedInputs, prepare_checked
 
 __all__ = [
-    "SUM_BLOCK",
     "BinnedStats",
-    "accumulate",
-    "accumulate_batches",
-    "bin_batches",
-    "bin_counts",
-    "bin_ids",
-    "bin_index",
     "binned_statistics",
-    "require_nonempty",
-    "require_single_slot",
 ]
 
 

@@ -9,8 +9,6 @@ from torchcal.functional.calibration.binning import bin_ids
 from torchcal.functional.calibration.intervals import z_of_level
 from torchcal.functional.calibration.readings import PreparedInputs
 
-__all__ = ["bootstrap_statistics", "ece_bootstrap_from_stats"]
-
 
 def bootstrap_statistics(
     prep: PreparedInputs, n_bins: int, replicates: int, generator: torch.Generator

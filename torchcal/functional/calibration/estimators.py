@@ -14,11 +14,8 @@ from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.calibration.readings import READINGS
 
 __all__ = [
-    "NORMS",
     "brier_decomposition_from_stats",
     "calibration_error_from_stats",
-    "class_mean",
-    "debiased_calibration_error_from_stats",
 ]
 
 NORMS = ("l1", "l2", "max")

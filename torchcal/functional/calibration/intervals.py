@@ -8,8 +8,6 @@ from numbers import Real
 import torch
 from torch import Tensor
 
-__all__ = ["INTERVALS", "clopper_pearson_interval", "wilson_interval", "z_of_level"]
-
 INTERVALS = ("wilson", "clopper_pearson")
 
 

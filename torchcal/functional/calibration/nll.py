@@ -34,12 +34,7 @@ from torchcal.functional.calibration._rows import rows_look_like_probs
 from torchcal.functional.calibration.readings import INPUTS, PROBS_AS_LOGITS
 
 __all__ = [
-    "as_float64",
-    "logits_look_like_probs",
     "negative_log_likelihood",
-    "nll_items",
-    "nll_sum",
-    "nll_terms",
 ]
 
 

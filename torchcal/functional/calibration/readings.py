@@ -34,20 +34,6 @@ from torchcal.functional._validation import (
 )
 from torchcal.functional.calibration._rows import logit_rows, prob_rows
 
-__all__ = [
-    "INPUTS",
-    "PROBS_AS_LOGITS",
-    "READINGS",
-    "CalibrationSamples",
-    "PreparedInputs",
-    "confidence_reading",
-    "prepare_checked",
-    "prepare_inputs",
-    "prepare_rows",
-    "samples_from",
-    "warn_probs_as_logits",
-]
-
 READINGS = ("binary", "confidence", "top_label", "classwise")
 INPUTS = ("logits", "probs")
 

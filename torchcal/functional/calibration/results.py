@@ -25,7 +25,10 @@ from torch import Tensor
 from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.calibration.estimators import calibration_error_from_stats
 
-__all__ = ["CSV_COLUMNS", "GroupedResult", "ReliabilityTable"]
+__all__ = [
+    "GroupedResult",
+    "ReliabilityTable",
+]
 
 #: Columns of :meth:`ReliabilityTable.rows` and :meth:`ReliabilityTable.to_csv` (long format).
 CSV_COLUMNS = ("bin", "lo", "hi", "count", "conf", "acc", "gap", "ci_low", "ci_high")

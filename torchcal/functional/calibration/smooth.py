@@ -16,8 +16,6 @@ from torchcal.functional.calibration.binning import (
 )
 from torchcal.functional.calibration.readings import CalibrationSamples
 
-__all__ = ["smooth_calibration_error_from_samples", "smooth_calibration_error_from_stats"]
-
 
 def _deposit_samples(f: Tensor, y: Tensor, points: int) -> Tensor:
     """Linear interpolation of values ``y`` at ``f`` onto ``points`` grid nodes on [0, 1]."""

@@ -16,8 +16,6 @@ from torch import Tensor
 from torchcal.functional.calibration.binning import BinnedStats, bin_ids
 from torchcal.functional.calibration.readings import PreparedInputs
 
-__all__ = ["accumulate_weighted", "cell_sums", "check_weight"]
-
 #: rows per block of the blocked float64 sums (a cell's rounding error stays ~1e-13)
 BLOCK = 1 << 14
 

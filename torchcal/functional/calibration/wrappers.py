@@ -43,16 +43,10 @@ from torchcal.functional.calibration.smooth import (
 from torchcal.functional.calibration.tables import reliability_table_from_stats
 
 __all__ = [
-    "ESTIMATORS",
-    "FINE_ESTIMATORS",
     "brier_decomposition",
     "calibration_error",
     "calibration_error_bootstrap",
-    "check_ece_estimator",
-    "estimate",
-    "per_group",
     "reliability_table",
-    "stack_scalars",
 ]
 
 ESTIMATORS = ("binned", "debiased", "equal_mass", "sweep", "smooth")
