@@ -20,6 +20,7 @@ a query is a binary search (:func:`venn_abers_interval`). ``docs/design.md`` sec
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import NamedTuple
 
 import torch
@@ -38,43 +39,44 @@ class VennAbersTable(NamedTuple):
     p1: Tensor
 
 
-def _cross(o: tuple[int, int], a: tuple[int, int], b: tuple[int, int]) -> int:
-    """The z of ``(a - o) x (b - o)``: > 0 when ``o -> a -> b`` turns left (counter-clockwise)."""
-    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
-
-
-def _push_left(stack: list[tuple[int, int]], point: tuple[int, int]) -> None:
-    """Put ``point``, left of every corner in ``stack`` (the top is the leftmost), on the
-    greatest convex minorant: pop the corners it leaves above the minorant."""
-    while len(stack) >= 2 and _cross(point, stack[-1], stack[-2]) <= 0:
-        stack.pop()
-    stack.append(point)
-
-
 def _upper_ratios(counts: list[int], ones: list[int]) -> tuple[list[int], list[int]]:
     """``p1`` at the ``k + 1`` insertion points of the ``k`` sorted groups (``counts`` items,
-    ``ones`` of them labelled 1), as exact ratios ``(numerators, denominators)``."""
+    ``ones`` of them labelled 1), as exact ratios ``(numerators, denominators)``.
+
+    The stack holds the corners of the minorant from the bridge's left end rightwards (the
+    top, ``sx[-1], sy[-1]``, is the leftmost); a point ``(x, y)`` pushed on its left pops the
+    corners it leaves above the minorant: while ``(x, y) -> top -> next`` is no left turn
+    (the cross product of integers, exact). Inlined: this loop is the whole precompute.
+    """
     k = len(counts)
-    csd = [(0, 0)]
-    for w, y in zip(counts, ones):
-        csd.append((csd[-1][0] + w, csd[-1][1] + y))
-    stack: list[tuple[int, int]] = []
-    for point in reversed(csd):  # the minorant of P_0..P_k, then P_0 - (1, 1) in front
-        _push_left(stack, point)
-    _push_left(stack, (-1, -1))
-    nums, dens = [0] * (k + 1), [1] * (k + 1)
+    cx, cy = [0, *accumulate(counts)], [0, *accumulate(ones)]  # the CSD P_0..P_k
+    sx: list[int] = []
+    sy: list[int] = []
+    # the minorant of P_0..P_k, built from the right, then P_0 - (1, 1) on its left
+    for x, y in zip([*reversed(cx), -1], [*reversed(cy), -1]):
+        while len(sx) >= 2 and (sx[-1] - x) * (sy[-2] - y) - (sy[-1] - y) * (sx[-2] - x) <= 0:
+            sx.pop()
+            sy.pop()
+        sx.append(x)
+        sy.append(y)
+    nums, dens = [1] * (k + 1), [1] * (k + 1)
     for j in range(k + 1):
         if j > 0:  # P_j - (1, 1) joins the left set, P_{j-1} leaves the right one
-            new = (csd[j][0] - 1, csd[j][1] - 1)
-            if _cross(stack[-1], stack[-2], new) < 0:  # below the bridge: the new left corner
-                stack.pop()  # (P_{j-1} is no corner here: that takes slope 1, the exit below)
-                _push_left(stack, new)
-        (x0, y0), (x1, y1) = stack[-1], stack[-2]
-        nums[j], dens[j] = y1 - y0, x1 - x0
+            x, y = cx[j] - 1, cy[j] - 1
+            x0, y0, x1, y1 = sx[-1], sy[-1], sx[-2], sy[-2]
+            if (x1 - x0) * (y - y0) - (y1 - y0) * (x - x0) < 0:  # below the bridge:
+                sx.pop()  # the new left end (P_{j-1} is no corner here: that takes
+                sy.pop()  # slope 1, the exit below)
+                while len(sx) >= 2 and (
+                    (sx[-1] - x) * (sy[-2] - y) - (sy[-1] - y) * (sx[-2] - x) <= 0
+                ):
+                    sx.pop()
+                    sy.pop()
+                sx.append(x)
+                sy.append(y)
+        nums[j], dens[j] = sy[-2] - sy[-1], sx[-2] - sx[-1]
         if nums[j] == dens[j]:  # slope 1: p1 is non-decreasing in j and at most 1
-            for i in range(j + 1, k + 1):
-                nums[i], dens[i] = 1, 1
-            break
+            break  # (the rest stay 1 / 1)
     return nums, dens
 
 
@@ -96,7 +98,7 @@ def venn_abers_table(scores: Tensor, target: Tensor) -> VennAbersTable:
     uniq, inverse, counts = torch.unique(s, sorted=True, return_inverse=True, return_counts=True)
     ones = torch.zeros(uniq.numel(), dtype=torch.float64).index_add_(0, inverse, y)
     w = counts.tolist()
-    o = [int(v) for v in ones.round().tolist()]
+    o = ones.round().to(torch.int64).tolist()
     n1, d1 = _upper_ratios(w, o)
     # p0: p1 of the mirrored groups (reversed, labels flipped), p0_j = 1 - p1'_{k - j}
     n0, d0 = _upper_ratios(w[::-1], [c - v for c, v in zip(w[::-1], o[::-1])])
