@@ -3,7 +3,7 @@
 - :class:`TemperatureScaler` -- one temperature (Guo et al., 2017): keeps every argmax / ranking.
 - :class:`GroupTemperatureScaler` -- one temperature per group, shrunk toward the global one.
 - :class:`PlattScaler` -- binary ``a * s + b`` (Platt, 1999): moves the offset, keeps the ranking.
-- :class:`VectorScaler`, :class:`MatrixScaler` -- per-class affine
+- :class:`VectorScaler`, :class:`MatrixScaler`, :class:`DirichletScaler` -- per-class affine
   maps of logits or log-probabilities, their strength cross-validated with a temperature guard
   (a :class:`CVFit`; Guo et al., 2017; Kull et al., 2019).
 - :class:`IsotonicCalibrator` -- pool-adjacent-violators (Zadrozny & Elkan, 2002).
@@ -48,10 +48,12 @@ from torchcal.scaling.conformal import (
     ConformalQuantileRegression,
     SplitConformal,
 )
+from torchcal.scaling.dirichlet import DirichletScaler
 from torchcal.scaling.group import GroupTemperatureScaler
 from torchcal.scaling.isotonic import IsotonicCalibrator
 from torchcal.scaling.platt import PlattScaler
 from torchcal.scaling.quantile import QuantileRecalibrator
+from torchcal.scaling.select import Calibrated, Candidate, calibrate, register_calibrator
 from torchcal.scaling.structured import StructuredScaler
 from torchcal.scaling.temperature import TemperatureScaler
 from torchcal.scaling.variance import VarianceScaler
@@ -68,7 +70,12 @@ __all__ = [
     "GroupTemperatureScaler",
     "IsotonicCalibrator",
     "MatrixScaler",
+    "DirichletScaler",
     "CVFit",
+    "calibrate",
+    "Calibrated",
+    "Candidate",
+    "register_calibrator",
     "NotFittedError",
     "PlattScaler",
     "TemperatureScaler",

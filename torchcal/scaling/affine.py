@@ -136,6 +136,7 @@ class _AffineScaler(FittedMixin):
     # the map's penalty strengths (None: cross-validated) and the (weight, bias) of the
     # temperature map softmax(beta * z), set by the subclasses
     strengths: tuple[float, ...] | None
+    reg: str | float
 
     def __init__(
         self, num_classes: int, grad_tol: float, max_iter: int, folds: int, seed: int
@@ -252,6 +253,10 @@ class _AffineScaler(FittedMixin):
         self._check_fit_inputs(logits, target)
         x = self._inputs(logits.detach().to(torch.float64))
         with torch.inference_mode(False), torch.no_grad():
+            if self.strengths == ():  # no penalised term: one temperature on the inputs
+                t = fit_temperature(x, target)
+                self._set(*self._temperature_map(math.exp(-t.log_temperature)))
+                return NLLFit.of(t, t.method)
             if self.strengths is not None:
                 sol = self._solve(x, target, self._make_map(self.strengths), self._identity())
                 self._set(sol.weight, sol.bias)
