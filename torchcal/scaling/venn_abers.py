@@ -22,9 +22,9 @@ class VennAbersCalibrator(FittedMixin):
     r"""Inductive Venn-Abers prediction (IVAP; Vovk & Petej, 2014, "Venn-Abers predictors";
     Vovk, Petej & Fedorova, 2015): for a test score ``s``, ``p0`` and ``p1`` are the values
     at ``s`` of the isotonic regression of the calibration labels on their scores with the
-    test point added as label 0, resp. 1 (ties pooled). One of the two is the
-    perfectly-calibrated probability under exchangeability; the width ``p1 - p0`` shrinks
-    like ``1 / n``. :meth:`predict_interval` returns ``(p0, p1)``; :meth:`predict_proba` (and
+    test point added as label 0, resp. 1 (ties pooled). The one of the true label is
+    perfectly calibrated under exchangeability (Vovk & Petej's validity); the width
+    ``p1 - p0`` is about one over the size of the isotonic block ``s`` falls in. :meth:`predict_interval` returns ``(p0, p1)``; :meth:`predict_proba` (and
     ``forward``) the merged ``p1 / (1 - p0 + p1)`` (the log-loss minimax choice).
 
     Binary: ``scores`` ``(N,)`` (or ``(N, 1)``), targets in {0, 1}. Multiclass ``(N, C)``:
