@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -184,6 +184,146 @@ def ecce_pvalue(ecce_sigma: Tensor) -> Tensor:
     return out
 
 
+class SegmentSpec(NamedTuple):
+    """The segments of :func:`segment_masks`, reusable on new rows (:func:`apply_segments`).
+
+    ``names``: the columns; ``kinds``: per column ``"code"`` (categorical codes),
+    ``"values"`` (a numeric column with at most ``bins`` distinct values: ``cuts`` holds them;
+    a value not among them is in no segment of that column) or ``"edges"`` (quantile buckets:
+    ``cuts`` holds the inner edges); ``cells``: ``(S, F)`` int64, the value (or bucket) of each
+    column in each segment, ``-1`` where the segment leaves the column free (row 0: the whole
+    data set)."""
+
+    names: tuple[str, ...]
+    kinds: tuple[str, ...]
+    cuts: tuple[Tensor, ...]
+    cells: Tensor
+
+
+def _columns(columns: Mapping[str, Tensor], names: tuple[str, ...] | None = None) -> int:
+    """Check the columns (1-D, one length, the names expected); return N."""
+    if not isinstance(columns, Mapping) or not columns:
+        raise ValueError("columns: expected a non-empty mapping of name -> 1-D tensor")
+    if names is not None and tuple(columns) != names:
+        raise ValueError(f"columns: expected the columns {list(names)!r}, got {list(columns)!r}")
+    n = None
+    for name, values in columns.items():
+        check_tensor(f"columns[{name!r}]", values)
+        if values.dim() != 1 or (n is not None and values.numel() != n):
+            raise ValueError(
+                f"columns[{name!r}]: expected a 1-D tensor of {n if n is not None else 'N'} "
+                f"values, got shape {tuple(values.shape)}"
+            )
+        if values.is_complex():
+            raise ValueError(f"columns[{name!r}]: expected real values, got {values.dtype}")
+        if values.is_floating_point():
+            check_finite(f"columns[{name!r}]", values)
+        n = values.numel()
+    assert n is not None
+    return n
+
+
+def _code(kind: str, cut: Tensor, values: Tensor) -> Tensor:
+    """Each row's value (or bucket) of one column under a spec's rule (-1: none)."""
+    if kind == "code":
+        return values.to(torch.int64)
+    v = values.detach().to(torch.float64).contiguous()
+    if kind == "edges":
+        return torch.searchsorted(cut, v, right=False)
+    at = torch.searchsorted(cut, v).clamp_max(cut.numel() - 1)
+    return torch.where(cut[at] == v, at, torch.full_like(at, -1))
+
+
+def segment_spec(
+    columns: Mapping[str, Tensor], *, depth: int = 2, min_rows: int = 1, bins: int = 4
+) -> SegmentSpec:
+    """The :class:`SegmentSpec` of :func:`segment_masks` (same arguments)."""
+    n = _columns(columns)
+    depth = check_int("depth", depth, minimum=0)
+    min_rows = check_int("min_rows", min_rows, minimum=1)
+    bins = check_int("bins", bins, minimum=1)
+    kinds, cuts, codes = [], [], []
+    for values in columns.values():
+        if values.dtype == torch.bool or not values.is_floating_point():
+            kind, cut = "code", torch.zeros(0, dtype=torch.float64)
+        else:
+            v = values.detach().to(torch.float64)
+            distinct = torch.unique(v)
+            if distinct.numel() <= bins:
+                kind, cut = "values", distinct
+            else:
+                q = torch.quantile(v, torch.linspace(0, 1, bins + 1, dtype=torch.float64))
+                kind, cut = "edges", torch.unique(q)[1:-1].contiguous()
+        kinds.append(kind)
+        cuts.append(cut)
+        codes.append(_code(kind, cut, values))
+    values_of = [torch.unique(c[c >= 0]).tolist() for c in codes]
+    cells = [[-1] * len(codes)]
+    for d in range(1, min(depth, len(codes)) + 1):
+        for cols in itertools.combinations(range(len(codes)), d):
+            for combo in itertools.product(*(values_of[j] for j in cols)):
+                mask = torch.ones(n, dtype=torch.bool)
+                for j, v in zip(cols, combo):
+                    mask &= codes[j] == v
+                if int(mask.sum()) >= min_rows:
+                    cell = [-1] * len(codes)
+                    for j, v in zip(cols, combo):
+                        cell[j] = int(v)
+                    cells.append(cell)
+    return SegmentSpec(
+        tuple(columns), tuple(kinds), tuple(cuts), torch.tensor(cells, dtype=torch.int64)
+    )
+
+
+def apply_segments(spec: SegmentSpec, columns: Mapping[str, Tensor]) -> Tensor:
+    """The ``(S, N)`` bool row masks of ``spec``'s segments on the rows of ``columns`` (the
+    spec's columns, in its order)."""
+    n = _columns(columns, spec.names)
+    codes = torch.stack(
+        [_code(k, c, v) for k, c, v in zip(spec.kinds, spec.cuts, columns.values())], 1
+    )  # (N, F)
+    cells = spec.cells
+    if cells.shape[0] == 0:
+        return torch.zeros(0, n, dtype=torch.bool)
+    free = cells < 0  # (S, F)
+    return ((codes[None, :, :] == cells[:, None, :]) | free[:, None, :]).all(dim=2)
+
+
+def spec_labels(spec: SegmentSpec) -> list[tuple[tuple[str, int], ...]]:
+    """Each segment as ``(column, value)`` pairs (``()``: the whole data set)."""
+    return [
+        tuple((spec.names[j], int(v)) for j, v in enumerate(row) if v >= 0)
+        for row in spec.cells.tolist()
+    ]
+
+
+def columns_from_features(
+    features: Tensor, names: Sequence[str], numeric: Sequence[str]
+) -> dict[str, Tensor]:
+    """The segment columns of a ``(N, F)`` feature matrix: column ``j`` named ``names[j]``,
+    integer codes (int64) unless its name is in ``numeric`` (float64 values)."""
+    check_tensor("features", features)
+    if features.dim() != 2 or features.shape[1] != len(names):
+        raise ValueError(
+            f"features: expected shape (N, {len(names)}) (one column per name in columns), "
+            f"got {tuple(features.shape)}"
+        )
+    cols = {}
+    for j, name in enumerate(names):
+        v = features[:, j].detach()
+        if name in numeric:
+            cols[name] = v.to(torch.float64)
+            continue
+        if v.is_floating_point():
+            if not bool(torch.isfinite(v).all()) or not bool((v == v.round()).all()):
+                raise ValueError(
+                    f"features: categorical column {name!r} holds non-integer codes (name it "
+                    f"in numeric= to bucket it)"
+                )
+        cols[name] = v.to(torch.int64)
+    return cols
+
+
 def segment_masks(
     columns: Mapping[str, Tensor],
     *,
@@ -211,49 +351,8 @@ def segment_masks(
         >>> masks.shape, labels[:3]
         (torch.Size([5, 4]), [(), (('lang', 0),), (('lang', 1),)])
     """
-    if not isinstance(columns, Mapping) or not columns:
-        raise ValueError("columns: expected a non-empty mapping of name -> 1-D tensor")
-    depth = check_int("depth", depth, minimum=0)
-    min_rows = check_int("min_rows", min_rows, minimum=1)
-    bins = check_int("bins", bins, minimum=1)
-    codes: dict[str, Tensor] = {}
-    n = None
-    for name, values in columns.items():
-        check_tensor(f"columns[{name!r}]", values)
-        if values.dim() != 1 or (n is not None and values.numel() != n):
-            raise ValueError(
-                f"columns[{name!r}]: expected a 1-D tensor of {n if n is not None else 'N'} "
-                f"values, got shape {tuple(values.shape)}"
-            )
-        n = values.numel()
-        codes[name] = _codes(name, values, bins)
-    assert n is not None
-    values_of = {name: torch.unique(c).tolist() for name, c in codes.items()}
-    masks = [torch.ones(n, dtype=torch.bool)]
-    labels: list[tuple[tuple[str, int], ...]] = [()]
-    for d in range(1, min(depth, len(codes)) + 1):
-        for names in itertools.combinations(codes, d):
-            for combo in itertools.product(*(values_of[c] for c in names)):
-                mask = torch.ones(n, dtype=torch.bool)
-                for c, v in zip(names, combo):
-                    mask &= codes[c] == v
-                if int(mask.sum()) >= min_rows:
-                    masks.append(mask)
-                    labels.append(tuple(zip(names, (int(v) for v in combo))))
-    return torch.stack(masks), labels
-
-
-def _codes(name: str, values: Tensor, bins: int) -> Tensor:
-    if values.dtype == torch.bool or not values.is_floating_point():
-        if values.is_complex():
-            raise ValueError(f"columns[{name!r}]: expected real values, got {values.dtype}")
-        return values.to(torch.int64)
-    v = values.detach().to(torch.float64)
-    check_finite(f"columns[{name!r}]", v)
-    if torch.unique(v).numel() <= bins:
-        return torch.unique(v, return_inverse=True)[1]
-    edges = torch.unique(torch.quantile(v, torch.linspace(0, 1, bins + 1, dtype=torch.float64)))
-    return torch.searchsorted(edges[1:-1].contiguous(), v.contiguous(), right=False)
+    spec = segment_spec(columns, depth=depth, min_rows=min_rows, bins=bins)
+    return apply_segments(spec, columns), spec_labels(spec)
 
 
 def multicalibration_error(

@@ -17,6 +17,7 @@ from torch import Tensor
 from torchcal.functional._checks import check_int, check_tensor
 from torchcal.functional.multicalibration import (
     MulticalibrationResult,
+    columns_from_features,
     multicalibration_error,
     segment_masks,
 )
@@ -153,17 +154,7 @@ class MulticalibrationError(PooledPlotMetric):
         return rows
 
     def _segments(self, features: Tensor) -> tuple[Tensor, list[tuple[tuple[str, int], ...]]]:
-        cols = {}
-        for j, name in enumerate(self.columns):
-            v = features[:, j]
-            if name not in self.numeric:
-                if not bool((v == v.round()).all()):
-                    raise ValueError(
-                        f"features: categorical column {name!r} holds non-integer codes "
-                        f"(name it in numeric= to bucket it)"
-                    )
-                v = v.to(torch.int64)
-            cols[name] = v
+        cols = columns_from_features(features, self.columns, self.numeric)
         return segment_masks(cols, depth=self.depth, min_rows=self.min_rows, bins=self.bins)
 
     def compute(self) -> MulticalibrationResult:

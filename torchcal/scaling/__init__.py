@@ -53,6 +53,7 @@ from torchcal.scaling.group import GroupTemperatureScaler
 from torchcal.scaling.isotonic import IsotonicCalibrator
 from torchcal.scaling.platt import PlattScaler
 from torchcal.scaling.quantile import QuantileRecalibrator
+from torchcal.scaling.segments import SegmentCalibrator, SegmentFit
 from torchcal.scaling.select import Calibrated, Candidate, calibrate, register_calibrator
 from torchcal.scaling.structured import StructuredScaler
 from torchcal.scaling.temperature import TemperatureScaler
@@ -91,4 +92,6 @@ __all__ = [
     "ConformalClassifier",
     "BetaScaler",
     "VennAbersCalibrator",
+    "SegmentCalibrator",
+    "SegmentFit",
 ]
