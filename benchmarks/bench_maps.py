@@ -23,7 +23,8 @@ and ``calibrate(...)`` (a map that cannot be imported is listed as "not availabl
 probmetrics (temperature scaling, SVS, SMS; its Dirichlet calibrator needs ``dirichletcal``,
 which cannot be installed here), netcal (temperature scaling, beta), betacal and venn-abers
 (binary). A map whose C^2 weights are too many for this CPU is listed as skipped. Each fit runs
-on ``--threads`` threads (default 1); the fit time is the ``fit`` call alone.
+on ``--threads`` threads (default 1); the fit time is the ``fit`` call alone, wall clock and (in
+brackets) the CPU time of the process, which a loaded machine does not inflate.
 
     python benchmarks/bench_maps.py            # about 5 minutes on 2 shared cores
     python benchmarks/bench_maps.py --quick    # tiny sizes, a smoke run
@@ -227,8 +228,9 @@ def _torchcal(path: str) -> Fit | str:
 
 
 def _calibrate() -> Fit | str:
-    """``torchcal.scaling.calibrate(logits, target)``: the candidate with the lowest
-    cross-validated NLL (its returned calibrator is applied to the test logits)."""
+    """``torchcal.scaling.calibrate(logits, target)`` at its default candidates (multiclass;
+    its matrix and Dirichlet candidates make it a C x C map): the candidate with the lowest
+    cross-validated NLL, applied to the test logits; the row names the chosen one."""
     calibrate = _import("torchcal.scaling.select:calibrate")
     if isinstance(calibrate, str):
         return calibrate
@@ -244,9 +246,9 @@ def _calibrate() -> Fit | str:
 
         def predict(z: Tensor) -> Tensor:
             with torch.no_grad():
-                out = fitted(z).double()
-            return torch.sigmoid(out) if case.binary else torch.softmax(out, 1)
+                return torch.softmax(fitted(z).double(), 1)
 
+        predict.chosen = getattr(res, "name", "?")  # type: ignore[attr-defined]
         return predict
 
     return fit
@@ -265,10 +267,9 @@ def _probmetrics(method: str, **config: Any) -> Fit | str:
         from probmetrics.distributions import CategoricalLogits
 
         cal = get(method, **config)
-        with contextlib.redirect_stdout(io.StringIO()):  # SMS/SVS print their start
-            cal.fit_torch(
-                CategoricalLogits(_two_columns(case.fit[0].double(), case.binary)), case.fit[1]
-            )
+        cal.fit_torch(
+            CategoricalLogits(_two_columns(case.fit[0].double(), case.binary)), case.fit[1]
+        )
 
         def predict(z: Tensor) -> Tensor:
             d = CategoricalLogits(_two_columns(z.double(), case.binary))
@@ -357,7 +358,7 @@ def all_maps() -> list[Map]:
             "VennAbersCalibrator", "torchcal", "both",
             _torchcal(f"{sc}.venn_abers:VennAbersCalibrator"),
         ),
-        Map("calibrate(...)", "torchcal", "both", _calibrate()),
+        Map("calibrate(...)", "torchcal", "multiclass", _calibrate(), square=True),
         Map("temp-scaling", "probmetrics", "both", _probmetrics("temp-scaling")),
         Map("svs", "probmetrics", "multiclass", _probmetrics("svs", svs_print_init_info=False)),
         Map("sms", "probmetrics", "multiclass", _probmetrics("sms", sms_print_init_info=False)),
@@ -417,14 +418,17 @@ def run_case(case: Case, maps: list[Map]) -> list[dict[str, Any]]:
             continue
         assert not isinstance(m.fit, str)
         try:
-            with warnings.catch_warnings():
+            # netcal prints warnings on stdout, probmetrics its start: not into the table
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
                 warnings.simplefilter("ignore")
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 predict = m.fit(case)
-                dt = time.perf_counter() - t0
+                dt, dc = time.perf_counter() - t0, time.process_time() - c0
                 p = predict(z)
-            rows.append({"map": m.name, "source": m.source, **score(p, y, case.binary), "time": dt})
-            print(f"    {m.name} ({m.source}): {dt:.2f} s", file=sys.stderr, flush=True)
+            name = f"{m.name} → {predict.chosen}" if hasattr(predict, "chosen") else m.name
+            r = {"map": name, "source": m.source, **score(p, y, case.binary)}
+            rows.append({**r, "time": dt, "cpu": dc})
+            print(f"    {m.name} ({m.source}): {dt:.2f} s ({dc:.2f} s CPU)", file=sys.stderr)
         except Exception as e:  # a peer's failure is a row, not the end of the run
             rows.append(
                 {"map": m.name, "source": m.source, "note": f"failed: {type(e).__name__}: {e}"[:90]}
@@ -434,7 +438,7 @@ def run_case(case: Case, maps: list[Map]) -> list[dict[str, Any]]:
 
 def table(results: list[tuple[Case, list[dict[str, Any]]]]) -> str:
     lines = [
-        "| data (fit / test rows) | map | source | test NLL | ECE | accuracy | fit time |",
+        "| data (fit / test rows) | map | source | test NLL | ECE | accuracy | fit: wall (CPU) |",
         "|---|---|---|---|---|---|---|",
     ]
     for case, rows in results:
@@ -443,7 +447,7 @@ def table(results: list[tuple[Case, list[dict[str, Any]]]]) -> str:
             if "note" in r:
                 cells = [r["note"], "", "", ""]
             else:
-                t = "-" if r["time"] is None else f"{r['time']:.2f} s"
+                t = "-" if r["time"] is None else f"{r['time']:.2f} s ({r['cpu']:.2f} s)"
                 nll = "inf" if math.isinf(r["nll"]) else f"{r['nll']:.4f}"
                 cells = [nll, f"{r['ece']:.4f}", f"{r['accuracy']:.4f}", t]
             lines.append(f"| {label} | {r['map']} | {r['source']} | " + " | ".join(cells) + " |")

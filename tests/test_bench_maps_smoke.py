@@ -52,7 +52,7 @@ def test_bench_maps_quick_prints_every_case():
     for case in ("synthetic-T C=4", "synthetic-bias C=12", "synthetic-beta binary", "digits MLP"):
         assert any(line.startswith(f"| {case} (") for line in lines), case
     ts = [line for line in lines if "| TemperatureScaler | torchcal |" in line]
-    assert len(ts) == 4 and all(line.count("|") == 8 and " s |" in line for line in ts)
+    assert len(ts) == 4 and all(line.count("|") == 8 and " s) |" in line for line in ts)
     # the first case's rows: none, truth, then the maps; a temperature beats no map there
     first = [line.split("|") for line in lines[2:] if line.startswith("|")][:3]
     assert [r[2].strip() for r in first] == ["none", "truth", "TemperatureScaler"]
