@@ -94,6 +94,14 @@ from torchcal.functional.selective import (
     risk_coverage_from_stats,
     selective_binned_bound,
 )
+from torchcal.functional.sets import (
+    CoverageSummary,
+    SetCoverageCounts,
+    SetCoverageResult,
+    set_coverage,
+    set_coverage_counts,
+    set_coverage_from_counts,
+)
 from torchcal.functional.shrinkage import (
     between_group_variance,
     empirical_bayes_shrinkage,
@@ -172,6 +180,12 @@ __all__ = [
     "coverage_at_risk",
     "risk_coverage_from_stats",
     "selective_binned_bound",
+    "CoverageSummary",
+    "SetCoverageCounts",
+    "SetCoverageResult",
+    "set_coverage",
+    "set_coverage_counts",
+    "set_coverage_from_counts",
     "MulticalibrationResult",
     "ecce",
     "ecce_pvalue",

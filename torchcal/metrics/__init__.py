@@ -18,6 +18,7 @@ from torchcal.metrics.selective import (
     RiskAtCoverage,
     RiskCoverageCurve,
 )
+from torchcal.metrics.sets import SetCoverage
 
 __all__ = [
     "MulticalibrationError",
@@ -38,4 +39,5 @@ __all__ = [
     "RiskAtCoverage",
     "CoverageAtRisk",
     "RiskCoverageCurve",
+    "SetCoverage",
 ]

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional._validation import check_finite_value, check_option
+from torchcal.functional._checks import check_option
+from torchcal.functional._validation import check_finite_value
 from torchcal.functional.calibration.readings import samples_from
 from torchcal.functional.selective import (
     INTEGRATIONS,
