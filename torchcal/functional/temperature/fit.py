@@ -25,7 +25,6 @@ from torchcal.functional.temperature.solvers import (
 from torchcal.functional.temperature.sums import TemperatureSums, temperature_pass
 from torchcal.functional.temperature.validation import check_stats, validate_labels
 
-# ----------------------------------------------------------------------------- the fit
 # Above this many logits the in-memory fit first solves on strided subsamples (1/64, then 1/8
 # of the rows), so that the full passes start within ~1e-2 of the optimum.
 SUBSAMPLE_ELEMENTS = 1 << 24
