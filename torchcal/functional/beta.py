@@ -17,8 +17,6 @@ from torch.nn import functional as F
 
 from torchcal.functional._solvers import cholesky_direction, damped_newton
 
-__all__ = ["BetaSolution", "beta_features", "beta_logits", "beta_midpoint", "fit_beta"]
-
 PARAMETERS = ("abm", "ab", "am")
 _LN2 = math.log(2.0)
 

@@ -26,8 +26,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["VennAbersTable", "venn_abers_table", "venn_abers_interval", "venn_abers_merge"]
-
 
 class VennAbersTable(NamedTuple):
     """``p0`` and ``p1`` (float64 ``(k + 1,)``) at the insertion points of the sorted distinct

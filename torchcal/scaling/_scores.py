@@ -22,8 +22,6 @@ from torchcal.functional._checks import (
 from torchcal.functional._validation import check_probability_rows
 from torchcal.scaling._base import CalibrationWarning, as_binary_vector
 
-__all__ = ["INPUTS", "check_input", "check_scores"]
-
 INPUTS = ("probs", "logits")
 
 
