@@ -39,6 +39,7 @@ SLOW = (
     "tests/engines/test_differential.py::test_spark_equals_the_in_memory_path",
     "tests/recipes/test_bakeoff_selection.py::test_picks_are_the_epochs_of_lowest_value",
     "tests/test_bench_maps_smoke.py::test_bench_maps_quick_prints_every_case",
+    "tests/functional/test_conformal_sets.py::test_marginal_coverage_is_exact_and_sharp",
 )
 
 
