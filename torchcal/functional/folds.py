@@ -16,8 +16,6 @@ from torch import Tensor
 
 from torchcal.functional._checks import check_int
 
-__all__ = ["kfold_indices", "fold_complement"]
-
 
 def kfold_indices(n: int, k: int = 5, seed: int = 0) -> tuple[Tensor, ...]:
     """The ``k`` held-out index sets (int64, sorted) of a seeded, shuffled K-fold split of
