@@ -1,5 +1,5 @@
 r"""Miscoverage ``alpha`` and confidence ``1 - alpha`` read as exact fractions (docs/design.md
-section 7, "Stated levels").
+section 6e, "Stated levels").
 
 **A float** ``x`` in ``(0, 1)`` is read as the fraction of smallest denominator among
 

@@ -4,7 +4,7 @@ scores and sets, group- and class-conditional thresholds, and conformal risk con
 **The rank.** With ``n`` calibration scores and miscoverage ``alpha``, the threshold is the
 ``k``-th smallest score, ``k = ceil((n + 1)(1 - alpha))`` (Vovk et al. 2005; Lei et al. 2018),
 computed in integers from ``alpha`` read as an exact fraction (:mod:`torchcal.functional._levels`,
-docs/design.md section 7): the simplest fraction that rounds to the given float in its own
+docs/design.md section 6e): the simplest fraction that rounds to the given float in its own
 precision (``0.7`` is ``7/10``, ``1/3`` is ``1/3``, ``np.float32(0.1)`` is ``1/10``, ``1e-10``
 is ``1/10^10``), or ``1 - c`` where the float is ``1 - c`` of a float ``c`` read so (``1 -
 0.8`` is ``1/5``, not ``0.19999999999999996``); ``confidence=c`` (every entry point takes it

@@ -1,4 +1,4 @@
-r"""Coverage and size of prediction sets on a test split (docs/design.md section 7, "Set
+r"""Coverage and size of prediction sets on a test split (docs/design.md section 6e, "Set
 coverage"): the share of sets that hold the true label with a Wilson interval, and the mean and
 median set size, pooled, per true class and per group.
 

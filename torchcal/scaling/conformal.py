@@ -2,7 +2,7 @@ r"""Split conformal intervals and conformalised quantile regression, optionally 
 conformal prediction sets for classes (:class:`ConformalClassifier`).
 
 **The quantile.** With ``n`` calibration scores and miscoverage ``alpha`` (or ``confidence = 1 -
-alpha``, read as written: docs/design.md section 7), the interval uses the ``k``-th smallest
+alpha``, read as written: docs/design.md section 6e), the interval uses the ``k``-th smallest
 score, ``k = ceil((n + 1)(1 - alpha))`` (Vovk et al. 2005; Lei et al. 2018), computed in
 integers (:func:`torchcal.functional.conformal.conformal_rank`: ``0.7`` is ``7 / 10``, ``1 -
 0.8`` is ``1 / 5``). Where ``k > n`` (fewer than ``1 / alpha - 1`` points) the score quantile,
@@ -99,7 +99,7 @@ class _Conformal(FittedMixin):
 
     def __init__(self, alpha: object | None, confidence: object | None = None) -> None:
         super().__init__()
-        # read as an exact fraction (docs/design.md section 7): np.float32(0.1) is 1/10,
+        # read as an exact fraction (docs/design.md section 6e): np.float32(0.1) is 1/10,
         # 1 - 0.8 is 1/5, confidence=0.8 is alpha 1/5; the buffer holds its float
         self._alpha_exact = miscoverage(alpha, confidence, default=0.1)
         a = float(self._alpha_exact)
@@ -380,7 +380,7 @@ class ConformalClassifier(_Conformal):
     per group; a thin shell over :func:`torchcal.functional.conformal_sets`.
 
     ``alpha`` (default 0.1) or ``confidence`` (``1 - alpha``, read as the decimal written:
-    ``confidence=0.8`` is ``alpha = 1/5``; docs/design.md section 7). ``fit(logits, target,
+    ``confidence=0.8`` is ``alpha = 1/5``; docs/design.md section 6e). ``fit(logits, target,
     groups=None, num_groups=None, size_split=None, u=None, generator=None)`` scores the
     calibration points' true labels and keeps the ``ceil((n + 1)(1 - alpha))``-th smallest
     score (:func:`conformal_quantile`) per stratum: ``conditional="marginal"`` (one threshold),
