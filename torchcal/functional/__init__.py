@@ -78,6 +78,7 @@ from torchcal.functional.regression import (
     pit_quantiles,
 )
 from torchcal.functional.regularizers import dca, mdca, mmce, soft_binned_ece
+from torchcal.functional.resolution import AurocInterval, auroc_interval
 from torchcal.functional.scoring import (
     brier_score,
     log_score,
@@ -191,6 +192,8 @@ __all__ = [
     "ecce_pvalue",
     "multicalibration_error",
     "segment_masks",
+    "AurocInterval",
+    "auroc_interval",
 ]
 
 #: the rewards' one path is :mod:`torchcal.rewards` (deprecated here for one release)
