@@ -461,17 +461,25 @@ def _audit(args: argparse.Namespace) -> int:
     if args.source is None:  # every road of torchcal/audit/engine_input.py
         report, caught = _rows_report(args)
     elif args.source == "lm-eval":  # torchcal/integrations/lm_eval.py
+        import torch
+
         from torchcal.integrations.lm_eval import audit_samples
 
         if not args.file:
             raise InputError("the following arguments are required: file (the RESULTS_DIR)")
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            report = audit_samples(
-                args.file, rule=args.rule, threshold=args.threshold,
-                tolerance=args.tolerance, n_bins=args.bins, alpha=args.alpha, power=args.power,
-                cost_error=args.cost_error, cost_escalation=args.cost_escalation, seed=args.seed,
-            )  # fmt: skip
+        threads = torch.get_num_threads()
+        torch.set_num_threads(args.threads)  # as _rows_report: threads cost more than they give
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                report = audit_samples(
+                    args.file, rule=args.rule, threshold=args.threshold,
+                    tolerance=args.tolerance, n_bins=args.bins, alpha=args.alpha,
+                    power=args.power, cost_error=args.cost_error,
+                    cost_escalation=args.cost_escalation, seed=args.seed,
+                )  # fmt: skip
+        finally:
+            torch.set_num_threads(threads)
     for w in dict.fromkeys(str(w.message) for w in caught):
         if w not in report.warnings:
             print(f"torchcal: warning: {w}", file=sys.stderr)

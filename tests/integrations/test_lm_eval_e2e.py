@@ -121,7 +121,18 @@ def test_audit_from_lm_eval_on_the_output_directory(harness_run, tmp_path, capsy
     _, out = harness_run
     report_dir = tmp_path / "report"
     code = main(
-        ["audit", "--from", "lm-eval", str(out), "--rule", "norm", "--out", str(report_dir)]
+        [
+            "audit",
+            "--from",
+            "lm-eval",
+            str(out),
+            "--rule",
+            "norm",
+            "--out",
+            str(report_dir),
+            "--diagrams",
+            "1",
+        ]
     )
     text = capsys.readouterr().out
     assert code in (0, 1, 3)

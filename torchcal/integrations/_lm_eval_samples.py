@@ -16,11 +16,14 @@ Every line is parsed with ``orjson`` when it is installed (several times faster 
 
 from __future__ import annotations
 
+import gc
 import json
+import math
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +140,6 @@ def _gold(target: Any, conts: list[str], delimiter: str) -> int:
         return target
     if not isinstance(target, str):
         raise ValueError(f"target: expected a choice index or text, got {target!r}")
-    if target.isdigit():  # the harness turns a digit string into an index
-        return int(target)
     hits = [i for i, c in enumerate(conts) if c == delimiter + target]
     if len(hits) != 1:
         what = "no choice" if not hits else f"{len(hits)} choices"
@@ -146,67 +147,92 @@ def _gold(target: Any, conts: list[str], delimiter: str) -> int:
     return hits[0]
 
 
-def _document(rec: Any, delimiter: str) -> tuple[int, list[float], list[int]]:
-    """(gold, log-likelihoods, choice lengths) of one parsed line."""
-    if not isinstance(rec, dict):
+def _document(
+    rec: Any, delimiter: str, starts: Callable[[str], bool]
+) -> tuple[int, list[float], list[int]]:
+    """(gold, log-likelihoods, choice lengths with the delimiter) of one parsed line;
+    ``starts(c)``: whether ``c`` starts with the delimiter."""
+    if type(rec) is not dict:
         raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
-    for key in ("target", "arguments", "filtered_resps"):
-        if key not in rec:
-            raise ValueError(f"no {key!r} field (not a samples line of lm-eval)")
-    if "acc_mutual_info" in (rec.get("metrics") or ()):
+    try:
+        target, arguments, resps = rec["target"], rec["arguments"], rec["filtered_resps"]
+    except KeyError as e:
+        raise ValueError(f"no {e} field (not a samples line of lm-eval)") from None
+    metrics = rec.get("metrics")
+    if metrics and "acc_mutual_info" in metrics:
         raise ValueError("acc_mutual_info doubles the requests: not supported")
-    conts = _continuations(rec["arguments"])
-    resps = rec["filtered_resps"]
-    if not isinstance(resps, list) or len(resps) != len(conts) or len(conts) < 2:
+    conts = _continuations(arguments)
+    if type(resps) is not list or len(resps) != len(conts) or len(conts) < 2:
         raise ValueError(
             f"filtered_resps: expected one [loglikelihood, is_greedy] per choice (at least "
             f"2 choices, {len(conts)} arguments), got {str(resps)[:80]}"
         )
-    lls = [float(r[0]) for r in resps]
-    d = len(delimiter)
-    lengths = [len(c) - d for c in conts]
-    if not all(c.startswith(delimiter) for c in conts) or min(lengths) < 1:
+    lengths = list(map(len, conts))
+    if min(lengths) <= len(delimiter) or not all(map(starts, conts)):
         raise ValueError(
             f"arguments: every choice must be {delimiter!r} followed by at least one "
             f"character (the task's target_delimiter), got {[c[:20] for c in conts]}"
         )
-    gold = _gold(rec["target"], conts, delimiter)
+    if type(target) is str and target.isdigit():  # the harness's digit strings are indices
+        gold = int(target)
+    else:
+        gold = _gold(target, conts, delimiter)
     if not 0 <= gold < len(conts):
         raise ValueError(f"target: choice {gold} of {len(conts)}")
-    return gold, lls, lengths
+    return gold, [float(r[0]) for r in resps], lengths
 
 
-def _read_file(
-    f: Path, delimiter: str, loads: Callable[[bytes], Any], out: tuple[list[Any], ...]
-) -> int:
-    """Append one task's documents to ``out`` = (gold, lls, lengths); returns blank lines."""
-    gold, lls, lengths = out
+class _Columns:
+    """The documents read so far, flat: one entry per document in ``gold``/``counts``, one
+    per choice in ``lls``/``lengths``."""
+
+    def __init__(self) -> None:
+        self.gold: list[int] = []
+        self.counts: list[int] = []
+        self.lls: list[float] = []
+        self.lengths: list[int] = []
+
+    def padded(self, values: list[float] | list[int], fill: float) -> Tensor:
+        """``(N, C)`` float64, ``fill`` past each document's choices."""
+        counts = torch.tensor(self.counts, dtype=torch.int64)
+        flat = torch.tensor(values, dtype=torch.float64)
+        out = torch.full((counts.numel(), int(counts.max())), fill, dtype=torch.float64)
+        row = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+        col = torch.arange(flat.numel()) - (torch.cumsum(counts, 0) - counts)[row]
+        out[row, col] = flat
+        return out
+
+
+def _read_file(f: Path, delimiter: str, loads: Callable[[bytes], Any], out: _Columns) -> int:
+    """Append one task's documents to ``out``; returns the blank lines skipped."""
+    gc_was_on = gc.isenabled()
+    gc.disable()  # millions of new objects, none cyclic: the collector's passes only cost
+    try:
+        return _parse_lines(f, delimiter, loads, out)
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _parse_lines(f: Path, delimiter: str, loads: Callable[[bytes], Any], out: _Columns) -> int:
     blank = 0
+    gold, counts, lls, lengths = out.gold, out.counts, out.lls, out.lengths
+    starts = methodcaller("startswith", delimiter)
     with open(f, "rb") as fh:
         for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                blank += 1
-                continue
             try:
-                g, ll, n = _document(loads(line), delimiter)
+                g, ll, n = _document(loads(line), delimiter, starts)
             except (ValueError, KeyError, IndexError, TypeError) as e:
+                if not line.strip():
+                    blank += 1
+                    continue
                 cut = "" if line.endswith(b"\n") else " (truncated: the file ends mid-line)"
                 raise ValueError(f"{f}:{lineno}: bad samples line{cut}: {e}") from None
             gold.append(g)
-            lls.append(ll)
-            lengths.append(n)
+            counts.append(len(ll))
+            lls += ll
+            lengths += n
     return blank
-
-
-def _pad(rows: list[list[float]] | list[list[int]], width: int, fill: float) -> Tensor:
-    counts = torch.tensor([len(r) for r in rows], dtype=torch.int64)
-    flat = torch.tensor([x for r in rows for x in r], dtype=torch.float64)
-    out = torch.full((len(rows), width), fill, dtype=torch.float64)
-    starts = torch.cumsum(counts, 0) - counts
-    row = torch.repeat_interleave(torch.arange(len(rows)), counts)
-    col = torch.arange(flat.numel()) - starts[row]
-    out[row, col] = flat
-    return out
 
 
 def read_samples(path: str | os.PathLike[str]) -> LoggedSamples:
@@ -226,24 +252,28 @@ def read_samples(path: str | os.PathLike[str]) -> LoggedSamples:
     """
     files = sample_files(path)
     loads = _loads()
-    gold: list[int] = []
-    lls: list[list[float]] = []
-    lengths: list[list[int]] = []
+    cols = _Columns()
     group: list[int] = []
+    cut: list[int] = []  # the delimiter's length, per task
     blank = 0
     for g, (task, f) in enumerate(files.items()):
-        before = len(gold)
-        blank += _read_file(f, _delimiter(f, task), loads, (gold, lls, lengths))
-        if len(gold) == before:
+        before = len(cols.gold)
+        delimiter = _delimiter(f, task)
+        blank += _read_file(f, delimiter, loads, cols)
+        if len(cols.gold) == before:
             raise ValueError(f"{f}: no documents")
-        group += [g] * (len(gold) - before)
-    width = max(len(r) for r in lls)
+        group += [g] * (len(cols.gold) - before)
+        cut.append(len(delimiter))
+    groups = torch.tensor(group, dtype=torch.int64)
+    lengths = (
+        cols.padded(cols.lengths, math.nan) - torch.tensor(cut, dtype=torch.float64)[groups, None]
+    )
     return LoggedSamples(
         tasks=tuple(files),
         files=tuple(str(f) for f in files.values()),
-        group=torch.tensor(group, dtype=torch.int64),
-        target=torch.tensor(gold, dtype=torch.int64),
-        lls=_pad(lls, width, float("-inf")),
-        lengths=_pad(lengths, width, 1.0),
+        group=groups,
+        target=torch.tensor(cols.gold, dtype=torch.int64),
+        lls=cols.padded(cols.lls, -math.inf),
+        lengths=torch.where(torch.isnan(lengths), 1.0, lengths),
         blank_lines=blank,
     )

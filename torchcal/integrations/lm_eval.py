@@ -50,11 +50,11 @@ from torchcal.audit.report import AuditReport
 from torchcal.functional._checks import check_int, check_option
 from torchcal.functional.calibration.nll import negative_log_likelihood
 from torchcal.functional.calibration.wrappers import calibration_error
-from torchcal.functional.folds import fold_complement, kfold_indices
+from torchcal.functional.folds import kfold_indices
 from torchcal.functional.scoring import brier_score
 from torchcal.functional.selective import aurc
 from torchcal.integrations._lm_eval_samples import LoggedSamples, read_samples
-from torchcal.scaling.temperature import TemperatureScaler
+from torchcal.scaling.group import GroupTemperatureScaler
 
 __all__ = [
     "METRICS",
@@ -163,20 +163,28 @@ def evaluate_module_path() -> str:
     return str(Path(__file__).with_name("hf_evaluate") / "torchcal_calibration.py")
 
 
-def _fit_t(logits: Tensor, target: Tensor) -> float:
-    return float(TemperatureScaler(method="newton").fit(logits, target).temperature)
+def _fit_t(logits: Tensor, target: Tensor, group: Tensor, G: int) -> tuple[float, list[float]]:
+    """(the pooled T, a T per group fitted on its rows alone): one pass per step for all."""
+    with warnings.catch_warnings():  # the groups too small to split were left out, and said
+        warnings.filterwarnings("ignore", "groups: no samples in group")
+        fit = GroupTemperatureScaler(G, shrinkage=0.0).fit(logits, target, group)
+    return fit.temperature, list(fit.temperatures)
 
 
-def _cross_fit(logits: Tensor, target: Tensor, seed: int) -> tuple[Tensor, list[float]]:
-    """Each of :data:`FOLDS` seeded folds divided by the T fitted on the others."""
-    out = logits.clone()
-    temps = []
-    for held in kfold_indices(target.numel(), FOLDS, seed):
-        fit = fold_complement(target.numel(), held)
-        t = _fit_t(logits[fit], target[fit])
-        out[held] = logits[held] / t
-        temps.append(t)
-    return out, temps
+def _task_folds(group: Tensor, G: int, seed: int) -> tuple[list[Tensor], Tensor]:
+    """The rows of each of :data:`FOLDS` folds, every group dealt into its own seeded folds
+    (``kfold_indices(n_g, FOLDS, seed + g)``), and the mask of the rows in groups too small
+    to split (fewer than ``2 * FOLDS``: they keep ``T = 1``)."""
+    folds: list[list[Tensor]] = [[] for _ in range(FOLDS)]
+    small = torch.zeros(group.numel(), dtype=torch.bool)
+    for g in range(G):
+        rows = torch.nonzero(group == g).squeeze(1)
+        if rows.numel() < 2 * FOLDS:
+            small[rows] = True
+            continue
+        for k, held in enumerate(kfold_indices(rows.numel(), FOLDS, seed + g)):
+            folds[k].append(rows[held])
+    return [torch.cat(f) if f else torch.zeros(0, dtype=torch.int64) for f in folds], small
 
 
 def _eval_summary(report: AuditReport) -> dict[str, Any]:
@@ -196,47 +204,56 @@ def cross_fitted_temperature(
     names: Sequence[str],
     *,
     seed: int = 0,
+    rows: str = "all",
     **report_kw: Any,
 ) -> dict[str, Any]:
     """report.json's ``temperature`` entry for a temperature cross-fitted per group.
 
-    Per group, :data:`FOLDS` seeded folds (:func:`~torchcal.functional.folds.kfold_indices`):
-    each fold's logits are divided by the ``T`` fitted on the other fold, so every row is
-    scored by a ``T`` that never saw it (``eval_after``; ``eval_after_pooled``: the same with
-    one ``T`` over all groups). ``group_T``/``pooled_T`` are fitted on all rows (the ``T`` to
-    deploy), ``fold_T`` the per-fold ones. A group of fewer than ``2 * FOLDS`` rows keeps
-    ``T = 1`` (a warning says so). ``report_kw`` are :func:`~torchcal.audit.audit`'s
+    Group ``g`` is dealt into :data:`FOLDS` seeded folds (``kfold_indices(n_g, FOLDS, seed +
+    g)``); fold ``k``'s rows are divided by their group's ``T`` fitted on the group's other
+    folds (all groups in one :class:`~torchcal.scaling.GroupTemperatureScaler` fit, no
+    shrinkage: each group's ``T`` is its own), so every row is scored by a ``T`` that never
+    saw it (``eval_after``; ``eval_after_pooled``: one ``T`` over all groups, fitted on the
+    same fit folds). ``group_T``/``pooled_T`` are fitted on all rows (the ``T`` to deploy),
+    ``fold_T`` the per-fold ones (fold ``k``: the ``T`` that scored fold ``k``). A group of fewer than ``2 * FOLDS`` rows keeps
+    ``T = 1`` (a warning says so). ``rows`` is reported as given (``"all"``, or ``"sample"``:
+    the rows are an audit's kept sample). ``report_kw`` are :func:`~torchcal.audit.audit`'s
     (threshold, tolerance, n_bins, alpha, power, ...).
     """
-    after = logits.clone()
-    fold_t: dict[str, list[float] | None] = {}
-    group_t: dict[str, float] = {}
-    for g, name in enumerate(names):
-        rows = torch.nonzero(group == g).squeeze(1)
-        if rows.numel() < 2 * FOLDS:
-            msg = f"group '{name}': {rows.numel()} rows, too few to cross-fit T (kept T = 1)"
-            warnings.warn(msg, UserWarning, stacklevel=2)
-            fold_t[name], group_t[name] = None, 1.0
-            continue
-        after[rows], fold_t[name] = _cross_fit(logits[rows], target[rows], seed + g)
-        group_t[name] = _fit_t(logits[rows], target[rows])
-    after_pooled, _ = _cross_fit(logits, target, seed)
+    G = len(names)
+    folds, small = _task_folds(group, G, seed)
+    tiny = {g for g in range(G) if bool(small[group == g].any())}
+    for g in sorted(tiny):
+        msg = f"group '{names[g]}': {int((group == g).sum())} rows, too few to cross-fit T (kept T = 1)"
+        warnings.warn(msg, UserWarning, stacklevel=2)
+    after, after_pooled = logits.clone(), logits.clone()
+    fold_t: list[list[float]] = []
+    for held in folds:
+        fit = torch.ones(group.numel(), dtype=torch.bool)
+        fit[held] = False
+        fit &= ~small
+        pooled_t, per = _fit_t(logits[fit], target[fit], group[fit], G)
+        after[held] = logits[held] / torch.tensor(per, dtype=torch.float64)[group[held], None]
+        after_pooled[held] = logits[held] / pooled_t
+        fold_t.append(per)
+    pooled_t, group_t = _fit_t(logits[~small], target[~small], group[~small], G)
 
     def run(z: Tensor) -> dict[str, Any]:
-        kw = {"input": "logits", "reading": "confidence", "sample_size": 0, "min_group": 0}
+        kw: dict[str, Any] = {"input": "logits", "reading": "confidence", "sample_size": 0}
+        kw["min_group"] = 0
         return _eval_summary(
             audit(z, target, groups=group, group_names=list(names), **kw, **report_kw)
         )
 
     n = int(target.numel())
     return {
-        "pooled_T": _fit_t(logits, target),
-        "group_T": group_t,
-        "fold_T": fold_t,
+        "pooled_T": pooled_t,
+        "group_T": {m: 1.0 if g in tiny else group_t[g] for g, m in enumerate(names)},
+        "fold_T": {m: None if g in tiny else [f[g] for f in fold_t] for g, m in enumerate(names)},
         "cross_fit": f"{FOLDS} seeded folds per group; each row scored by the T of the other",
         "n_fit": n,
         "n_eval": n,
-        "rows": "all",
+        "rows": rows,
         "clamped": 0,
         "eval_before": run(logits),
         "eval_after": run(after),
@@ -256,11 +273,14 @@ def audit_samples(
     cost_error: float | None = None,
     cost_escalation: float | None = None,
     seed: int = 0,
+    sample_size: int = 20000,
 ) -> AuditReport:
     """The audit of an lm-eval run's ``samples_*.jsonl`` under ``path`` (``torchcal audit
     --from lm-eval``): the ``rule``'s probabilities over the choices, every task a group,
-    with :func:`cross_fitted_temperature` as ``report.temperature``; the other arguments are
-    :meth:`torchcal.audit.Auditor.report`'s.
+    with :func:`cross_fitted_temperature` as ``report.temperature``, fitted and evaluated on
+    the audit's kept sample (``sample_size`` seeded uniform rows; all rows when fewer, as the
+    audit's own ``fit_temperature`` does: ``rows`` says which); the other arguments are
+    :class:`torchcal.audit.Auditor`'s and :meth:`~torchcal.audit.Auditor.report`'s.
 
     Example:
         >>> import json, tempfile, pathlib
@@ -285,14 +305,26 @@ def audit_samples(
     check_option("rule", rule, RULES)
     s: LoggedSamples = read_samples(path)
     z = choice_logits(s.lls, s.lengths, rule)
-    auditor = Auditor(input="logits", n_bins=n_bins, seed=seed, reading="confidence")
+    auditor = Auditor(
+        input="logits", n_bins=n_bins, sample_size=sample_size, seed=seed, reading="confidence"
+    )
     auditor.update(z, s.target, s.group)
-    kw = {"threshold": threshold, "tolerance": tolerance, "alpha": alpha, "power": power}
+    kw: dict[str, Any] = {"threshold": threshold, "tolerance": tolerance, "alpha": alpha}
+    kw["power"] = power
     kw |= {"cost_error": cost_error, "cost_escalation": cost_escalation}
     log = {"rows": int(s.target.numel()), "excluded": [], "blank_lines": s.blank_lines}
     log |= {"source": "lm-eval", "rule": rule, "files": list(s.files)}
     report = auditor.report(group_names=list(s.tasks), read_log=log, **kw)
+    smp = auditor.sample()
+    rows = "all" if smp["target"].numel() == auditor.n_rows else "sample"
     report.temperature = cross_fitted_temperature(
-        z, s.target, s.group, s.tasks, seed=seed, n_bins=n_bins, **kw
+        smp["preds"],
+        smp["target"],
+        smp["group"],
+        s.tasks,
+        seed=seed,
+        rows=rows,
+        n_bins=n_bins,
+        **kw,
     )
     return report

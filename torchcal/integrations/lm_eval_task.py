@@ -26,13 +26,13 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from lm_eval.api.registry import (
+from lm_eval.api.registry import (  # type: ignore[import-untyped]
     aggregation_registry,
     metric_registry,
     register_aggregation,
     register_metric,
 )
-from lm_eval.api.task import ConfigurableTask
+from lm_eval.api.task import ConfigurableTask  # type: ignore[import-untyped]
 
 from torchcal.integrations.lm_eval import METRICS, RULES, aggregate
 

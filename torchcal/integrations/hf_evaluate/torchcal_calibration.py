@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import datasets
-import evaluate
+import datasets  # type: ignore[import-untyped]
+import evaluate  # type: ignore[import-untyped]
 import torch
 
 from torchcal.functional.calibration.nll import negative_log_likelihood
@@ -81,7 +81,7 @@ class TorchcalCalibration(evaluate.Metric):  # type: ignore[misc]
         p = torch.tensor(predictions, dtype=torch.float64)
         y = torch.tensor(references, dtype=torch.int64)
         reading = "binary" if p.dim() == 1 else "confidence"
-        kw = {"reading": reading, "input": "probs", "n_bins": n_bins}
+        kw: dict[str, Any] = {"reading": reading, "input": "probs", "n_bins": n_bins}
         ece, lo, hi = calibration_error_bootstrap(
             p, y, replicates=replicates, level=level, seed=seed, **kw
         )
