@@ -365,7 +365,7 @@ def choose_strength(
                 4.0**k,
                 start,
                 curvature=part.curv,
-                grad_tol=10 * grad_tol,
+                grad_tol=30 * grad_tol,
                 max_iter=max_iter,
             )
             per_fold.append(part.test.nll(sol.params))
