@@ -83,13 +83,13 @@ def test_fit_size_temperature_on_a_held_out_split() -> None:
     # T chosen for set size on a split disjoint from the calibration points; the sets are no
     # larger than at T = 1 on the size split, and coverage stays valid on fresh test points
     logits, y, g = _data(n=3000, seed=1)
-    cc = ConformalClassifier(0.1, "aps", temperature="fit_size")
+    cc = ConformalClassifier(0.1, "aps", randomized=True, temperature="fit_size")
     with pytest.raises(ValueError, match="^size_split"):
         cc.fit(logits[:1000], y[:1000])
     cc.fit(logits[:1000], y[:1000], size_split=(logits[1000:2000], y[1000:2000]))
     t = float(cc.set_temperature)
     assert t != 1.0
-    plain = ConformalClassifier(0.1, "aps")
+    plain = ConformalClassifier(0.1, "aps", randomized=True)
     plain.fit(logits[:1000], y[:1000], generator=torch.Generator().manual_seed(3))
     gen = torch.Generator().manual_seed(4)
     a = cc.predict(logits[2000:], generator=gen)
