@@ -4,12 +4,14 @@ temperature (docs/design.md section 4, "Strength by cross-validation").
 :func:`cross_validate_path` walks a log-spaced path of penalty strengths from the strongest
 (the map closest to its limit) to the weakest on the shared folds of
 :func:`~torchcal.functional.folds.kfold_indices`: in each fold the map is fitted (float64,
-diagonally preconditioned LBFGS to a fold tolerance of ``1e-6``) from the fold's solution at the
-neighbouring, stronger strength (the first from the fold's temperature map), and scored by its
-held-out NLL. The walk stops at the first strength that does not lower the best fold-summed
-held-out NLL by more than :data:`PATH_TOL` (the path is scored strong to weak, so a map that
-overfits is never fitted at the weak end). One temperature is fitted on the same folds: the scaler falls back to it when
-the chosen map's cross-validated NLL is not below the temperature's (the guard).
+Newton up to :data:`FOLD_NEWTON_MAX` parameters, else diagonally preconditioned LBFGS, to a
+fold tolerance of ``1e-6``) from the fold's solution at the neighbouring, stronger strength (the
+first from the scaler's start, e.g. the fold's temperature map), and scored by its held-out
+NLL. The walk stops at the first strength that does not lower the best fold-summed held-out NLL
+by more than :data:`PATH_TOL` (the path is scored strong to weak, so a map that overfits is
+never fitted at the weak end). One temperature is fitted on the same folds: the scaler falls
+back to it when the chosen map's cross-validated NLL is not below the temperature's (the
+guard).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "cross_validate_path",
     "FOLD_GRAD_TOL",
     "PATH_TOL",
+    "FOLD_NEWTON_MAX",
 ]
 
 #: the max-abs gradient tolerance of the fold fits (scoring needs no more; the refit on all
@@ -41,6 +44,8 @@ FOLD_GRAD_TOL = 1e-6
 #: the walk stops at the first strength that lowers the best cross-validated NLL by no more
 #: than this (nats per row; well below the folds' noise, ~1e-3 at 5,000 rows)
 PATH_TOL = 1e-4
+#: the fold fits use Newton up to this many parameters (a cheap exact Hessian), else LBFGS
+FOLD_NEWTON_MAX = 64
 _BETA_BOUNDS = (1e-3, 1e3)  # inverse temperatures: TemperatureScaler's default T bounds
 
 

@@ -27,7 +27,12 @@ from torchcal.functional.affine import (
     minimise,
     vector_map,
 )
-from torchcal.functional.cv import FOLD_GRAD_TOL, cross_validate_path, strength_path
+from torchcal.functional.cv import (
+    FOLD_GRAD_TOL,
+    FOLD_NEWTON_MAX,
+    cross_validate_path,
+    strength_path,
+)
 from torchcal.functional.temperature.fit import fit_temperature
 from torchcal.scaling._base import (
     FittedMixin,
@@ -296,6 +301,7 @@ class _AffineScaler(FittedMixin):
             folds=self.folds,
             seed=self.seed,
             max_iter=self.max_iter,
+            newton_max=FOLD_NEWTON_MAX,
         )
         best = path.cv_nll[path.best]
         common: dict[str, Any] = dict(
@@ -383,7 +389,7 @@ class VectorScaler(_AffineScaler):
     no ``reg``). The objective is convex; it is minimised in float64, full batch, to
     ``grad_tol`` (max-abs gradient): by Newton's method with the exact Hessian and
     backtracking while there are at most 256 parameters, else by diagonally preconditioned
-    LBFGS with closed-form gradients (the fold fits: LBFGS to ``1e-6``).
+    LBFGS with closed-form gradients (the fold fits: to ``1e-6``, by Newton up to 64 parameters).
 
     Invariance: none guaranteed -- per-class scales and biases can change the argmax (and the
     accuracy). ``-inf`` logits are masks (fit and forward): a masked entry stays ``-inf``
