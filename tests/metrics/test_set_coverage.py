@@ -38,7 +38,7 @@ def _loop(sets: torch.Tensor, y: torch.Tensor, keep: torch.Tensor) -> tuple:
 
 
 def _check(summary, i, want) -> None:
-    got = [summary.count, summary.coverage, summary.lower, summary.upper]
+    got = [summary.rows, summary.coverage, summary.lower, summary.upper]
     got += [summary.mean_size, summary.median_size]
     got = [float(x.reshape(-1)[i]) if x.dim() else float(x) for x in got]
     assert got[0] == want[0]
@@ -56,7 +56,7 @@ def test_functional_equals_a_loop_pooled_per_class_and_per_group() -> None:
     for k in range(5):
         _check(r.per_group, k, _loop(sets, y, grp == k))
     assert float(r.pooled.empty) == float((sets.sum(1) == 0).double().mean()) > 0
-    assert math.isnan(float(r.per_group.coverage[4])) and int(r.per_group.count[4]) == 0
+    assert math.isnan(float(r.per_group.coverage[4])) and int(r.per_group.rows[4]) == 0
     assert set_coverage(sets, y).per_group is None
 
 

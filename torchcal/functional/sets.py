@@ -56,7 +56,7 @@ class CoverageSummary(NamedTuple):
     stratum has no rows).
 
     Attributes:
-        count: rows, int64.
+        rows: rows, int64.
         coverage: the share of sets holding the true label.
         lower: the Wilson lower bound of the coverage at ``level``.
         upper: the Wilson upper bound.
@@ -65,7 +65,7 @@ class CoverageSummary(NamedTuple):
         empty: the share of empty sets.
     """
 
-    count: Tensor
+    rows: Tensor
     coverage: Tensor
     lower: Tensor
     upper: Tensor
@@ -155,7 +155,7 @@ def _summary(sizes: Tensor, hits: Tensor, level: float) -> CoverageSummary:
     some = n > 0
     lower, upper = wilson_interval(hits, n, level)
     return CoverageSummary(
-        count=n,
+        rows=n,
         coverage=torch.where(some, hits / nf.clamp_min(1), nan),
         lower=lower,
         upper=upper,

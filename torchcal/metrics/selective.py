@@ -86,7 +86,7 @@ class RiskCoverageCurve(BinnedMetric):
             self.add_state("sample_conf", [], dist_reduce_fx="cat")
             self.add_state("sample_outcome", [], dist_reduce_fx="cat")
 
-    _CONFIG = BinnedMetric._CONFIG + ("exact",)
+    _CONFIG = BinnedMetric._CONFIG + ("exact", "integration")
 
     def _cat_dtypes(self) -> dict[str, torch.dtype]:
         if not self.exact:
@@ -151,8 +151,6 @@ class AURC(RiskCoverageCurve):
         check_option("integration", integration, INTEGRATIONS)
         self.integration = integration
 
-    _CONFIG = RiskCoverageCurve._CONFIG + ("integration",)
-
     def compute(self) -> Tensor:
         return aurc_of(self._summary(), self.integration)
 
@@ -177,8 +175,6 @@ class AUGRC(RiskCoverageCurve):
         super().__init__(n_bins, **kwargs)
         check_option("integration", integration, INTEGRATIONS)
         self.integration = integration
-
-    _CONFIG = RiskCoverageCurve._CONFIG + ("integration",)
 
     def compute(self) -> Tensor:
         return augrc_of(self._summary(), self.integration)

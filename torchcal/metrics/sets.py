@@ -51,7 +51,7 @@ class SetCoverage(PooledPlotMetric):
         >>> m.update(torch.tensor([[True, True, False], [False, True, False]]), torch.tensor([0, 2]))
         >>> m.update(torch.tensor([[True, False, True]]), torch.tensor([2]))
         >>> r = m.compute()
-        >>> float(r.pooled.coverage), float(r.pooled.median_size), r.per_class.count.tolist()
+        >>> float(r.pooled.coverage), float(r.pooled.median_size), r.per_class.rows.tolist()
         (0.6666666666666666, 2.0, [1, 0, 2])
     """
 
@@ -131,11 +131,12 @@ class SetCoverage(PooledPlotMetric):
 
     def counts(self) -> SetCoverageCounts:
         """The summed (synced) counts."""
-        return SetCoverageCounts(*(getattr(self, name) for name in _STATES))
+        states: list[Tensor] = [getattr(self, name) for name in _STATES]
+        return SetCoverageCounts(*states)
 
     def compute(self) -> SetCoverageResult:
         """The :class:`~torchcal.functional.SetCoverageResult` of every row seen."""
-        if int(self.class_sizes.sum()) == 0:
+        if int(self.counts().class_sizes.sum()) == 0:
             raise RuntimeError("SetCoverage.compute(): no rows seen; call update() first")
         return set_coverage_from_counts(self.counts(), self.level)
 
