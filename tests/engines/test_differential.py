@@ -77,6 +77,8 @@ def assert_same_report(st, ref):
     b = report_from_state(ref, **REPORT).to_dict()
     for d in (a, b):
         d["settings"].pop("engine")
+        for e in d["read"].get("excluded", []):  # the reference state names no columns
+            e["column"] = None
     assert_reports_close(a, b)
 
 

@@ -309,13 +309,14 @@ def _read_log(
             excluded.append({"column": col, "reason": "not a number nor a percent",
                              "count": count, "where": None,
                              "text": "" if t["missing"] else str(t["example"])})  # fmt: skip
-    numeric = [c for c in st.header.columns.get("preds", []) if c not in text] or ["preds"]
-    if not text and rej.get("preds_unparsed"):
-        excluded.append({"column": numeric[0], "reason": "not a number nor a percent",
-                         "count": rej["preds_unparsed"], "where": None, "text": ""})  # fmt: skip
-    if len(numeric) == len(st.header.columns.get("preds", [None])) and rej.get("preds_null"):
-        excluded.append({"column": numeric[0], "reason": "missing value",
-                         "count": rej["preds_null"], "where": None, "text": ""})  # fmt: skip
+    first = (st.header.columns.get("preds") or ["preds"])[0]
+    if not text:  # numeric columns (or a state file): the counts of the reasons
+        if rej.get("preds_unparsed"):
+            excluded.append({"column": first, "reason": "not a number nor a percent",
+                             "count": rej["preds_unparsed"], "where": None, "text": ""})  # fmt: skip
+        if rej.get("preds_null"):
+            excluded.append({"column": first, "reason": "missing value",
+                             "count": rej["preds_null"], "where": None, "text": ""})  # fmt: skip
     for r in _READ_REASONS:
         rej[r] = 0
     if not excluded and not text:

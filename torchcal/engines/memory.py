@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchcal.engines.rules import Rows, reasons_of
+from torchcal.engines.sql import parse_text
 from torchcal.engines.state import (
     REJECT_REASONS,
     UNGROUPED,
@@ -59,6 +61,7 @@ def state_from_arrays(
     n_bins: int = 10,
     preds_null: Any = None,
     target_null: Any = None,
+    unparsed: Any = None,
     columns: dict[str, Any] | None = None,
     group_column: str | None = None,
     weight_column: str | None = None,
@@ -67,8 +70,9 @@ def state_from_arrays(
     class probabilities ``(N, C)``: confidence reading, class-index ``target``), optional
     ``groups`` (names; ``None`` entries are rejected) and ``weight`` (frequency weights).
 
-    Bad rows are counted by reason and left out, never raised on (``preds_null`` /
-    ``target_null``: masks of NULL entries, for readers of nullable columns).
+    Bad rows are counted by reason (:data:`~torchcal.engines.rules.ROW_RULES`) and left out,
+    never raised on (``preds_null`` / ``target_null``: masks of NULL entries, for readers of
+    nullable columns; ``unparsed``: rows whose text confidence did not parse).
 
     Example:
         >>> st = state_from_arrays([0.1, 0.95, float("nan"), 1.5], [0, 1, 1, 0], n_bins=10)
@@ -88,40 +92,20 @@ def state_from_arrays(
     g = None if groups is None else np.asarray(groups, dtype=object)
     if g is not None and g.shape != (n,):
         raise ValueError(f"groups: expected {n} group names, got shape {g.shape}")
-    reason = np.full(n, -1, np.int8)
-    code = {r: i for i, r in enumerate(REJECT_REASONS)}
-
-    def mark(why: str, bad: np.ndarray) -> None:
-        reason[(reason < 0) & bad] = code[why]
-
     x2 = x.reshape(n, C)
-
-    def rows_any(bad: np.ndarray) -> np.ndarray:
-        return bad.reshape(n, -1).any(1)
-
-    with np.errstate(invalid="ignore"):
-        if preds_null is not None:
-            mark("preds_null", rows_any(np.asarray(preds_null, bool)))
-        mark("preds_nan", rows_any(np.isnan(x2)))
-        mark("preds_out_of_range", rows_any((x2 < 0) | (x2 > 1)))
-        if C == 1:
-            bad_y = ~((y == 0) | (y == 1))
-        else:
-            total = x2[:, 0].copy()
-            for k in range(1, C):  # left to right, as the SQL adds them
-                total = total + x2[:, k]
-            mark(
-                "preds_not_normalised",
-                np.abs(total - 1) > probability_sum_tolerance(torch.float64, C),
-            )
-            bad_y = ~((y == np.floor(y)) & (y >= 0) & (y <= C - 1))
-        if target_null is not None:
-            bad_y |= np.asarray(target_null, bool)
-        mark("label_invalid", bad_y)
-        if g is not None:
-            mark("group_null", np.array([v is None for v in g], bool))
-        if w is not None:
-            mark("weight_invalid", ~(np.isfinite(w) & (w >= 0)))
+    none = np.zeros(n, bool)
+    p_null = none if preds_null is None else np.asarray(preds_null, bool).reshape(n, -1).any(1)
+    rows = Rows(
+        p=x2,
+        y=y,
+        p_null=p_null[:, None],
+        y_null=none if target_null is None else np.asarray(target_null, bool),
+        g=g,
+        w=w,
+        u=none if unparsed is None else np.asarray(unparsed, bool),
+        tol=float(probability_sum_tolerance(torch.float64, C)),
+    )
+    reason = reasons_of(rows)
     rejected = {r: int((reason == i).sum()) for i, r in enumerate(REJECT_REASONS)}
     keep = reason < 0
     names: list[str]
@@ -141,7 +125,7 @@ def state_from_arrays(
         rows_seen=n,
         rows_rejected=rejected,
         producer=PRODUCER,
-        rows_saturated=int(rows_any((x2 == 0) | (x2 == 1))[keep].sum()),
+        rows_saturated=int(((x2 == 0) | (x2 == 1)).any(1)[keep].sum()),
     )
     p = torch.from_numpy(np.ascontiguousarray(x[keep]))
     t = torch.from_numpy(y[keep]).long()
@@ -182,7 +166,11 @@ def state_from_arrays(
     return BinnedState(header, tuple(names), stats, nll_c, hit_c)
 
 
-def _column(batch: Any, name: str, where: str) -> tuple[np.ndarray, np.ndarray | None]:
+def _column(
+    batch: Any, name: str, where: str, kind: str = "number"
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """A column as float64, its NULL mask and (text columns, parsed by
+    :func:`~torchcal.engines.sql.parse_text`) its unparsed mask."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -190,11 +178,14 @@ def _column(batch: Any, name: str, where: str) -> tuple[np.ndarray, np.ndarray |
         raise ValueError(f"{name}: no such column in {where} (columns: {batch.schema.names})")
     col = batch.column(batch.schema.get_field_index(name))
     null = pc.is_null(col).to_numpy(zero_copy_only=False) if col.null_count else None
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        values, bad = parse_text(col.to_pylist(), kind)
+        return values, null, bad
     try:
         col = pc.fill_null(col, 0).cast(pa.float64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
         raise ValueError(f"{name}: expected a numeric column in {where} ({e})") from None
-    return col.to_numpy(zero_copy_only=False), null
+    return col.to_numpy(zero_copy_only=False), null, None
 
 
 def _batches(path: str, names: list[str], chunk_rows: int) -> Any:
@@ -216,6 +207,17 @@ def _batches(path: str, names: list[str], chunk_rows: int) -> Any:
         raise ValueError(f"{path}: expected a .parquet/.pq/.csv file")
 
 
+def _either(masks: list[np.ndarray | None], n: int) -> np.ndarray | None:
+    """The rows where any of ``masks`` is set (None when none is given)."""
+    given = [m for m in masks if m is not None]
+    if not given:
+        return None
+    out = np.zeros(n, bool)
+    for m in given:
+        out |= m
+    return out
+
+
 def state_from_files(
     paths: str | Sequence[str],
     *,
@@ -235,15 +237,12 @@ def state_from_files(
     parts = []
     for path in files:
         for batch in _batches(path, names, int(chunk_rows)):
-            got = [_column(batch, name, path) for name in pcols]
-            c = got[0][0] if len(got) == 1 else np.stack([v for v, _ in got], 1)
-            nulls = [m for _, m in got if m is not None]
-            c_null = None
-            if nulls:
-                c_null = np.zeros(batch.num_rows, bool)
-                for m in nulls:
-                    c_null |= m
-            y, y_null = _column(batch, label, path)
+            got = [_column(batch, name, path, "stated") for name in pcols]
+            c = got[0][0] if len(got) == 1 else np.stack([v for v, _, _ in got], 1)
+            c_null, c_bad = (_either([m[k] for m in got], batch.num_rows) for k in (1, 2))
+            y, y_null, y_bad = _column(batch, label, path, "label")
+            if y_bad is not None:  # an unparsed label is invalid
+                y_null = y_bad if y_null is None else y_null | y_bad
             w = None if weight is None else _column(batch, weight, path)
             g = None
             if group is not None:
@@ -265,6 +264,7 @@ def state_from_files(
                     n_bins=n_bins,
                     preds_null=c_null,
                     target_null=y_null,
+                    unparsed=c_bad,
                     columns={"preds": pcols, "label": label},
                     group_column=group,
                     weight_column=weight,

@@ -16,6 +16,12 @@ from torchcal.engines.state import BinnedState
 __all__ = ["audit_spark", "state_from_spark"]
 
 
+def _text_columns(df: Any, columns: list[str | None]) -> list[str]:
+    """The ``columns`` Spark holds as strings (parsed by the readers' rule in SQL)."""
+    types = dict(df.dtypes)
+    return [c for c in dict.fromkeys(columns) if c and types[c] == "string"]
+
+
 def audit_spark(
     df: Any,
     *,
@@ -36,8 +42,7 @@ def audit_spark(
     missing = [c for c in (*cols, label, group, weight) if c and c not in df.columns]
     if missing:
         raise ValueError(f"{missing[0]}: no such column in the DataFrame (columns: {df.columns})")
-    types = dict(df.dtypes)
-    text = [c for c in dict.fromkeys((*cols, label, weight)) if c and types[c] == "string"]
+    text = _text_columns(df, [*cols, label, weight])
     view = f"torchcal_state_{uuid.uuid4().hex}"
     df.createOrReplaceTempView(view)
     try:
@@ -85,6 +90,7 @@ def state_from_spark(
             weight=weight,
             n_bins=n_bins,
             dialect="spark",
+            text=_text_columns(df, [*cols, label, weight]),
         )
         rows = [tuple(r) for r in df.sparkSession.sql(sql).collect()]
     finally:

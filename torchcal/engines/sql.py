@@ -26,17 +26,28 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
 import torch
 
+from torchcal.engines.rules import Sql, sql_case
 from torchcal.engines.state import REJECT_REASONS, UNGROUPED, BinnedState, StateHeader
 from torchcal.functional._checks import check_int
 from torchcal.functional._validation import probability_sum_tolerance
 from torchcal.functional.calibration.binning import BinnedStats
 
-__all__ = ["DIALECTS", "checked_rows_sql", "header_for", "quote", "state_from_rows", "state_sql"]
+__all__ = [
+    "DIALECTS",
+    "checked_rows_sql",
+    "header_for",
+    "parse_text",
+    "quote",
+    "state_from_rows",
+    "state_sql",
+    "text_value_sql",
+]
 
 DIALECTS = ("duckdb", "spark", "bigquery", "snowflake")
 
@@ -110,6 +121,37 @@ NUMBER_RE = r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf(?
 PERCENT_RE = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)\s*%"
 #: how a text column reads, by its kind (the kinds of ``torchcal.audit._columns``)
 TEXT_KINDS = ("number", "stated", "label")
+_NUMBER = re.compile(NUMBER_RE)
+_PERCENT = re.compile(PERCENT_RE)
+
+
+def parse_text(values: Sequence[str | None], kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` (text, ``None`` = NULL) as float64 by the rule :func:`text_value_sql` writes
+    in SQL (NaN where missing or unparsed), and the mask of unparsed values: the in-process
+    engine's twin of the SQL.
+
+    Example:
+        >>> v, bad = parse_text(["85%", " .5 ", "high", None, "0_8"], "stated")
+        >>> v.tolist()[:2], bad.tolist()
+        ([0.85, 0.5], [False, False, True, False, True])
+    """
+    if kind not in TEXT_KINDS:
+        raise ValueError(f"kind: expected one of {TEXT_KINDS}, got {kind!r}")
+    out = np.full(len(values), np.nan)
+    bad = np.zeros(len(values), bool)
+    for i, raw in enumerate(values):
+        if raw is None:
+            continue
+        t = raw.strip()
+        if _NUMBER.fullmatch(t):
+            out[i] = float(t)
+        elif kind == "label" and t.lower() in ("true", "false"):
+            out[i] = 1.0 if t.lower() == "true" else 0.0
+        elif kind == "stated" and _PERCENT.fullmatch(t):
+            out[i] = float(Decimal(t[:-1].strip()).scaleb(-2))  # decimal / 100, rounded once
+        else:
+            bad[i] = True
+    return out, bad
 
 
 def _regex(pattern: str, dialect: str) -> str:
@@ -181,10 +223,10 @@ def checked_rows_sql(
     d = _D[dialect]
     dbl = d["double"]
     inf = f"CAST('inf' AS {dbl})"
-    text = set(text)
+    as_text = set(text)
 
     def value(col: str, kind: str) -> str:
-        if col in text:
+        if col in as_text:
             return text_value_sql(col, kind, dialect)[0]
         return f"CAST({quote(col, dialect)} AS {dbl})"
 
@@ -192,26 +234,11 @@ def checked_rows_sql(
     w = value(weight, "number") if weight else f"CAST(1 AS {dbl})"
     ps = [f"p{k}" for k in range(C)]
     cast = ", ".join(f"{value(c, 'stated')} AS {v}" for c, v in zip(cols, ps))
-    unparsed = [text_value_sql(c, "stated", dialect)[1] for c in cols if c in text]
+    unparsed = [text_value_sql(c, "stated", dialect)[1] for c in cols if c in as_text]
     bad_text = f"({' OR '.join(unparsed)})" if unparsed else "FALSE"
-    any_of = " OR ".join
-    checks = [
-        "WHEN u THEN 'preds_unparsed'",
-        f"WHEN {any_of(f'{v} IS NULL' for v in ps)} THEN 'preds_null'",
-        f"WHEN {any_of(d['isnan'].format(v) for v in ps)} THEN 'preds_nan'",
-        f"WHEN {any_of(f'{v} < 0 OR {v} > 1' for v in ps)} THEN 'preds_out_of_range'",
-    ]
-    if C == 1:
-        checks.append("WHEN y IS NULL OR NOT (y = 0 OR y = 1) THEN 'label_invalid'")
-    else:
-        tol = repr(float(probability_sum_tolerance(torch.float64, C)))
-        checks.append(f"WHEN ABS({' + '.join(ps)} - 1) > {tol} THEN 'preds_not_normalised'")
-        checks.append(
-            f"WHEN y IS NULL OR NOT (y = FLOOR(y) AND y >= 0 AND y <= {C - 1}) THEN 'label_invalid'"
-        )
-    checks.append("WHEN g IS NULL THEN 'group_null'")
-    if weight:
-        checks.append(f"WHEN w IS NULL OR NOT (w >= 0 AND w < {inf}) THEN 'weight_invalid'")
+    tol = repr(float(probability_sum_tolerance(torch.float64, C)))
+    rules = sql_case(Sql(ps, d["isnan"], inf, tol), weighted=bool(weight))
+    checks = rules.splitlines()
     case = "\n".join("      " + c for c in checks)
     pv = ", ".join(ps)
     if C == 1:

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchcal.engines.rules import REJECT_REASONS as _REASONS
 from torchcal.functional.calibration.binning import BinnedStats
 
 __all__ = [
@@ -60,7 +61,8 @@ __all__ = [
 SCHEMA_VERSION = 1
 METADATA_KEY = b"torchcal.state"
 BIN_RULE = "min(floor(float64(c) * B), B - 1)"
-#: why a row was left out, in the order the checks run (the first that applies counts)
+#: why a row was left out (torchcal/engines/rules.py: the one table)
+REJECT_REASONS = _REASONS
 REJECT_REASONS = (
     "preds_unparsed",
     "preds_null",
