@@ -107,20 +107,21 @@ def table_rows(report: dict, metrics: Sequence[str]) -> tuple[list[str], list[li
 def selection_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     """Refine, then calibrate: per loss, the test NLL after T of the last epoch, of the
     checkpoint of lowest ``val/nll`` and of the checkpoint of lowest ``val/refinement_nll``
-    (its epoch beside it), and on how many seeds the refinement pick is the better one."""
+    (its epoch beside it), and on how many seeds the two picks differ and the refinement
+    pick has the lower test NLL."""
     header = ["loss", "last epoch", "epoch (val/nll)", "picked by val/nll"]
-    header += ["epoch (val/refinement_nll)", "picked by val/refinement_nll", "refinement better"]
+    header += ["epoch (val/refinement_nll)", "picked by val/refinement_nll"]
+    header += ["picks differ", "refinement better"]
     rows = []
     for r in report["rows"]:
         p = r["picked"]
-        better = sum(
-            s["picked"]["refinement_nll"]["after"]["nll"] < s["picked"]["val_nll"]["after"]["nll"]
-            for s in r["seeds"]
-        )
+        seeds = [(s["picked"]["val_nll"], s["picked"]["refinement_nll"]) for s in r["seeds"]]
+        differ = sum(a["epoch"] != b["epoch"] for a, b in seeds)
+        better = sum(b["after"]["nll"] < a["after"]["nll"] for a, b in seeds)
         rows.append(
             [r["loss"], _fmt(r["nll"]["after"]), _fmt(p["val_nll"]["epoch"], 1)]
             + [_fmt(p["val_nll"]["nll"]), _fmt(p["refinement_nll"]["epoch"], 1)]
-            + [_fmt(p["refinement_nll"]["nll"]), f"{better}/{len(r['seeds'])}"]
+            + [_fmt(p["refinement_nll"]["nll"]), f"{differ}/{len(seeds)}", f"{better}/{differ}"]
         )
     return header, rows
 

@@ -76,6 +76,11 @@ def test_report_has_both_selections(tmp_path, capsys):
     header, rows = selection_rows(rep)
     assert header[3] == "picked by val/nll" and header[5] == "picked by val/refinement_nll"
     assert [r[0] for r in rows] == ["log_score", "flsd53", "mmce"]
-    assert all(r[-1].endswith("/2") for r in rows)
+    for r, row in zip(rows, rep["rows"]):
+        differ = sum(
+            s["picked"]["val_nll"]["epoch"] != s["picked"]["refinement_nll"]["epoch"]
+            for s in row["seeds"]
+        )
+        assert r[-2] == f"{differ}/2" and r[-1].endswith(f"/{differ}")
     text = (tmp_path / "report.txt").read_text()
     assert "Checkpoint selection: refine, then calibrate" in text
