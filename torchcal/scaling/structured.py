@@ -49,6 +49,15 @@ class StructuredScaler(FittedMixin):
     :class:`~torchcal.scaling.CalibrationWarning`). A number fixes ``lam`` (``1``: SMS's
     default; ``0``: unregularised). Deterministic for a ``seed``.
 
+    Args:
+        num_classes: ``C``.
+        rank: the correction's rank ``r`` (capped at ``C``; ``0``: per-class scale and bias
+            only, SMS's vector variant SVS).
+        reg: ``"cv"`` or the ridge multiplier ``lam >= 0``.
+        folds, seed: the cross-validation split (``seed`` also seeds the basis).
+        grad_tol: max-abs preconditioned gradient of the refit on all rows (fold fits: 30x).
+        max_iter: LBFGS iterations per fit.
+
     Invariance: none guaranteed (per-class terms can change the argmax). ``-inf`` logits are
     masks (fit and forward): a masked entry contributes nothing to the other classes and
     stays ``-inf`` (probability 0); the target class may not be masked.
