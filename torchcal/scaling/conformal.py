@@ -99,8 +99,7 @@ class _Conformal(FittedMixin):
 
     def __init__(self, alpha: object | None, confidence: object | None = None) -> None:
         super().__init__()
-        # read as an exact fraction (docs/design.md section 6e): np.float32(0.1) is 1/10,
-        # 1 - 0.8 is 1/5, confidence=0.8 is alpha 1/5; the buffer holds its float
+        # an exact fraction (docs/design.md section 6e: 1 - 0.8 is 1/5); the buffer its float
         self._alpha_exact = miscoverage(alpha, confidence, default=0.1)
         a = float(self._alpha_exact)
         self.register_buffer("alpha", torch.tensor(a, dtype=torch.float64))
@@ -218,12 +217,12 @@ class SplitConformal(_Conformal):
     ``ceil((n + 1)(1 - alpha))``-th smallest score (see :mod:`torchcal.scaling.conformal`:
     **coverage >= 1 - alpha for exchangeable data, and < 1 - alpha + 1 / (n + 1) without
     ties**), one per group with ``groups`` (Mondrian: the guarantee holds in every group).
+    ``alpha`` (default 0.1) or ``confidence = 1 - alpha`` (read as written, section 6e).
 
     ``fit(pred, target, scale=None, groups=None, num_groups=None)`` returns a
     :class:`ConformalFit`; ``predict(pred, scale=None, groups=None)`` returns ``(lower,
-    upper)`` in the dtype of ``pred`` (computed in float64 and rounded outwards). Shapes: any,
-    the same for every argument (nothing broadcasts). State: ``alpha``, ``score_quantiles``
-    ``(G,)``, ``counts`` ``(G,)`` (float64 / int64, validated on load), ``fitted``.
+    upper)`` in the dtype of ``pred`` (float64, rounded outwards). Shapes: any, the same for
+    every argument. State: ``alpha``, ``score_quantiles``, ``counts`` (validated), ``fitted``.
 
     Example:
         >>> import torch
@@ -308,6 +307,7 @@ class ConformalQuantileRegression(_Conformal):
     ``fit(lower, upper, target, groups=None, num_groups=None)`` returns a
     :class:`ConformalFit`; ``predict(lower, upper, groups=None)`` returns ``(lower, upper)``
     in the dtype of ``lower`` (rounded outwards). Inputs need equal shapes and finite values.
+    ``alpha`` (default 0.1) or ``confidence = 1 - alpha``, as :class:`SplitConformal`.
 
     Example:
         >>> import torch
