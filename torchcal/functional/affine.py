@@ -22,18 +22,6 @@ from torchcal.functional._solvers import damped_newton, lbfgs, solve_direction
 from torchcal.functional.temperature.chunks import Chunk
 from torchcal.functional.temperature.validation import validate_masked_target
 
-__all__ = [
-    "AffineMap",
-    "AffineSolution",
-    "vector_map",
-    "matrix_map",
-    "NEWTON_MAX_PARAMS",
-    "affine_objective",
-    "affine_nll_hessian",
-    "affine_inputs",
-    "fit_affine",
-]
-
 # Up to this many parameters the fit is Newton's method with the exact Hessian (P backward
 # passes per step, quadratic convergence); beyond it, LBFGS with strong-Wolfe line search.
 NEWTON_MAX_PARAMS = 256

@@ -28,16 +28,6 @@ from torchcal.functional import recalibration as R
 from torchcal.functional.affine import AffineMap, Objective, minimise
 from torchcal.functional.folds import fold_complement, kfold_indices
 
-__all__ = [
-    "CVPath",
-    "strength_path",
-    "inverse_temperature",
-    "cross_validate_path",
-    "FOLD_GRAD_TOL",
-    "PATH_TOL",
-    "FOLD_NEWTON_MAX",
-]
-
 #: the max-abs gradient tolerance of the fold fits (scoring needs no more; the refit on all
 #: rows uses the scaler's ``grad_tol``)
 FOLD_GRAD_TOL = 1e-6

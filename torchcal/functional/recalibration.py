@@ -45,28 +45,6 @@ from torch import Tensor
 
 from torchcal.functional.scoring import binary_nll
 
-__all__ = [
-    "temperature_terms",
-    "log_beta_derivatives",
-    "platt_terms",
-    "vector_affine",
-    "matrix_affine",
-    "masked_affine",
-    "vector_penalty",
-    "matrix_penalty",
-    "vector_penalty_grad",
-    "matrix_penalty_grad",
-    "affine_residual",
-    "vector_nll_grad",
-    "matrix_nll_grad",
-    "vector_nll_hessian_diag",
-    "matrix_nll_hessian_diag",
-    "vector_nll_hessian",
-    "matrix_nll_hessian",
-    "pool_adjacent_violators",
-    "confidence_log_odds",
-]
-
 _LOG2E = 1.0 / math.log(2.0)
 _MASK_FLOOR = -1e300  # finite stand-in for -inf masks: exp(beta * floor) == 0 exactly
 # PAV: vectorised rounds before the sequential stack algorithm takes over
