@@ -2,23 +2,23 @@
 ``samples_*.jsonl`` (docs/design.md section 6h; issue 32's goal: read and audit in no more time
 than ``json.loads`` alone takes, ratio <= 1).
 
-Run: ``python benchmarks/bench_lm_eval.py`` (100k documents, ~150 MB of JSON lines in four tasks
-shaped as lm-eval 0.4 writes them: the document, a ~300-character prompt repeated per choice in
-``arguments``, ``resps``/``filtered_resps`` as strings, hashes, per-document metrics;
-``--docs 20000`` for a quicker run, ``--keep DIR`` to keep the files, and to reuse them on
-the next run). Then, ``--repeat`` times
-in the same process, alternating:
+Run: ``python benchmarks/bench_lm_eval.py`` (100k documents, ~160 MB of JSON lines in four
+tasks shaped as lm-eval 0.4 writes them: the document, a ~130-character prompt repeated per
+choice in ``arguments``, ``resps``/``filtered_resps`` as strings, hashes, per-document
+metrics; ``--docs 20000`` for a quicker run, ``--keep DIR`` to keep the files and reuse them
+on the next run). Then, ``--repeat`` times in the same process, alternating:
 
 * ``json``: ``json.loads`` of every line of every file (opened in binary, read line by line:
   what a user's own script pays at least);
 * ``read``: :func:`torchcal.integrations._lm_eval_samples.read_samples` (the reader alone);
 * ``audit``: :func:`torchcal.integrations.lm_eval.audit_samples` (read, the ``norm`` rule,
   the audit with its verdict per task and the temperature cross-fitted per task: what
-  ``torchcal audit --from lm-eval DIR --rule norm`` computes before writing its files).
+  ``torchcal audit --from lm-eval DIR --rule norm`` computes before writing its files, on
+  ``--threads`` torch threads, 1 as the CLI's default).
 
 Prints the seconds (median over the repeats), MB/s and the ratios audit / json and
-read / json (median, best, worst of the paired runs). The machine may be shared and noisy:
-read the ratio, not the seconds.
+read / json (median, best, worst of the paired runs, and fastest / fastest: the least noisy
+on a loaded machine). The machine may be shared and noisy: read the ratio, not the seconds.
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def main() -> None:
         ratios = [a / j for a, j in zip(rows[name], rows["json"], strict=True)]
         print(
             f"ratio {name} / json.loads: median {statistics.median(ratios):.3f}, best "
-            f"{min(ratios):.3f}, worst {max(ratios):.3f}"
+            f"{min(ratios):.3f}, worst {max(ratios):.3f}; fastest run / fastest json.loads "
+            f"{min(rows[name]) / min(rows['json']):.3f}"
         )
     temps = (r.temperature or {}).get("group_T")
     print(f"verdict {r.verdict}; T per task {temps}")

@@ -5,6 +5,8 @@ section 6h)."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -137,3 +139,12 @@ def test_harness_registration_is_idempotent_and_refuses_a_taken_name() -> None:
             register_harness_metrics()
     finally:
         aggregation_registry._objs["torchcal_aurc"] = real
+
+
+def test_import_torchcal_imports_neither_the_harness_nor_evaluate() -> None:
+    code = (
+        "import sys, torchcal, torchcal.integrations.lm_eval, torchcal.cli; "
+        "print(sorted(m for m in ('lm_eval', 'evaluate', 'datasets') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -196,10 +196,11 @@ class _Columns:
         """``(N, C)`` float64, ``fill`` past each document's choices."""
         counts = torch.tensor(self.counts, dtype=torch.int64)
         flat = torch.tensor(values, dtype=torch.float64)
-        out = torch.full((counts.numel(), int(counts.max())), fill, dtype=torch.float64)
-        row = torch.repeat_interleave(torch.arange(counts.numel()), counts)
-        col = torch.arange(flat.numel()) - (torch.cumsum(counts, 0) - counts)[row]
-        out[row, col] = flat
+        width = int(counts.max())
+        if int(counts.min()) == width:  # every document has C choices: a view
+            return flat.view(-1, width)
+        out = torch.full((counts.numel(), width), fill, dtype=torch.float64)
+        out[torch.arange(width) < counts[:, None]] = flat  # row-major: the file's order
         return out
 
 
