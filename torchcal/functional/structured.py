@@ -41,17 +41,6 @@ from torch import Tensor
 from torchcal.functional.folds import fold_complement, kfold_indices
 from torchcal.functional.temperature.fit import fit_temperature
 
-__all__ = [
-    "StructuredParams",
-    "StructuredProblem",
-    "StrengthChoice",
-    "structured_features",
-    "structured_basis",
-    "structured_logits",
-    "fit_structured",
-    "choose_strength",
-]
-
 _WORK = torch.float32  # dtype of the passes over the data
 _CHANGE_TOL = 1e-9  # an objective change below this is float32 noise (n >= 1 rows of ~1e-7)
 
