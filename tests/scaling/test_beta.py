@@ -236,3 +236,49 @@ def test_bad_input():
         BetaScaler().fit(pt, (pt > 0.5).double())
     with pytest.raises(ValueError, match="^target: the classes are perfectly separated"):
         BetaScaler().fit(pt, (pt < 0.5).double())
+
+
+def test_abm_both_coefficients_negative_drops_a_first_as_betacal():
+    """Anti-calibrated scores: the free fit has a < 0 and b < 0; betacal checks a first, drops
+    it and does not check the refitted b again."""
+    rng = np.random.default_rng(11)
+    p = rng.beta(2.0, 2.0, 3000)
+    y = (rng.random(p.size) < 1 - p).astype(np.float64)
+    (a0, b0, c0, m0), _ = _betacal(p, y, "abm")
+    sol = fit_beta(torch.tensor(p).log(), torch.log1p(-torch.tensor(p)), torch.tensor(y))
+    assert sol.dropped == "a" and sol.a == 0.0 and sol.b < 0.0
+    assert a0 == 0.0 and b0 < 0.0
+    assert np.allclose([sol.a, sol.b, sol.c], [a0, b0, c0], atol=2e-3)
+    assert sol.m == pytest.approx(m0, abs=1e-4)
+
+
+def test_float32_scores_are_clipped_at_float32_eps():
+    """betacal's clip uses the machine epsilon of the scores' dtype: float32 scores of 0 and 1
+    become 2^-23 and 1 - 2^-23, exactly as the same values clipped in float64."""
+    p, y = _data(12, n=1500)
+    p[:4] = [0.0, 1.0, 0.0, 1.0]
+    p32 = torch.tensor(p, dtype=torch.float32)
+    eps32 = float(torch.finfo(torch.float32).eps)
+    clipped = p32.double().clamp(eps32, 1.0 - eps32)
+    by32, by64 = BetaScaler(), BetaScaler()
+    by32.fit(p32, torch.tensor(y))
+    by64.fit(clipped, torch.tensor(y))
+    assert np.allclose(_abc(by32), _abc(by64), atol=1e-9, rtol=0)
+    assert torch.allclose(by32.predict_proba(p32[:4]), by64.predict_proba(clipped[:4]), atol=1e-12)
+
+
+def test_a_tie_at_the_class_boundary_is_still_separated():
+    """Every negative's p <= every positive's with one shared value: no maximum likelihood."""
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.4, 0.6, 0.7, 0.8], dtype=torch.float64)
+    y = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1], dtype=torch.float64)
+    with pytest.raises(ValueError, match="^target: the classes are perfectly separated"):
+        BetaScaler().fit(p, y)
+    with pytest.raises(ValueError, match="^target: the classes are perfectly separated"):
+        BetaScaler().fit(p, 1 - y)
+
+
+def test_stopping_short_of_the_tolerance_is_reported():
+    p, y = _data(13, n=1000)
+    with pytest.warns(CalibrationWarning, match="parameters: stopped before the tolerance"):
+        res = BetaScaler(max_iter=1).fit(torch.tensor(p), torch.tensor(y))
+    assert not res.converged and res.grad_norm > 1e-12
