@@ -25,6 +25,10 @@ __all__ = ["calibrate", "Calibrated", "Candidate", "register_calibrator"]
 #: a factory: ``(num_classes, folds, seed) -> unfitted calibrator``
 Factory = Callable[[int, int, int], nn.Module]
 
+#: scores within this many nats a row of the lowest are a tie, won by the earlier method (a
+#: map that fell back to its temperature scores one temperature's NLL up to rounding)
+TIE = 1e-9
+
 _REGISTRY: dict[str, Factory] = {
     "temperature": lambda c, k, s: TemperatureScaler(),
     "vector": lambda c, k, s: VectorScaler(c, folds=k, seed=s),
@@ -59,7 +63,8 @@ class Candidate:
     folds per row, ``fit_time`` seconds (the cross-validation and the refit), ``reg`` the
     chosen strength (``None``: none, or the map fell back to its temperature), ``note``
     what was measured (``"own folds"``: the map's own path on the shared folds;
-    ``"refitted per fold"``: the candidate refitted on each fold's fit rows)."""
+    ``"refitted per fold"``: the candidate refitted on each fold's fit rows; a map that fell
+    back to one temperature scores that temperature's NLL on the same folds)."""
 
     name: str
     cv_nll: float
@@ -136,7 +141,8 @@ def calibrate(
     candidate whose fit returns a :class:`CVFit` on these folds is scored by its own path
     (its best strength's CV NLL, or the temperature's where it fell back: the strength's
     choice on the same folds makes it slightly optimistic); any other is refitted on each
-    fold's fit rows and scored on the held-out rows. Ties go to the earlier method.
+    fold's fit rows and scored on the held-out rows. Ties (within :data:`TIE`) go to the earlier
+    method.
 
     Example:
         >>> import torch
@@ -168,11 +174,13 @@ def calibrate(
         res = cast(Any, model).fit(logits, target)
         if isinstance(res, CVFit) and (res.folds, res.seed) == (folds, seed):
             score = res.temperature_cv_nll if res.fallback else min(res.cv_nll)
-            reg, note = res.reg, "own folds"
+            reg = res.reg
+            note = "own folds, fell back to one temperature" if res.fallback else "own folds"
         else:
             score = _refit_per_fold(proto, logits, target, held)
             reg, note = None, "refitted per fold"
         table.append(Candidate(name, score, time.perf_counter() - start, reg, note))
         fitted.append(model)
-    best = min(range(len(table)), key=lambda i: (table[i].cv_nll, i))
+    low = min(c.cv_nll for c in table)
+    best = next(i for i, c in enumerate(table) if c.cv_nll <= low + TIE)
     return Calibrated(table[best].name, fitted[best], tuple(table))
