@@ -26,6 +26,8 @@ from torchcal.functional.folds import fold_complement, kfold_indices
 
 #: the strengths of the path (mean-NLL units), strongest first; ``inf``: the global map alone
 REG_PATH = (math.inf, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5)
+#: the fold fits' tolerance (max-abs gradient): their NLLs only rank the strengths
+_FOLD_TOL = 1e-7
 
 
 class SegmentSolution(NamedTuple):
@@ -144,10 +146,11 @@ def _fit(
 
 
 def _path(
-    c: _Cells, regs: tuple[float, ...], grad_tol: float, max_iter: int
+    c: _Cells, regs: tuple[float, ...], grad_tol: float, max_iter: int, start: Tensor | None = None
 ) -> list[tuple[Tensor, int]]:
-    """The fits along ``regs`` (strongest first), each warm-started from the one before."""
-    theta = _identity(c.xbar.shape[1])
+    """The fits along ``regs`` (strongest first), each warm-started from the one before (the
+    first from ``start``, else the identity)."""
+    theta = _identity(c.xbar.shape[1]) if start is None else start
     out = []
     for reg in regs:
         theta, it = _fit(c, reg, theta, grad_tol, max_iter)
@@ -164,6 +167,34 @@ def _identity(k: int) -> Tensor:
 def _nll(c: _Cells, theta: Tensor) -> float:
     """The summed NLL of the rows of ``c`` at ``theta``."""
     return float(_Probe(c, 0.0, theta).f) * c.z.numel()
+
+
+def _cross_validate(
+    z: Tensor, y: Tensor, x: Tensor, folds: int, seed: int, tol: float, max_iter: int
+) -> tuple[tuple[float, ...], list[list[Tensor]]]:
+    """The CV mean NLL of each strength of :data:`REG_PATH` and the folds' solutions, strength
+    by strength (each fold warm-started from its own fit at the stronger neighbour). The path
+    stops once the CV NLL has risen at two strengths in a row (it is near convex in log reg);
+    the strengths not reached read ``inf``."""
+    n = z.numel()
+    splits = []
+    for held in kfold_indices(n, folds, seed):
+        keep = fold_complement(n, held)
+        splits.append((_cells(z[keep], y[keep], x[keep]), _cells(z[held], y[held], x[held])))
+    thetas = [_identity(x.shape[1] + 1) for _ in splits]
+    cv: list[float] = []
+    fits: list[list[Tensor]] = []
+    for reg in REG_PATH:
+        total = 0.0
+        for j, (fit_rows, held_rows) in enumerate(splits):
+            thetas[j] = _fit(fit_rows, reg, thetas[j], tol, max_iter)[0]
+            total += _nll(held_rows, thetas[j])
+        cv.append(total / n)
+        fits.append(list(thetas))
+        if len(cv) >= 3 and cv[-1] > cv[-2] > cv[-3]:
+            break
+    cv += [math.inf] * (len(REG_PATH) - len(cv))
+    return tuple(cv), fits
 
 
 def fit_segment_map(
@@ -201,19 +232,9 @@ def fit_segment_map(
     identity = _identity(k)
     cv: tuple[float, ...] = ()
     cv_identity = nll_before
+    start = None
     if reg == "cv":
-        totals = [0.0] * len(REG_PATH)
-        for held in kfold_indices(n, folds, seed):
-            keep = fold_complement(n, held)
-            fit_rows, held_rows = (
-                _cells(z[keep], y[keep], x[keep]),
-                _cells(z[held], y[held], x[held]),
-            )
-            for i, (theta, _) in enumerate(
-                _path(fit_rows, REG_PATH, max(grad_tol, 1e-8), max_iter)
-            ):
-                totals[i] += _nll(held_rows, theta)
-        cv = tuple(t / n for t in totals)
+        cv, fold_fits = _cross_validate(z, y, x, folds, seed, max(grad_tol, _FOLD_TOL), max_iter)
         best = min(range(len(cv)), key=lambda i: (cv[i], i))
         if not cv[best] < cv_identity:  # the base logits' NLL needs no fit: the same on folds
             msg = (
@@ -231,12 +252,14 @@ def fit_segment_map(
                 0,
                 (msg,),
             )
-        chosen, regs = REG_PATH[best], REG_PATH[: best + 1]
+        chosen = REG_PATH[best]
+        regs: tuple[float, ...] = (chosen,)
+        start = torch.stack(fold_fits[best]).mean(0)  # the folds' solutions: a close start
     else:
         chosen = float(reg)
         regs = (math.inf, chosen) if not math.isinf(chosen) else (math.inf,)
     rows = _cells(z, y, x)
-    theta, iterations = _path(rows, regs, grad_tol, max_iter)[-1]
+    theta, iterations = _path(rows, regs, grad_tol, max_iter, start)[-1]
     return SegmentSolution(
         *_split(theta, k),
         chosen,
