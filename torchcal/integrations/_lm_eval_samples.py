@@ -30,8 +30,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["LoggedSamples", "read_samples", "sample_files"]
-
 #: ``samples_<task>_<date_id>.jsonl`` as lm-eval's EvaluationTracker names it
 SAMPLES_NAME = re.compile(
     r"samples_(?P<task>.+)_(?P<date>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)\.jsonl"

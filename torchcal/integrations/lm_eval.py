@@ -56,19 +56,6 @@ from torchcal.functional.selective import aurc
 from torchcal.integrations._lm_eval_samples import LoggedSamples, read_samples
 from torchcal.scaling.group import GroupTemperatureScaler
 
-__all__ = [
-    "METRICS",
-    "N_BINS",
-    "RULES",
-    "aggregate",
-    "audit_samples",
-    "choice_logits",
-    "choice_scores",
-    "cross_fitted_temperature",
-    "evaluate_module_path",
-    "items_to_tensors",
-]
-
 #: the confidence rules (module docstring)
 RULES = ("raw", "norm")
 #: the metrics of :func:`choice_scores`, in its order

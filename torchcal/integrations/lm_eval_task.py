@@ -36,8 +36,6 @@ from lm_eval.api.task import ConfigurableTask  # type: ignore[import-untyped]
 
 from torchcal.integrations.lm_eval import METRICS, RULES, aggregate
 
-__all__ = ["HARNESS_METRICS", "CalibratedMultipleChoiceTask", "register_harness_metrics"]
-
 #: harness metric name -> (metric, rule)
 HARNESS_METRICS = {
     f"torchcal_{m}{'' if r == 'raw' else '_' + r}": (m, r) for m in METRICS for r in RULES

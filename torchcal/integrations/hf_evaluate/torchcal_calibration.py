@@ -33,8 +33,6 @@ from torchcal.functional.calibration.wrappers import (
 from torchcal.functional.decision import probs_to_logits
 from torchcal.functional.scoring import brier_score
 
-__all__ = ["TorchcalCalibration"]
-
 _DESCRIPTION = "Calibration of probabilities: ECE (stated bins) with an interval, MCE, Brier, NLL."
 _KWARGS = """
 Args:
