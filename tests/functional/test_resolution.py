@@ -75,3 +75,33 @@ def test_one_class_gives_nan_and_bad_inputs_are_named() -> None:
         auroc_interval(torch.tensor([0.2, 0.4]), torch.tensor([1, 0]), level=1.5)
     with pytest.raises(ValueError, match="^confidence: expected a floating-point"):
         auroc_interval(torch.tensor([2, 4]), torch.tensor([1, 0]))
+
+
+def test_one_right_answer_has_a_finite_se_from_the_wrong_ones() -> None:
+    """A class of one row has no variance term (not NaN): the SE comes from the other class,
+    here in exact numbers (psi of the right answer 0.5 against 0.1, 0.3, 0.9, 0.5)."""
+    conf = torch.tensor([0.1, 0.5, 0.3, 0.9, 0.5], dtype=torch.float64)
+    res = auroc_interval(conf, torch.tensor([0, 1, 0, 0, 0]))
+    assert res.auroc == pytest.approx(2.5 / 4, abs=1e-15)
+    # v01 = [1, 1, 0, 0.5]: sample variance 0.6875 / 3, over n = 4
+    assert res.se == pytest.approx(math.sqrt(0.6875 / 3 / 4), rel=1e-12)
+    flipped = auroc_interval(conf, torch.tensor([1, 0, 1, 1, 1]))
+    assert flipped.auroc == pytest.approx(1 - res.auroc, abs=1e-15)
+    assert flipped.se == pytest.approx(res.se, rel=1e-12)
+
+
+def test_interval_is_intersected_with_zero_one() -> None:
+    """Few rows and an AUROC near 1 (or 0): the Wald interval would leave [0, 1]."""
+    conf = torch.tensor([0.9, 0.8, 0.7, 0.85, 0.2, 0.1], dtype=torch.float64)
+    correct = torch.tensor([1, 1, 1, 0, 0, 0])  # AUROC 7/9
+    res = auroc_interval(conf, correct, level=0.99)
+    assert res.auroc == pytest.approx(7 / 9, abs=1e-15)
+    assert res.auroc + 2.5 * res.se > 1 and res.upper == 1.0
+    low = auroc_interval(conf, 1 - correct, level=0.99)
+    assert low.auroc - 2.5 * low.se < 0 and low.lower == 0.0
+    assert low.upper == pytest.approx(1 - res.lower, abs=1e-15)
+
+
+def test_confidence_must_be_one_dimensional() -> None:
+    with pytest.raises(ValueError, match=r"^confidence: expected shape \(N,\)"):
+        auroc_interval(torch.rand(4, 2, dtype=torch.float64), torch.ones(4, 2).long())
