@@ -204,3 +204,74 @@ def test_bad_input():
         ValueError, match="^scores: expected \\(N,\\) binary scores \\(as at fit\\)"
     ):
         va.predict_interval(torch.full((4, 2), 0.5))
+
+
+def test_fit_reports_the_nll_of_the_input_and_of_the_merge():
+    p, y = _binary(6, 800, 2)
+    p = np.clip(p, 0.01, 0.99)
+    va = VennAbersCalibrator()
+    res = va.fit(torch.tensor(p), torch.tensor(y))
+    merged = va.predict_proba(torch.tensor(p)).numpy()
+
+    def nll(q):
+        return float(-np.mean(y * np.log(q) + (1 - y) * np.log1p(-q)))
+
+    assert res.nll_before == pytest.approx(nll(p), rel=1e-12)
+    assert res.nll_after == pytest.approx(nll(merged), rel=1e-12)
+    rng = np.random.default_rng(7)
+    prob = rng.dirichlet(np.ones(3), 600)
+    t = np.array([rng.choice(3, p=row) for row in prob])
+    multi = VennAbersCalibrator()
+    res = multi.fit(torch.tensor(prob), torch.tensor(t))
+    out = multi.predict_proba(torch.tensor(prob)).numpy()
+    assert res.nll_before == pytest.approx(-np.log(prob[np.arange(600), t]).mean(), rel=1e-12)
+    assert res.nll_after == pytest.approx(-np.log(out[np.arange(600), t]).mean(), rel=1e-12)
+
+
+def test_multiclass_logits_are_read_through_log_softmax():
+    """Widely spread logits: softmax rounds many rows of a column to exactly 0 (ties that are
+    not in the logits); each class's interval is the binary one of its log_softmax column."""
+    g = torch.Generator().manual_seed(8)
+    z = 400 * torch.randn(1000, 3, generator=g, dtype=torch.float64)
+    t = torch.randint(0, 3, (1000,), generator=g)
+    assert int((torch.softmax(z, 1)[:, 0] == 0).sum()) > 100  # the ties softmax would create
+    multi = VennAbersCalibrator(input="logits")
+    multi.fit(z, t)
+    zq = 400 * torch.randn(300, 3, generator=g, dtype=torch.float64)
+    p0, p1 = multi.predict_interval(zq)
+    for c in range(3):
+        binary = VennAbersCalibrator(input="logits")
+        binary.fit(torch.log_softmax(z, 1)[:, c].contiguous(), (t == c).long())
+        b0, b1 = binary.predict_interval(torch.log_softmax(zq, 1)[:, c].contiguous())
+        assert torch.equal(p0[:, c], b0) and torch.equal(p1[:, c], b1)
+
+
+def test_state_validation_rejects_what_fit_never_stores():
+    p, y = _binary(9, 300, 2)
+    va = VennAbersCalibrator()
+    va.fit(torch.tensor(p), torch.tensor(y))
+    state = va.state_dict()
+    zero = state["p1"].clone()
+    zero[0, 0] = 0.0  # p1 > 0 always (the test point's own label 1 is in its block)
+    with pytest.raises(ValueError, match="^p1: expected p0 in"):
+        VennAbersCalibrator().load_state_dict(dict(state, p1=zero))
+    gap = state["scores"].clone()
+    gap[0, 0] = float("inf")  # padding before a finite score
+    with pytest.raises(ValueError, match="^scores: expected strictly increasing"):
+        VennAbersCalibrator().load_state_dict(dict(state, scores=gap))
+    empty = dict(
+        state,
+        scores=torch.zeros(1, 0, dtype=torch.float64),
+        p0=torch.zeros(1, 1, dtype=torch.float64),
+        p1=torch.ones(1, 1, dtype=torch.float64),
+    )
+    with pytest.raises(ValueError, match="^scores: a fitted state needs at least one score"):
+        VennAbersCalibrator().load_state_dict(empty)
+
+
+def test_multiclass_scores_of_another_class_count_are_refused():
+    rng = np.random.default_rng(10)
+    va = VennAbersCalibrator()
+    va.fit(torch.tensor(rng.dirichlet(np.ones(3), 100)), torch.tensor(rng.integers(0, 3, 100)))
+    with pytest.raises(ValueError, match=r"^scores: expected \(N, 3\) scores \(as at fit\)"):
+        va.predict_interval(torch.tensor(rng.dirichlet(np.ones(4), 5)))
