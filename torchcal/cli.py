@@ -39,13 +39,10 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["EXIT_CODES", "build_parser", "main"]
-
-PROGRESS_BYTES = 50 * 2**20  # files above this size get a progress bar
-#: the most bins the audit accepts (torchcal.audit.core.MAX_BINS; repeated so that argument
+#: the most bins the audit accepts (torchcal.audit.state.MAX_BINS; repeated so that argument
 #: errors need no torch import; a test keeps the two equal)
 MAX_BINS = 10_000
 #: exit codes of ``torchcal audit``/``compare``
@@ -397,35 +394,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _batches(args: argparse.Namespace) -> Iterator[Any]:
-    """Checked batches of the file, with a progress bar on large files (stderr)."""
-    from torchcal.audit.io import progress_total, read_predictions
-
-    total, unit = progress_total(args.file)
-    batches = read_predictions(
-        args.file,
-        preds=args.probs or args.logits,
-        label=args.label,
-        group=args.group,
-        input="probs" if args.probs else "logits",
-        chunk_rows=args.chunk_rows,
-        max_unparsed=args.max_unparsed,
-    )
-    big = unit == "B" and total > PROGRESS_BYTES
-    try:
-        from tqdm import tqdm  # an extra (torchcal[audit]): no bar without it
-    except ImportError:
-        big = False
-    if args.no_progress or not big:
-        yield from batches
-        return
-
-    with tqdm(total=total, unit=unit, unit_scale=True, file=sys.stderr, leave=False) as bar:
-        for b in batches:
-            bar.update(b.done - bar.n)
-            yield b
-
-
 def _check_audit_args(args: argparse.Namespace) -> Any:
     """Every option checked before the work starts; returns the reference dict (or None)."""
     if (args.cost_error is None) != (args.cost_escalation is None):
@@ -510,18 +478,9 @@ def _settings(args: argparse.Namespace) -> Any:
     """The audit's settings from the parsed arguments (the only place that reads them)."""
     from torchcal.audit.state import AuditSettings
 
-    return AuditSettings(
-        threshold=args.threshold,
-        tolerance=args.tolerance,
-        alpha=args.alpha,
-        power=args.power,
-        n_bins=args.bins,
-        seed=args.seed,
-        cost_error=args.cost_error,
-        cost_escalation=args.cost_escalation,
-        fit_temperature=args.fit_temperature,
-        max_unparsed=args.max_unparsed,
-    )
+    names = ("threshold", "tolerance", "alpha", "power", "seed", "cost_error",
+             "cost_escalation", "fit_temperature", "max_unparsed")  # fmt: skip
+    return AuditSettings(n_bins=args.bins, **{k: getattr(args, k) for k in names})
 
 
 def _request(args: argparse.Namespace) -> Any:
@@ -532,19 +491,12 @@ def _request(args: argparse.Namespace) -> Any:
     if engine is None and _wants_engine(args) and not args.state:
         engine = "auto"  # a glob, --table, --weight or --write-state
     return AuditRequest(
-        file=args.file,
-        states=tuple(args.state or ()),
+        file=args.file, states=tuple(args.state or ()),
         preds=tuple(args.probs or args.logits or ()),
-        input="probs" if args.probs or not args.logits else "logits",
-        label=args.label,
-        group=args.group,
-        weight=args.weight,
-        engine=engine,
-        table=args.table,
-        write_state=args.write_state,
-        chunk_rows=args.chunk_rows,
-        progress=not args.no_progress,
-    )
+        input="probs" if args.probs or not args.logits else "logits", label=args.label,
+        group=args.group, weight=args.weight, engine=engine, table=args.table,
+        write_state=args.write_state, chunk_rows=args.chunk_rows, progress=not args.no_progress,
+    )  # fmt: skip
 
 
 def _rows_report(args: argparse.Namespace) -> tuple[Any, list[Any]]:
@@ -573,33 +525,31 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _check_output(path: str | None) -> None:
-    if path is None:
-        return
-    if os.path.isdir(path):
+    if path is not None and os.path.isdir(path):
         raise InputError(
             f"-o: {path} is a directory; give a file path such as {path}/temperature.pt"
         )
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
+    if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
         raise InputError(f"-o: the directory {os.path.dirname(path) or '.'} does not exist")
 
 
 def _fit_temperature(args: argparse.Namespace) -> int:
     _check_output(args.output)
-    if not _wants_engine(args):
-        _require_rows_args(args)
-        if not os.path.isfile(args.file):
-            raise InputError(f"{args.file}: no such file")
+    _require_rows_args(args)  # a file of rows (fit-temperature has no engine options)
+    if not os.path.isfile(args.file):
+        raise InputError(f"{args.file}: no such file")
     import torch
 
     from torchcal.audit._format import display_name
-    from torchcal.audit.core import fit_temperature_file
+    from torchcal.audit.engine_input import AuditRequest, read_rows
+    from torchcal.audit.temperatures import fit_temperature_file
 
-    parts = list(_batches(args))
-    preds = torch.cat([b.preds for b in parts])
-    target = torch.cat([b.target for b in parts])
-    groups = torch.cat([b.groups for b in parts]) if args.group else None
-    names = parts[-1].group_names if args.group else None
+    request = AuditRequest(
+        file=args.file, preds=tuple(args.probs or args.logits), label=args.label,
+        input="probs" if args.probs else "logits", group=args.group,
+        chunk_rows=args.chunk_rows, progress=not args.no_progress,
+    )  # fmt: skip
+    preds, target, groups, names = read_rows(request, args.max_unparsed)
     fit = fit_temperature_file(
         preds, target, groups, names, input="probs" if args.probs else "logits"
     )

@@ -204,7 +204,9 @@ def test_fit_temperature_command_matches_scaler(judging, tmp_path, capsys):
 
 def test_progress_bar_does_not_change_output(judging, tmp_path, capsys, monkeypatch):
     _, quiet, _ = _audit(capsys, judging, *ARGS, "--no-progress")
-    monkeypatch.setattr(cli, "PROGRESS_BYTES", 0)
+    from torchcal.audit import engine_input
+
+    monkeypatch.setattr(engine_input, "PROGRESS_BYTES", 0)
     code, out, _ = _audit(capsys, judging, *ARGS, "--chunk-rows", 100)
     assert code == 1 and out == quiet
 

@@ -376,6 +376,6 @@ def test_no_traceback_from_an_internal_error(tmp_path, capsys, monkeypatch):
 
 
 def test_cli_max_bins_matches_the_auditor():
-    from torchcal.audit.core import MAX_BINS
+    from torchcal.audit.state import MAX_BINS
 
     assert cli.MAX_BINS == MAX_BINS

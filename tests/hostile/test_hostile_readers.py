@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from torchcal import cli
-from torchcal.audit import _arrow, _csv
+from torchcal.audit import _arrow, _csv_blocks
 from torchcal.audit._columns import ReadLog
 from torchcal.audit.io import read_columns, read_predictions
 
@@ -94,7 +94,7 @@ def test_header_field_over_131072_characters(tmp_path, engine):
 def test_long_rows_read_in_bounded_blocks(tmp_path, engine, monkeypatch):
     """64 kB rows: the numpy reader sized its block as chunk_rows x row length (64 GB:
     MemoryError). Blocks are now at most MAX_BLOCK bytes (here 1 MB: chunks of <= 17 rows)."""
-    monkeypatch.setattr(_csv, "MAX_BLOCK", 1 << 20)
+    monkeypatch.setattr(_csv_blocks, "MAX_BLOCK", 1 << 20)
     path = tmp_path / "long.csv"
     text = "t" * 65_536
     path.write_text("p,y,t\n" + "".join(f"0.{i % 9 + 1},{i % 2},{text}\n" for i in range(200)))

@@ -12,8 +12,9 @@ JSON schema is documented in :mod:`torchcal.audit.report`.
 """
 
 from torchcal.audit.compare import Comparison, compare
-from torchcal.audit.core import Auditor, audit, fit_temperature_file, load_temperatures
+from torchcal.audit.core import Auditor, audit
 from torchcal.audit.report import AuditReport
+from torchcal.audit.temperatures import fit_temperature_file, load_temperatures
 
 __all__ = [
     "AuditReport",

@@ -28,8 +28,6 @@ from torchcal.audit._columns import (
     shown,
 )
 
-__all__ = ["read_arrays", "read_parquet"]
-
 
 def _group_ids(
     values: np.ndarray, column: str, groups: GroupIndex, where: Callable[[int], str]

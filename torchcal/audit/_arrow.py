@@ -23,8 +23,6 @@ import numpy as np
 
 from torchcal.audit._columns import Chunk, GroupIndex, check_names
 
-__all__ = ["Fallback", "available", "has_quote", "read_csv"]
-
 BLOCK = 1 << 20  # bytes per pyarrow block (a row longer than that: a fallback)
 
 

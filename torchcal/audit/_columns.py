@@ -25,18 +25,6 @@ from decimal import Decimal
 
 import numpy as np
 
-__all__ = [
-    "Chunk",
-    "Excluded",
-    "GroupIndex",
-    "ReadLog",
-    "check_names",
-    "first_appearance",
-    "locate_columns",
-    "parse_value",
-    "shown",
-]
-
 #: how a column's text values are read (see the module docstring)
 NUMBER, STATED, LABEL = "number", "stated", "label"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -35,8 +36,6 @@ from torchcal.functional.verdict import (
     holm_adjust,
     window_gap_test,
 )
-
-__all__ = ["build_report", "judge", "reason_of", "summaries"]
 
 
 def _num(x: Any) -> float | None:
@@ -314,12 +313,16 @@ def concentration(
     }
 
 
+#: rows -> their AuditState: ``(preds, target, groups, group names, input, n_bins)`` (the
+#: streaming Auditor's :func:`torchcal.audit.core.rows_state`, given by the caller: no cycle)
+RowsState = Callable[[Tensor, Tensor, "Tensor | None", "list[str] | None", str, int], AuditState]
+
+
 def fit_temperatures(
-    state: AuditState, settings: AuditSettings, warn: list[str], n_bins: int
+    state: AuditState, settings: AuditSettings, warn: list[str], n_bins: int, rows: RowsState
 ) -> dict[str, Any]:
     """Fit T pooled and per group on a seeded half of the kept sample; the other half before
     and after (per-group T where there are groups, else the pooled T)."""
-    from torchcal.audit.core import Auditor
     from torchcal.scaling.group import GroupTemperatureScaler
     from torchcal.scaling.temperature import TemperatureScaler
 
@@ -356,9 +359,11 @@ def fit_temperatures(
     )  # fmt: skip
 
     def run(preds: Tensor, input: str) -> dict[str, Any]:
-        a = Auditor(input=input, n_bins=n_bins, sample_size=0)
-        a.update(preds, y[ev], g[ev] if state.grouped else None)
-        return _evaluate(a.state(names if state.grouped else None), ev_settings)
+        grouped = state.grouped
+        st = rows(
+            preds, y[ev], g[ev] if grouped else None, names if grouped else None, input, n_bins
+        )
+        return _evaluate(st, ev_settings)
 
     grouped_after = per(z[ev], g[ev]) if state.grouped else pooled(z[ev])
     return {
@@ -398,10 +403,13 @@ def _fmt_or_na(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
-def build_report(state: AuditState, settings: AuditSettings) -> AuditReport:
+def build_report(
+    state: AuditState, settings: AuditSettings, rows_state: RowsState | None = None
+) -> AuditReport:
     """The report of a filled :class:`~torchcal.audit.state.AuditState` under
     :class:`~torchcal.audit.state.AuditSettings` (see :meth:`Auditor.report`): every road
-    (the streaming reader, a state file, DuckDB, Spark) reports through this function."""
+    (the streaming reader, a state file, DuckDB, Spark) reports through this function;
+    ``rows_state`` turns held-out rows into a state (needed by ``fit_temperature``)."""
     if state.n_rows == 0:
         raise ValueError("preds: no rows were given to the audit (empty input)")
     state = state.by_name()
@@ -472,7 +480,9 @@ def build_report(state: AuditState, settings: AuditSettings) -> AuditReport:
         settings_d["weight_total"] = float(state.stats.mass().sum())
     temperature = None
     if settings.fit_temperature:
-        temperature = fit_temperatures(state, settings, warn, n_bins)
+        if rows_state is None:
+            raise ValueError("fit_temperature: needs rows (give build_report its rows_state)")
+        temperature = fit_temperatures(state, settings, warn, n_bins, rows_state)
     sample = {"preds": smp["preds"], "target": smp["target"], "group": smp["group"], "names": names}
     return AuditReport(
         verdict, pooled, groups, settings_d, warn, temperature, sample, reasons,

@@ -5,16 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = [
-    "TABLE_GROUPS",
-    "display_name",
-    "note_lines",
-    "report_markdown",
-    "report_text",
-    "rule_text",
-    "worst_groups",
-]
-
 #: longest group name shown in full on a line (longer ones are cut with "...")
 NAME_LIMIT = 60
 #: groups whose reliability table the text and markdown show (the worst first)

@@ -12,8 +12,6 @@ from torchcal.functional._checks import check_int, check_number
 from torchcal.functional.calibration.results import ReliabilityTable
 from torchcal.functional.calibration.wrappers import calibration_error
 
-__all__ = ["sample_ece", "table_of"]
-
 
 def sample_ece(report: Any, temperature: float, n_bins: int, group: str | None) -> float:
     """L1 equal-width ECE of the sample's logits divided by ``temperature`` (see

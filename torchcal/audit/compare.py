@@ -20,7 +20,7 @@ from torchcal.audit._format import display_name
 from torchcal.audit.report import AuditReport, load_report_dict
 from torchcal.functional.decision import drift_from_summaries
 
-__all__ = ["COMPARED_SETTINGS", "Comparison", "check_comparable", "compare"]
+__all__ = ["Comparison", "compare"]
 
 #: settings two reports must share to be compared (docs/design.md section 6c.2)
 COMPARED_SETTINGS = ("threshold", "n_bins", "reading")

@@ -21,7 +21,6 @@ from torchcal.audit.report import AuditReport
 from torchcal.audit.state import (
     DEFAULT_BINS,
     GRID,
-    MAX_BINS,
     AuditSettings,
     AuditState,
     GridCounts,
@@ -34,14 +33,7 @@ from torchcal.functional.calibration.nll import nll_terms
 from torchcal.functional.calibration.readings import INPUTS, prepare_inputs, warn_probs_as_logits
 from torchcal.functional.calibration.weights import accumulate_weighted
 
-__all__ = [
-    "MAX_BINS",
-    "TEMPERATURE_FORMAT",
-    "Auditor",
-    "audit",
-    "fit_temperature_file",
-    "load_temperatures",
-]
+__all__ = ["Auditor", "audit"]
 
 AUDIT_READINGS = ("binary", "confidence")
 #: groups above which the per-value counts are dropped (memory: 16 bytes x 101 per group)
@@ -180,7 +172,7 @@ class Auditor:
             return
         pad = BinnedStats.zeros(extra, 1, self.n_bins)
         if self.stats.weight is not None:
-            pad = BinnedStats(*_fields(pad), weight=torch.zeros_like(pad.conf))
+            pad = _weighted(pad, torch.zeros_like(pad.conf))
         self.stats = _cat(self.stats, pad)
         self.nll = torch.cat([self.nll, torch.zeros(extra, dtype=torch.float64)])
         self.nll_inf = torch.cat([self.nll_inf, torch.zeros(extra, dtype=torch.int64)])
@@ -219,7 +211,7 @@ class Auditor:
             self.weighted = w is not None
             if w is not None:
                 s = self.stats
-                self.stats = BinnedStats(*_fields(s), weight=torch.zeros_like(s.conf))
+                self.stats = _weighted(s, torch.zeros_like(s.conf))
                 if self.grid is not None:
                     self.grid = GridCounts(self.grid.count, self.grid.pos, self.grid.pos.clone())
         # (G_chunk, 1, B): ids seen in this chunk
@@ -233,7 +225,7 @@ class Auditor:
         if prep.num_groups < G:
             pad = BinnedStats.zeros(G - prep.num_groups, 1, self.n_bins)
             if w is not None:
-                pad = BinnedStats(*_fields(pad), weight=torch.zeros_like(pad.conf))
+                pad = _weighted(pad, torch.zeros_like(pad.conf))
             chunk = _cat(chunk, pad)
         self.stats = self.stats + chunk
         if self.grid is not None:
@@ -403,7 +395,22 @@ class Auditor:
         )
         if self.n_rows == 0:
             raise ValueError("preds: no rows were given to the audit (empty input)")
-        return build_report(self.state(group_names, read_log=read_log), settings)
+        return build_report(self.state(group_names, read_log=read_log), settings, rows_state)
+
+
+def rows_state(
+    preds: Tensor,
+    target: Tensor,
+    groups: Tensor | None,
+    names: list[str] | None,
+    input: str,
+    n_bins: int,
+) -> AuditState:
+    """The :class:`~torchcal.audit.state.AuditState` of rows given at once (no sample): the
+    held-out evaluations of the temperature fit."""
+    a = Auditor(input=input, n_bins=n_bins, sample_size=0)
+    a.update(preds, target, groups)
+    return a.state(names)
 
 
 def _check_names(group_names: list[str] | None, G: int, grouped: bool) -> list[str]:
@@ -420,9 +427,14 @@ def _check_names(group_names: list[str] | None, G: int, grouped: bool) -> list[s
     return names
 
 
+def _weighted(s: BinnedStats, weight: Tensor | None) -> BinnedStats:
+    return BinnedStats(s.count, s.conf, s.acc, s.conf2, s.conf_acc, weight=weight)
+
+
 def _cat(a: BinnedStats, b: BinnedStats) -> BinnedStats:
     w = None if a.weight is None or b.weight is None else torch.cat([a.weight, b.weight])
-    return BinnedStats(*(torch.cat(p) for p in zip(_fields(a), _fields(b), strict=True)), weight=w)
+    c = [torch.cat(p) for p in zip(_fields(a), _fields(b), strict=True)]
+    return BinnedStats(c[0], c[1], c[2], c[3], c[4], weight=w)
 
 
 def _fields(s: BinnedStats) -> tuple[Tensor, ...]:
@@ -509,86 +521,3 @@ def audit(
         alpha=alpha,
         power=power,
     )
-
-
-#: the ``format`` entry of a file written by ``torchcal fit-temperature -o``
-TEMPERATURE_FORMAT = "torchcal.temperatures/1"
-
-
-def fit_temperature_file(
-    preds: Tensor,
-    target: Tensor,
-    groups: Tensor | None = None,
-    group_names: list[str] | None = None,
-    *,
-    input: str = "probs",
-) -> dict[str, Any]:
-    """Fit a temperature on all rows (pooled, and per group with ``groups``), as
-    ``torchcal fit-temperature`` does; returns the dict it saves: ``format``
-    (:data:`TEMPERATURE_FORMAT`), ``input``, ``n``, ``pooled`` (T), ``temperatures``
-    (``{group name: T}``; ``{"pooled": T}`` without groups), ``clamped`` (probabilities of
-    exactly 0 or 1 given logits +-36.74) and ``state_dict`` (the scaler's).
-
-    Example:
-        >>> import torch
-        >>> z = torch.randn(400, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-        >>> y = (torch.rand(400, generator=torch.Generator().manual_seed(1)) < torch.sigmoid(z)).long()
-        >>> fit = fit_temperature_file(z * 3, y, input="logits")
-        >>> sorted(fit["temperatures"]), 2 < fit["pooled"] < 5
-        (['pooled'], True)
-    """
-    from torchcal.functional.decision import probs_to_logits
-    from torchcal.scaling.group import GroupTemperatureScaler
-    from torchcal.scaling.temperature import TemperatureScaler
-
-    check_option("input", input, INPUTS)
-    z, clamped = preds, 0
-    if input == "probs":
-        z, clamped = probs_to_logits(preds, binary=preds.dim() == 1)
-    pooled = TemperatureScaler(method="newton")
-    pooled.fit(z, target)
-    out: dict[str, Any] = {
-        "format": TEMPERATURE_FORMAT,
-        "input": input,
-        "n": int(target.numel()),
-        "pooled": float(pooled.temperature),
-        "temperatures": {"pooled": float(pooled.temperature)},
-        "clamped": clamped,
-        "state_dict": pooled.state_dict(),
-    }
-    if groups is not None:
-        names = (
-            list(group_names)
-            if group_names is not None
-            else [str(i) for i in range(int(groups.max()) + 1)]
-        )
-        per = GroupTemperatureScaler(len(names))
-        per.fit(z, target, groups)
-        out["temperatures"] = dict(zip(names, (float(t) for t in per.temperatures), strict=True))
-        out["state_dict"] = per.state_dict()
-    return out
-
-
-def load_temperatures(path: Any) -> dict[str, float]:
-    """The ``{group name: T}`` of a file written by ``torchcal fit-temperature -o`` (or
-    ``{"pooled": T}``); ``ValueError`` for any other file.
-
-    Example:
-        >>> import tempfile, torch
-        >>> z = torch.randn(300, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-        >>> y = (torch.rand(300, generator=torch.Generator().manual_seed(1)) < torch.sigmoid(z)).long()
-        >>> g = torch.arange(300) % 2
-        >>> path = tempfile.mkdtemp() + "/t.pt"
-        >>> torch.save(fit_temperature_file(z, y, g, ["a/b", "c"], input="logits"), path)
-        >>> sorted(load_temperatures(path))
-        ['a/b', 'c']
-    """
-    try:
-        d = torch.load(path, weights_only=True)
-    except Exception as e:
-        raise ValueError(
-            f"{path}: not a temperature file of torchcal fit-temperature ({e})"
-        ) from None
-    if not isinstance(d, dict) or d.get("format") != TEMPERATURE_FORMAT:
-        raise ValueError(f"{path}: not a temperature file of torchcal fit-temperature")
-    return {str(k): float(v) for k, v in d["temperatures"].items()}

@@ -28,19 +28,11 @@ from typing import Any
 import torch
 
 from torchcal.audit._evaluate import build_report
+from torchcal.audit.core import rows_state
 from torchcal.audit.report import AuditReport
 from torchcal.audit.state import AuditSettings, AuditState, GridCounts
 from torchcal.engines.collect import EngineAudit
 from torchcal.engines.state import BinnedState, expand_paths, write_state
-
-__all__ = [
-    "AuditRequest",
-    "check_rejected",
-    "report_from_state",
-    "run_audit",
-    "state_of_binned",
-    "state_of_engine",
-]
 
 #: files above this size get a progress bar on stderr (with tqdm installed)
 PROGRESS_BYTES = 50 * 2**20
@@ -150,7 +142,7 @@ def run_audit(
                     raise ValueError("--weight: weights are read with --probs")
                 files = expand_paths(request.file or "", what="source")
                 state = _stream_state(request, settings, files, engine)
-        report = build_report(state, settings)
+        report = build_report(state, settings, rows_state)
     return report, list(caught)
 
 
@@ -220,6 +212,21 @@ def _stream_state(
     state = auditor.state(list(names) if request.group else None, read_log=log.to_dict(),
                           weight=request.weight)  # fmt: skip
     return state if engine == "stream" else replace(state, engine=engine)
+
+
+def read_rows(
+    request: AuditRequest, max_unparsed: float = 0.01
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[str] | None]:
+    """Every row of ``request.file`` through the streaming reader (``torchcal
+    fit-temperature``): ``preds``, ``target``, group ids and names (``None`` ungrouped)."""
+    from torchcal.audit._columns import ReadLog
+
+    parts = list(_batches(request, request.file or "", ReadLog(), max_unparsed))
+    preds = torch.cat([b.preds for b in parts])
+    target = torch.cat([b.target for b in parts])
+    if not request.group:
+        return preds, target, None, None
+    return preds, target, torch.cat([b.groups for b in parts]), parts[-1].group_names
 
 
 def check_rejected(state: BinnedState, source: str, max_share: float) -> None:
@@ -389,4 +396,4 @@ def report_from_state(
     st = state_of_binned(state, sample=sample)
     if st.n_rows == 0:
         raise ValueError("state: no rows were kept (every row was rejected, or none was seen)")
-    return build_report(st, settings)
+    return build_report(st, settings, rows_state)

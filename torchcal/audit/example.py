@@ -21,14 +21,6 @@ import os
 import torch
 from torch import Tensor
 
-__all__ = [
-    "DOMAINS",
-    "make_judging_data",
-    "make_stated_data",
-    "write_judging_csv",
-    "write_stated_csv",
-]
-
 DOMAINS = {"math": 1.0, "open_qa": 2.5}  # name -> factor on the true log-odds
 _MEAN, _SD = 1.2, 1.0
 

@@ -29,8 +29,6 @@ import torch
 
 from torchcal.audit._format import note_lines, rule_text
 
-__all__ = ["CSP", "json_safe", "page_data", "render_html", "script_json"]
-
 #: The page's Content-Security-Policy: inline script and style only, images from data: URLs.
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
 

@@ -64,7 +64,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchcal.audit import _arrays, _arrow, _csv
+from torchcal.audit import _arrays, _arrow, _csv, _csv_blocks
 from torchcal.audit._columns import (
     LABEL,
     NUMBER,
@@ -74,14 +74,6 @@ from torchcal.audit._columns import (
     locate_columns,
     shown,
 )
-
-__all__ = [
-    "FORMATS",
-    "Batch",
-    "progress_total",
-    "read_columns",
-    "read_predictions",
-]
 
 FORMATS = {".csv": "csv", ".npz": "npz", ".pt": "pt", ".pth": "pt", ".parquet": "parquet"}
 FORMATS[".pq"] = "parquet"
@@ -375,13 +367,13 @@ def _read_csv(
 ) -> Iterator[Chunk]:
     file = os.fspath(path)
     with open(path, "rb") as f:
-        header, start, header_lines = _csv.read_header(f, file)
+        header, start, header_lines = _csv_blocks.read_header(f, file)
         f.seek(start)
         sample = f.read(1 << 16)
     idx = locate_columns(file, header, columns)
     gidx = None if group is None else locate_columns(file, header, [group])[0]
     per_row = max(8, len(sample) // max(1, sample.count(b"\n") + sample.count(b"\r")))
-    block_bytes = min(_csv.MAX_BLOCK, chunk_rows * per_row)
+    block_bytes = min(_csv_blocks.MAX_BLOCK, chunk_rows * per_row)
     rows = 0
     if engine != "numpy" and _arrow.available() and header_lines == 1:
         try:

@@ -78,14 +78,7 @@ from typing import Any
 from torchcal.audit._format import report_markdown, report_text, worst_groups
 from torchcal.audit._sample import sample_ece, table_of
 
-__all__ = [
-    "MAX_DIAGRAMS",
-    "SCHEMA_VERSION",
-    "AuditReport",
-    "check_report_dict",
-    "diagram_files",
-    "load_report_dict",
-]
+__all__ = ["AuditReport"]
 
 SCHEMA_VERSION = 2
 #: groups up to which report.json is indented (compact above: speed and size)

@@ -22,8 +22,6 @@ from torchcal.functional._checks import check_bool, check_int, check_number
 from torchcal.functional.calibration.binning import BinnedStats, bin_index
 from torchcal.functional.verdict import check_alpha
 
-__all__ = ["GRID", "AuditSettings", "AuditState", "GridCounts", "generator_seed", "grid_stats"]
-
 #: the finest grid whose per-value counts are kept (values k / GRID)
 GRID = 100
 #: bins when none are given and the confidences sit on no 0.05/0.1 grid

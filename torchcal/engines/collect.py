@@ -27,8 +27,6 @@ from torchcal.engines.sql import (
 )
 from torchcal.engines.state import UNGROUPED, BinnedState
 
-__all__ = ["GRID", "EngineAudit", "collect"]
-
 #: the finest value grid whose counts are kept (values k / GRID; the audit's too)
 GRID = 100
 #: |c * GRID - round(c * GRID)| at most this: on the grid (the streaming audit's rule)
@@ -82,7 +80,7 @@ def collect(
             state = _state(run, source, round(1 / step) + 1, producer, kw)
         else:
             grid = None
-    sample = _sample(run, source, kw, sample_size, seed) if kept and sample_size else None
+    sample = _sample(run, source, kw, sample_size, seed, kept) if kept and sample_size else None
     text_log = _text_log(run, source, preds, text, dialect)
     return EngineAudit(state, grid, sample, text_log)
 
@@ -137,22 +135,32 @@ def _grid(
 
 
 def _sample(
-    run: Run, source: str, kw: dict[str, Any], size: int, seed: int
+    run: Run, source: str, kw: dict[str, Any], size: int, seed: int, kept: int
 ) -> dict[str, list[Any]]:
     """At most ``size`` kept rows: those with the smallest seeded hash of their values (the
     decimal text of ``seed`` is hashed with them: any integer, no two seeds alike), so the
     sample is the same for any thread count or file order; all kept rows when there are
-    at most ``size``."""
+    at most ``size``. DuckDB's hash is uniform on [0, 2^64): rows above 4 ``size`` / ``kept``
+    of that range are dropped before the sort (the same rows unless fewer than ``size`` pass,
+    then the query runs again without the cut)."""
     d = _D[kw["dialect"]]
     C = len(_as_columns(kw["preds"]))
     pv = ", ".join(f"p{k}" for k in range(C))
     key = d["hash"].format(f"{pv}, y, g, '{int(seed)}'")
     with_sql = checked_rows_sql(source, n_bins=10, **kw)
-    q = (
-        f"{with_sql}\nSELECT {pv}, y, g FROM scored WHERE reason IS NULL "
-        f"ORDER BY {key}, {pv}, y, g LIMIT {int(size)}"
-    )
-    rows = run(q)
+    want = min(size, kept)
+
+    def query(cut: str) -> list[Any]:
+        return list(run(
+            f"{with_sql}\nSELECT {pv}, y, g FROM scored WHERE reason IS NULL{cut} "
+            f"ORDER BY {key}, {pv}, y, g LIMIT {int(size)}"
+        ))  # fmt: skip
+
+    rows: list[Any] = []
+    if kw["dialect"] == "duckdb" and 4 * size < kept:
+        rows = query(f" AND {key} < CAST({(1 << 64) * 4 * size // kept} AS UBIGINT)")
+    if len(rows) < want:
+        rows = query("")
     return {
         "preds": [r[0] if C == 1 else list(r[:C]) for r in rows],
         "target": [int(r[C]) for r in rows],

@@ -12,7 +12,7 @@ from torchcal.engines.collect import EngineAudit, collect
 from torchcal.engines.sql import header_for, state_from_rows, state_sql
 from torchcal.engines.state import BinnedState
 
-__all__ = ["NO_STATS", "audit_duckdb", "available", "source_sql", "state_from_duckdb"]
+__all__ = ["state_from_duckdb"]
 
 #: DuckDB (2.0.1) folds ``isnan(p)`` of a Parquet column to false from the file's min/max
 #: statistics, which leave NaN out (and so would fold ``p > 1`` for a file whose only bad

@@ -17,8 +17,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["REJECT_REASONS", "ROW_RULES", "RowRule", "reasons_of", "sql_case"]
-
 
 @dataclass(frozen=True)
 class Rows:
@@ -47,7 +45,8 @@ class Sql:
 
 
 def _any(parts: Any) -> str:
-    return "(" + " OR ".join(parts) + ")"
+    parts = list(parts)
+    return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
 
 
 def _sum(p: np.ndarray) -> np.ndarray:
@@ -62,6 +61,11 @@ def _label_bad(r: Rows) -> np.ndarray:
     y = r.y
     ok = (y == 0) | (y == 1) if C == 1 else (y == np.floor(y)) & (y >= 0) & (y <= C - 1)
     return ~ok | r.y_null
+
+
+def _weight_bad(r: Rows) -> np.ndarray:
+    w = np.asarray(r.w, dtype=np.float64)
+    return ~(np.isfinite(w) & (w >= 0))
 
 
 def _label_sql(s: Sql) -> str:
@@ -80,7 +84,7 @@ class RowRule:
     meaning: str
     applies: str
     sql: Callable[[Sql], str]
-    mask: Callable[[Rows], np.ndarray]
+    mask: Callable[[Rows], Any]  # a bool mask (N,)
 
 
 ROW_RULES: tuple[RowRule, ...] = (
@@ -99,10 +103,10 @@ ROW_RULES: tuple[RowRule, ...] = (
     RowRule("label_invalid", "a missing label, or not a class (0/1; [0, C) for C >= 2)", "all",
             _label_sql, _label_bad),
     RowRule("group_null", "a missing group", "group", lambda s: "g IS NULL",
-            lambda r: np.array([v is None for v in r.g], bool)),  # type: ignore[union-attr]
+            lambda r: np.array([v is None for v in (r.g if r.g is not None else ())], bool)),
     RowRule("weight_invalid", "a missing, NaN, negative or infinite weight", "weight",
             lambda s: f"w IS NULL OR NOT (w >= 0 AND w < {s.inf})",
-            lambda r: ~(np.isfinite(r.w) & (r.w >= 0))),  # type: ignore[arg-type]
+            lambda r: _weight_bad(r)),
 )  # fmt: skip
 #: why a row was left out, in the order the checks run (the first that applies counts)
 REJECT_REASONS = tuple(r.reason for r in ROW_RULES)
@@ -120,7 +124,7 @@ def sql_case(s: Sql, *, weighted: bool) -> str:
 
     Example:
         >>> print(sql_case(Sql(["p0"], "isnan({})", "inf", "1e-4"), weighted=False).splitlines()[2])
-        WHEN (isnan(p0)) THEN 'preds_nan'
+        WHEN isnan(p0) THEN 'preds_nan'
     """
     C = len(s.ps)
     return "\n".join(

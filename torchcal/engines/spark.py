@@ -13,7 +13,7 @@ from torchcal.engines.collect import EngineAudit, collect
 from torchcal.engines.sql import header_for, state_from_rows, state_sql
 from torchcal.engines.state import BinnedState
 
-__all__ = ["audit_spark", "state_from_spark"]
+__all__ = ["state_from_spark"]
 
 
 def _text_columns(df: Any, columns: list[str | None]) -> list[str]:

@@ -38,16 +38,7 @@ from torchcal.functional._checks import check_int
 from torchcal.functional._validation import probability_sum_tolerance
 from torchcal.functional.calibration.binning import BinnedStats
 
-__all__ = [
-    "DIALECTS",
-    "checked_rows_sql",
-    "header_for",
-    "parse_text",
-    "quote",
-    "state_from_rows",
-    "state_sql",
-    "text_value_sql",
-]
+__all__ = ["state_sql"]
 
 DIALECTS = ("duckdb", "spark", "bigquery", "snowflake")
 

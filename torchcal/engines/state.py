@@ -43,20 +43,7 @@ from torch import Tensor
 from torchcal.engines.rules import REJECT_REASONS as _REASONS
 from torchcal.functional.calibration.binning import BinnedStats
 
-__all__ = [
-    "BIN_RULE",
-    "CONFIG_FIELDS",
-    "METADATA_KEY",
-    "REJECT_REASONS",
-    "SCHEMA_VERSION",
-    "BinnedState",
-    "StateHeader",
-    "expand_paths",
-    "merge_states",
-    "read_state",
-    "read_states",
-    "write_state",
-]
+__all__ = ["BinnedState", "StateHeader", "merge_states", "read_state", "read_states", "write_state"]
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"torchcal.state"
