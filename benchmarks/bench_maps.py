@@ -26,7 +26,7 @@ which cannot be installed here), netcal (temperature scaling, beta), betacal and
 on ``--threads`` threads (default 1); the fit time is the ``fit`` call alone, wall clock and (in
 brackets) the CPU time of the process, which a loaded machine does not inflate.
 
-    python benchmarks/bench_maps.py            # about 5 minutes on 2 shared cores
+    python benchmarks/bench_maps.py            # about 6 minutes of CPU (one thread)
     python benchmarks/bench_maps.py --quick    # tiny sizes, a smoke run
 """
 
