@@ -69,7 +69,7 @@ class StructuredScaler(FittedMixin):
         >>> import torch
         >>> from torchcal.scaling import StructuredScaler
         >>> g = torch.Generator().manual_seed(0)
-        >>> z = 3 * torch.randn(3000, 4, generator=g)
+        >>> z = 3 * torch.randn(1500, 4, generator=g)
         >>> y = torch.multinomial(torch.softmax(z / 2 + torch.tensor([1.0, 0, 0, -1]), 1), 1,
         ...                       generator=g).squeeze(1)
         >>> res = StructuredScaler(4).fit(z, y)
