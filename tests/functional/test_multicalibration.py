@@ -4,6 +4,7 @@ against ``mcgrad.metrics.MulticalibrationError`` on the same data and segments, 
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -11,10 +12,12 @@ import pytest
 import torch
 
 from torchcal.functional.multicalibration import (
+    apply_segments,
     ecce,
     ecce_pvalue,
     multicalibration_error,
     segment_masks,
+    segment_spec,
 )
 
 
@@ -177,3 +180,81 @@ def test_equals_mcgrad_on_the_same_data_and_segments() -> None:
     np.testing.assert_allclose(
         np.sort(ours.pvalue.numpy()), np.sort(ref.segments_ecce_pvalue), rtol=1e-9, atol=1e-12
     )
+
+
+def test_worst_is_the_first_segment_on_a_tie() -> None:
+    """Exact 0/1 predictions that are all right: every segment has ECCE 0 and ratio 0 (an
+    exact tie); the first segment (the whole data set) is reported. (Two equal masks need not
+    give bit-equal ratios: the batched sums round per row.)"""
+    p = torch.tensor([0.0, 1.0, 0.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    k = torch.tensor([0, 0, 1, 1, 2, 2])
+    masks, _ = segment_masks({"k": k}, depth=1)
+    res = multicalibration_error(p, p.long(), masks)
+    assert res.ecce_sigma.tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert res.worst == 0 and float(res.mce_sigma) == 0.0
+
+
+def test_pvalue_equals_mcgrads_series_into_the_far_tail() -> None:
+    mm = pytest.importorskip("mcgrad.metrics")
+    x = torch.tensor([0.0, 0.5, 1.0, 2.0, 3.0, 4.5, 5.5, 6.5, 7.5, 8.0, 8.2, 9.0, 50.0])
+    ours = ecce_pvalue(x.double())
+    ref = np.array([mm.ecce_pvalue_from_sigma(float(v)) for v in x])
+    np.testing.assert_allclose(ours.numpy(), ref, rtol=0, atol=5e-16)
+    # 1 - CDF near 1: the tail is resolved to an absolute 1e-16, not relatively
+    assert float(ours[6]) == pytest.approx(1.519164998e-7, rel=1e-8)
+
+
+def test_quantile_buckets_hold_their_upper_edge() -> None:
+    """Edges that are data values: bucket k holds (e_{k-1}, e_k], the first also its lower
+    edge (9 values, bins=4: edges 3, 5, 7)."""
+    v = torch.arange(1.0, 10.0, dtype=torch.float64)
+    masks, labels = segment_masks({"x": v}, depth=1, bins=4)
+    members = [v[m].tolist() for m in masks[1:]]
+    assert members == [[1.0, 2.0, 3.0], [4.0, 5.0], [6.0, 7.0], [8.0, 9.0]]
+
+
+def test_a_numeric_column_with_bins_values_keeps_them() -> None:
+    v = torch.tensor([0.5, 1.5, 2.5, 3.5] * 5, dtype=torch.float64)  # 4 distinct, bins=4
+    spec = segment_spec({"x": v}, depth=1, bins=4)
+    assert spec.kinds == ("values",)
+    torch.testing.assert_close(spec.cuts[0], torch.tensor([0.5, 1.5, 2.5, 3.5]).double())
+    # a value not among them is in no segment of that column (only the whole data set)
+    new = apply_segments(spec, {"x": torch.tensor([1.5, 2.0, 9.0], dtype=torch.float64)})
+    assert new.tolist() == [
+        [True, True, True],
+        [False, False, False],
+        [True, False, False],
+        [False, False, False],
+        [False, False, False],
+    ]
+
+
+def test_a_segment_without_variance_but_with_error_is_infinitely_far() -> None:
+    """Rows predicted 0 that are positives: sigma 0 (p(1 - p) = 0), ECCE > 0: inf sigmas,
+    the smallest p-value, the worst segment; a segment of exact 0/1 predictions that are
+    right has ECCE 0 and ratio 0."""
+    p = torch.tensor([0.0, 0.0, 0.3, 0.6, 1.0, 1.0], dtype=torch.float64)
+    y = torch.tensor([1, 1, 0, 1, 1, 1])
+    k = torch.tensor([0, 0, 1, 1, 2, 2])
+    masks, labels = segment_masks({"k": k}, depth=1)
+    res = multicalibration_error(p, y, masks)
+    assert labels[1] == (("k", 0),) and float(res.sigma[1]) == 0.0
+    assert math.isinf(float(res.ecce_sigma[1])) and res.worst == 1
+    assert float(res.pvalue[1]) == torch.finfo(torch.float64).eps
+    assert float(res.ecce[3]) == 0.0 and float(res.ecce_sigma[3]) == 0.0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: a negative categorical code (e.g. -1 for 'missing') silently gets no "
+    "segment (-1 is the spec's 'column free' marker); expected its segment or a ValueError",
+)
+def test_a_negative_code_is_a_segment_or_an_error() -> None:
+    code = torch.tensor([-1, 0, 1, -1, 0, 1])
+    try:
+        masks, labels = segment_masks({"x": code}, depth=1)
+    except ValueError as err:
+        assert str(err).startswith("columns['x']")
+        return
+    assert (("x", -1),) in labels
+    assert masks[labels.index((("x", -1),))].tolist() == (code == -1).tolist()

@@ -61,6 +61,8 @@ def test_bad_arguments_are_named() -> None:
         m.update(p, torch.ones(4), torch.zeros(4, 3))
     with pytest.raises(ValueError, match="^MulticalibrationError: compute"):
         m.compute()
+    with pytest.raises(ValueError, match=r"^weight: expected shape \(4,\)"):
+        m.update(p, torch.ones(4), torch.zeros(4, 2), torch.ones(3))
     m.update(p, torch.ones(4), torch.full((4, 2), 0.5))
     with pytest.raises(ValueError, match="^features: categorical column 'a' holds non-integer"):
         m.compute()
