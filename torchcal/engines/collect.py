@@ -150,11 +150,13 @@ def _sample(
     key = d["hash"].format(f"{pv}, y, '{int(seed)}'")  # the group breaks ties (cheaper)
     with_sql = checked_rows_sql(source, n_bins=10, **kw)
     want = min(size, kept)
+    # -0.0 and 0.0 tie in ORDER BY (and in DuckDB's hash): their text breaks the tie
+    signs = ", ".join(f"CAST(p{k} AS {d['str']})" for k in range(C))
 
     def query(cut: str) -> list[Any]:
         return list(run(
             f"{with_sql}\nSELECT {pv}, y, g FROM scored WHERE reason IS NULL{cut} "
-            f"ORDER BY {key}, {pv}, y, g LIMIT {int(size)}"
+            f"ORDER BY {key}, {pv}, y, g, {signs} LIMIT {int(size)}"
         ))  # fmt: skip
 
     rows: list[Any] = []
