@@ -244,17 +244,8 @@ def test_a_segment_without_variance_but_with_error_is_infinitely_far() -> None:
     assert float(res.ecce[3]) == 0.0 and float(res.ecce_sigma[3]) == 0.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a negative categorical code (e.g. -1 for 'missing') silently gets no "
-    "segment (-1 is the spec's 'column free' marker); expected its segment or a ValueError",
-)
-def test_a_negative_code_is_a_segment_or_an_error() -> None:
+def test_a_negative_code_is_an_error() -> None:
+    """-1 marks a column a segment leaves free: a negative code is refused, never dropped."""
     code = torch.tensor([-1, 0, 1, -1, 0, 1])
-    try:
-        masks, labels = segment_masks({"x": code}, depth=1)
-    except ValueError as err:
-        assert str(err).startswith("columns['x']")
-        return
-    assert (("x", -1),) in labels
-    assert masks[labels.index((("x", -1),))].tolist() == (code == -1).tolist()
+    with pytest.raises(ValueError, match=r"^columns\['x'\]: expected integer codes >= 0"):
+        segment_masks({"x": code}, depth=1)

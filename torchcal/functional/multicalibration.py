@@ -218,6 +218,11 @@ def _columns(columns: Mapping[str, Tensor], names: tuple[str, ...] | None = None
             raise ValueError(f"columns[{name!r}]: expected real values, got {values.dtype}")
         if values.is_floating_point():
             check_finite(f"columns[{name!r}]", values)
+        elif values.numel() and int(values.min()) < 0:
+            raise ValueError(
+                f"columns[{name!r}]: expected integer codes >= 0 (a missing value is a code of "
+                f"its own), got {int(values.min())}"
+            )
         n = values.numel()
     assert n is not None
     return n
