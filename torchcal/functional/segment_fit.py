@@ -44,6 +44,7 @@ class SegmentSolution(NamedTuple):
     nll_before: float  # mean NLL of the base logits (all rows)
     nll_after: float  # mean NLL after the map (all rows)
     iterations: int
+    grad_norm: float  # max-abs gradient of the penalised objective at the returned map
     messages: tuple[str, ...]
 
 
@@ -115,9 +116,9 @@ class _Probe:
 
 def _fit(
     c: _Cells, reg: float, start: Tensor, grad_tol: float, max_iter: int
-) -> tuple[Tensor, int]:
-    """Damped Newton (exact Hessian, Cholesky) from ``start``; ``reg = inf`` fits ``(a, b)``
-    alone (the segment coordinates held at 0)."""
+) -> tuple[Tensor, int, float]:
+    """Damped Newton (exact Hessian, Cholesky) from ``start``: ``(theta, iterations, max-abs
+    gradient)``; ``reg = inf`` fits ``(a, b)`` alone (the segment coordinates held at 0)."""
     if math.isinf(reg):
         k = c.xbar.shape[1]
         glob = _Cells(c.z, c.y, torch.zeros_like(c.cell), torch.ones(1, 1, dtype=torch.float64))
@@ -132,7 +133,7 @@ def _fit(
         )
         theta = torch.zeros_like(start)
         theta[0], theta[k] = res.x[0], res.x[1]
-        return theta, res.iterations
+        return theta, res.iterations, res.grad_norm
     res = damped_newton(
         lambda v: _Probe(c, reg, v),
         start.clone(),
@@ -142,19 +143,19 @@ def _fit(
         norm="max",
         min_step=1e-12,
     )
-    return res.x, res.iterations
+    return res.x, res.iterations, res.grad_norm
 
 
 def _path(
     c: _Cells, regs: tuple[float, ...], grad_tol: float, max_iter: int, start: Tensor | None = None
-) -> list[tuple[Tensor, int]]:
+) -> list[tuple[Tensor, int, float]]:
     """The fits along ``regs`` (strongest first), each warm-started from the one before (the
     first from ``start``, else the identity)."""
     theta = _identity(c.xbar.shape[1]) if start is None else start
     out = []
     for reg in regs:
-        theta, it = _fit(c, reg, theta, grad_tol, max_iter)
-        out.append((theta, it))
+        theta, it, gnorm = _fit(c, reg, theta, grad_tol, max_iter)
+        out.append((theta, it, gnorm))
     return out
 
 
@@ -250,6 +251,7 @@ def fit_segment_map(
                 nll_before,
                 nll_before,
                 0,
+                math.nan,
                 (msg,),
             )
         chosen = REG_PATH[best]
@@ -259,7 +261,13 @@ def fit_segment_map(
         chosen = float(reg)
         regs = (math.inf, chosen) if not math.isinf(chosen) else (math.inf,)
     rows = _cells(z, y, x)
-    theta, iterations = _path(rows, regs, grad_tol, max_iter, start)[-1]
+    theta, iterations, gnorm = _path(rows, regs, grad_tol, max_iter, start)[-1]
+    msgs: tuple[str, ...] = ()
+    if not gnorm <= grad_tol:
+        msgs = (
+            f"SegmentCalibrator: Newton stopped after {iterations} iterations with a max-abs "
+            f"gradient of {gnorm:.3g} > grad_tol {grad_tol:g} (raise max_iter)",
+        )
     return SegmentSolution(
         *_split(theta, k),
         chosen,
@@ -269,7 +277,8 @@ def fit_segment_map(
         nll_before,
         _nll(rows, theta) / n,
         iterations,
-        (),
+        gnorm,
+        msgs,
     )
 
 

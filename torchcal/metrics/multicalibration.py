@@ -118,8 +118,10 @@ class MulticalibrationError(PooledPlotMetric):
         except the shapes, checked here."""
         for name, x in (("probs", probs), ("target", target), ("features", features)):
             check_tensor(name, x)
-        n = probs.shape[0] if probs.dim() == 1 else -1
-        if probs.dim() != 1 or target.shape != probs.shape:
+        if probs.dim() != 1:
+            raise ValueError(f"probs: expected shape (N,), got {tuple(probs.shape)}")
+        n = probs.shape[0]
+        if target.shape != probs.shape:
             raise ValueError(
                 f"target: expected the shape of probs (N,), got {tuple(target.shape)} and "
                 f"probs {tuple(probs.shape)}"

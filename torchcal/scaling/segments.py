@@ -3,7 +3,6 @@ map, shrunk toward the global map, never worse than the base on held-out NLL."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -233,9 +232,9 @@ class SegmentCalibrator(FittedMixin):
         return SegmentFit(
             nll_before=sol.nll_before,
             nll_after=sol.nll_after,
-            grad_norm=math.nan if sol.fallback else 0.0,
+            grad_norm=sol.grad_norm,
             iterations=sol.iterations,
-            converged=not sol.messages,
+            converged=not sol.messages or sol.fallback,
             warnings=warn_all(sol.messages, stacklevel=3),
             passes=0,
             method="newton",
