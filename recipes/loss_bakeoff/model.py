@@ -162,8 +162,10 @@ def train_one(
     desc: str = "",
 ) -> Trained:
     """Train a fresh :func:`make_mlp` with ``objective`` under Lightning and fit its
-    temperature on ``val`` at every validation epoch; keep the checkpoints of
-    :data:`SELECTIONS` (the validated epoch of lowest ``val/nll``, and of lowest
+    temperature on ``val``.
+
+    The temperature is fitted at every validation epoch; the checkpoints of
+    :data:`SELECTIONS` are kept (the validated epoch of lowest ``val/nll``, and of lowest
     ``val/refinement_nll``, each with its own T). Seeded (weights, shuffling); the command
     line's ``--model.*`` options are the keyword arguments from ``hidden`` to ``val_every``.
 
