@@ -327,7 +327,7 @@ def risk_coverage_table(rc: Any, coverages: Sequence[float] = (0.5, 0.8, 0.9, 0.
         | 0.5 | 0.2500 |
         | 1 | 0.5000 |
         | AURC | 0.2708 |
-        | AUGRC | 0.2188 |
+        | AUGRC | 0.1562 |
     """
     from torchcal.functional.selective import risk_at_coverage_of
 
