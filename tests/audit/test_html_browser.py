@@ -57,7 +57,11 @@ def open_page(browser, report, path: Path):
 
 
 def check_settings(page, report, settings, names):
-    """Move the controls to each (T, bins, group) and compare with the Python side."""
+    """Move the controls to each (T, bins, group) and compare with the Python side. The
+    page's group ids are the report's (groups in name order), not the order given."""
+    if names:
+        assert sorted(names) == list(report.sample["names"])
+        names = list(report.sample["names"])
     for T, bins, group in settings:
         gid = -1 if group is None else names.index(group)
         t_shown, ece, counts = page.evaluate(SET, [math.log10(T), bins, gid])
