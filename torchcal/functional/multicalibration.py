@@ -302,6 +302,26 @@ def spec_labels(spec: SegmentSpec) -> list[tuple[tuple[str, int], ...]]:
     ]
 
 
+def check_segment_options(
+    columns: Sequence[str], numeric: Sequence[str], depth: int, min_rows: int, bins: int
+) -> tuple[tuple[str, ...], tuple[str, ...], int, int, int]:
+    """The checked segment settings of the metric and the repair: ``(columns, numeric in
+    column order, depth, min_rows, bins)``."""
+    if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
+        raise TypeError("columns: expected a sequence of column names (str)")
+    if not columns or len(set(columns)) != len(columns):
+        raise ValueError(f"columns: expected distinct names, got {list(columns)!r}")
+    if isinstance(numeric, str) or not set(numeric) <= set(columns):
+        raise ValueError(f"numeric: expected names among columns {list(columns)!r}")
+    return (
+        tuple(columns),
+        tuple(c for c in columns if c in set(numeric)),
+        check_int("depth", depth, minimum=0),
+        check_int("min_rows", min_rows, minimum=1),
+        check_int("bins", bins, minimum=1),
+    )
+
+
 def columns_from_features(
     features: Tensor, names: Sequence[str], numeric: Sequence[str]
 ) -> dict[str, Tensor]:

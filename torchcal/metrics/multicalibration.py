@@ -14,9 +14,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from torchcal.functional._checks import check_int, check_tensor
+from torchcal.functional._checks import check_tensor
 from torchcal.functional.multicalibration import (
     MulticalibrationResult,
+    check_segment_options,
     columns_from_features,
     multicalibration_error,
     segment_masks,
@@ -78,17 +79,9 @@ class MulticalibrationError(PooledPlotMetric):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-            raise TypeError("columns: expected a sequence of column names (str)")
-        if not columns or len(set(columns)) != len(columns):
-            raise ValueError(f"columns: expected distinct names, got {list(columns)!r}")
-        if isinstance(numeric, str) or not set(numeric) <= set(columns):
-            raise ValueError(f"numeric: expected names among columns {list(columns)!r}")
-        self.columns = tuple(columns)
-        self.numeric = tuple(c for c in columns if c in set(numeric))
-        self.depth = check_int("depth", depth, minimum=0)
-        self.min_rows = check_int("min_rows", min_rows, minimum=1)
-        self.bins = check_int("bins", bins, minimum=1)
+        self.columns, self.numeric, self.depth, self.min_rows, self.bins = check_segment_options(
+            columns, numeric, depth, min_rows, bins
+        )
         self.add_state("sample_probs", [], dist_reduce_fx="cat")
         self.add_state("sample_target", [], dist_reduce_fx="cat")
         self.add_state("sample_weight", [], dist_reduce_fx="cat")

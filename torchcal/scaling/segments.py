@@ -14,6 +14,7 @@ from torchcal.functional._checks import check_binary_target, check_finite, check
 from torchcal.functional.multicalibration import (
     SegmentSpec,
     apply_segments,
+    check_segment_options,
     columns_from_features,
     segment_spec,
 )
@@ -114,17 +115,9 @@ class SegmentCalibrator(FittedMixin):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-            raise TypeError("columns: expected a sequence of column names (str)")
-        if not columns or len(set(columns)) != len(columns):
-            raise ValueError(f"columns: expected distinct names, got {list(columns)!r}")
-        if isinstance(numeric, str) or not set(numeric) <= set(columns):
-            raise ValueError(f"numeric: expected names among columns {list(columns)!r}")
-        self.columns = tuple(columns)
-        self.numeric = tuple(c for c in columns if c in set(numeric))
-        self.depth = check_int("depth", depth, minimum=0)
-        self.min_rows = check_int("min_rows", min_rows, minimum=1)
-        self.bins = check_int("bins", bins, minimum=1)
+        self.columns, self.numeric, self.depth, self.min_rows, self.bins = check_segment_options(
+            columns, numeric, depth, min_rows, bins
+        )
         if reg != "cv" and (
             isinstance(reg, (bool, str)) or not isinstance(reg, (int, float)) or not reg >= 0
         ):
