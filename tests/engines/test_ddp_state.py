@@ -7,12 +7,11 @@ every row. Run with ``pytest -m ddp``.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ddp_helpers import gloo, spawn
 
 pytest.importorskip("pyarrow")
 
@@ -35,21 +34,11 @@ def _metric():
     return CalibrationError(n_bins=10, reading="binary", input="probs", num_groups=len(GROUPS))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     from torchcal.engines.memory import state_from_metric
     from torchcal.engines.state import write_state
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo(rank, world, port):
         p, y, grp = _data()
         m = _metric()
         if rank == 0:  # rank 1 sees no batch at all (an empty shard)
@@ -60,8 +49,6 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         )
         m.compute()  # the synchronised value still works on every rank (no hang)
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.ddp
@@ -72,7 +59,7 @@ def test_rank_states_merge_to_one_process(tmp_path, capsys):
     from torchcal.engines.memory import state_from_metric
     from torchcal.engines.state import read_states
 
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn(_worker, str(tmp_path))
     merged = read_states(str(tmp_path / "part-*.parquet"))
     p, y, grp = _data()
     one = _metric()

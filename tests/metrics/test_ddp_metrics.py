@@ -8,13 +8,10 @@ holding all 10,001 rows.
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ddp_helpers import gloo, spawn
 
 from torchcal.metrics import (
     BrierDecomposition,
@@ -69,11 +66,7 @@ def _run(metrics, logits, target, groups):
 
 
 def _worker(rank: int, world: int, port: int, path: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo(rank, world, port):
         logits, target, groups = _data()
         lo = sum(SHARDS[:rank])
         sl = slice(lo, lo + SHARDS[rank])
@@ -81,14 +74,6 @@ def _worker(rank: int, world: int, port: int, path: str) -> None:
         if rank == 0:
             torch.save(out, path)
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _close(a, b, name):
@@ -116,7 +101,7 @@ def _close(a, b, name):
 @pytest.mark.timeout(60)
 def test_two_gloo_ranks_equal_one_process(tmp_path):
     path = str(tmp_path / "rank0.pt")
-    mp.spawn(_worker, args=(2, _free_port(), path), nprocs=2, join=True)
+    spawn(_worker, path)
     got = torch.load(path, weights_only=False)
     ref = _run(_metrics(), *_data())
     for name in ref:
@@ -131,11 +116,7 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
 
 # ------------------------------------------------------------------ issue 9: DDP edge cases
 def _worker_edge(rank: int, world: int, port: int, path: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo(rank, world, port):
         logits, target, _ = _data()
         out = {}
         # exact=True with a rank that never updated (its 'cat' states are empty lists)
@@ -156,15 +137,13 @@ def _worker_edge(rank: int, world: int, port: int, path: str) -> None:
             out["mismatch"] = str(e)
         torch.save(out, f"{path}.{rank}")
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.ddp
 @pytest.mark.timeout(60)
 def test_exact_with_an_empty_rank_and_config_mismatch(tmp_path):
     path = str(tmp_path / "edge.pt")
-    mp.spawn(_worker_edge, args=(2, _free_port(), path), nprocs=2, join=True)
+    spawn(_worker_edge, path)
     logits, target, _ = _data()
     ref_s = CalibrationError(estimator="smooth", exact=True)
     ref_s.update(logits, target)

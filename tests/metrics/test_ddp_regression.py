@@ -8,14 +8,12 @@ file; the test compares them with one process holding all 3,001 rows.
 
 from __future__ import annotations
 
-import os
-import socket
 import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ddp_helpers import gloo, spawn
 from scipy import stats
 
 from torchcal.functional import pit_normal
@@ -82,11 +80,7 @@ def _results(ms):
 
 
 def _worker(rank: int, world: int, port: int, path: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo(rank, world, port):
         data = _data()
         lo = sum(SHARDS[:rank])
         out = {}
@@ -109,14 +103,6 @@ def _worker(rank: int, world: int, port: int, path: str) -> None:
             out["mismatch"] = str(e)
         torch.save(out, f"{path}.{rank}")
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _close(a, b, name):
@@ -138,7 +124,7 @@ def _close(a, b, name):
 @pytest.mark.timeout(120)
 def test_two_gloo_ranks_equal_one_process(tmp_path):
     path = str(tmp_path / "regression.pt")
-    mp.spawn(_worker, args=(2, _free_port(), path), nprocs=2, join=True)
+    spawn(_worker, path)
     ms = _metrics()
     _update(ms, *_data())
     ref = _results(ms)

@@ -6,13 +6,10 @@ Run with ``pytest -m ddp``.
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ddp_helpers import gloo, spawn
 
 from torchcal.metrics import AUGRC, AURC, CoverageAtRisk, RiskAtCoverage
 
@@ -37,18 +34,8 @@ def _metrics():
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, path: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo(rank, world, port):
         logits, target = _data()
         lo = 0 if rank == 0 else SHARDS[0]
         hi = SHARDS[0] if rank == 0 else sum(SHARDS)
@@ -58,15 +45,13 @@ def _worker(rank: int, world: int, port: int, path: str) -> None:
             out[name] = m.compute()
         torch.save(out, f"{path}.{rank}")
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.ddp
 @pytest.mark.timeout(60)
 def test_two_ranks_equal_one_process_bitwise(tmp_path):
     path = str(tmp_path / "sel.pt")
-    mp.spawn(_worker, args=(2, _free_port(), path), nprocs=2, join=True)
+    spawn(_worker, path)
     logits, target = _data()
     for rank in (0, 1):
         got = torch.load(f"{path}.{rank}", weights_only=False)

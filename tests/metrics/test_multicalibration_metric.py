@@ -4,13 +4,10 @@ one process."""
 
 from __future__ import annotations
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ddp_helpers import gloo, spawn
 
 from torchcal.functional.multicalibration import multicalibration_error, segment_masks
 from torchcal.metrics import MulticalibrationError
@@ -68,33 +65,21 @@ def test_bad_arguments_are_named() -> None:
         m.compute()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, path: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo(rank, world, port):
         p, y, f, w = _data()
         m = _metric()
         if rank == 0:  # rank 1 sees no rows at all
             m.update(p, y, f, w)
         torch.save(m.compute().ecce, f"{path}.{rank}")
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.ddp
 @pytest.mark.timeout(60)
 def test_two_ranks_one_empty_equal_one_process(tmp_path):
     path = str(tmp_path / "mce.pt")
-    mp.spawn(_worker, args=(2, _free_port(), path), nprocs=2, join=True)
+    spawn(_worker, path)
     p, y, f, w = _data()
     m = _metric()
     m.update(p, y, f, w)

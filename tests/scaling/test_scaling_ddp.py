@@ -2,20 +2,12 @@
 
 import json
 import os
-import socket
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from ddp_helpers import gloo, spawn
 
 from torchcal.scaling import TemperatureScaler
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _data():
@@ -28,11 +20,7 @@ def _data():
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo(rank, world, port):
         z, y, s, b = _data()
         # unequal shards: rank 0 holds 1000 rows, rank 1 holds 2000, in uneven chunks
         lo, hi = (0, 1000) if rank == 0 else (1000, 3000)
@@ -54,14 +42,12 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         }
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.ddp
 @pytest.mark.timeout(60)
 def test_two_gloo_ranks_fit_the_union(tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn(_worker, str(tmp_path))
     r0 = json.loads((tmp_path / "rank0.json").read_text())
     r1 = json.loads((tmp_path / "rank1.json").read_text())
     z, y, s, b = _data()
