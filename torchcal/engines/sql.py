@@ -108,8 +108,8 @@ def _as_columns(preds: str | Sequence[str]) -> list[str]:
 #: expressions on the stripped text: numbers (ASCII decimals, sign, fraction, exponent,
 #: ``inf``/``infinity``/``nan`` in any case), a stated percent (``85%``, `` 85 % ``) and the
 #: label words ``true``/``false`` (any case)
-NUMBER_RE = r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf(?:inity)?|nan))"
-PERCENT_RE = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)\s*%"
+NUMBER_RE = r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf(?:inity)?|nan))"
+PERCENT_RE = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*%"
 #: how a text column reads, by its kind (the kinds of ``torchcal.audit._columns``)
 TEXT_KINDS = ("number", "stated", "label")
 _NUMBER = re.compile(NUMBER_RE)
