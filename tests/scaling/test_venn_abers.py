@@ -1,6 +1,8 @@
 """VennAbersCalibrator (issue 28 item 5): the (p0, p1) table equals the definition (isotonic
 regression with the test point added) and the venn-abers package to 1e-12, ties included,
-binary and one-vs-rest; logits input, state and bad input."""
+binary and one-vs-rest; the default multiclass reduction (the top label of the
+temperature-scaled probabilities) within 0.005 test NLL of one temperature where that is the
+truth; logits input, state and bad input."""
 
 import io
 import warnings
@@ -14,7 +16,7 @@ from torchcal.functional.venn_abers import (
     venn_abers_merge,
     venn_abers_table,
 )
-from torchcal.scaling import NotFittedError, VennAbersCalibrator
+from torchcal.scaling import NotFittedError, TemperatureScaler, VennAbersCalibrator
 
 
 def _package():
@@ -110,7 +112,7 @@ def test_one_vs_rest_equals_the_package(num_classes):
         va_type="one_vs_rest",
         p0_p1_output=True,
     )
-    ours = VennAbersCalibrator()
+    ours = VennAbersCalibrator(multiclass="one_vs_rest")
     ours.fit(torch.tensor(prob), torch.tensor(y))
     p0, p1 = ours.predict_interval(torch.tensor(test))
     assert p0.shape == p1.shape == (len(test), num_classes)
@@ -133,12 +135,20 @@ def test_logits_input_reads_the_same_order():
     assert torch.equal(by_logits(q), by_probs(torch.sigmoid(q)))
     z = 2 * torch.randn(2000, 4, generator=g, dtype=torch.float64)
     t = torch.multinomial(torch.softmax(z, 1), 1, generator=g).squeeze(1)
-    multi_logits, multi_probs = VennAbersCalibrator(input="logits"), VennAbersCalibrator()
+    ovr = {"multiclass": "one_vs_rest"}
+    multi_logits = VennAbersCalibrator(input="logits", **ovr)
+    multi_probs = VennAbersCalibrator(**ovr)
     res = multi_logits.fit(z, t)
     multi_probs.fit(torch.softmax(z, 1), t)
     zq = torch.randn(300, 4, generator=g, dtype=torch.float64)
     assert torch.allclose(multi_logits(zq), multi_probs(torch.softmax(zq, 1)), atol=1e-15)
     assert res.converged and np.isfinite(res.nll_before) and np.isfinite(res.nll_after)
+    # top label: the temperature fitted on the logits or on log p (equal to rounding)
+    top_logits, top_probs = VennAbersCalibrator(input="logits"), VennAbersCalibrator()
+    top_logits.fit(z, t)
+    top_probs.fit(torch.softmax(z, 1), t)
+    assert float(top_logits.temperature) == pytest.approx(float(top_probs.temperature), rel=1e-9)
+    assert torch.allclose(top_logits(zq), top_probs(torch.softmax(zq, 1)), atol=1e-9)
 
 
 def test_degenerate_sets_give_probabilities_never_nan():
@@ -150,11 +160,15 @@ def test_degenerate_sets_give_probabilities_never_nan():
         p = va(q)
         assert bool(((p0 >= 0) & (p0 <= p1) & (p1 <= 1) & (p > 0) & (p < 1)).all())
     # a class absent from the calibration set: all-negative, still a probability row
-    va = VennAbersCalibrator()
     prob = torch.tensor([[0.7, 0.2, 0.1], [0.2, 0.7, 0.1], [0.6, 0.3, 0.1]], dtype=torch.float64)
-    va.fit(prob, torch.tensor([0, 1, 0]))
-    out = va(prob)
-    assert torch.isfinite(out).all() and torch.allclose(out.sum(1), torch.ones(3, dtype=out.dtype))
+    for multiclass in ("one_vs_rest", "top_label"):
+        va = VennAbersCalibrator(multiclass=multiclass)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the top label's T: a separated set
+            va.fit(prob, torch.tensor([0, 1, 0]))
+        out = va(prob)
+        assert torch.isfinite(out).all() and (out >= 0).all()  # separated: T at its bound
+        assert torch.allclose(out.sum(1), torch.ones(3, dtype=out.dtype))
 
 
 def test_state_round_trip_and_validation():
@@ -221,7 +235,7 @@ def test_fit_reports_the_nll_of_the_input_and_of_the_merge():
     rng = np.random.default_rng(7)
     prob = rng.dirichlet(np.ones(3), 600)
     t = np.array([rng.choice(3, p=row) for row in prob])
-    multi = VennAbersCalibrator()
+    multi = VennAbersCalibrator(multiclass="one_vs_rest")
     res = multi.fit(torch.tensor(prob), torch.tensor(t))
     out = multi.predict_proba(torch.tensor(prob)).numpy()
     assert res.nll_before == pytest.approx(-np.log(prob[np.arange(600), t]).mean(), rel=1e-12)
@@ -235,7 +249,7 @@ def test_multiclass_logits_are_read_through_log_softmax():
     z = 400 * torch.randn(1000, 3, generator=g, dtype=torch.float64)
     t = torch.randint(0, 3, (1000,), generator=g)
     assert int((torch.softmax(z, 1)[:, 0] == 0).sum()) > 100  # the ties softmax would create
-    multi = VennAbersCalibrator(input="logits")
+    multi = VennAbersCalibrator(input="logits", multiclass="one_vs_rest")
     multi.fit(z, t)
     zq = 400 * torch.randn(300, 3, generator=g, dtype=torch.float64)
     p0, p1 = multi.predict_interval(zq)
@@ -275,3 +289,94 @@ def test_multiclass_scores_of_another_class_count_are_refused():
     va.fit(torch.tensor(rng.dirichlet(np.ones(3), 100)), torch.tensor(rng.integers(0, 3, 100)))
     with pytest.raises(ValueError, match=r"^scores: expected \(N, 3\) scores \(as at fit\)"):
         va.predict_interval(torch.tensor(rng.dirichlet(np.ones(4), 5)))
+
+
+def _temperature_truth(num_classes, n, seed):
+    """Logits ``3 * randn`` whose labels are drawn from ``softmax(z / 2)``: one temperature is
+    the Bayes map."""
+    g = torch.Generator().manual_seed(seed)
+    z = 3 * torch.randn(n, num_classes, generator=g, dtype=torch.float64)
+    y = torch.multinomial(torch.softmax(z / 2, 1), 1, generator=g).squeeze(1)
+    return z, y
+
+
+def test_top_label_is_the_binary_table_of_the_temperature_scaled_argmax():
+    z, y = _temperature_truth(6, 3000, 11)
+    zq = _temperature_truth(6, 800, 12)[0]
+    va = VennAbersCalibrator(input="logits")
+    va.fit(z, y)
+    ts = TemperatureScaler()
+    ts.fit(z, y)
+    assert float(va.temperature) == pytest.approx(float(ts.temperature), rel=1e-12)
+    assert va.scores.shape[0] == 1 and int(va.num_classes) == 6
+    T = float(va.temperature)
+    lq, lq_test = torch.log_softmax(z / T, 1), torch.log_softmax(zq / T, 1)
+    top, top_test = lq.argmax(1), lq_test.argmax(1)
+    binary = VennAbersCalibrator(input="logits")
+    binary.fit(lq.max(1).values, (top == y).long())
+    b0, b1 = binary.predict_interval(lq_test.max(1).values)
+    p0, p1 = va.predict_interval(zq)
+    rows = torch.arange(len(zq))
+    assert torch.equal(p0[rows, top_test], b0) and torch.equal(p1[rows, top_test], b1)
+    out = va(zq)
+    m = venn_abers_merge(b0, b1)
+    assert torch.equal(out[rows, top_test], m)
+    q = torch.softmax(zq / T, 1)
+    rest = q.clone()
+    rest[rows, top_test] = 0
+    expect = rest / rest.sum(1, keepdim=True) * (1 - m).unsqueeze(1)
+    expect[rows, top_test] = m
+    assert torch.allclose(out, expect, rtol=1e-12, atol=0)
+    assert torch.allclose(out.sum(1), torch.ones(len(zq), dtype=out.dtype), atol=1e-12)
+    assert bool(((p0 <= out + 1e-15) & (out <= p1 + 1e-15)).all())  # the split's bounds
+
+
+@pytest.mark.parametrize("num_classes", [10, 100])
+def test_defaults_are_within_0_005_of_temperature_scaling_where_it_is_the_truth(num_classes):
+    """Issue 28's Must-hold: the default (top label) stays within 0.005 test NLL and accuracy
+    of TemperatureScaler where one temperature is the Bayes map; one-vs-rest does not."""
+    z, y = _temperature_truth(num_classes, 5000, num_classes)
+    zt, yt = _temperature_truth(num_classes, 10000, num_classes + 1)
+    ts = TemperatureScaler()
+    ts.fit(z, y)
+
+    def nll_acc(p):
+        return float(-p[torch.arange(len(yt)), yt].log().mean()), float(
+            (p.argmax(1) == yt).double().mean()
+        )
+
+    t_nll, t_acc = nll_acc(torch.softmax(ts(zt).detach(), 1))
+    nll, acc = nll_acc(_fitted(z, y)(zt))
+    assert nll - t_nll <= 0.005 and t_acc - acc <= 0.005
+    ovr = VennAbersCalibrator(input="logits", multiclass="one_vs_rest")
+    ovr.fit(z, y)
+    assert nll_acc(ovr(zt))[0] - t_nll > 0.005  # the old default: what this guards against
+
+
+def _fitted(z, y):
+    va = VennAbersCalibrator(input="logits")
+    va.fit(z, y)
+    return va
+
+
+def test_top_label_state_round_trip_and_checks():
+    z, y = _temperature_truth(4, 600, 13)
+    va = _fitted(z, y)
+    buf = io.BytesIO()
+    torch.save(va.state_dict(), buf)
+    buf.seek(0)
+    loaded = VennAbersCalibrator(input="logits")
+    loaded.load_state_dict(torch.load(buf, weights_only=True))
+    zq = _temperature_truth(4, 50, 14)[0]
+    assert torch.equal(loaded(zq), va(zq)) and float(loaded.temperature) != 1.0
+    state = va.state_dict()
+    with pytest.raises(ValueError, match="^temperature: expected a finite T > 0"):
+        VennAbersCalibrator().load_state_dict(dict(state, temperature=torch.tensor(-1.0).double()))
+    with pytest.raises(ValueError, match="^num_classes: expected 0 \\(binary\\) or C >= 2"):
+        VennAbersCalibrator(multiclass="one_vs_rest").load_state_dict(state)  # 1 table, C = 4
+    with pytest.raises(ValueError, match="^num_classes: expected 0"):
+        VennAbersCalibrator().load_state_dict(dict(state, num_classes=torch.tensor(1)))
+    with pytest.raises(ValueError, match="^multiclass: "):
+        VennAbersCalibrator(multiclass="top")
+    with pytest.raises(ValueError, match=r"^scores: expected \(N, 4\) scores \(as at fit\)"):
+        va(zq[:, :3])

@@ -16,10 +16,17 @@ and popped once). ``p0`` is ``p1`` of the mirrored problem (scores reversed, lab
 rounding of an exact ratio of counts, so the table is exact to the last bit: it equals the
 ``venn-abers`` package's ``calc_p0p1`` (tested to 1e-12). O(n log n) for the sort, O(n) after;
 a query is a binary search (:func:`venn_abers_interval`). ``docs/design.md`` section 4.
+
+Multiclass, the default reduction is the top label (:func:`top_label_scores`,
+:func:`top_label_spread`): one table on the binary problem "is the argmax of the
+temperature-scaled probabilities right?", scored by the top label's log-probability; the
+merged value goes to the top label and the rest of the mass to the others in proportion to
+their temperature-scaled probabilities.
 """
 
 from __future__ import annotations
 
+import math
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -122,3 +129,38 @@ def venn_abers_merge(p0: Tensor, p1: Tensor) -> Tensor:
     log loss; the ``venn-abers`` package's ``p_prime``). ``0 <= p0 <= p1 <= 1`` and ``p1 > 0``,
     so it lies in ``(0, 1]`` and is never NaN."""
     return p1 / (1.0 - p0 + p1)
+
+
+def top_label_scores(logits: Tensor, temperature: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(log_q, top, score)`` of the top-label reduction: ``log_q = log_softmax(logits / T)``
+    (float64 ``(N, C)``, ``-inf`` masks allowed), ``top`` its argmax (the first of a tie;
+    ``T`` never changes it) and ``score = log_q[top]``, the top label's log-probability: the
+    binary score the table is fitted on (its order is that of the top probability, without
+    the ties rounding creates near 1)."""
+    log_q = torch.log_softmax(logits.to(torch.float64) / temperature, dim=1)
+    top = log_q.argmax(dim=1, keepdim=True)
+    return log_q, top.squeeze(1), log_q.gather(1, top).squeeze(1)
+
+
+def top_label_spread(log_q: Tensor, top: Tensor, top_value: Tensor) -> Tensor:
+    """The ``(N, C)`` rows giving ``top_value`` (``(N,)``, in ``[0, 1]``) to the top label and
+    ``1 - top_value`` to the others in proportion to ``exp(log_q)`` (their temperature-scaled
+    probabilities, renormalised without the top label: ``q_j / sum_{k != top} q_k``, computed
+    in log space so a top probability that rounds to 1 leaves the others finite). A row whose
+    other labels are all masked (``q = 0``) gives the top label 1.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional.venn_abers import top_label_spread
+        >>> log_q = torch.tensor([[0.6, 0.3, 0.1]], dtype=torch.float64).log()
+        >>> top_label_spread(log_q, torch.tensor([0]), torch.tensor([0.5], dtype=torch.float64))
+        tensor([[0.5000, 0.3750, 0.1250]], dtype=torch.float64)
+    """
+    col = top.unsqueeze(1)
+    others = log_q.scatter(1, col, -math.inf)
+    log_rest = others.logsumexp(dim=1, keepdim=True)
+    alone = torch.isneginf(log_rest)
+    share = torch.exp(others - log_rest.masked_fill(alone, 0.0))
+    out = share * (1.0 - top_value).unsqueeze(1)
+    value = torch.where(alone.squeeze(1), torch.ones_like(top_value), top_value)
+    return out.scatter(1, col, value.unsqueeze(1).to(out.dtype))
