@@ -26,21 +26,30 @@ from torchcal.callbacks import CalibrationMonitor, TemperatureScaling
 N_TRAIN, N_VAL = 256, 200
 
 
-def run(tmp, name: str, **kw) -> str:
+def run(tmp, name: str, *, empty_rank: bool = False, **kw) -> str:
+    """Two fits on the same data, in one process or (``devices=2``) under DDP. With
+    ``empty_rank`` one validation shard holds every sample (under DDP rank 1 gets no
+    validation batch) and each rank's warnings are written to a file."""
     torch.manual_seed(0)
     model = TinyModule(lr=0.0, scale=3.0)  # lr 0: identical weights whatever the sharding
     out = tmp / name
     out.mkdir()
+    callbacks = [
+        CalibrationMonitor(n_bins=10),
+        TemperatureScaling(n_bins=10),
+        TemperatureRecorder(str(out)),
+    ]
+    if empty_rank:
+        callbacks.append(WarningRecorder(str(out)))
+        val = torch.utils.data.DataLoader(RankShard(make_data(N_VAL, 2)), batch_size=32)
+    else:
+        val = loader(make_data(N_VAL, 2), 32)
     tr = L.Trainer(
         accelerator="cpu",
         max_epochs=2,
         default_root_dir=str(out),
         logger=CSVLogger(str(out), name="logs", version=0),
-        callbacks=[
-            CalibrationMonitor(n_bins=10),
-            TemperatureScaling(n_bins=10),
-            TemperatureRecorder(str(out)),
-        ],
+        callbacks=callbacks,
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
@@ -48,8 +57,15 @@ def run(tmp, name: str, **kw) -> str:
         **kw,
     )
     batch = 64 if kw.get("devices", 1) == 1 else 32  # the same number of steps per epoch
-    tr.fit(model, loader(make_data(N_TRAIN, 1), batch), loader(make_data(N_VAL, 2), 32))
+    tr.fit(model, loader(make_data(N_TRAIN, 1), batch), val)
     return str(out)
+
+
+def temperatures(single: str, ddp: str) -> tuple[float, float, float]:
+    """The fitted T of DDP rank 0, of DDP rank 1 and of the one process."""
+    paths = ((ddp, "T_rank0.txt"), (ddp, "T_rank1.txt"), (single, "T_rank0.txt"))
+    t0, t1, t_single = (float(open(os.path.join(*p)).read()) for p in paths)
+    return t0, t1, t_single
 
 
 def read(path: str) -> list[dict[str, str]]:
@@ -97,42 +113,11 @@ def test_ddp_spawn_matches_single_process(tmp_path):
             assert float(ra[col]) == pytest.approx(float(rb[col]), rel=1e-12, abs=1e-15)
     for e in (0, 1):
         assert sum(int(r["count"]) for r in b if r["epoch"] == str(e)) == N_VAL
-    t0 = float(open(os.path.join(ddp, "T_rank0.txt")).read())
-    t1 = float(open(os.path.join(ddp, "T_rank1.txt")).read())
-    t_single = float(open(os.path.join(single, "T_rank0.txt")).read())
+    t0, t1, t_single = temperatures(single, ddp)
     assert t0 == t1  # the same T on every rank
     assert t0 == pytest.approx(t_single, rel=1e-9)
     assert t0 > 1.5
     check_eces(single, ddp)
-
-
-def run_empty_rank(tmp, name: str, **kw) -> str:
-    """One validation shard holds every sample; under DDP rank 1 gets no validation batch."""
-    torch.manual_seed(0)
-    model = TinyModule(lr=0.0, scale=3.0)
-    out = tmp / name
-    out.mkdir()
-    tr = L.Trainer(
-        accelerator="cpu",
-        max_epochs=2,
-        default_root_dir=str(out),
-        logger=CSVLogger(str(out), name="logs", version=0),
-        callbacks=[
-            CalibrationMonitor(n_bins=10),
-            TemperatureScaling(n_bins=10),
-            TemperatureRecorder(str(out)),
-            WarningRecorder(str(out)),
-        ],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        **kw,
-    )
-    batch = 64 if kw.get("devices", 1) == 1 else 32
-    val = torch.utils.data.DataLoader(RankShard(make_data(N_VAL, 2)), batch_size=32)
-    tr.fit(model, loader(make_data(N_TRAIN, 1), batch), val)
-    return str(out)
 
 
 @pytest.mark.ddp
@@ -140,11 +125,9 @@ def test_ddp_rank_without_validation_batch(tmp_path):
     """Rank 1 has no validation batch: the job finishes (no IndexError, no hang), rank 1
     warns, and every rank gets the T of one process on all the data."""
     quiet_warnings()
-    single = run_empty_rank(tmp_path, "single", devices=1)
-    ddp = run_empty_rank(tmp_path, "ddp", devices=2, strategy="ddp_spawn")
-    t0 = float(open(os.path.join(ddp, "T_rank0.txt")).read())
-    t1 = float(open(os.path.join(ddp, "T_rank1.txt")).read())
-    t_single = float(open(os.path.join(single, "T_rank0.txt")).read())
+    single = run(tmp_path, "single", empty_rank=True, devices=1)
+    ddp = run(tmp_path, "ddp", empty_rank=True, devices=2, strategy="ddp_spawn")
+    t0, t1, t_single = temperatures(single, ddp)
     assert t0 == t1  # the same T on every rank
     assert t0 == pytest.approx(t_single, rel=1e-12)  # rank 1 added zero sums
     assert t0 > 1.5

@@ -19,16 +19,9 @@ from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 
 from torchcal.functional import log_score
 
+pytestmark = pytest.mark.usefixtures("keep_distribution_validation")
+
 SIZES = (8, 16, 24)
-
-
-@pytest.fixture(autouse=True)
-def _keep_distribution_validation():
-    """torch.compile switches torch.distributions' default argument validation off for the
-    whole process on its first use: restore it, other tests rely on it."""
-    previous = torch.distributions.Distribution._validate_args
-    yield
-    torch.distributions.Distribution.set_default_validate_args(previous)
 
 
 AOT_CASES = ("BrierLoss", "SphericalLoss", "RPSLoss", "CRPSLoss", "CRPSLoss[ensemble]")

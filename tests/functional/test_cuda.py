@@ -10,16 +10,7 @@ import pytest
 import torch
 from _hotpath_cases import all_cases, leaves
 
-pytestmark = pytest.mark.cuda
-
-
-@pytest.fixture(autouse=True)
-def _keep_distribution_validation():
-    """torch.compile switches torch.distributions' default argument validation off for the
-    whole process on its first use: restore it, other tests rely on it."""
-    previous = torch.distributions.Distribution._validate_args
-    yield
-    torch.distributions.Distribution.set_default_validate_args(previous)
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("keep_distribution_validation")]
 
 
 @contextlib.contextmanager

@@ -12,6 +12,8 @@ import torch
 from scipy import stats
 
 import torchcal.functional as TF
+import torchcal.functional.coverage as TF_coverage
+import torchcal.functional.regression as TF_regression
 from torchcal.functional import (
     frequency_calibration_error,
     interval_coverage,
@@ -429,22 +431,13 @@ def test_sharpness_vs_numpy():
     assert sharpness(_t(s)).dtype == D64
 
 
-def test_everything_is_exported():
-    for name in (
-        "pit",
-        "pit_normal",
-        "pit_laplace",
-        "pit_logistic",
-        "pit_ensemble",
-        "pit_quantiles",
-        "pit_histogram",
-        "pit_calibration_error",
-        "interval_coverage",
-        "quantile_calibration_error",
-        "observed_frequencies",
-        "sharpness",
-    ):
-        assert name in TF.__all__ and callable(getattr(TF, name))
+@pytest.mark.parametrize("module", [TF_regression, TF_coverage], ids=lambda m: m.__name__)
+def test_everything_is_exported(module):
+    """Every public name of the PIT and coverage modules is a callable of the namespace."""
+    assert len(module.__all__) >= 7
+    for name in module.__all__:
+        assert name in TF.__all__ and callable(getattr(TF, name)), name
+        assert getattr(TF, name) is getattr(module, name), name
 
 
 @pytest.mark.parametrize(
