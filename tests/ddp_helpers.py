@@ -4,6 +4,12 @@ Import as ``from ddp_helpers import gloo, spawn`` from any test directory (``tes
 ``sys.path`` through its conftest, and spawned workers inherit the parent's path). A worker is a
 module-level function ``worker(rank, world, port, *args)`` whose body runs inside
 ``with gloo(rank, world, port):``; the test starts it with ``spawn(worker, *args)``.
+
+A worker that only computes something to compare is simpler still: ``worker(rank, *args)``
+returns it, and ``gathered(worker, tmp_path, *args)`` runs it inside the gloo group on every
+rank and returns the per-rank values in rank order (each rank saves its value with
+``torch.save`` and waits at a barrier). ``error_of(fn)`` is the message of the ``ValueError``
+``fn()`` raises (``"no error"`` if none), for the every-rank-raises checks.
 """
 
 from __future__ import annotations
@@ -42,3 +48,26 @@ def gloo(rank: int, world: int, port: int) -> Iterator[None]:
 def spawn(worker: Callable[..., None], *args: Any, world: int = 2) -> None:
     """Run ``worker(rank, world, port, *args)`` on ``world`` processes and wait for them."""
     mp.spawn(worker, args=(world, free_port(), *args), nprocs=world, join=True)
+
+
+def _saved(rank: int, world: int, port: int, worker: Callable[..., Any], path: str, *args) -> None:
+    with gloo(rank, world, port):
+        torch.save(worker(rank, *args), f"{path}.{rank}")
+        dist.barrier()
+
+
+def gathered(worker: Callable[..., Any], tmp_path: Any, *args: Any, world: int = 2) -> list[Any]:
+    """``[worker(r, *args) for r in range(world)]``, each call on its own rank of a gloo group
+    (``worker`` a module-level function, so the spawned processes can import it)."""
+    path = str(tmp_path / f"{worker.__name__}.pt")
+    spawn(_saved, worker, path, *args, world=world)
+    return [torch.load(f"{path}.{rank}", weights_only=False) for rank in range(world)]
+
+
+def error_of(fn: Callable[[], Any]) -> str:
+    """The message of the ``ValueError`` that ``fn()`` raises, or ``"no error"``."""
+    try:
+        fn()
+    except ValueError as e:
+        return str(e)
+    return "no error"

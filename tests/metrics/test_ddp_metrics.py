@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from ddp_helpers import gloo, spawn
+from ddp_helpers import error_of, gathered
 
 from torchcal.metrics import (
     BrierDecomposition,
@@ -65,15 +65,11 @@ def _run(metrics, logits, target, groups):
     return out
 
 
-def _worker(rank: int, world: int, port: int, path: str) -> None:
-    with gloo(rank, world, port):
-        logits, target, groups = _data()
-        lo = sum(SHARDS[:rank])
-        sl = slice(lo, lo + SHARDS[rank])
-        out = _run(_metrics(), logits[sl], target[sl], groups[sl])
-        if rank == 0:
-            torch.save(out, path)
-        dist.barrier()
+def _worker(rank: int) -> dict:
+    logits, target, groups = _data()
+    lo = sum(SHARDS[:rank])
+    sl = slice(lo, lo + SHARDS[rank])
+    return _run(_metrics(), logits[sl], target[sl], groups[sl])
 
 
 def _close(a, b, name):
@@ -100,9 +96,7 @@ def _close(a, b, name):
 @pytest.mark.ddp
 @pytest.mark.timeout(60)
 def test_two_gloo_ranks_equal_one_process(tmp_path):
-    path = str(tmp_path / "rank0.pt")
-    spawn(_worker, path)
-    got = torch.load(path, weights_only=False)
+    got = gathered(_worker, tmp_path)[0]
     ref = _run(_metrics(), *_data())
     for name in ref:
         for k, v in ref[name]["states"].items():
@@ -115,42 +109,34 @@ def test_two_gloo_ranks_equal_one_process(tmp_path):
 
 
 # ------------------------------------------------------------------ issue 9: DDP edge cases
-def _worker_edge(rank: int, world: int, port: int, path: str) -> None:
-    with gloo(rank, world, port):
-        logits, target, _ = _data()
-        out = {}
-        # exact=True with a rank that never updated (its 'cat' states are empty lists)
-        m = CalibrationError(estimator="smooth", exact=True)
-        eq = CalibrationError(estimator="equal_mass", exact=True, n_bins=10)
-        if rank == 0:
-            m.update(logits, target)
-            eq.update(logits, target)
-        out["smooth"] = m.compute()
-        out["equal_mass"] = eq.compute()
-        # ranks built with different settings: every rank raises 'other: ...'
-        bad = CalibrationError(n_bins=15 if rank == 0 else 10)
-        bad.update(logits[:100], target[:100])
-        try:
-            bad.compute()
-            out["mismatch"] = "no error"
-        except ValueError as e:
-            out["mismatch"] = str(e)
-        torch.save(out, f"{path}.{rank}")
-        dist.barrier()
+def _worker_edge(rank: int) -> dict:
+    logits, target, _ = _data()
+    out = {}
+    # exact=True with a rank that never updated (its 'cat' states are empty lists)
+    m = CalibrationError(estimator="smooth", exact=True)
+    eq = CalibrationError(estimator="equal_mass", exact=True, n_bins=10)
+    if rank == 0:
+        m.update(logits, target)
+        eq.update(logits, target)
+    out["smooth"] = m.compute()
+    out["equal_mass"] = eq.compute()
+    # ranks built with different settings: every rank raises 'other: ...'
+    bad = CalibrationError(n_bins=15 if rank == 0 else 10)
+    bad.update(logits[:100], target[:100])
+    out["mismatch"] = error_of(bad.compute)
+    return out
 
 
 @pytest.mark.ddp
 @pytest.mark.timeout(60)
 def test_exact_with_an_empty_rank_and_config_mismatch(tmp_path):
-    path = str(tmp_path / "edge.pt")
-    spawn(_worker_edge, path)
+    ranks = gathered(_worker_edge, tmp_path)
     logits, target, _ = _data()
     ref_s = CalibrationError(estimator="smooth", exact=True)
     ref_s.update(logits, target)
     ref_e = CalibrationError(estimator="equal_mass", exact=True, n_bins=10)
     ref_e.update(logits, target)
-    for rank in (0, 1):
-        got = torch.load(f"{path}.{rank}", weights_only=False)
+    for got in ranks:
         assert abs(float(got["smooth"]) - float(ref_s.compute())) <= 1e-12
         assert abs(float(got["equal_mass"]) - float(ref_e.compute())) <= 1e-12
         assert got["mismatch"].startswith("other: rank(s) ["), got["mismatch"]

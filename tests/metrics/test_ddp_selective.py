@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
-from ddp_helpers import gloo, spawn
+from ddp_helpers import gathered
 
 from torchcal.metrics import AUGRC, AURC, CoverageAtRisk, RiskAtCoverage
 
@@ -34,27 +33,23 @@ def _metrics():
     }
 
 
-def _worker(rank: int, world: int, port: int, path: str) -> None:
-    with gloo(rank, world, port):
-        logits, target = _data()
-        lo = 0 if rank == 0 else SHARDS[0]
-        hi = SHARDS[0] if rank == 0 else sum(SHARDS)
-        out = {}
-        for name, m in _metrics().items():
-            m.update(logits[lo:hi], target[lo:hi])
-            out[name] = m.compute()
-        torch.save(out, f"{path}.{rank}")
-        dist.barrier()
+def _worker(rank: int) -> dict[str, torch.Tensor]:
+    logits, target = _data()
+    lo = 0 if rank == 0 else SHARDS[0]
+    hi = SHARDS[0] if rank == 0 else sum(SHARDS)
+    out = {}
+    for name, m in _metrics().items():
+        m.update(logits[lo:hi], target[lo:hi])
+        out[name] = m.compute()
+    return out
 
 
 @pytest.mark.ddp
 @pytest.mark.timeout(60)
 def test_two_ranks_equal_one_process_bitwise(tmp_path):
-    path = str(tmp_path / "sel.pt")
-    spawn(_worker, path)
+    ranks = gathered(_worker, tmp_path)
     logits, target = _data()
-    for rank in (0, 1):
-        got = torch.load(f"{path}.{rank}", weights_only=False)
+    for rank, got in enumerate(ranks):
         for name, m in _metrics().items():
             m.update(logits, target)
             assert torch.equal(got[name], m.compute()), (rank, name)

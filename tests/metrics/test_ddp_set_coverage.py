@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
-from ddp_helpers import gloo, spawn
+from ddp_helpers import gathered
 
 from torchcal.metrics import SetCoverage
 
@@ -20,27 +19,23 @@ def _data():
     return sets, torch.randint(0, 5, (n,), generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def _worker(rank: int, world: int, port: int, path: str) -> None:
-    with gloo(rank, world, port):
-        sets, y, grp = _data()
-        lo, hi = (0, SHARDS[0]) if rank == 0 else (SHARDS[0], sum(SHARDS))
-        m = SetCoverage(num_classes=5, num_groups=3)
-        m.update(sets[lo:hi], y[lo:hi], grp[lo:hi])
-        torch.save(m.compute(), f"{path}.{rank}")
-        dist.barrier()
+def _worker(rank: int):
+    sets, y, grp = _data()
+    lo, hi = (0, SHARDS[0]) if rank == 0 else (SHARDS[0], sum(SHARDS))
+    m = SetCoverage(num_classes=5, num_groups=3)
+    m.update(sets[lo:hi], y[lo:hi], grp[lo:hi])
+    return m.compute()
 
 
 @pytest.mark.ddp
 @pytest.mark.timeout(180)
 def test_two_ranks_equal_one_process_bitwise(tmp_path):
-    path = str(tmp_path / "sets.pt")
-    spawn(_worker, path)
+    ranks = gathered(_worker, tmp_path)
     sets, y, grp = _data()
     ref = SetCoverage(num_classes=5, num_groups=3)
     ref.update(sets, y, grp)
     want = ref.compute()
-    for rank in (0, 1):
-        got = torch.load(f"{path}.{rank}", weights_only=False)
+    for rank, got in enumerate(ranks):
         for part in ("pooled", "per_class", "per_group"):
             for a, b in zip(getattr(got, part), getattr(want, part)):
                 assert torch.equal(a, b), (rank, part)
