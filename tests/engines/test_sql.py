@@ -132,7 +132,7 @@ def test_csv_glob_and_database_table_give_the_parquet_state(tmp_path):
 
 def test_errors_name_the_source_or_column(tmp_path):
     pq.write_table(pa.table({"p": [0.5], "y": [1]}), tmp_path / "a.parquet")
-    with pytest.raises(ValueError, match=r"nope: no such column in read_parquet\('.*a.parquet'\)"):
+    with pytest.raises(ValueError, match=r"nope: no such column in .*a\.parquet \(columns: p, y\)"):
         state_from_duckdb(tmp_path / "a.parquet", preds="nope", label="y")
     with pytest.raises(ValueError, match="expected a .parquet/.pq/.csv path or glob"):
         source_sql("x.txt")

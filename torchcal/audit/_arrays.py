@@ -23,10 +23,10 @@ from torchcal.audit._columns import (
     ReadLog,
     check_names,
     first_appearance,
-    locate_columns,
     parse_value,
     shown,
 )
+from torchcal.engines._names import locate_columns
 
 
 def _group_ids(

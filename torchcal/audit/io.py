@@ -71,9 +71,9 @@ from torchcal.audit._columns import (
     STATED,
     Chunk,
     ReadLog,
-    locate_columns,
     shown,
 )
+from torchcal.engines._names import locate_columns
 
 FORMATS = {".csv": "csv", ".npz": "npz", ".pt": "pt", ".pth": "pt", ".parquet": "parquet"}
 FORMATS[".pq"] = "parquet"

@@ -5,12 +5,15 @@ so rows never cross into Python (docs/design.md section 6f)."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
+from torchcal.engines._names import locate_columns
 from torchcal.engines.collect import EngineAudit, collect
-from torchcal.engines.sql import header_for, state_from_rows, state_sql
-from torchcal.engines.state import BinnedState
+from torchcal.engines.fine_sql import attach_fine, fine_query
+from torchcal.engines.sql import header_for, quote, state_from_rows, state_sql
+from torchcal.engines.state import BinnedState, expand_paths
 
 __all__ = ["state_from_duckdb"]
 
@@ -72,19 +75,121 @@ def _connect(source: str, table: str | None, threads: int | None) -> Any:
     return con
 
 
-def _text_columns(con: Any, src: str, columns: Sequence[str]) -> list[str]:
-    """The ``columns`` of ``src`` DuckDB types as text (parsed by the readers' rule)."""
+#: the DuckDB types whose text is a group name (docs/design.md section 6c.2: strings as
+#: written, integers as their decimal digits, on every engine); other types are refused
+GROUP_TYPES = ("VARCHAR", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT",
+               "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT")  # fmt: skip
+
+
+def _glob_literal(path: str) -> str:
+    """``path`` as a DuckDB glob that matches only itself (``day[1].parquet`` is a file, not
+    the character class ``[1]``): ``[``, ``*`` and ``?`` each inside a class."""
+    return re.sub(r"[\[*?]", lambda m: f"[{m.group()}]", path)
+
+
+def files_sql(files: Sequence[str]) -> str:
+    """The table expression reading exactly ``files`` (Parquet or CSV, one format), each by
+    its own name (glob characters escaped).
+
+    Example:
+        >>> files_sql(["day[1].parquet"])
+        "read_parquet(['day[[]1].parquet'])"
+    """
+    exts = sorted({os.path.splitext(f)[1].lower() for f in files})
+    for e in exts:
+        if e not in _READERS:
+            f = next(f for f in files if os.path.splitext(f)[1].lower() == e)
+            raise ValueError(f"{f}: expected a .parquet/.pq/.csv file")
+    if len({_READERS[e] for e in exts}) > 1:
+        raise ValueError(f"source: the files mix formats ({', '.join(exts)}); audit one at a time")
+    lit = "[" + ", ".join(_literal(_glob_literal(f)) for f in files) + "]"
+    if exts == [".csv"]:  # every field as text, parsed by the readers' rule (percents, True)
+        return f"read_csv({lit}, all_varchar = true)"
+    return f"read_parquet({lit})"
+
+
+def _file_columns(con: Any, path: str) -> list[str]:
+    """The column names of one Parquet/CSV file exactly as written (DuckDB renames names
+    that differ only in case, ``P`` -> ``P_1``, and matches names case-insensitively)."""
     import duckdb
 
     try:
-        desc = con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()
+        if os.path.splitext(path)[1].lower() == ".csv":
+            row = con.execute(
+                f"SELECT * FROM read_csv({_literal(_glob_literal(path))}, header = false, "
+                f"all_varchar = true) LIMIT 1"
+            ).fetchall()
+            return [str(v) for v in row[0]] if row else []
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(path).names)
     except duckdb.Error as e:
-        raise ValueError(f"{src}: DuckDB cannot read it: {_short(e)}") from None
+        raise ValueError(f"{path}: DuckDB cannot read it: {_short(e)}") from None
+    except (OSError, ValueError) as e:  # pyarrow: not a Parquet file
+        raise ValueError(f"{path}: cannot read its columns: {_short(e)}") from None
+
+
+def _exact_names(con: Any, files: Sequence[str], base: str, used: Sequence[str]) -> dict[str, str]:
+    """For each ``used`` column, its name in DuckDB's view of ``base``: every file must hold
+    it exactly once under exactly this name (names are case-sensitive, as on every other
+    road); a name that differs from it only in case is told apart by position."""
+    folded: dict[str, str] = {}
+    for c in used:
+        if folded.setdefault(c.lower(), c) != c:
+            raise ValueError(
+                f"{c}: the columns {folded[c.lower()]!r} and {c!r} differ only in case, which "
+                f"DuckDB cannot tell apart in one query; rename one"
+            )
+    lists = [_file_columns(con, f) for f in files]
+    twins = False
+    for f, names in zip(files, lists):
+        locate_columns(f, names, used)
+        twins |= any(n != c and n.lower() == c.lower() for c in used for n in names)
+    if not twins:
+        return {c: c for c in used}
+    described = [str(r[0]) for r in con.execute(f"DESCRIBE SELECT * FROM {base}").fetchall()]
+    if any(names != lists[0] for names in lists) or len(described) != len(lists[0]):
+        raise ValueError(
+            f"{used[0]}: {files[0]} has column names that differ only in case and the files' "
+            f"columns differ, so DuckDB (which matches names case-insensitively) cannot tell "
+            f"them apart; rename one"
+        )
+    return {c: described[lists[0].index(c)] for c in used}
+
+
+def _prepare(
+    con: Any, s: str, table: str | None, used: Sequence[str], group: str | None
+) -> tuple[str, list[str]]:
+    """The table expression of the source (a path, glob, or ``table``) with exactly the
+    ``used`` columns, by their exact names, and those of them DuckDB types as text. Every
+    file of a glob is checked (each column once, by its exact name) and read by its own
+    name, each file once (:func:`~torchcal.engines.state.expand_paths`)."""
+    import duckdb
+
+    if table is not None or "://" in s:
+        src = source_sql(s, table)
+        try:
+            desc = con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()
+        except duckdb.Error as e:
+            raise ValueError(f"{src}: DuckDB cannot read it: {_short(e)}") from None
+        locate_columns(table or s, [str(r[0]) for r in desc], used)
+    else:
+        files = expand_paths(s, what="source")
+        base = files_sql(files)
+        names = _exact_names(con, files, base, used)
+        cols = ", ".join(f"{quote(names[c], 'duckdb')} AS {quote(c, 'duckdb')}" for c in used)
+        src = f"(SELECT {cols} FROM {base})"
+        try:
+            desc = con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()
+        except duckdb.Error as e:
+            raise ValueError(f"{s}: DuckDB cannot read it: {_short(e)}") from None
     types = {str(r[0]): str(r[1]).upper() for r in desc}
-    missing = [c for c in columns if c not in types]
-    if missing:
-        raise ValueError(f"{missing[0]}: no such column in {src} (columns: {list(types)})")
-    return [c for c in columns if types[c] == "VARCHAR"]
+    if group is not None and not (types[group] in GROUP_TYPES or types[group].startswith("ENUM")):
+        raise ValueError(
+            f"{group}: expected group names (strings or integers), got {types[group]} (a "
+            f"group's text must not depend on the engine: docs/design.md section 6c.2)"
+        )
+    return src, [c for c in used if types[c] == "VARCHAR"]
 
 
 def _short(e: BaseException, limit: int = 200) -> str:
@@ -112,12 +217,11 @@ def audit_duckdb(
     import duckdb
 
     s = os.fspath(source)
-    src = source_sql(s, table)
     con = _connect(s, table, threads)
     cols = [preds] if isinstance(preds, str) else list(preds)
     used = list(dict.fromkeys(c for c in (*cols, label, group, weight) if c))
     try:
-        text = _text_columns(con, src, used)
+        src, text = _prepare(con, s, table, used, group)
 
         def run(sql: str) -> list[Any]:
             return con.execute(sql).fetchall()
@@ -163,19 +267,27 @@ def state_from_duckdb(
 
     s = os.fspath(source)
     if connection is not None:
-        con, src = connection, '"' + s.replace('"', '""') + '"'
+        con = connection
         con.execute(NO_STATS)
     else:
-        src = source_sql(s, table)
         con = _connect(s, table, threads)
     cols = [preds] if isinstance(preds, str) else list(preds)
     used = list(dict.fromkeys(c for c in (*cols, label, group, weight) if c))
     try:
-        text = _text_columns(con, src, used)
+        if connection is not None:  # a table or view of the caller's connection
+            src = quote(s, "duckdb")
+            desc = con.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()
+            locate_columns(s, [str(r[0]) for r in desc], used)
+            text = [c for c in used if str(dict((r[0], r[1]) for r in desc)[c]) == "VARCHAR"]
+        else:
+            src, text = _prepare(con, s, table, used, group)
         sql = state_sql(
             src, preds=preds, label=label, group=group, weight=weight, n_bins=n_bins, text=text
         )
         rows = con.execute(sql).fetchall()
+        fine = fine_query(src, preds=preds, label=label, group=group, weight=weight,
+                          dialect="duckdb", text=text)  # fmt: skip
+        fine_rows = con.execute(fine).fetchall()  # the fine histogram (ECCE, resolution)
     except duckdb.Error as e:
         raise ValueError(f"{s}: DuckDB could not compute the state: {_short(e)}") from None
     finally:
@@ -189,4 +301,4 @@ def state_from_duckdb(
         n_bins=n_bins,
         producer=f"duckdb {duckdb.__version__}",
     )
-    return state_from_rows(rows, header)
+    return attach_fine(state_from_rows(rows, header), fine_rows)
