@@ -231,3 +231,72 @@ def test_w13_groups_whose_text_depends_on_the_engine_are_refused(tmp_path, capsy
         *road,
     )  # fmt: skip
     assert line.startswith("torchcal: error: g: expected group names (strings or integers)")
+
+
+def test_w3_w6_w13_the_in_process_engine_reads_exact_names_and_group_text(case_pair):
+    from torchcal.engines.memory import state_from_files
+
+    p, y, noise = _rows()
+    for ext in ("parquet", "csv"):
+        st = state_from_files(case_pair / f"pP.{ext}", preds="P", label="y")
+        assert st.stats.conf.sum().item() == pytest.approx(noise.sum(), rel=1e-12)
+    with pytest.raises(ValueError, match=r"P: no such column in \S*low"):
+        pq.write_table(pa.table({"p": [0.5], "y": [1]}), case_pair / "low.parquet")
+        state_from_files(case_pair / "low.parquet", preds="P", label="y")
+    _write_csv(case_pair / "dup.csv", ["p", "p", "y"], [p, y, y])
+    with pytest.raises(ValueError, match=r"p: 2 columns of this name in \S*dup\.csv"):
+        state_from_files(case_pair / "dup.csv", preds="p", label="y")
+    codes = ["01" if i % 2 else "1" for i in range(len(p))]
+    _write_csv(case_pair / "codes.csv", ["p", "y", "g"], [p, y, codes])
+    assert state_from_files(case_pair / "codes.csv", preds="p", label="y", group="g").groups == (
+        "01",
+        "1",
+    )
+    pq.write_table(pa.table({"p": p, "y": y, "g": p.round(1)}), case_pair / "f.parquet")
+    with pytest.raises(ValueError, match=r"g: expected group names \(strings or integers\)"):
+        state_from_files(case_pair / "f.parquet", preds="p", label="y", group="g")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    pytest.importorskip("pyspark")
+    import os
+    import shutil
+
+    if (
+        shutil.which("java") is None
+        and not os.environ.get("JAVA_HOME")
+        and not os.environ.get("CI")
+    ):
+        pytest.skip("Spark needs Java")
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    session = (
+        SparkSession.builder.master("local[1]")
+        .appName("torchcal-hostile")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()
+
+
+def test_w3_w6_w13_spark_reads_exact_names_and_group_text(spark):
+    from torchcal.engines.spark import state_from_spark
+
+    p, y, noise = _rows(500)
+    rows = [(float(a), float(b), int(c), "01" if i % 2 else "1", float(i % 2))
+            for i, (a, b, c) in enumerate(zip(p, noise, y))]  # fmt: skip
+    df = spark.createDataFrame(rows, ["p", "P", "y", "g", "f"])
+    st = state_from_spark(df, preds="P", label="y", group="g")
+    assert st.stats.conf.sum().item() == pytest.approx(noise.sum(), rel=1e-9)
+    assert st.groups == ("01", "1")
+    with pytest.raises(ValueError, match="expected group names"):
+        state_from_spark(df, preds="p", label="y", group="f")
+    dup = spark.createDataFrame([(0.5, 1.0, 1)], ["p", "p", "y"])
+    with pytest.raises(ValueError, match="p: 2 columns of this name in the DataFrame"):
+        state_from_spark(dup, preds="p", label="y")

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchcal.engines._names import locate_columns
 from torchcal.engines.rules import Rows, reasons_of
 from torchcal.engines.sql import parse_text
 from torchcal.engines.state import (
@@ -178,33 +179,66 @@ def _column(
         raise ValueError(f"{name}: no such column in {where} (columns: {batch.schema.names})")
     col = batch.column(batch.schema.get_field_index(name))
     null = pc.is_null(col).to_numpy(zero_copy_only=False) if col.null_count else None
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         values, bad = parse_text(col.to_pylist(), kind)
         return values, null, bad
+    t = col.type
+    if not any(f(t) for f in (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean,
+                              pa.types.is_decimal, pa.types.is_null)):  # fmt: skip
+        raise ValueError(f"{name}: expected a numeric or text column in {where}, got {t}")
     try:
         col = pc.fill_null(col, 0).cast(pa.float64())
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
         raise ValueError(f"{name}: expected a numeric column in {where} ({e})") from None
     return col.to_numpy(zero_copy_only=False), null, None
 
 
-def _batches(path: str, names: list[str], chunk_rows: int) -> Any:
+def _batches(path: str, names: list[str], chunk_rows: int, group: str | None = None) -> Any:
+    """Batches of the ``names`` columns of one file, each found by its exact name, once
+    (:func:`~torchcal.engines._names.locate_columns`); a CSV's ``group`` column is read as
+    text (``01`` and ``1`` are two groups, as on every road)."""
     ext = os.path.splitext(path)[1].lower()
     if ext in (".parquet", ".pq"):
         import pyarrow.parquet as pq
 
-        yield from pq.ParquetFile(path).iter_batches(batch_size=chunk_rows, columns=names)
+        pf = pq.ParquetFile(path)
+        locate_columns(path, pf.schema_arrow.names, names)
+        yield from pf.iter_batches(batch_size=chunk_rows, columns=names)
     elif ext == ".csv":
+        import csv
+
+        import pyarrow as pa
         import pyarrow.csv as pcsv
 
+        with open(path, newline="", encoding="utf-8", errors="surrogateescape") as fh:
+            locate_columns(path, next(csv.reader(fh), []), names)
         # as DuckDB reads it: only an empty field is NULL ("nan" is NaN), no line is skipped
         conv = pcsv.ConvertOptions(
-            include_columns=names, null_values=[""], strings_can_be_null=True
-        )
+            include_columns=names, null_values=[""], strings_can_be_null=True,
+            column_types={group: pa.string()} if group else None,
+        )  # fmt: skip
         parse = pcsv.ParseOptions(ignore_empty_lines=False)
         yield from pcsv.open_csv(path, parse_options=parse, convert_options=conv)
     else:
         raise ValueError(f"{path}: expected a .parquet/.pq/.csv file")
+
+
+def _group_names(col: Any, name: str, where: str) -> np.ndarray:
+    """A group column's names: strings as written, integers as their decimal digits (the
+    rule of every engine, docs/design.md section 6c.2); other types are refused."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    t = col.type
+    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)):
+        raise ValueError(
+            f"{name}: expected group names (strings or integers), got {t} in {where} (a "
+            f"group's text must not depend on the engine: docs/design.md section 6c.2)"
+        )
+    return np.asarray(col.cast(pa.string()).to_pylist(), dtype=object)
 
 
 def _either(masks: list[np.ndarray | None], n: int) -> np.ndarray | None:
@@ -236,7 +270,7 @@ def state_from_files(
     names = list(dict.fromkeys(c for c in (*pcols, label, group, weight) if c))
     parts = []
     for path in files:
-        for batch in _batches(path, names, int(chunk_rows)):
+        for batch in _batches(path, names, int(chunk_rows), group):
             got = [_column(batch, name, path, "stated") for name in pcols]
             c = got[0][0] if len(got) == 1 else np.stack([v for v, _, _ in got], 1)
             c_null, c_bad = (_either([m[k] for m in got], batch.num_rows) for k in (1, 2))
@@ -246,10 +280,7 @@ def state_from_files(
             w = None if weight is None else _column(batch, weight, path)
             g = None
             if group is not None:
-                import pyarrow as pa
-
-                gc = batch.column(batch.schema.get_field_index(group)).cast(pa.string())
-                g = np.asarray(gc.to_pylist(), dtype=object)
+                g = _group_names(batch.column(batch.schema.get_field_index(group)), group, path)
             wv = None
             if w is not None:
                 wv = w[0].copy()

@@ -9,11 +9,43 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from torchcal.engines._names import locate_columns
 from torchcal.engines.collect import EngineAudit, collect
 from torchcal.engines.sql import header_for, state_from_rows, state_sql
 from torchcal.engines.state import BinnedState
 
 __all__ = ["state_from_spark"]
+
+
+#: the Spark types whose text is a group name (docs/design.md section 6c.2: strings as
+#: written, integers as their decimal digits, on every engine); other types are refused
+GROUP_TYPES = ("string", "tinyint", "smallint", "int", "bigint")
+
+
+def checked_frame(df: Any, columns: Sequence[str | None], group: str | None) -> Any:
+    """``df`` with each used column found by its exact name, once (Spark matches names
+    without case: other columns whose names differ from a used one only in case are renamed
+    by position, so ``P`` is never read as ``p``); a group column must hold strings or
+    integers."""
+    used = list(dict.fromkeys(c for c in columns if c))
+    names = list(df.columns)
+    locate_columns("the DataFrame", names, used)
+    folded: dict[str, str] = {}
+    for c in used:
+        if folded.setdefault(c.lower(), c) != c:
+            raise ValueError(
+                f"{c}: the columns {folded[c.lower()]!r} and {c!r} differ only in case, which "
+                f"Spark SQL cannot tell apart; rename one"
+            )
+    if any(n not in used and n.lower() in folded for n in names):
+        df = df.toDF(*[n if n in used else f"_torchcal_column_{i}" for i, n in enumerate(names)])
+    types = dict(df.dtypes)
+    if group and types[group] not in GROUP_TYPES:
+        raise ValueError(
+            f"{group}: expected group names (strings or integers), got {types[group]} (a "
+            f"group's text must not depend on the engine: docs/design.md section 6c.2)"
+        )
+    return df
 
 
 def _text_columns(df: Any, columns: list[str | None]) -> list[str]:
@@ -39,9 +71,7 @@ def audit_spark(
     import pyspark
 
     cols = [preds] if isinstance(preds, str) else list(preds)
-    missing = [c for c in (*cols, label, group, weight) if c and c not in df.columns]
-    if missing:
-        raise ValueError(f"{missing[0]}: no such column in the DataFrame (columns: {df.columns})")
+    df = checked_frame(df, [*cols, label, group, weight], group)
     text = _text_columns(df, [*cols, label, weight])
     view = f"torchcal_state_{uuid.uuid4().hex}"
     df.createOrReplaceTempView(view)
@@ -76,9 +106,7 @@ def state_from_spark(
     import pyspark
 
     cols = [preds] if isinstance(preds, str) else list(preds)
-    missing = [c for c in (*cols, label, group, weight) if c and c not in df.columns]
-    if missing:
-        raise ValueError(f"{missing[0]}: no such column in the DataFrame (columns: {df.columns})")
+    df = checked_frame(df, [*cols, label, group, weight], group)
     view = f"torchcal_state_{uuid.uuid4().hex}"
     df.createOrReplaceTempView(view)
     try:
