@@ -36,13 +36,15 @@ class AffineMap(NamedTuple):
     gradient is autograd's and LBFGS runs unpreconditioned): ``grad(z, R, weight, bias)``, the
     gradient of the penalised objective from the NLL's residual ``R``
     (:func:`~torchcal.functional.recalibration.affine_residual`), and ``curvature(z, p,
-    weight, bias)``, the diagonal of its Hessian (the LBFGS preconditioner)."""
+    weight, bias)``, the diagonal of its Hessian (the LBFGS preconditioner); and
+    ``penalty_hessian()``, the penalty's constant Hessian (else autograd's)."""
 
     affine: Callable[[Tensor, Tensor, Tensor], Tensor]
     hessian: Callable[[Tensor, Tensor], Tensor]
     penalty: Callable[[Tensor, Tensor], Tensor]
     grad: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None
     curvature: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None = None
+    penalty_hessian: Callable[[], Tensor] | None = None  # constant; None: autograd's
 
 
 def vector_map(num_classes: int, weight_reg: float, bias_reg: float) -> AffineMap:
@@ -65,6 +67,7 @@ def vector_map(num_classes: int, weight_reg: float, bias_reg: float) -> AffineMa
         lambda w, b: R.vector_penalty(b, bias_reg, C, w, weight_reg),
         grad,
         curvature,
+        lambda: R.vector_penalty_hessian(C, weight_reg, bias_reg),
     )
 
 
@@ -166,9 +169,12 @@ class Objective:
         return self.m.curvature(self.z, p, w, b)
 
     def hessian(self, x: Tensor) -> Tensor:
-        pen = torch.autograd.functional.hessian(
-            lambda v: self.m.penalty(*self.split(v)), x, vectorize=True
-        )  # tiny: no data involved
+        if self.m.penalty_hessian is not None:
+            pen = self.m.penalty_hessian().to(x.device)
+        else:
+            pen = torch.autograd.functional.hessian(
+                lambda v: self.m.penalty(*self.split(v)), x, vectorize=True
+            )  # tiny: no data involved
         return affine_nll_hessian(self.m, self.z, *self.split(x), self.mask) + pen
 
 

@@ -38,6 +38,12 @@ PATH_TOL = 1e-4
 FOLD_NEWTON_MAX = 64
 _BETA_BOUNDS = (1e-3, 1e3)  # inverse temperatures: TemperatureScaler's default T bounds
 
+#: a map's own fold fit: ``fold_solver(z, y, mask)`` is called once per fold with the fold's fit
+#: rows and returns ``fit(x0, strength) -> x``, called along the path (strongest first) with
+#: the flat ``cat(weight.flatten(), bias)`` start; it may keep state between strengths (e.g.
+#: the last Hessian: :class:`~torchcal.functional.vector_folds.VectorFold`)
+FoldSolver = Callable[[Tensor, Tensor, Tensor | None], Callable[[Tensor, float], Tensor]]
+
 
 class CVPath(NamedTuple):
     """What :func:`cross_validate_path` measured (NLLs in nats per row)."""
@@ -121,6 +127,7 @@ def cross_validate_path(
     seed: int = 0,
     max_iter: int = 500,
     newton_max: int = 0,
+    fold_solver: FoldSolver | None = None,
 ) -> CVPath:
     """Score the map ``make_map(strength)`` on the shared folds along ``strengths`` (strongest
     first; the walk stops at the first strength not improving on the best by :data:`PATH_TOL`) and one
@@ -129,8 +136,9 @@ def cross_validate_path(
     ``z`` are :func:`~torchcal.functional.affine.affine_inputs`' float64 inputs (0 at the
     masked entries, ``mask`` the ``-inf`` positions or ``None``); ``start(z, y, mask, beta,
     strength)`` gives the first fit's ``(weight, bias)`` in a fold from the fold's fit rows,
-    temperature ``1 / beta`` and the first strength (e.g. the temperature map). Fold fits use LBFGS (Newton up to ``newton_max`` parameters) to
-    :data:`FOLD_GRAD_TOL`.
+    temperature ``1 / beta`` and the first strength (e.g. the temperature map). Fold fits use
+    LBFGS (Newton up to ``newton_max`` parameters) to :data:`FOLD_GRAD_TOL`, or the map's own
+    ``fold_solver`` (:data:`FoldSolver`).
 
     Example:
         >>> import torch
@@ -151,6 +159,7 @@ def cross_validate_path(
     held = kfold_indices(n, folds, seed)
     zt = z if mask is None else z.masked_fill(mask, -math.inf)
     parts = []
+    solvers: list[Callable[[Tensor, float], Tensor]] = []
     t_fold: list[float] = []
     for ho in held:
         fit = fold_complement(n, ho)
@@ -160,6 +169,8 @@ def cross_validate_path(
         w0, b0 = start(z[fit], y[fit], None if mask is None else mask[fit], beta, strengths[0])
         sub = (fit, ho, None if mask is None else mask[fit], None if mask is None else mask[ho])
         parts.append((sub, torch.cat([w0.flatten(), b0])))
+        if fold_solver is not None:
+            solvers.append(fold_solver(z[fit], y[fit], sub[2]))
     fold_nll: list[tuple[float, ...]] = []
     cv: list[float] = []
     best_x: list[Tensor] = []
@@ -168,9 +179,12 @@ def cross_validate_path(
         m = make_map(lam)
         sums, xs = [], []
         for i, ((fit, ho, mfit, mho), x0) in enumerate(parts):
-            obj = Objective(m, z[fit], y[fit], mfit, shape)
-            with torch.enable_grad():
-                x = minimise(obj, x0, FOLD_GRAD_TOL, max_iter, newton_max)[0]
+            if solvers:
+                x = solvers[i](x0, lam)
+            else:
+                obj = Objective(m, z[fit], y[fit], mfit, shape)
+                with torch.enable_grad():
+                    x = minimise(obj, x0, FOLD_GRAD_TOL, max_iter, newton_max)[0]
             parts[i] = ((fit, ho, mfit, mho), x)
             xs.append(x)
             sums.append(_held_out_nll(m, z[ho], y[ho], mho, x, shape))

@@ -264,20 +264,39 @@ def matrix_nll_hessian_diag(z: Tensor, p: Tensor) -> Tensor:
     return torch.cat([(q.T @ (z * z)).flatten() / z.shape[0], q.mean(0)])
 
 
-def vector_nll_hessian(z: Tensor, p: Tensor) -> Tensor:
-    """Exact Hessian of the mean NLL of vector scaling w.r.t. ``cat(weight, bias)``, from the
-    logits ``z`` (0 at masked entries) and the fitted probabilities ``p`` (0 there)."""
-    # a_ic = w_c z_ic + b_c; with u_ic = (z_ic, 1) and S_i = diag(p_i) - p_i p_i^T:
-    # H[(k, c), (l, d)] = mean_i S_i[c, d] u_ic[k] u_id[l]  (params ordered w then b)
-    u = torch.stack([z, torch.ones_like(z)], dim=1)  # (N, 2, C)
-    pu = p.unsqueeze(1) * u  # (N, 2, C)
-    C = z.shape[1]
-    diag = torch.einsum("ikc,ilc->klc", pu, u) / z.shape[0]  # diag(p) part
-    flat = pu.reshape(z.shape[0], 2 * C)
-    h = (flat.T @ flat).div_(-z.shape[0]).reshape(2, C, 2, C)
-    idx = torch.arange(C)
-    h[:, idx, :, idx] += diag.permute(2, 0, 1)
-    return h.reshape(2 * C, 2 * C)
+def vector_nll_hessian(z: Tensor, p: Tensor, zp: Tensor | None = None) -> Tensor:
+    """Exact Hessian (float64) of the mean NLL of vector scaling w.r.t. ``cat(weight,
+    bias)``, from the logits ``z`` (0 at masked entries) and the fitted probabilities ``p`` (0
+    there); ``zp = z * p`` where already computed. Float32 inputs: float32 products, float64
+    assembly (the fold fits of ``functional/vector_folds.py``)."""
+    # a_ic = w_c z_ic + b_c; S_i = diag(p_i) - p_i p_i^T; in C x C blocks:
+    # H_ww = diag(sum z^2 p) - (zp)^T zp, H_wb = diag(sum zp) - (zp)^T p, H_bb = diag(sum p)
+    # - p^T p, all over N (three C x C products, no N x 2C x 2C one)
+    zp = p * z if zp is None else zp
+    n, C = z.shape
+    h = torch.empty(2 * C, 2 * C, dtype=torch.float64, device=z.device)
+    h[:C, :C] = (zp.T @ zp).neg_()
+    h[:C, C:] = (zp.T @ p).neg_()
+    h[C:, C:] = (p.T @ p).neg_()
+    idx = torch.arange(C, device=z.device)
+    h[idx, idx] += (zp * z).sum(0).to(torch.float64)
+    h[idx, idx + C] += zp.sum(0).to(torch.float64)
+    h[idx + C, idx + C] += p.sum(0).to(torch.float64)
+    h[C:, :C] = h[:C, C:].T
+    return h.div_(n)
+
+
+def vector_penalty_hessian(
+    num_classes: int, weight_reg: float, bias_reg: float, device: torch.device | None = None
+) -> Tensor:
+    """The (constant) Hessian of :func:`vector_penalty` w.r.t. ``cat(weight, bias)``:
+    ``2 weight_reg / C (I - 11^T / C)`` on the scales, ``2 bias_reg / C I`` on the biases."""
+    C = num_classes
+    eye = torch.eye(C, dtype=torch.float64, device=device)
+    out = torch.zeros(2 * C, 2 * C, dtype=torch.float64, device=device)
+    out[:C, :C] = 2 * weight_reg / C * (eye - 1.0 / C)
+    out[C:, C:] = 2 * bias_reg / C * eye
+    return out
 
 
 def matrix_nll_hessian(z: Tensor, p: Tensor) -> Tensor:

@@ -30,10 +30,13 @@ from torchcal.functional.affine import (
 from torchcal.functional.cv import (
     FOLD_GRAD_TOL,
     FOLD_NEWTON_MAX,
+    FoldSolver,
     cross_validate_path,
     strength_path,
 )
 from torchcal.functional.temperature.fit import fit_temperature
+from torchcal.functional.vector_folds import NEWTON_MAX as VECTOR_NEWTON_MAX
+from torchcal.functional.vector_folds import VectorFold
 from torchcal.scaling._base import (
     FittedMixin,
     NLLFit,
@@ -302,6 +305,7 @@ class _AffineScaler(FittedMixin):
             seed=self.seed,
             max_iter=self.max_iter,
             newton_max=FOLD_NEWTON_MAX,
+            fold_solver=self._fold_solver(),
         )
         best = path.cv_nll[path.best]
         common: dict[str, Any] = dict(
@@ -365,6 +369,10 @@ class _AffineScaler(FittedMixin):
         diagonal's fit)."""
         return self._temperature_map(beta)
 
+    def _fold_solver(self) -> FoldSolver | None:
+        """The map's own fold fit (``None``: :func:`cross_validate_path`'s LBFGS / Newton)."""
+        return None
+
     def _tied(self, lam: float) -> tuple[float, ...]:
         """Every penalty term at the path's strength ``lam``."""
         return (lam, lam)
@@ -389,7 +397,9 @@ class VectorScaler(_AffineScaler):
     no ``reg``). The objective is convex; it is minimised in float64, full batch, to
     ``grad_tol`` (max-abs gradient): by Newton's method with the exact Hessian and
     backtracking while there are at most 256 parameters, else by diagonally preconditioned
-    LBFGS with closed-form gradients (the fold fits: to ``1e-6``, by Newton up to 64 parameters).
+    LBFGS with closed-form gradients (the fold fits: to ``1e-6``, up to ``C = 256`` by damped
+    Newton with the exact Hessian on float32 passes, :mod:`torchcal.functional.vector_folds`;
+    LBFGS beyond).
 
     Invariance: none guaranteed -- per-class scales and biases can change the argmax (and the
     accuracy). ``-inf`` logits are masks (fit and forward): a masked entry stays ``-inf``
@@ -438,6 +448,19 @@ class VectorScaler(_AffineScaler):
 
     def _path_scale(self, n: int) -> float:
         return self.num_classes / n
+
+    def _fold_solver(self) -> FoldSolver | None:
+        """Damped Newton with the exact Hessian, float32 passes (``functional/vector_folds``),
+        up to ``C = 256`` classes."""
+        if 2 * self.num_classes > VECTOR_NEWTON_MAX:
+            return None
+        max_iter = self.max_iter
+
+        def make(z: Tensor, y: Tensor, mask: Tensor | None) -> Callable[[Tensor, float], Tensor]:
+            fold = VectorFold(z, y, mask)
+            return lambda x0, lam: fold.solve(x0, lam, lam, FOLD_GRAD_TOL, max_iter)
+
+        return make
 
     def _temperature_map(self, beta: float) -> tuple[Tensor, Tensor]:
         C = self.num_classes
