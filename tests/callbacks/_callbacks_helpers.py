@@ -12,6 +12,8 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from torchcal.scaling import TemperatureScaler
@@ -218,6 +220,32 @@ class RankShard(torch.utils.data.IterableDataset):
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         if rank in self.ranks:
             yield from (self.ds[i] for i in range(len(self.ds)))
+
+
+def checkpointed_fit(
+    tmp: Any, make_model: Any, callback: Any, data: tuple[Any, Any], sanity: int, **ckpt: Any
+) -> dict[str, Any]:
+    """The module fixture of the monitor tests: seed 0, ``make_model()``, then two epochs of
+    :func:`trainer` with the monitor ``callback`` and ``ModelCheckpoint(dirpath=tmp / "ckpt",
+    **ckpt)``, CSV and TensorBoard loggers under ``tmp``, ``sanity`` sanity-check batches and
+    ``data = (train, val)`` loaders. Returns tmp, trainer, model, monitor, ckpt, csv and tb."""
+    quiet_warnings()
+    csv_logger = CSVLogger(str(tmp), name="csv")
+    tb_logger = TensorBoardLogger(str(tmp), name="tb")
+    checkpoint = ModelCheckpoint(dirpath=str(tmp / "ckpt"), **ckpt)
+    torch.manual_seed(0)
+    model = make_model()
+    tr = trainer(
+        tmp,
+        max_epochs=2,
+        logger=[csv_logger, tb_logger],
+        callbacks=[callback, checkpoint],
+        enable_checkpointing=True,
+        num_sanity_val_steps=sanity,
+    )
+    tr.fit(model, *data)
+    loggers = dict(csv=csv_logger, tb=tb_logger)
+    return dict(tmp=tmp, trainer=tr, model=model, monitor=callback, ckpt=checkpoint, **loggers)
 
 
 class WarningRecorder(L.Callback):

@@ -16,13 +16,13 @@ import torch.nn.functional as F
 from _callbacks_helpers import (
     N_CLASSES,
     TinyModule,
+    checkpointed_fit,
     info_log,
     loader,
     make_data,
     quiet_warnings,
     trainer,
 )
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -75,39 +75,16 @@ def numpy_ece(logits: torch.Tensor, y: torch.Tensor, n_bins: int) -> tuple[float
 # ---------------------------------------------------------------- the main single-process fit
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
-    quiet_warnings()
     tmp = tmp_path_factory.mktemp("fit")
-    torch.manual_seed(0)
     train, val = make_data(N_TRAIN, 1), make_data(N_VAL, 2)
-    csv_logger = CSVLogger(str(tmp), name="csv")
-    tb_logger = TensorBoardLogger(str(tmp), name="tb")
     monitor = CalibrationMonitor(n_bins=10)
-    ckpt = ModelCheckpoint(dirpath=str(tmp / "ckpt"), monitor="val/ece", mode="min", save_last=True)
-    model = TinyModule()
-    tr = trainer(
-        tmp,
-        max_epochs=2,
-        logger=[csv_logger, tb_logger],
-        callbacks=[monitor, ckpt],
-        enable_checkpointing=True,
-        num_sanity_val_steps=2,
-    )
-    tr.fit(model, loader(train), loader(val))
-    return dict(
-        tmp=tmp,
-        trainer=tr,
-        model=model,
-        monitor=monitor,
-        ckpt=ckpt,
-        val=val,
-        train=train,
-        csv_logger=csv_logger,
-        tb_logger=tb_logger,
-    )
+    ckpt = dict(monitor="val/ece", mode="min", save_last=True)
+    fit = checkpointed_fit(tmp, TinyModule, monitor, (loader(train), loader(val)), 2, **ckpt)
+    return dict(fit, val=val, train=train)
 
 
 def test_csv_one_table_per_epoch_counts_sum_to_val_size(fitted):
-    path = os.path.join(fitted["csv_logger"].log_dir, "reliability.csv")
+    path = os.path.join(fitted["csv"].log_dir, "reliability.csv")
     rows = read_csv(path)
     # the column list, spelled out (not re-derived from report.CSV_COLUMNS)
     assert list(rows[0]) == [
@@ -136,7 +113,7 @@ def test_csv_one_table_per_epoch_counts_sum_to_val_size(fitted):
 def test_tensorboard_has_text_and_image(fitted):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    ea = EventAccumulator(fitted["tb_logger"].log_dir, size_guidance={"tensors": 0, "images": 0})
+    ea = EventAccumulator(fitted["tb"].log_dir, size_guidance={"tensors": 0, "images": 0})
     ea.Reload()
     tags = ea.Tags()
     assert "val/reliability/text_summary" in tags["tensors"]  # add_text (text plugin)
@@ -161,7 +138,7 @@ def test_callback_metrics_and_modelcheckpoint_monitor(fitted):
     assert ck.best_model_path and os.path.exists(ck.best_model_path)
     assert float(ck.best_model_score) == pytest.approx(min(h["ece"] for h in hist), abs=1e-12)
     # metrics.csv of the CSVLogger carries the scalar per epoch
-    rows = read_csv(os.path.join(fitted["csv_logger"].log_dir, "metrics.csv"))
+    rows = read_csv(os.path.join(fitted["csv"].log_dir, "metrics.csv"))
     assert sum(1 for r in rows if r.get("val/ece")) == 2
 
 
@@ -170,7 +147,7 @@ def test_logged_table_equals_offline_table(fitted):
     table = reliability_table(logits, y, n_bins=10)
     rows = [
         r
-        for r in read_csv(os.path.join(fitted["csv_logger"].log_dir, "reliability.csv"))
+        for r in read_csv(os.path.join(fitted["csv"].log_dir, "reliability.csv"))
         if int(r["epoch"]) == 1
     ]
     ref = table.rows()
@@ -203,8 +180,7 @@ def test_logged_table_equals_offline_table(fitted):
 
 def test_history_figure_written(fitted):
     assert (
-        os.path.getsize(os.path.join(fitted["csv_logger"].log_dir, "calibration_over_epochs.png"))
-        > 1000
+        os.path.getsize(os.path.join(fitted["csv"].log_dir, "calibration_over_epochs.png")) > 1000
     )
 
 

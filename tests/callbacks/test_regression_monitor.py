@@ -8,14 +8,13 @@ import csv
 import os
 from typing import Any
 
-import lightning as L
 import numpy as np
 import properscoring as ps
 import pytest
 import torch
-from _callbacks_helpers import LocScaleNet, info_log, quiet_warnings, trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from _callbacks_helpers import LocScaleNet, checkpointed_fit, info_log, quiet_warnings, trainer
+from _ddp_runs import RankSplit, single_and_ddp
+from lightning.pytorch.loggers import CSVLogger
 from scipy import stats
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -135,24 +134,9 @@ def reference(family: str, seen: list[dict[str, torch.Tensor]]) -> dict[str, flo
 # ---------------------------------------------------------------- the main fit (normal)
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
-    quiet_warnings()
     tmp = tmp_path_factory.mktemp("regfit")
-    torch.manual_seed(0)
-    csv_logger = CSVLogger(str(tmp), name="csv")
-    tb_logger = TensorBoardLogger(str(tmp), name="tb")
-    monitor = RegressionMonitor()
-    ckpt = ModelCheckpoint(dirpath=str(tmp / "ckpt"), monitor="val/crps", mode="min")
-    model = Reg()
-    tr = trainer(
-        tmp,
-        max_epochs=2,
-        logger=[csv_logger, tb_logger],
-        callbacks=[monitor, ckpt],
-        enable_checkpointing=True,
-        num_sanity_val_steps=2,
-    )
-    tr.fit(model, loader(make_data(N_TRAIN, 1)), loader(make_data(N_VAL, 2)))
-    return dict(trainer=tr, model=model, monitor=monitor, ckpt=ckpt, csv=csv_logger, tb=tb_logger)
+    data = loader(make_data(N_TRAIN, 1)), loader(make_data(N_VAL, 2))
+    return checkpointed_fit(tmp, Reg, RegressionMonitor(), data, 2, monitor="val/crps", mode="min")
 
 
 def test_every_key_logged_each_epoch_equal_to_references(fitted):
@@ -196,14 +180,8 @@ def test_csv_tables_per_epoch(fitted):
     assert counts == fitted["monitor"].history[-1]["pit_counts"]
     cov = read_csv(os.path.join(d, "coverage.csv"))
     assert list(cov[0]) == [
-        "epoch",
-        "step",
-        "level",
-        "coverage",
-        "stderr",
-        "width",
-        "interval_score",
-    ]
+        "epoch", "step", "level", "coverage", "stderr", "width", "interval_score",
+    ]  # fmt: skip
     last = [r for r in cov if r["epoch"] == "1"]
     assert [float(r["level"]) for r in last] == list(LEVELS)
     h = fitted["monitor"].history[-1]
@@ -387,47 +365,16 @@ def test_bad_options(kw, match):
 
 
 # ---------------------------------------------------------------- DDP
-class Split(torch.utils.data.IterableDataset):
-    """Rank 0 gets the first ``cut`` samples, rank 1 the rest (one process: all)."""
-
-    def __init__(self, ds: TensorDataset, cut: int) -> None:
-        self.ds, self.cut = ds, cut
-
-    def __iter__(self) -> Any:
-        dist = torch.distributed
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else -1
-        lo, hi = {-1: (0, len(self.ds)), 0: (0, self.cut), 1: (self.cut, len(self.ds))}[rank]
-        yield from (self.ds[i] for i in range(lo, hi))
-
-
-def ddp_run(tmp: Any, name: str, **kw: Any) -> str:
-    from _callbacks_helpers import RankShard
-
-    torch.manual_seed(0)
-    model, out = Reg(), tmp / name
-    tr = L.Trainer(
-        accelerator="cpu",
-        default_root_dir=str(out),
-        logger=CSVLogger(str(out), name="logs", version=0),
-        callbacks=[RegressionMonitor(levels=(0.5, 0.9), sinks=("csv",))],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        **kw,
-    )
-    loaders = [
-        DataLoader(Split(make_data(150, 12), 40), batch_size=BATCH),  # unequal shards
-        DataLoader(RankShard(make_data(70, 13)), batch_size=BATCH),  # rank 1 has none
-    ]
-    tr.validate(model, loaders, verbose=False)
-    return str(out / "logs" / "version_0")
-
-
 @pytest.mark.ddp
 def test_ddp_spawn_matches_single_process(tmp_path):
-    quiet_warnings()
-    single = ddp_run(tmp_path, "single", devices=1)
-    ddp = ddp_run(tmp_path, "ddp", devices=2, strategy="ddp_spawn")
+    from _callbacks_helpers import RankShard
+
+    loaders = [
+        DataLoader(RankSplit(make_data(150, 12), 40), batch_size=BATCH),  # unequal shards
+        DataLoader(RankShard(make_data(70, 13)), batch_size=BATCH),  # rank 1 has none
+    ]
+    monitor = lambda: RegressionMonitor(levels=(0.5, 0.9), sinks=("csv",))  # noqa: E731
+    single, ddp = single_and_ddp(tmp_path, Reg, monitor, loaders)
     for f in (
         "pit.csv",
         "pit_dataloader_idx_1.csv",

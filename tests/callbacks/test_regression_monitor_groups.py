@@ -9,13 +9,11 @@ import csv
 import os
 from typing import Any
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
-from _callbacks_helpers import LocScaleNet, info_log, quiet_warnings, trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
+from _callbacks_helpers import LocScaleNet, checkpointed_fit, info_log, quiet_warnings, trainer
+from _ddp_runs import RankSplit, single_and_ddp
 from scipy import stats
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -125,23 +123,10 @@ def group_reference(seen: list[dict[str, torch.Tensor]], n_bins: int = 10) -> di
 # ---------------------------------------------------------------- a fit with checkpoints
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
-    quiet_warnings()
     tmp = tmp_path_factory.mktemp("reggroups")
-    torch.manual_seed(0)
-    logger = CSVLogger(str(tmp), name="csv")
     monitor = RegressionMonitor(levels=LEVELS, num_groups=G, sinks=("csv",))
-    ckpt = ModelCheckpoint(dirpath=str(tmp / "ckpt"), monitor="val/crps", save_last=True)
-    model = Reg()
-    tr = trainer(
-        tmp,
-        max_epochs=2,
-        logger=logger,
-        callbacks=[monitor, ckpt],
-        enable_checkpointing=True,
-        num_sanity_val_steps=1,
-    )
-    tr.fit(model, loader(make_data(96, 1)), loader(make_data(150, 2)))
-    return dict(tmp=tmp, trainer=tr, model=model, monitor=monitor, ckpt=ckpt, logger=logger)
+    data = loader(make_data(96, 1)), loader(make_data(150, 2))
+    return checkpointed_fit(tmp, Reg, monitor, data, 1, monitor="val/crps", save_last=True)
 
 
 def test_group_scalars_equal_filtered_functional(fitted):
@@ -156,9 +141,7 @@ def test_group_scalars_equal_filtered_functional(fitted):
     ref = group_reference(fitted["model"].seen[0])  # the last epoch's outputs
     assert sorted(ref) == [0, 1, 2]
     rows = [
-        r
-        for r in read_csv(os.path.join(fitted["logger"].log_dir, "metrics.csv"))
-        if r.get("val/crps")
+        r for r in read_csv(os.path.join(fitted["csv"].log_dir, "metrics.csv")) if r.get("val/crps")
     ]
     assert [int(r["epoch"]) for r in rows] == [0, 1]
     hist = monitor.history[-1]["group_metrics"]
@@ -179,20 +162,12 @@ def test_group_scalars_equal_filtered_functional(fitted):
 
 
 def test_group_csv_tables(fitted):
-    d = fitted["logger"].log_dir
+    d = fitted["csv"].log_dir
     ref = group_reference(fitted["model"].seen[0])
     pit = read_csv(os.path.join(d, "pit_groups.csv"))
     assert list(pit[0]) == [
-        "epoch",
-        "step",
-        "group",
-        "bin",
-        "lo",
-        "hi",
-        "count",
-        "share",
-        "density",
-    ]
+        "epoch", "step", "group", "bin", "lo", "hi", "count", "share", "density",
+    ]  # fmt: skip
     cov = read_csv(os.path.join(d, "coverage_groups.csv"))
     assert list(cov[0]) == [
         "epoch", "step", "group", "n", "level", "coverage", "stderr", "width", "interval_score",
@@ -334,41 +309,11 @@ def test_bad_group_options(kw, match):
 
 
 # ---------------------------------------------------------------- DDP
-class Split(torch.utils.data.IterableDataset):
-    """Rank 0 gets the first ``cut`` samples, rank 1 the rest (one process: all)."""
-
-    def __init__(self, ds: TensorDataset, cut: int) -> None:
-        self.ds, self.cut = ds, cut
-
-    def __iter__(self) -> Any:
-        dist = torch.distributed
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else -1
-        lo, hi = {-1: (0, len(self.ds)), 0: (0, self.cut), 1: (self.cut, len(self.ds))}[rank]
-        yield from (self.ds[i] for i in range(lo, hi))
-
-
-def ddp_run(tmp: Any, name: str, **kw: Any) -> str:
-    torch.manual_seed(0)
-    out = tmp / name
-    tr = L.Trainer(
-        accelerator="cpu",
-        default_root_dir=str(out),
-        logger=CSVLogger(str(out), name="logs", version=0),
-        callbacks=[RegressionMonitor(levels=LEVELS, num_groups=G, sinks=("csv",))],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        **kw,
-    )
-    tr.validate(Reg(), DataLoader(Split(make_data(150, 12), 40), batch_size=32), verbose=False)
-    return str(out / "logs" / "version_0")
-
-
 @pytest.mark.ddp
 def test_ddp_spawn_groups_match_single_process(tmp_path):
-    quiet_warnings()
-    single = ddp_run(tmp_path, "single", devices=1)
-    ddp = ddp_run(tmp_path, "ddp", devices=2, strategy="ddp_spawn")
+    monitor = lambda: RegressionMonitor(levels=LEVELS, num_groups=G, sinks=("csv",))  # noqa: E731
+    val = DataLoader(RankSplit(make_data(150, 12), 40), batch_size=32)
+    single, ddp = single_and_ddp(tmp_path, Reg, monitor, val)
     for f in ("pit_groups.csv", "coverage_groups.csv"):
         a, b = read_csv(os.path.join(single, f)), read_csv(os.path.join(ddp, f))
         assert len(a) == len(b) > 0
