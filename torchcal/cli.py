@@ -407,8 +407,9 @@ def _check_audit_args(args: argparse.Namespace) -> Any:
         _require_rows_args(args)
         if not os.path.isfile(args.file):
             raise InputError(f"{args.file}: no such file")
-    if args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise InputError(f"--out: {args.out} exists and is not a directory")
+    from torchcal.audit.paths import check_outputs  # an output never replaces an input
+
+    check_outputs(args.file, args.state, args.reference, args.write_state, args.out, args.threads)
     ref = None
     if args.reference is not None:
         from torchcal.audit.report import load_report_dict

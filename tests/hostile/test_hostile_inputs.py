@@ -3,6 +3,7 @@ engine-input "internal error" exits), one regression test each: the audit reads 
 columns it was given, by their exact names, or exits 2 with ONE line naming the file, column
 or flag; outputs never overwrite an input; names are escaped where they are written."""
 
+import os
 import re
 from re import _parser  # the parser re compiles with
 
@@ -300,3 +301,112 @@ def test_w3_w6_w13_spark_reads_exact_names_and_group_text(spark):
     dup = spark.createDataFrame([(0.5, 1.0, 1)], ["p", "p", "y"])
     with pytest.raises(ValueError, match="p: 2 columns of this name in the DataFrame"):
         state_from_spark(dup, preds="p", label="y")
+
+
+# -- W2, W9: an output never replaces an input; every input file is read once -----------------
+
+
+@pytest.fixture
+def parts(tmp_path):
+    """Two Parquet files of rows (1000 and 600) and their states (``st/``), plus links."""
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "st").mkdir()
+    for name, n in (("a", 1000), ("b", 600)):
+        p, y, _ = _rows(n, seed=n)
+        pq.write_table(pa.table({"p": p, "y": y}), tmp_path / "parts" / f"{name}.parquet")
+        code, _, err = _run_quiet(
+            "audit", tmp_path / "parts" / f"{name}.parquet", "--probs", "p", "--label", "y",
+            "--engine", "duckdb", "--write-state", tmp_path / "st" / f"{name}.parquet",
+        )  # fmt: skip
+        assert code in (0, 1, 3), err
+    return tmp_path
+
+
+def _run_quiet(*argv):
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def _link(target, link, hard=False):
+    try:
+        (os.link if hard else os.symlink)(target, link)
+    except (OSError, NotImplementedError) as e:  # pragma: no cover - a file system without links
+        pytest.skip(f"no links here: {e}")
+
+
+W2_CASES = {
+    # id: (argv with D = the folder, the flag the message names)
+    "data-as-state": (["D/parts/a.parquet", "--engine", "duckdb", "--write-state",
+                       "D/parts/a.parquet"], "--write-state"),
+    "dot-spelling": (["D/parts/a.parquet", "--engine", "duckdb", "--write-state",
+                      "D/parts/./a.parquet"], "--write-state"),
+    "symlink": (["D/parts/a.parquet", "--engine", "duckdb", "--write-state", "D/link.parquet"],
+                "--write-state"),
+    "hard-link": (["D/parts/a.parquet", "--engine", "duckdb", "--write-state", "D/hard.parquet"],
+                  "--write-state"),
+    "glob-member": (["D/parts/*.parquet", "--engine", "memory", "--write-state",
+                     "D/parts/b.parquet"], "--write-state"),
+    "state-input": (["--state", "D/st/a.parquet", "D/st/b.parquet", "--write-state",
+                     "D/st/b.parquet"], "--write-state"),
+    "out-over-reference": (["D/parts/a.parquet", "--reference", "D/o/report.json", "--out",
+                            "D/o"], "--out"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(W2_CASES))
+def test_w2_an_output_onto_an_input_exits_2_before_anything_is_written(parts, capsys, case):
+    argv, flag = W2_CASES[case]
+    (parts / "o").mkdir()
+    ref = parts / "o" / "report.json"
+    code, _, err = _run_quiet("audit", parts / "parts/b.parquet", "--probs", "p", "--label", "y")
+    _run_quiet(
+        "audit", parts / "parts/b.parquet", "--probs", "p", "--label", "y", "--out", parts / "o"
+    )
+    _link(parts / "parts" / "a.parquet", parts / "link.parquet")
+    _link(parts / "parts" / "a.parquet", parts / "hard.parquet", hard=True)
+    files = [f for f in parts.rglob("*") if f.is_file() and not f.is_symlink()]
+    before = {f: f.read_bytes() for f in files}
+    argv = [a.replace("D/", f"{parts}/") for a in argv]
+    cols = [] if "--state" in argv else ["--probs", "p", "--label", "y"]
+    line = _error(capsys, "audit", *argv, *cols)
+    assert line.startswith(f"torchcal: error: {flag}: ") and "would replace the data" in line
+    after = [f for f in parts.rglob("*") if f.is_file() and not f.is_symlink()]
+    assert sorted(after) == sorted(files) and all(f.read_bytes() == before[f] for f in files)
+    assert ref.exists()
+
+
+def test_w9_each_file_is_read_once_by_what_it_resolves_to(parts, capsys):
+    st = parts / "st"
+    one = _pooled(_run(capsys, "audit", "--state", st / "a.parquet")[1])[0]
+    assert one == 1000
+    _link(st / "a.parquet", st / "link.parquet")
+    _link(st / "a.parquet", parts / "hard.parquet", hard=True)
+    for argv in (
+        [st / "a.parquet", f"{st}/./a.parquet"],
+        [st / "a.parquet", st / "link.parquet", parts / "hard.parquet"],
+    ):
+        assert _pooled(_run(capsys, "audit", "--state", *argv)[1])[0] == 1000
+    assert _pooled(_run(capsys, "audit", "--state", st / "*.parquet")[1])[0] == 1600
+    _link(parts / "parts" / "a.parquet", parts / "parts" / "link.parquet")
+    for road in (["--engine", "duckdb"], ["--engine", "memory"]):
+        out = _run(
+            capsys, "audit", parts / "parts/*.parquet", "--probs", "p", "--label", "y", *road
+        )
+        assert _pooled(out[1])[0] == 1600, road
+
+
+def test_w9_a_merged_state_is_refused_where_its_inputs_glob_would_find_it(parts, capsys):
+    st = parts / "st"
+    line = _error(capsys, "audit", "--state", st / "*.parquet", "--write-state", st / "all.parquet")
+    assert "--write-state:" in line and "count these rows twice" in line
+    assert not (st / "all.parquet").exists()
+    code, out, err = _run(
+        capsys, "audit", "--state", st / "*.parquet", "--write-state", parts / "all.parquet"
+    )
+    assert code in (0, 1, 3) and _pooled(out)[0] == 1600, err
+    assert _pooled(_run(capsys, "audit", "--state", parts / "all.parquet")[1])[0] == 1600

@@ -130,6 +130,8 @@ def run_audit(
 
             binned = read_states(list(request.states))
             check_rejected(binned, " ".join(request.states), settings.max_unparsed)
+            if request.write_state:  # the merged state (cli.py checked it is no input)
+                write_state(binned, request.write_state)
             state = state_of_binned(binned)
         else:
             engine = _engine_of(request)

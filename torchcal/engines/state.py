@@ -299,7 +299,9 @@ def read_state(path: str | os.PathLike[str]) -> BinnedState:
 
 
 def expand_paths(patterns: str | Sequence[str], what: str = "--state") -> list[str]:
-    """Files matching each glob pattern (a plain path must exist), sorted, without repeats."""
+    """Files matching each glob pattern (a plain path must exist), sorted, each file once: a
+    file reached twice (``./a`` and ``a``, a symlink, a hard link) is read once, by what it
+    resolves to (docs/design.md section 6c.2)."""
     if isinstance(patterns, str | os.PathLike):
         patterns = [os.fspath(patterns)]
     out: list[str] = []
@@ -310,7 +312,15 @@ def expand_paths(patterns: str | Sequence[str], what: str = "--state") -> list[s
         if not hits or not all(os.path.isfile(h) for h in hits):
             raise ValueError(f"{what}: no file matches {pat}")
         out.extend(hits)
-    return list(dict.fromkeys(out))
+    seen: set[object] = set()
+    unique = []
+    for h in out:
+        st = os.stat(h)
+        key = (st.st_dev, st.st_ino) if st.st_ino else os.path.realpath(h)
+        if key not in seen:
+            seen.add(key)
+            unique.append(h)
+    return unique
 
 
 def read_states(patterns: str | Sequence[str]) -> BinnedState:
