@@ -182,6 +182,12 @@ def trainer(tmp_path: Any, **kw: Any) -> L.Trainer:
     return L.Trainer(**opts)
 
 
+def validate(tmp_path: Any, callback: L.Callback, model: Any, data: TensorDataset) -> Any:
+    """One ``validate`` of ``model`` on ``data`` with ``callback`` (a :func:`trainer`): the
+    logged metrics of the loader."""
+    return trainer(tmp_path, callbacks=[callback]).validate(model, loader(data), verbose=False)[0]
+
+
 class TemperatureRecorder(L.Callback):
     """Writes each rank's fitted temperature to ``<dirpath>/T_rank<r>.txt`` at fit end (runs
     after TemperatureScaling when listed after it)."""

@@ -110,33 +110,6 @@ def test_fit_checkpoint_best_test_load_validate(tmp_path):
     assert "val/temperature" not in res and "val/nll" in res
 
 
-def test_validate_refits_only_when_asked(tmp_path):
-    model = TinyModule(scale=3.0)
-    model.temperature_scaler.temperature = 2.0
-    val = make_data(120, 4)
-    trainer(tmp_path, callbacks=[TemperatureScaling()]).validate(model, loader(val), verbose=False)
-    assert model.temperature_scaler.temperature == 2.0
-    out = trainer(tmp_path, callbacks=[TemperatureScaling(fit_on_validate=True)]).validate(
-        model, loader(val), verbose=False
-    )[0]
-    z, y = val_logits(model, val)
-    assert out["val/temperature"] == pytest.approx(brent_temperature(z, y), rel=1e-6)
-    assert model.temperature_scaler.temperature == out["val/temperature"] != 2.0
-
-
-def test_validate_unfitted_warns(tmp_path):
-    model = TinyModule()
-    with pytest.warns(
-        UserWarning,
-        match=r"^TemperatureScaling: TinyModule.temperature_scaler "
-        r"is not fitted .*fit_on_validate=True",
-    ):
-        trainer(tmp_path, callbacks=[TemperatureScaling()]).validate(
-            model, loader(make_data(64, 0)), verbose=False
-        )
-    assert not model.temperature_scaler.is_fitted
-
-
 def test_two_validation_loaders(tmp_path):
     a, b = make_data(200, 2), make_data(120, 5)
     mon = CalibrationMonitor(n_bins=10, sinks=("loggers", "figures"), dataloader_idx=1)

@@ -18,6 +18,7 @@ from _callbacks_helpers import (
     make_data,
     quiet_warnings,
     trainer,
+    validate,
 )
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
@@ -207,7 +208,7 @@ def test_validate_inference_mode_and_masks(tmp_path, caplog):
     model = TinyModule(n_classes=4, mask_last=True, scale=3.0)
     ts = TemperatureScaling(verbose=True, fit_on_validate=True)
     with info_log(caplog):  # verbose=True: rank_zero_info, not print
-        out = trainer(tmp_path, callbacks=[ts]).validate(model, loader(val), verbose=False)[0]
+        out = validate(tmp_path, ts, model, val)
     logits, y = val_logits(model, val)
     assert torch.isinf(logits[:, -1]).all()
     assert out["val/temperature"] == pytest.approx(brent_temperature(logits[:, :3], y), rel=1e-6)
@@ -247,9 +248,7 @@ def test_kept_logits_are_detached(tmp_path, monkeypatch):
 def test_binary_logits(tmp_path):
     val = make_data(150, 6, binary=True)
     model = TinyModule(binary=True, scale=0.3)  # underconfident: T < 1
-    out = trainer(tmp_path, callbacks=[TemperatureScaling(fit_on_validate=True)]).validate(
-        model, loader(val), verbose=False
-    )[0]
+    out = validate(tmp_path, TemperatureScaling(fit_on_validate=True), model, val)
     logits, y = val_logits(model, val)
     assert out["val/temperature"] == pytest.approx(brent_temperature(logits, y), rel=1e-6)
     assert out["val/temperature"] < 1
@@ -281,10 +280,36 @@ def test_unfitted_scaler_checkpoint_loads_unfitted(tmp_path):
     assert torch.equal(loaded.net.weight, model.net.weight)
 
 
+def test_validate_refits_only_when_asked(tmp_path):
+    model = TinyModule(scale=3.0)
+    model.temperature_scaler.temperature = 2.0
+    val = make_data(120, 4)
+    validate(tmp_path, TemperatureScaling(), model, val)
+    assert model.temperature_scaler.temperature == 2.0
+    out = validate(tmp_path, TemperatureScaling(fit_on_validate=True), model, val)
+    z, y = val_logits(model, val)
+    assert out["val/temperature"] == pytest.approx(brent_temperature(z, y), rel=1e-6)
+    assert model.temperature_scaler.temperature == out["val/temperature"] != 2.0
+
+
+def test_validate_unfitted_warns(tmp_path):
+    model = TinyModule()
+    with pytest.warns(
+        UserWarning,
+        match=r"^TemperatureScaling: TinyModule.temperature_scaler "
+        r"is not fitted .*fit_on_validate=True",
+    ):
+        validate(tmp_path, TemperatureScaling(), model, make_data(64, 0))
+    assert not model.temperature_scaler.is_fitted
+
+
 def test_missing_outputs_error(tmp_path):
     with pytest.raises(ValueError, match=r"'logits', 'target'.*returned None"):
-        trainer(tmp_path, callbacks=[TemperatureScaling(fit_on_validate=True)]).validate(
-            TinyModule(returns="none"), loader(make_data(32, 0)), verbose=False
+        validate(
+            tmp_path,
+            TemperatureScaling(fit_on_validate=True),
+            TinyModule(returns="none"),
+            make_data(32, 0),
         )
 
 
@@ -304,9 +329,7 @@ def test_missing_scaler_error_names_the_fix(tmp_path):
         match=r"^attr_name: TinyModule.temperature_scaler is a "
         r"Identity",
     ):
-        trainer(tmp_path, callbacks=[TemperatureScaling()]).validate(
-            model, loader(make_data(32, 0)), verbose=False
-        )
+        validate(tmp_path, TemperatureScaling(), model, make_data(32, 0))
 
 
 @pytest.mark.parametrize(
