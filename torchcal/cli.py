@@ -173,7 +173,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
         "--state", nargs="+", metavar="FILE_OR_GLOB", help="audit merged state files instead"
     )
     p.add_argument("--table", metavar="NAME", help="table of the DuckDB database FILE")
-    p.add_argument("--weight", metavar="COL", help="sample-weight column (frequency weights)")
+    p.add_argument("--weight", metavar="COL", help="weight column (--weights: how it is read)")
+    p.add_argument("--weights", choices=("importance", "frequency"), default="importance")
     p.add_argument("--write-state", metavar="FILE", help="also write the state (Parquet)")
 
 
@@ -480,7 +481,7 @@ def _settings(args: argparse.Namespace) -> Any:
     from torchcal.audit.state import AuditSettings
 
     names = ("threshold", "tolerance", "alpha", "power", "seed", "cost_error",
-             "cost_escalation", "fit_temperature", "max_unparsed")  # fmt: skip
+             "cost_escalation", "fit_temperature", "max_unparsed", "weights")  # fmt: skip
     return AuditSettings(n_bins=args.bins, **{k: getattr(args, k) for k in names})
 
 

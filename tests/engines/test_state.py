@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -55,7 +56,7 @@ def test_round_trip_keeps_every_bit_and_the_header(tmp_path, ext, weighted):
     if ext == "parquet":
         t = pq.read_table(path)
         cols = ["group", "slot", "bin", "n", "sum_c", "sum_y", "sum_c2", "sum_cy"]
-        cols += ["sum_w"] if weighted else []
+        cols += ["sum_w", "sum_w2"] if weighted else []
         assert t.column_names == [*cols, "nll", "right"]
         assert t.schema.field("n").type == pa.int64()
         assert all(t.schema.field(c).type == pa.float64() for c in cols[4:])
@@ -112,7 +113,6 @@ def test_merge_equals_the_state_of_all_rows():
         ("num_classes", 3),
         ("group", None),
         ("weight", "w2"),
-        ("bin_rule", "width_bucket"),
     ],
 )
 def test_merge_refuses_other_configurations_naming_the_field(tmp_path, field, value):
@@ -121,12 +121,29 @@ def test_merge_refuses_other_configurations_naming_the_field(tmp_path, field, va
     h = json.loads(t.schema.metadata[METADATA_KEY])
     h[field] = value
     other = t.replace_schema_metadata({METADATA_KEY: json.dumps(h).encode()})
-    if field == "n_bins":  # a 15-bin state must hold 15 bins
-        other = other.filter(pa.compute.less(other.column("bin"), 15))
+    if field == "n_bins":  # a 15-bin state must hold 15 bins (a lying n_bins is refused on read)
+        a = arrays(rows(500, 0))
+        other = state_from_arrays(**a, group_column="g", weight_column="w", n_bins=15).to_arrow()
     pq.write_table(t, tmp_path / "a.parquet")
     pq.write_table(other, tmp_path / "b.parquet")
     with pytest.raises(ValueError, match=rf"b\.parquet: {field} is .* but .*a\.parquet has"):
         read_states(str(tmp_path / "*.parquet"))
+
+
+def test_merge_refuses_another_bin_rule_and_a_file_states_it_on_read(tmp_path):
+    st = _state()
+    other = BinnedState(replace(st.header, bin_rule="width_bucket"), st.groups, st.stats)
+    with pytest.raises(ValueError, match=r"state 1: bin_rule is 'width_bucket' but state 0 has"):
+        merge_states([st, other])
+    t = st.to_arrow()
+    h = {**json.loads(t.schema.metadata[METADATA_KEY]), "bin_rule": "width_bucket"}
+    pq.write_table(
+        t.replace_schema_metadata({METADATA_KEY: json.dumps(h).encode()}), tmp_path / "b.parquet"
+    )
+    with pytest.raises(
+        ValueError, match=r"b\.parquet: bin_rule is 'width_bucket', this torchcal reads"
+    ):
+        read_state(tmp_path / "b.parquet")
 
 
 def test_weighted_and_unweighted_refuse_to_merge():

@@ -132,7 +132,10 @@ def test_weighted_report_equals_the_repeated_rows_report_memory_and_duckdb(tmp_p
     repeated = state_from_arrays(**rep, group_column="g")
     pq.write_table(t, tmp_path / "w.parquet")
     duck = state_from_duckdb(tmp_path / "w.parquet", preds="p", label="y", group="g", weight="w")
+    # frequency weights: the verdict reads w as repetitions (the default, importance weights,
+    # reads the effective sample size; docs/design.md section 6f)
     kw = {"threshold": 0.8, "cost_error": 10.0, "cost_escalation": 1.0, "seed": 5}
+    kw["weights"] = "frequency"
     rr = report_from_state(repeated, **kw).to_dict()
     for st in (weighted, duck):
         r = report_from_state(st, **kw).to_dict()

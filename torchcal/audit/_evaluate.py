@@ -85,6 +85,7 @@ def summaries(
     power: float,
     family: int,
     costs: tuple[float, float] | None,
+    weights: str = "importance",
 ) -> list[dict[str, Any]]:
     """One summary dict per leading row of statistics ``S`` ``(R, 1, B)`` (the JSON schema
     of :mod:`torchcal.audit.report`, without verdicts). ``family``: the number of rows the
@@ -92,13 +93,14 @@ def summaries(
     rows at once (linear in rows x bins; 100k groups take seconds)."""
     n = S.count.sum((-2, -1))
     nf = S.mass().sum((-2, -1))  # the weight total when weighted (docs/design.md 6f)
-    et = _lists(ece_test_from_stats(S, tolerance, alpha=alpha, family=family, power=power))
+    kw: dict[str, Any] = {"alpha": alpha, "family": family, "power": power, "weights": weights}
+    et = _lists(ece_test_from_stats(S, tolerance, **kw))
     mce = calibration_error_from_stats(S, norm="max", reading="binary").tolist()
     brier = _lists(brier_decomposition_from_stats(S, reading="binary"))
     win = gap = cost = None
     if threshold is not None:
         win = list(threshold_window(threshold, S.n_bins))
-        gap = _lists(window_gap_test(S, *win, tolerance, alpha=alpha, family=family, power=power))
+        gap = _lists(window_gap_test(S, *win, tolerance, **kw))
     if costs is not None:
         cost = _lists(cost_threshold_from_stats(S, *costs))
     finite_n = (nf - nll_inf.to(torch.float64)).tolist()
@@ -413,6 +415,8 @@ def build_report(
     if state.n_rows == 0:
         raise ValueError("preds: no rows were given to the audit (empty input)")
     state = state.by_name()
+    if state.weight is not None and not float(state.stats.mass().sum()) > 0:
+        raise ValueError(f"{state.weight}: the kept rows' weights sum to 0: nothing to judge")
     names, grouped = list(state.names), state.grouped
     st, n_bins, grid = state.stats, state.stats.n_bins, None
     if settings.n_bins is None and state.grid is not None:
@@ -434,7 +438,7 @@ def build_report(
     threshold = settings.threshold
     rows = summaries(
         S, nll, nll_inf, hits, threshold=threshold, tolerance=tolerance, alpha=alpha,
-        power=power, family=family, costs=costs,
+        power=power, family=family, costs=costs, weights=settings.weights,
     )  # fmt: skip
     pooled, groups = rows[0], dict(zip(names, rows[1:], strict=True))
     if not grouped:
@@ -478,6 +482,7 @@ def build_report(
     if state.weight is not None:
         settings_d["weight"] = state.weight
         settings_d["weight_total"] = float(state.stats.mass().sum())
+        settings_d["weights"] = settings.weights
     temperature = None
     if settings.fit_temperature:
         if rows_state is None:

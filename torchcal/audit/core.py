@@ -27,6 +27,7 @@ from torchcal.audit.state import (
     empty_sample,
     generator_seed,
 )
+from torchcal.engines._state_checks import check_cells
 from torchcal.functional._checks import check_int, check_option, validation_enabled
 from torchcal.functional.calibration.binning import BinnedStats, accumulate
 from torchcal.functional.calibration.nll import nll_terms
@@ -186,6 +187,7 @@ class Auditor:
                     torch.cat([g.count, z]),
                     torch.cat([g.pos, z.double()]),
                     None if g.weight is None else torch.cat([g.weight, z.double()]),
+                    None if g.weight2 is None else torch.cat([g.weight2, z.double()]),
                 )
         self.hits = torch.cat([self.hits, torch.zeros(extra, dtype=torch.float64)])
 
@@ -213,8 +215,10 @@ class Auditor:
                 s = self.stats
                 self.stats = _weighted(s, torch.zeros_like(s.conf))
                 if self.grid is not None:
-                    self.grid = GridCounts(self.grid.count, self.grid.pos, self.grid.pos.clone())
-        # (G_chunk, 1, B): ids seen in this chunk
+                    zero = self.grid.pos.clone()
+                    self.grid = GridCounts(self.grid.count, self.grid.pos, zero, zero.clone())
+        # (G_chunk, 1, B): ids seen in this chunk; the size bound before allocating
+        check_cells(max(self.num_groups, prep.num_groups), 1, self.n_bins, "groups")
         chunk = (
             accumulate(prep, self.n_bins)
             if w is None
@@ -272,10 +276,12 @@ class Auditor:
         y = prep.outcome.to(torch.float64)
         pos = torch.bincount(idx, weights=y if w is None else w * y, minlength=size)
         g = self.grid
-        wsum = None
-        if g.weight is not None and w is not None:
+        wsum = w2sum = None
+        if g.weight is not None and g.weight2 is not None and w is not None:
             wsum = g.weight + torch.bincount(idx, weights=w, minlength=size).view(G, GRID + 1)
-        self.grid = GridCounts(g.count + cnt, g.pos + pos.view(G, GRID + 1), wsum)
+            w2 = torch.bincount(idx, weights=w * w, minlength=size).view(G, GRID + 1)
+            w2sum = g.weight2 + w2
+        self.grid = GridCounts(g.count + cnt, g.pos + pos.view(G, GRID + 1), wsum, w2sum)
 
     def grid_of_values(self) -> float | None:
         """The coarsest of the grids 0.1 and 0.05 every confidence seen sits on, else None."""
@@ -428,13 +434,15 @@ def _check_names(group_names: list[str] | None, G: int, grouped: bool) -> list[s
 
 
 def _weighted(s: BinnedStats, weight: Tensor | None) -> BinnedStats:
-    return BinnedStats(s.count, s.conf, s.acc, s.conf2, s.conf_acc, weight=weight)
+    w2 = None if weight is None else torch.zeros_like(weight)  # sum w * w (zero stats only)
+    return BinnedStats(s.count, s.conf, s.acc, s.conf2, s.conf_acc, weight=weight, weight2=w2)
 
 
 def _cat(a: BinnedStats, b: BinnedStats) -> BinnedStats:
     w = None if a.weight is None or b.weight is None else torch.cat([a.weight, b.weight])
+    w2 = None if a.weight2 is None or b.weight2 is None else torch.cat([a.weight2, b.weight2])
     c = [torch.cat(p) for p in zip(_fields(a), _fields(b), strict=True)]
-    return BinnedStats(c[0], c[1], c[2], c[3], c[4], weight=w)
+    return BinnedStats(c[0], c[1], c[2], c[3], c[4], weight=w, weight2=w2)
 
 
 def _fields(s: BinnedStats) -> tuple[Tensor, ...]:

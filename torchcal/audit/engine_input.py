@@ -349,7 +349,7 @@ def state_of_engine(result: EngineAudit) -> AuditState:
     st = result.state
     grid = None
     if result.grid is not None:
-        names, count, pos, w = result.grid
+        names, count, pos, w, w2 = result.grid
         order = [names.index(g) for g in st.groups if g in names]
         if len(order) == len(st.groups):
             idx = torch.tensor(order, dtype=torch.int64)
@@ -357,6 +357,7 @@ def state_of_engine(result: EngineAudit) -> AuditState:
                 torch.from_numpy(count)[idx],
                 torch.from_numpy(pos)[idx],
                 None if w is None else torch.from_numpy(w)[idx],
+                None if w2 is None else torch.from_numpy(w2)[idx],
             )
     read, rej = _read_log(st, result.text)
     return state_of_binned(st, grid=grid, sample=result.sample, read_log=read, rejected=rej)
@@ -375,6 +376,7 @@ def report_from_state(
     alpha: float = 0.05,
     power: float = 0.8,
     sample: dict[str, Any] | None = None,
+    weights: str = "importance",
 ) -> AuditReport:
     """The audit report of a state; rows the producer rejected are named in the warnings.
 
@@ -393,7 +395,7 @@ def report_from_state(
     settings = AuditSettings(
         threshold=threshold, tolerance=tolerance, alpha=alpha, power=power, seed=seed,
         cost_error=cost_error, cost_escalation=cost_escalation,
-        fit_temperature=fit_temperature, min_group=min_group,
+        fit_temperature=fit_temperature, min_group=min_group, weights=weights,
     )  # fmt: skip
     st = state_of_binned(state, sample=sample)
     if st.n_rows == 0:

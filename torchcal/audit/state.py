@@ -20,7 +20,7 @@ from torch import Tensor
 
 from torchcal.functional._checks import check_bool, check_int, check_number
 from torchcal.functional.calibration.binning import BinnedStats, bin_index
-from torchcal.functional.verdict import check_alpha
+from torchcal.functional.verdict import check_alpha, check_weights
 
 #: the finest grid whose per-value counts are kept (values k / GRID)
 GRID = 100
@@ -55,7 +55,9 @@ class AuditSettings:
     ``n_bins`` (``None``: 10, or one bin per value on a 0.05/0.1 grid), ``seed`` (any int),
     ``cost_error``/``cost_escalation`` (both or neither), ``fit_temperature``, ``min_group``
     (groups below it get a warning), ``sample_size`` (rows kept for the page and the fit) and
-    ``max_unparsed`` (the share of rejected rows above which the input is refused).
+    ``max_unparsed`` (the share of rejected rows above which the input is refused) and
+    ``weights`` (how the verdict reads sample weights: ``"importance"``, by their effective
+    sample size, or ``"frequency"``, as repetitions; docs/design.md section 6f).
 
     Example:
         >>> AuditSettings(threshold=0.8).rule
@@ -78,6 +80,7 @@ class AuditSettings:
     min_group: int = 200
     sample_size: int = 20000
     max_unparsed: float = 0.01
+    weights: str = "importance"
 
     def __post_init__(self) -> None:
         if self.threshold is not None:
@@ -115,6 +118,7 @@ class AuditSettings:
         m = check_number("max_unparsed", self.max_unparsed)
         if not m < 1:
             raise ValueError(f"max_unparsed: expected a fraction in [0, 1), got {m}")
+        check_weights(self.weights)
 
     @property
     def rule(self) -> str:
@@ -132,12 +136,14 @@ class AuditSettings:
 @dataclass(frozen=True)
 class GridCounts:
     """Exact per-value counts on the 0.01 grid, ``(G, GRID + 1)`` per group: ``count`` rows,
-    ``pos`` the outcome sum (weighted: sum w y), ``weight`` sum w (``None`` unweighted).
+    ``pos`` the outcome sum (weighted: sum w y), ``weight`` sum w and ``weight2`` sum w * w
+    (``None`` unweighted).
     Filled only while every kept confidence is a multiple of 0.01 (to 1e-9)."""
 
     count: Tensor
     pos: Tensor
     weight: Tensor | None = None
+    weight2: Tensor | None = None
 
     def step(self) -> float | None:
         """The coarsest of the grids 0.1 and 0.05 every counted value sits on, else None."""
@@ -152,7 +158,8 @@ class GridCounts:
     def take(self, index: Tensor) -> GridCounts:
         """The rows ``index`` (a permutation or selection of the groups)."""
         w = None if self.weight is None else self.weight[index]
-        return GridCounts(self.count[index], self.pos[index], w)
+        w2 = None if self.weight2 is None else self.weight2[index]
+        return GridCounts(self.count[index], self.pos[index], w, w2)
 
 
 def grid_stats(grid: GridCounts, step: float) -> BinnedStats:
@@ -181,6 +188,7 @@ def grid_stats(grid: GridCounts, step: float) -> BinnedStats:
         per_bin(mass * values * values),
         per_bin(grid.pos * values),
         weight=None if grid.weight is None else per_bin(grid.weight),
+        weight2=None if grid.weight2 is None else per_bin(grid.weight2),
     )
 
 

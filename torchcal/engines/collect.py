@@ -37,13 +37,14 @@ Run = Callable[[str], Sequence[Sequence[Any]]]
 
 @dataclass(frozen=True)
 class EngineAudit:
-    """What :func:`collect` returns: ``state``; ``grid`` ``(names, count, pos, weight)``
-    arrays ``(G, GRID + 1)`` (``weight`` None unweighted) or None; ``sample`` (``preds``,
+    """What :func:`collect` returns: ``state``; ``grid`` ``(names, count, pos, weight,
+    weight2)`` arrays ``(G, GRID + 1)`` (``weight``, ``weight2`` the sums of w and w * w, None
+    unweighted) or None; ``sample`` (``preds``,
     ``target``, ``group`` lists, ordered by the seeded key) or None; ``text`` per text
     prediction column ``{percent, unparsed, missing, example}``."""
 
     state: BinnedState
-    grid: tuple[list[str], np.ndarray, np.ndarray, np.ndarray | None] | None
+    grid: tuple[list[str], np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None
     sample: dict[str, list[Any]] | None
     text: dict[str, dict[str, Any]]
 
@@ -104,7 +105,7 @@ def _step(count: np.ndarray) -> float | None:
 
 def _grid(
     run: Run, source: str, kw: dict[str, Any]
-) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray | None] | None:
+) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None:
     """The per-(group, value) counts, or None when a kept confidence is off the 0.01 grid
     (found by a query that stops at the first such row)."""
     d = _D[kw["dialect"]]
@@ -114,7 +115,11 @@ def _grid(
     if int(run(probe)[0][0]):
         return None
     S = d["sum"]
-    sums = f"{S}(w * o), {S}(w)" if kw["weight"] else "SUM(o), CAST(NULL AS DOUBLE)"
+    sums = (
+        f"{S}(w * o), {S}(w), {S}(w * w)"
+        if kw["weight"]
+        else "SUM(o), CAST(NULL AS DOUBLE), CAST(NULL AS DOUBLE)"
+    )
     q = (
         f"{with_sql}\nSELECT g, CAST(ROUND(c * {GRID}) AS {d['int']}) AS k, COUNT(*), {sums} "
         f"FROM scored WHERE reason IS NULL GROUP BY g, k"
@@ -125,13 +130,15 @@ def _grid(
     count = np.zeros((len(names), GRID + 1), np.int64)
     pos = np.zeros((len(names), GRID + 1), np.float64)
     wsum = np.zeros((len(names), GRID + 1), np.float64) if kw["weight"] else None
-    for g, k, n, p, w in rows:
+    w2sum = None if wsum is None else wsum.copy()
+    for g, k, n, p, w, w2 in rows:
         i = pos_of[str(g)]
         count[i, int(k)] = int(n)
         pos[i, int(k)] = float(p)
-        if wsum is not None:
+        if wsum is not None and w2sum is not None:
             wsum[i, int(k)] = float(w)
-    return names, count, pos, wsum
+            w2sum[i, int(k)] = float(w2)
+    return names, count, pos, wsum, w2sum
 
 
 def _sample(

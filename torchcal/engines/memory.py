@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from torchcal.engines._names import locate_columns
+from torchcal.engines._state_checks import check_cells
 from torchcal.engines.rules import Rows, reasons_of
 from torchcal.engines.sql import parse_text
 from torchcal.engines.state import (
@@ -116,6 +117,7 @@ def state_from_arrays(
         kept_g = np.array([str(v) for v in g[keep]], dtype=object)
         names = sorted(set(kept_g.tolist())) or [UNGROUPED]
         ids = np.searchsorted(np.array(names, dtype=object), kept_g).astype(np.int64)
+    check_cells(len(names), 1, n_bins, "groups")  # before allocating
     header = StateHeader(
         n_bins=n_bins,
         reading="binary" if C == 1 else "confidence",
@@ -138,7 +140,8 @@ def state_from_arrays(
         stats = BinnedStats.zeros(G, 1, B)
         if w is not None:
             s = stats
-            stats = BinnedStats(s.count, s.conf, s.acc, s.conf2, s.conf_acc, weight=s.conf.clone())
+            w0 = s.conf.clone()
+            stats = BinnedStats(s.count, s.conf, s.acc, s.conf2, s.conf_acc, w0, w0.clone())
         z = torch.zeros(G, 1, B, dtype=torch.float64)
         return BinnedState(header, tuple(names), stats, z, z.clone())
     prep = prepare_inputs(p, t, reading=reading, input="probs", groups=gt, num_groups=G)

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from torchcal.functional.calibration.weights import WEIGHT_MAX, WEIGHT_MIN
+
 
 @dataclass(frozen=True)
 class Rows:
@@ -65,7 +67,7 @@ def _label_bad(r: Rows) -> np.ndarray:
 
 def _weight_bad(r: Rows) -> np.ndarray:
     w = np.asarray(r.w, dtype=np.float64)
-    return ~(np.isfinite(w) & (w >= 0))
+    return ~((w == 0) | ((w >= WEIGHT_MIN) & (w <= WEIGHT_MAX)))
 
 
 def _label_sql(s: Sql) -> str:
@@ -104,8 +106,9 @@ ROW_RULES: tuple[RowRule, ...] = (
             _label_sql, _label_bad),
     RowRule("group_null", "a missing group", "group", lambda s: "g IS NULL",
             lambda r: np.array([v is None for v in (r.g if r.g is not None else ())], bool)),
-    RowRule("weight_invalid", "a missing, NaN, negative or infinite weight", "weight",
-            lambda s: f"w IS NULL OR NOT (w >= 0 AND w < {s.inf})",
+    RowRule("weight_invalid", f"a missing or NaN weight, or one not 0 nor in [{WEIGHT_MIN:g}, "
+            f"{WEIGHT_MAX:g}] (w * w would under- or overflow)", "weight",
+            lambda s: f"w IS NULL OR NOT (w = 0 OR (w >= {WEIGHT_MIN!r} AND w <= {WEIGHT_MAX!r}))",
             lambda r: _weight_bad(r)),
 )  # fmt: skip
 #: why a row was left out, in the order the checks run (the first that applies counts)

@@ -11,9 +11,9 @@ non-empty cell plus one row per (reason, group) of rejected rows. The rule, as i
   ``1.0`` is in the last bin (``width_bucket`` puts it in bin ``B + 1``);
 * rows are rejected, first reason first: ``preds_null``, ``preds_nan``, ``preds_out_of_range``
   (outside [0, 1]), ``label_invalid`` (NULL or not 0/1), ``group_null``, ``weight_invalid``
-  (NULL, NaN, negative or infinite); they are counted by reason and enter no sum;
+  (NULL, NaN, or not 0 nor in [1e-100, 1e100]); they are counted by reason and enter no sum;
 * per cell: ``COUNT(*)`` (an integer), the sums of ``c``, ``y``, ``c * c``, ``c * y`` (weighted:
-  ``w * c``, ``w * y``, ``w * (c * c)``, ``w * (c * y)`` and ``w``), the NLL ``-ln(q)`` with
+  ``w * c``, ``w * y``, ``w * (c * c)``, ``w * (c * y)``, ``w`` and ``w * w``), the NLL ``-ln(q)`` with
   ``q = c`` if ``y = 1`` else ``1 - c`` (``+inf`` at ``q = 0``; weight 0 adds 0) and the right
   decisions ``(c >= 0.5) = (y = 1)``.
 
@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchcal.engines._state_checks import check_cells
 from torchcal.engines.rules import Sql, sql_case
 from torchcal.engines.state import REJECT_REASONS, UNGROUPED, BinnedState, StateHeader
 from torchcal.functional._checks import check_int
@@ -292,7 +293,8 @@ def state_sql(
     Output columns: ``reason`` (NULL for kept rows), ``grp`` (the group as a string, ``'all'``
     without ``group``), ``bin`` (NULL for rejected rows), ``n``, ``sum_c``, ``sum_y``,
     ``sum_c2``, ``sum_cy``, ``sum_w`` (NULL when unweighted), ``nll``, ``hits``, ``saturated``
-    (kept rows with a probability exactly 0 or 1). Columns named
+    (kept rows with a probability exactly 0 or 1), ``sum_w2`` (the sum of ``w * w``; NULL
+    when unweighted). Columns named
     in ``text`` are text parsed by the readers' rule (:func:`text_value_sql`; a value that is
     no number nor percent is ``preds_unparsed``).
 
@@ -327,8 +329,9 @@ def state_sql(
     pv = [f"p{k}" for k in range(len(_as_columns(preds)))]
     edge = " OR ".join(f"{v} = 0 OR {v} = 1" for v in pv)
     sat = f"SUM(CASE WHEN reason IS NULL AND ({edge}) THEN 1 ELSE 0 END) AS saturated"
+    w2 = f"{S}(w * w)" if weight else f"CAST(NULL AS {dbl})"
     return f"""{with_sql}
-SELECT reason, g AS grp, bin, COUNT(*) AS n, {sums}, {sat}
+SELECT reason, g AS grp, bin, COUNT(*) AS n, {sums}, {sat}, {w2} AS sum_w2
 FROM scored
 GROUP BY reason, g, bin"""
 
@@ -348,16 +351,22 @@ def state_from_rows(rows: Iterable[Sequence[Any]], header: StateHeader) -> Binne
     names = sorted({str(r[1]) for r in kept}) or [UNGROUPED]
     pos = {g: i for i, g in enumerate(names)}
     B = header.n_bins
+    check_cells(len(names), 1, B, "groups")  # before allocating
     shape = (len(names), 1, B)
     count = np.zeros(shape, np.int64)
-    vals = np.zeros((7, *shape), np.float64)  # sum_c, sum_y, sum_c2, sum_cy, sum_w, nll, hits
+    # sum_c, sum_y, sum_c2, sum_cy, sum_w, nll, hits, sum_w2 (after saturated)
+    vals = np.zeros((8, *shape), np.float64)
     for r in kept:
         gi, b = pos[str(r[1])], int(r[2])
         count[gi, 0, b] = int(r[3])
-        vals[:, gi, 0, b] = [np.nan if v is None else float(v) for v in r[4:11]]
+        got = [*r[4:11], r[12] if len(r) > 12 else None]
+        vals[:, gi, 0, b] = [np.nan if v is None else float(v) for v in got]
     t = [torch.from_numpy(v.copy()) for v in vals]
     weighted = header.weight is not None
-    stats = BinnedStats(torch.from_numpy(count), *t[:4], weight=t[4] if weighted else None)
+    stats = BinnedStats(
+        torch.from_numpy(count), t[0], t[1], t[2], t[3],
+        weight=t[4] if weighted else None, weight2=t[7] if weighted else None,
+    )  # fmt: skip
     sat = sum(int(r[11] or 0) for r in kept if len(r) > 11)
     h = replace(header, rows_seen=seen, rows_rejected=rejected, rows_saturated=sat)
     return BinnedState(h, tuple(names), stats, t[5], t[6])

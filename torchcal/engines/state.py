@@ -11,6 +11,8 @@ One row per non-empty (group, slot, bin) cell (docs/design.md section 6f)::
     sum_c2  float64  sum of c * c      (weighted: sum w (c c))
     sum_cy  float64  sum of c * y      (weighted: sum w (c y))
     sum_w   float64  sum of w          (only in weighted states)
+    sum_w2  float64  sum of w * w      (weighted states; absent in those written before it:
+                     their importance-weight verdict is refused, docs/design.md 6f)
     nll     float64  sum of -log p(y)  (weighted: sum w nll; null where the producer had none)
     right   float64  rows decided right: binary (c >= 0.5) == y, confidence argmax == y
                      (weighted: their weight; null where the producer had none)
@@ -20,6 +22,12 @@ The file's schema metadata holds the header under the key ``torchcal.state`` (JS
 ``num_classes``, ``columns`` (preds, label), ``group``, ``weight`` (column names or null),
 ``rows_seen``, ``rows_rejected`` (reason -> rows), ``producer``, ``rows_saturated`` (kept rows
 with a probability exactly 0 or 1; 0 where the producer did not count them).
+
+Reading a state applies its rules (``torchcal/engines/_state_checks.py``): every header field
+of its type and range, at most ``MAX_CELLS`` cells (checked before allocating), and cells the
+rows could have produced (whole counts >= 1, finite sums, ``0 <= sum_y <= n``, ``sum_c`` in its
+bin's range, ``rows_seen`` = kept + rejected); a failure is one ``ValueError`` naming the file
+and the field or the cell.
 
 :func:`merge_states` adds states of one configuration (any other header field that differs is
 an error naming it): counts as integers, every float sum as ``math.fsum`` over the parts, the
@@ -40,6 +48,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchcal.engines import _state_checks as _checks
 from torchcal.engines.rules import REJECT_REASONS as _REASONS
 from torchcal.functional.calibration.binning import BinnedStats
 
@@ -48,6 +57,7 @@ __all__ = ["BinnedState", "StateHeader", "merge_states", "read_state", "read_sta
 SCHEMA_VERSION = 1
 METADATA_KEY = b"torchcal.state"
 BIN_RULE = "min(floor(float64(c) * B), B - 1)"
+KIND = "torchcal.binned_state"
 #: why a row was left out (torchcal/engines/rules.py: the one table)
 REJECT_REASONS = _REASONS
 REJECT_REASONS = (
@@ -92,7 +102,7 @@ class StateHeader:
     producer: str = "torchcal"
     rows_saturated: int = 0
     schema_version: int = SCHEMA_VERSION
-    kind: str = "torchcal.binned_state"
+    kind: str = "torchcal.binned_state"  # KIND
     bin_rule: str = BIN_RULE
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,14 +125,14 @@ class StateHeader:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "state") -> StateHeader:
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: the state header is a {type(d).__name__}, not an object")
         missing = [k for k in (*CONFIG_FIELDS, "rows_seen", "rows_rejected") if k not in d]
         if missing:
             raise ValueError(f"{where}: the header lacks {', '.join(missing)}")
-        if d["schema_version"] != SCHEMA_VERSION:
-            raise ValueError(
-                f"{where}: schema_version is {d['schema_version']!r}, this torchcal reads "
-                f"{SCHEMA_VERSION}"
-            )
+        fixed = {"schema_version": SCHEMA_VERSION, "kind": KIND, "bin_rule": BIN_RULE}
+        _checks.check_header(d, where, fixed)
+        _checks.check_reasons(d["rows_rejected"], REJECT_REASONS, where)
         return cls(
             n_bins=int(d["n_bins"]),
             reading=str(d["reading"]),
@@ -201,6 +211,8 @@ class BinnedState:
             cols[name] = pa.array(t.numpy()[g, k, b], pa.float64())
         if s.weight is not None:
             cols["sum_w"] = pa.array(s.weight.numpy()[g, k, b], pa.float64())
+        if s.weight2 is not None:
+            cols["sum_w2"] = pa.array(s.weight2.numpy()[g, k, b], pa.float64())
         for name, t in (("nll", self.nll), ("right", self.right)):
             if t is None:
                 cols[name] = pa.nulls(len(g), pa.float64())
@@ -218,14 +230,17 @@ class BinnedState:
                 f"{where}: not a torchcal state (no {METADATA_KEY.decode()!r} header in the "
                 f"file's metadata)"
             )
-        header = StateHeader.from_dict(json.loads(meta[METADATA_KEY]), where)
+        header = StateHeader.from_dict(_checks.parse_header(meta[METADATA_KEY], where), where)
         need = ["group", "slot", "bin", "n", *_SUMS, "nll", "right"]
         if header.weight is not None:
             need.append("sum_w")
         missing = [c for c in need if c not in table.column_names]
         if missing:
             raise ValueError(f"{where}: the state table lacks the columns {missing}")
+        if header.weight is not None and "sum_w2" in table.column_names:
+            need.append("sum_w2")  # absent in weighted states written before it
         d = {c: table.column(c).to_numpy(zero_copy_only=False) for c in need}
+        n_cells, slot, b = _checks.cell_indices(d, where)
         names = sorted(set(d["group"].tolist()))
         if not names and header.group is None:  # an ungrouped state without rows
             names = [UNGROUPED]
@@ -234,12 +249,14 @@ class BinnedState:
         gi = np.searchsorted(np.array(names, dtype=object), d["group"]).astype(np.int64)
         K = 1 if header.reading in ("binary", "confidence") else header.num_classes
         B = header.n_bins
-        slot, b = d["slot"].astype(np.int64), d["bin"].astype(np.int64)
         if len(b) and (b.min() < 0 or b.max() >= B or slot.min() < 0 or slot.max() >= K):
             raise ValueError(f"{where}: bins must lie in [0, {B}) and slots in [0, {K})")
+        _checks.check_cells(len(names), K, B, where)  # before any dense allocation
+        _checks.check_cell_values(d, n_cells, b, B, header.weight is not None, where)
         flat = (gi * K + slot) * B + b
         if len(np.unique(flat)) != len(flat):
             raise ValueError(f"{where}: a (group, slot, bin) cell appears twice")
+        _checks.check_rows(header, int(n_cells.sum()), where)
         shape = (len(names), K, B)
 
         def dense(v: np.ndarray, dtype: Any) -> Tensor:
@@ -249,7 +266,8 @@ class BinnedState:
 
         sums = [dense(d[c].astype(np.float64), np.float64) for c in _SUMS]
         weight = None if header.weight is None else dense(d["sum_w"], np.float64)
-        stats = BinnedStats(dense(d["n"].astype(np.int64), np.int64), *sums, weight=weight)
+        weight2 = dense(d["sum_w2"], np.float64) if "sum_w2" in d else None
+        stats = BinnedStats(dense(n_cells, np.int64), *sums[:4], weight, weight2)
         opt = {}
         for name in ("nll", "right"):
             v = d[name].astype(np.float64)
@@ -333,8 +351,10 @@ def _check_same(states: Sequence[BinnedState], names: Sequence[str]) -> None:
     first = states[0].header.to_dict()
     for st, name in zip(states[1:], names[1:], strict=True):
         h = st.header.to_dict()
-        for f in CONFIG_FIELDS:
-            if h[f] != first[f]:
+        for f in (*CONFIG_FIELDS, "columns"):
+            if f == "columns" and not (h[f] and first[f]):  # a metric's state names none
+                continue
+            if h[f] != first[f] or type(h[f]) is not type(first[f]):
                 raise ValueError(
                     f"{name}: {f} is {h[f]!r} but {names[0]} has {first[f]!r}: states of "
                     f"other configurations cannot be merged"
@@ -400,6 +420,7 @@ def merge_states(states: Iterable[BinnedState], names: Sequence[str] | None = No
         merged(lambda s: s.stats.conf2),  # type: ignore[arg-type]
         merged(lambda s: s.stats.conf_acc),  # type: ignore[arg-type]
         weight=merged(lambda s: s.stats.weight),
+        weight2=merged(lambda s: s.stats.weight2),
     )
     h0 = states[0].header
     rejected = {r: sum(st.header.rows_rejected.get(r, 0) for st in states) for r in REJECT_REASONS}

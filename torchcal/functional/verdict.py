@@ -29,10 +29,14 @@ from torch import Tensor
 
 from torchcal.functional._checks import check_number
 from torchcal.functional.calibration.binning import BinnedStats
-from torchcal.functional.decision import window_gap_from_stats
+from torchcal.functional.decision import _window_bins, window_gap_from_stats
 
 #: verdict codes of :func:`decide`
 PASS, FAIL, INCONCLUSIVE = 0, 1, 2
+#: how the tests read sample weights (docs/design.md section 6f): ``importance`` by the
+#: effective sample size ``(sum w)^2 / sum w^2`` (Kish; scale-free), ``frequency`` as
+#: repetitions (``sum w`` rows: integer weights give the repeated dataset's verdict)
+WEIGHTS = ("importance", "frequency")
 
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 
@@ -43,6 +47,29 @@ def check_alpha(alpha: float) -> float:
     if not a < 0.5:
         raise ValueError(f"alpha: expected a level in (0, 0.5), e.g. 0.05, got {alpha!r}")
     return a
+
+
+def check_weights(weights: str) -> str:
+    """``weights`` one of :data:`WEIGHTS`."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights: expected one of {WEIGHTS}, got {weights!r}")
+    return weights
+
+
+def design_factor(stats: BinnedStats, weights: str) -> Tensor | None:
+    """Per bin ``sum w^2 / sum w`` (the variance of a weighted sum over that of the rows it
+    counts; 0 in a bin of weight 0), or ``None`` where the tests read counts (unweighted
+    statistics, or ``frequency`` weights). Importance weights need ``stats.weight2``."""
+    if stats.weight is None or check_weights(weights) == "frequency":
+        return None
+    if stats.weight2 is None:
+        raise ValueError(
+            "weights: importance weights are read by their effective sample size, which needs "
+            "the sum of w^2 per bin (a state written before it had one: re-create it, or read "
+            "integer repetition counts with weights='frequency')"
+        )
+    w = stats.weight
+    return torch.where(w > 0, stats.weight2 / torch.where(w > 0, w, 1.0), 0.0)
 
 
 def _z(q: float) -> float:
@@ -107,6 +134,7 @@ def window_gap_test(
     alpha: float = 0.05,
     family: int = 1,
     power: float = 0.8,
+    weights: str = "importance",
 ) -> dict[str, Tensor]:
     """Test the calibration gap in the window ``[lo, hi)`` (bin edges of ``stats``
     ``(..., K, B)``; slots pooled) against ``tolerance``.
@@ -130,6 +158,10 @@ def window_gap_test(
       (Holm's first step) finds with probability ``power``: ``tolerance + (z_{1 - alpha /
       family} + z_power) sqrt(c (1 - c) / n)``.
 
+    Weighted statistics: the score test counts ``n_eff = (sum w)^2 / sum w^2`` trials in the
+    window and ``accuracy * n_eff`` hits with ``weights="importance"`` (Kish: scale-free), the
+    weight total with ``"frequency"`` (docs/design.md section 6f).
+
     Returns ``n``, ``confidence``, ``accuracy``, ``gap``, ``accuracy_ci`` (95 % Wilson, as in
     the reliability tables), ``gap_ci``
     (``(..., 2)``), ``p_pass``, ``p_fail``, ``detectable``; NaN where the window is empty.
@@ -150,6 +182,11 @@ def window_gap_test(
     n, conf, acc = w["n"], w["confidence"], w["accuracy"]
     nf = w["mass"]  # the row count, or the weight total (frequency weights: repeated rows)
     hits = torch.round(acc * nf)  # a count of 0/1 outcomes: exact after rounding
+    if design_factor(stats, weights) is not None:  # importance weights: Kish's n_eff
+        a, b = _window_bins(stats, lo, hi)
+        w2 = stats.weight2[..., a:b].sum((-2, -1))  # type: ignore[index]
+        nf = torch.where(w2 > 0, nf * nf / torch.where(w2 > 0, w2, 1.0), 0.0)
+        hits = acc * nf
     w_lo, w_hi = wilson_cc_interval(hits, nf, level=1 - 2 * alpha)
     q_over, q_under = conf - tol, conf + tol
     p_over = torch.where(q_over > 0, _score_tail(hits, q_over, nf, upper=False), 1.0)
@@ -198,6 +235,7 @@ def ece_test_from_stats(
     alpha: float = 0.05,
     family: int = 1,
     power: float = 0.8,
+    weights: str = "importance",
 ) -> dict[str, Tensor]:
     """Test the binned L1 ECE of ``(..., K, B)`` statistics against ``tolerance``.
 
@@ -223,6 +261,12 @@ def ece_test_from_stats(
     * ``detectable``: the ECE that a FAIL at level ``alpha / family`` finds with probability
       ``power``: ``tolerance + sqrt(2 / pi) S + (z_{1 - alpha / family} + z_power) L``.
 
+    Weighted statistics (``n`` the weight total, ``D_b = sum w (c - y)``): with
+    ``weights="importance"`` bin ``b``'s variance is ``sum w c (1 - c)`` times ``sum w^2 /
+    sum w`` (Kish's design effect, exact when ``c (1 - c)`` does not vary with ``w`` in the
+    bin), so multiplying every weight by a constant changes no number; with ``"frequency"``
+    it is ``sum w c (1 - c)`` (``w`` repetitions of each row; docs/design.md section 6f).
+
     ``p_pass <= alpha`` exactly when ``high < tolerance`` and ``p_fail <= alpha`` exactly when
     ``low > tolerance``. Returns ``ece``, ``debiased``, ``clipped`` (bool), ``ci``
     (``(..., 2)``), ``p_pass``, ``p_fail``, ``detectable``, ``scale`` (``S``) and
@@ -246,6 +290,9 @@ def ece_test_from_stats(
     safe_n = torch.where(n > 0, n, 1.0)  # a weight total may be below 1
     d = (stats.conf - stats.acc).flatten(-2)
     var = (stats.conf - stats.conf2).flatten(-2).clamp_min(0)  # sum c (1 - c) per bin
+    k = design_factor(stats, weights)
+    if k is not None:  # importance weights: Var sum w (c - y) ~ sum w c (1 - c) * w2 / w
+        var = var * k.flatten(-2)
     T = d.abs().sum(-1) / safe_n
     sd = torch.sqrt(var) / safe_n[..., None]
     S = sd.sum(-1)

@@ -44,6 +44,9 @@ class BinnedStats:
             (:meth:`mass`): frequency weights, so integer weights give the numbers of the
             dataset with each row repeated ``w`` times (docs/design.md section 6f).
             ``count`` stays the number of rows.
+        weight2: ``None``, or the sum of the squared weights per bin (float64, with
+            ``weight``): the verdict reads importance weights by their effective sample size
+            ``weight ** 2 / weight2`` (Kish; docs/design.md section 6f).
 
     Example:
         >>> import torch
@@ -61,6 +64,7 @@ class BinnedStats:
     conf_acc: Tensor
     # --- sample weights (issue 20; docs/design.md section 6f) ---
     weight: Tensor | None = None
+    weight2: Tensor | None = None
 
     def mass(self) -> Tensor:
         """float64 ``count`` (unweighted) or ``weight`` (weighted): the ``n`` of every
@@ -89,7 +93,9 @@ class BinnedStats:
                 f"other: expected statistics of shape {tuple(self.count.shape)}, "
                 f"got {tuple(other.count.shape)}"
             )
-        if (self.weight is None) != (other.weight is None):
+        if (self.weight is None) != (other.weight is None) or (self.weight2 is None) != (
+            other.weight2 is None
+        ):
             raise ValueError(
                 "other: cannot add weighted and unweighted statistics (one has weight sums, "
                 "the other not)"
