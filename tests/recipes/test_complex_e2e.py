@@ -8,18 +8,14 @@ import types
 
 import pytest
 import torch
+from _complex_helpers import QUIET, TINY_FAMILY
 
 from recipes.complex_link_prediction import audit as audit_mod
 from recipes.complex_link_prediction.cli import build_parser, main
 from recipes.complex_link_prediction.report import TIMING_KEYS
 
 TINY = [
-    "--data.dataset",
-    "family",
-    "--data.num_families",
-    "3",
-    "--data.generations",
-    "4",
+    *TINY_FAMILY,
     "--data.batch_size",
     "400",
     "--model.rank",
@@ -325,12 +321,7 @@ def _world(tmp_path, test_rows, extra_train=()):
         _tsv(tmp_path / "test.tsv", test_rows),
         "--model.rank",
         "4",
-        "--trainer.enable_progress_bar",
-        "false",
-        "--trainer.logger",
-        "false",
-        "--audit.plots",
-        "false",
+        *QUIET,
         "--monitor",
         "false",
         "--output_dir",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from _complex_helpers import small_module
 
 from recipes.complex_link_prediction.audit import auc
 from recipes.complex_link_prediction.datasets import KGData, load_dataset, with_reciprocals
@@ -16,7 +17,7 @@ from recipes.complex_link_prediction.evaluation import (
     ranking_metrics,
 )
 from recipes.complex_link_prediction.items import stratified_halves, triple_items
-from recipes.complex_link_prediction.model import ComplEx, ComplExModule, sample_corruptions
+from recipes.complex_link_prediction.model import ComplEx, sample_corruptions
 
 
 def _random_kg(g, n_ent=12, n_rel=3, n=60):
@@ -196,18 +197,8 @@ def test_recipe_docstring_examples(name):
 def test_training_step_is_the_proper_score_plus_n3(mode, loss):
     data = load_dataset("family", num_families=3, generations=4, seed=0)
     k, reg, seed = 3, 0.05, 11
-    module = ComplExModule(
-        data.num_entities,
-        data.num_relations,
-        data.train,
-        data.known(),
-        rank=6,
-        init_scale=0.3,
-        mode=mode,
-        loss=loss,
-        num_negatives=k,
-        regularization=reg,
-        seed=seed,
+    module = small_module(
+        data, mode=mode, loss=loss, num_negatives=k, regularization=reg, seed=seed
     )
     batch = with_reciprocals(data.train, data.num_relations)[:64]
     h, r, t = batch.unbind(1)

@@ -9,6 +9,7 @@ import pathlib
 import pytest
 import torch
 import torch.nn.functional as F
+from _complex_helpers import QUIET, TINY_FAMILY, small_module
 
 from recipes.complex_link_prediction.cli import build_parser, main
 from recipes.complex_link_prediction.data import KGDataModule
@@ -53,16 +54,7 @@ def _reference(m, h, r, t, loss, reg):
 @pytest.mark.parametrize("loss", ["log", "brier"])
 def test_grouped_loss_and_gradients_equal_the_per_triple_ones(data, loss):
     reg = 0.05
-    module = ComplExModule(
-        data.num_entities,
-        data.num_relations,
-        data.train,
-        data.known(),
-        rank=6,
-        init_scale=0.3,
-        loss=loss,
-        regularization=reg,
-    ).double()
+    module = small_module(data, loss=loss, regularization=reg).double()
     m = module.model
     dm = KGDataModule(data, batch_size=16, seed=1, group_queries=True)
     queries, query_index, tails = next(iter(dm.train_dataloader()))
@@ -108,22 +100,12 @@ def test_grouped_queries_only_in_one_to_n(data):
 
 def test_grouped_recipe_end_to_end_and_the_kinships_config(tmp_path, capsys):
     tiny = [
-        "--data.dataset",
-        "family",
-        "--data.num_families",
-        "3",
-        "--data.generations",
-        "4",
+        *TINY_FAMILY,
         "--model.rank",
         "8",
         "--trainer.max_epochs",
         "2",
-        "--trainer.enable_progress_bar",
-        "false",
-        "--trainer.logger",
-        "false",
-        "--audit.plots",
-        "false",
+        *QUIET,
         "--audit.k",
         "5",
         "--data.group_queries",

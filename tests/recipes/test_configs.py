@@ -26,10 +26,13 @@ FAST = [
 ]
 
 
-def _run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+def _run(
+    args: list[str], timeout: float = 300, recipe: str = "complex_link_prediction"
+) -> subprocess.CompletedProcess:
+    """``python -m recipes.<recipe> *args`` in a fresh process at the repository root."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "recipes.complex_link_prediction", *args],
+        [sys.executable, "-m", f"recipes.{recipe}", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -118,13 +121,12 @@ def test_regression_config_at_its_real_settings(config, tmp_path):
     """``python -m recipes.heteroscedastic_regression --config X`` as written (20,000
     evaluation points, about 10 s): exit 0, every forecast scored, the truth calibrated."""
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
+    proc = _run(
         [
-            sys.executable, "-m", "recipes.heteroscedastic_regression", "--config", str(config),
+            "--config", str(config),
             "--output_dir", str(out), "--progress", "false", "--report.plots", "false",
         ],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        recipe="heteroscedastic_regression",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     rep = json.loads((out / "report.json").read_text())
@@ -147,15 +149,14 @@ def test_bakeoff_config_at_reduced_settings(config, tmp_path):
     losses and 3 epochs (its data, test size and metrics as written; the tiny config runs
     in tests/recipes/test_loss_bakeoff.py): exit 0 and a row per loss."""
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
+    proc = _run(
         [
-            sys.executable, "-m", "recipes.loss_bakeoff", "--config", str(config),
+            "--config", str(config),
             "--output_dir", str(out), "--progress", "false", "--report.plots", "false",
             "--seeds", "[0]", "--losses", "[log_score,focal_gamma3]", "--model.epochs", "3",
             "--model.val_every", "1",  # a divisor of the 3 epochs (digits.yaml validates every 5)
         ],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        recipe="loss_bakeoff",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     rep = json.loads((out / "report.json").read_text())
@@ -172,14 +173,13 @@ def test_rl_config_at_reduced_steps(config, tmp_path):
     """``python -m recipes.calibrated_rewards --config X`` at 300 steps (a few seconds):
     exit 0, the proper arm calibrated, the improper one over-confident."""
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
+    proc = _run(
         [
-            sys.executable, "-m", "recipes.calibrated_rewards", "--config", str(config),
+            "--config", str(config),
             "--out", str(out), "--progress", "false", "--plots", "false",
             "--train.steps", "300", "--train.batch_size", "1000", "--eval.per_context", "2000",
         ],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        recipe="calibrated_rewards",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     arms = json.loads((out / "report.json").read_text())["arms"]
