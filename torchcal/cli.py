@@ -461,7 +461,7 @@ def _audit(args: argparse.Namespace) -> int:
     code = codes[report.verdict]
     if args.out is not None:  # before the text: report.json names the diagrams
         paths = report.save(args.out, max_diagrams=args.diagrams)
-    print(report.to_text(), end="")
+    print(report.to_text(console=True), end="")
     if ref is not None:
         comparison = compare(ref, report)
         print(f"\ncompared with {args.reference}:")

@@ -410,3 +410,67 @@ def test_w9_a_merged_state_is_refused_where_its_inputs_glob_would_find_it(parts,
     )
     assert code in (0, 1, 3) and _pooled(out)[0] == 1600, err
     assert _pooled(_run(capsys, "audit", "--state", parts / "all.parquet")[1])[0] == 1600
+
+
+# -- W12, W14: the console shows a summary; names are escaped in report.md --------------------
+
+
+def _report(names, n=60, seed=0):
+    from torchcal.audit.engine_input import report_from_state
+    from torchcal.engines.memory import state_from_arrays
+
+    rng = np.random.default_rng(seed)
+    g = np.repeat(np.array(names, dtype=object), n)
+    p = rng.uniform(size=g.size)
+    y = (rng.uniform(size=g.size) < p).astype(np.int64)
+    return report_from_state(state_from_arrays(p, y, groups=g, n_bins=10))
+
+
+def test_w12_many_groups_print_the_worst_and_a_count_the_files_hold_all(tmp_path, capsys):
+    from torchcal.audit._format import CONSOLE_GROUPS
+
+    names = [f"g{i:04d}" for i in range(500)]
+    r = _report(names, n=30)
+    console, full = r.to_text(console=True), r.to_text()
+    summary = console.split("\n\n")[0].splitlines()
+    assert len(summary) == 3 + CONSOLE_GROUPS + 1  # title, head, pooled, 20 groups, the count
+    assert summary[-1].startswith(f"... and {500 - CONSOLE_GROUPS} more groups (the 20 worst")
+    assert sum(x.startswith("warning: ") for x in console.splitlines()) <= CONSOLE_GROUPS + 1
+    assert all(f"\n{g} " in full for g in names)  # report.txt: every group
+    assert len(console) < len(full) / 5
+    shown = [x.split()[0] for x in summary[3:-1]]
+    worst = sorted(
+        r.groups, key=lambda k: (r.groups[k]["verdict"] != "fail", -r.groups[k]["ece_debiased"])
+    )
+    assert set(shown) == set(worst[:CONSOLE_GROUPS]) or all(
+        r.groups[k]["verdict"] == r.groups[shown[0]]["verdict"] for k in shown
+    )
+    # the command line prints the summary; --out writes every group
+    p, y, _ = _rows(15000)
+    pq.write_table(
+        pa.table({"p": p, "y": y, "g": [names[i % 500] for i in range(15000)]}),
+        tmp_path / "g.parquet",
+    )
+    code, out, err = _run(
+        capsys, "audit", tmp_path / "g.parquet", "--probs", "p", "--label", "y", "--group", "g",
+        "--out", tmp_path / "o", "--diagrams", "0",
+    )  # fmt: skip
+    assert code in (0, 1, 3), err
+    # the summary, the 20 worst groups' reliability tables (10 bins each) and the notes
+    assert "... and 480 more groups" in out and len(out.splitlines()) < 25 + 21 * 10 + 60
+    text = (tmp_path / "o" / "report.txt").read_text()
+    assert all(f"\n{g} " in text for g in names)
+
+
+def test_w14_group_names_are_escaped_in_report_md():
+    from torchcal.audit._format import md_text
+
+    evil = ["<img src=x onerror=alert(1)>", "[click](javascript:alert(1))", "a|b", "*x*"]
+    r = _report(evil + ["plain"], n=40)
+    md = r.to_markdown()
+    assert "<img" not in md and "&lt;img src=x onerror=alert(1)&gt;" in md
+    assert "[click](" not in md and "\\[click\\](javascript" in md
+    assert "| a\\|b |" in md and "\\*x\\*" in md and "| plain |" in md
+    assert md_text("open_qa") == "open_qa" and md_text("_x_") == "\\_x\\_"
+    html_text = r.to_html()
+    assert "<img src=x onerror" not in html_text

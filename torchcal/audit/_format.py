@@ -9,6 +9,8 @@ from typing import Any
 NAME_LIMIT = 60
 #: groups whose reliability table the text and markdown show (the worst first)
 TABLE_GROUPS = 20
+#: groups (and reasons, warnings) the console shows, the worst first; the files show all
+CONSOLE_GROUPS = 20
 
 _SEVERITY = {"fail": 0, "inconclusive": 1, "pass": 2}
 
@@ -104,12 +106,21 @@ def _level(d: dict[str, Any]) -> str:
     return f"{100 * d['settings'].get('interval_level', 0.9):g}%"
 
 
-def _rows(d: dict[str, Any], name: Any = display_name) -> list[list[str]]:
+def _rows(
+    d: dict[str, Any], name: Any = display_name, keep: set[str] | None = None
+) -> list[list[str]]:
     level = _level(d)
     rows = [["pooled"] + _metric_cells(d["pooled"], level)]
     if d["settings"].get("grouped"):
-        rows += [[name(n)] + _metric_cells(s, level) for n, s in d["groups"].items()]
+        rows += [[name(n)] + _metric_cells(s, level) for n, s in d["groups"].items()
+                 if keep is None or n in keep]  # fmt: skip
     return rows
+
+
+def _kept(d: dict[str, Any], limit: int | None) -> set[str] | None:
+    """The groups a console of ``limit`` rows shows (the worst), None for all."""
+    groups = d["groups"] if d["settings"].get("grouped") else {}
+    return None if limit is None or len(groups) <= limit else worst_groups(groups, limit)
 
 
 def _grid(head: list[str], rows: list[list[str]]) -> str:
@@ -148,13 +159,16 @@ def rule_text(d: dict[str, Any]) -> str:
     )
 
 
-def _sections(d: dict[str, Any]) -> list[tuple[str, str, list[str], list[list[str]]]]:
+def _sections(
+    d: dict[str, Any], limit: int | None = None
+) -> list[tuple[str, str, list[str], list[list[str]]]]:
     st = d["settings"]
     title = (
         f"torchcal audit: {d['verdict'].upper()} ({st['n_rows']} rows, reading={st['reading']}, "
         f"{st['n_bins']} bins, tolerance {st['tolerance']:g}, alpha {st.get('alpha', 0.05):g})"
     )
-    out = [("summary", title, _head(d), _rows(d))]
+    keep = _kept(d, limit)
+    out = [("summary", title, _head(d), _rows(d, keep=keep))]
     bins = _bins("pooled", d["pooled"])
     title = "reliability tables (non-empty bins)"
     if st.get("grouped"):
@@ -168,7 +182,8 @@ def _sections(d: dict[str, Any]) -> list[tuple[str, str, list[str], list[list[st
     bin_head = ["group", "bin", "n", "confidence", rate, "95% Wilson"]
     out.append(("reliability", title, bin_head, bins))
     costs = [(n, s.get("cost")) for n, s in [("pooled", d["pooled"]), *d["groups"].items()]]
-    costs = [(n, c) for n, c in costs if c is not None and "threshold" in (c or {})]
+    costs = [(n, c) for n, c in costs if c is not None and "threshold" in (c or {})
+             and (keep is None or n == "pooled" or n in keep)]  # fmt: skip
     if costs:
         head = ["group", "threshold", "automated", "error rate", "95% Wilson", "cost/item", "naive"]
         rows = [
@@ -284,17 +299,63 @@ def note_lines(d: dict[str, Any]) -> list[str]:
     return _concentration_lines(d) + _read_lines(d) + _engine_lines(d)
 
 
-def report_text(d: dict[str, Any]) -> str:
-    """Console text of a report dict."""
+def report_text(d: dict[str, Any], limit: int | None = None) -> str:
+    """Console text of a report dict; with ``limit`` (the console: :data:`CONSOLE_GROUPS`)
+    the ``limit`` worst groups, reasons and warnings, and how many more the files hold."""
     parts = []
-    for _, title, head, rows in _sections(d):
-        parts.append(title + "\n" + _grid(head, rows))
-    parts.append("\n".join(_tail(d)))
+    for i, (_, title, head, rows) in enumerate(_sections(d, limit)):
+        more = len(d["groups"]) - len(rows) + 1 if i == 0 and d["settings"].get("grouped") else 0
+        note = (f"\n... and {more} more groups (the {len(rows) - 1} worst are shown; "
+                f"report.json, report.md and report.txt of --out DIR hold every group)")  # fmt: skip
+        parts.append(title + "\n" + _grid(head, rows) + (note if more > 0 else ""))
+    tail = _tail(d)
+    if limit is not None:
+        tail = _capped(tail, "  - ", limit, "reasons")
+        tail = _capped(tail, "warning: ", limit, "warnings")
+    parts.append("\n".join(tail))
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
+def _capped(lines: list[str], prefix: str, limit: int, what: str) -> list[str]:
+    """``lines`` with at most ``limit`` of those starting with ``prefix``, then a count."""
+    hits = [i for i, x in enumerate(lines) if x.startswith(prefix)]
+    if len(hits) <= limit:
+        return lines
+    drop = set(hits[limit:])
+    out = [x for i, x in enumerate(lines) if i not in drop]
+    at = hits[limit - 1] + 1 if limit else hits[0]
+    more = f"{prefix}... and {len(drop)} more {what} (every one is in report.json)"
+    return out[:at] + [more] + out[at:]
+
+
 def _md_cell(text: str) -> str:
+    """A markdown table cell: ``|`` escaped, ``&``, ``<``, ``>`` as HTML entities (no tag)."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return text.replace("|", "\\|")
+
+
+def md_text(text: str) -> str:
+    """``text`` (a group name) safe in markdown: ``&``, ``<``, ``>`` as HTML entities, as the
+    HTML page escapes them (no tag, no ``onerror``), and the characters that make links,
+    emphasis, code or a cell boundary (``\\ ` * _ [ ] | ~``) backslash-escaped; an ``_``
+    between two letters or digits is left as it is (it cannot emphasise).
+
+    Example:
+        >>> print(md_text("<img src=x onerror=alert(1)>"), md_text("[a](b) *c* open_qa _x"))
+        &lt;img src=x onerror=alert(1)&gt; \\[a\\](b) \\*c\\* open_qa \\_x
+    """
+    out = []
+    for i, ch in enumerate(text):
+        if ch in "&<>":
+            out.append({"&": "&amp;", "<": "&lt;", ">": "&gt;"}[ch])
+        elif ch == "_":
+            inner = 0 < i < len(text) - 1 and text[i - 1].isalnum() and text[i + 1].isalnum()
+            out.append("_" if inner else "\\_")
+        elif ch in "\\`*[]|~":
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def report_markdown(d: dict[str, Any]) -> str:
@@ -302,10 +363,10 @@ def report_markdown(d: dict[str, Any]) -> str:
     parts = []
     for i, (_, title, head, rows) in enumerate(_sections(d)):
         md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        md += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
+        md += ["| " + " | ".join([md_text(r[0]), *map(_md_cell, r[1:])]) + " |" for r in rows]
         parts.append(("# " if i == 0 else "## ") + title + "\n\n" + "\n".join(md))
     extra = _tail(d)
     parts.append(
-        "\n".join(f"- {_md_cell(x.strip())}" if not x.startswith("verdict") else x for x in extra)
+        "\n".join(f"- {md_text(x.strip())}" if not x.startswith("verdict") else x for x in extra)
     )
     return "\n\n".join(parts) + "\n"

@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchcal.audit._format import report_markdown, report_text, worst_groups
+from torchcal.audit._format import CONSOLE_GROUPS, report_markdown, report_text, worst_groups
 from torchcal.audit._sample import sample_ece, table_of
 
 __all__ = ["AuditReport"]
@@ -189,9 +189,12 @@ class AuditReport:
             dict(d.get("diagrams") or {}),
         )
 
-    def to_text(self) -> str:
-        """Console output: pooled and per-group tables, metrics, verdict and reasons."""
-        return report_text(self.to_dict())
+    def to_text(self, console: bool = False) -> str:
+        """Pooled and per-group tables, metrics, verdict and reasons (``report.txt``);
+        ``console=True``: the worst :data:`~torchcal.audit._format.CONSOLE_GROUPS` groups,
+        reasons and warnings, and how many more the files hold (100,000 groups would print
+        tens of MB)."""
+        return report_text(self.to_dict(), CONSOLE_GROUPS if console else None)
 
     def to_markdown(self) -> str:
         """``report.md``: the same content as markdown tables."""
