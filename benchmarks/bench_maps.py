@@ -28,6 +28,7 @@ brackets) the CPU time of the process, which a loaded machine does not inflate.
 
     python benchmarks/bench_maps.py            # about 6 minutes of CPU (one thread)
     python benchmarks/bench_maps.py --quick    # tiny sizes, a smoke run
+    python benchmarks/bench_maps.py --maps VennAbersCalibrator --cases "synthetic-T C=100" digits
 """
 
 from __future__ import annotations
@@ -455,18 +456,33 @@ def table(results: list[tuple[Case, list[dict[str, Any]]]]) -> str:
     return "\n".join(lines)
 
 
-def cases(quick: bool) -> list[Case]:
+def cases(quick: bool, only: list[str] | None = None) -> list[Case]:
+    """The data sets; ``only``: those named so, or whose name starts with one of these and a
+    space (``"synthetic-T"``, ``"digits"``); the others are not built (digits and ComplEx
+    train a model)."""
     if quick:
-        return [
-            synthetic(4, 200, 300, "T"),
-            synthetic(12, 300, 300, "bias"),
-            synthetic_beta(200, 300),
-            digits(epochs=2),
+        made: list[tuple[str, Callable[[], Case]]] = [
+            ("synthetic-T C=4", lambda: synthetic(4, 200, 300, "T")),
+            ("synthetic-bias C=12", lambda: synthetic(12, 300, 300, "bias")),
+            ("synthetic-beta binary", lambda: synthetic_beta(200, 300)),
+            ("digits MLP", lambda: digits(epochs=2)),
         ]
-    out = [synthetic(c, 5000, 10000, "T") for c in (10, 100, 1000)]
-    out += [synthetic(c, 5000, 10000, "bias") for c in (10, 100)]
-    out += [synthetic_beta(5000, 10000), digits(epochs=40), complex_tail(epochs=20)]
-    return out
+    else:
+        made = [
+            (f"synthetic-{t} C={c}", lambda c=c, t=t: synthetic(c, 5000, 10000, t))
+            for t, cs in (("T", (10, 100, 1000)), ("bias", (10, 100)))
+            for c in cs
+        ]
+        made += [
+            ("synthetic-beta binary", lambda: synthetic_beta(5000, 10000)),
+            ("digits MLP", lambda: digits(epochs=40)),
+            ("ComplEx tail", lambda: complex_tail(epochs=20)),
+        ]
+    return [
+        build()
+        for name, build in made
+        if only is None or any(name == o or name.startswith(o + " ") for o in only)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -474,12 +490,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--sources", nargs="*", default=None, help="only these sources")
+    ap.add_argument("--maps", nargs="*", default=None, help="only these maps (by name)")
+    ap.add_argument(
+        "--cases", nargs="*", default=None, help='only these data sets ("synthetic-T C=100")'
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    maps = [m for m in all_maps() if args.sources is None or m.source in args.sources]
+    maps = [
+        m
+        for m in all_maps()
+        if (args.sources is None or m.source in args.sources)
+        and (args.maps is None or m.name in args.maps)
+    ]
     results = []
-    for case in cases(args.quick):
+    for case in cases(args.quick, args.cases):
         results.append((case, run_case(case, maps)))
         print(f"[{time.perf_counter() - t0:6.1f} s] {case.name}", file=sys.stderr, flush=True)
     print(table(results))

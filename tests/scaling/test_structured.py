@@ -99,7 +99,10 @@ def test_fit_result_and_the_strength_path():
     zf, yf, _, _ = _split(2000, 0, 10, "vec", seed=3)
     res = StructuredScaler(10).fit(zf, yf)
     assert isinstance(res, CVFit) and res.chosen == "map" and res.temperature is None
-    assert {1.0, 4.0, 0.25} <= set(res.strengths)
+    assert {1.0, 0.25} <= set(res.strengths)
+    cv = dict(zip(res.strengths, res.cv_nll))
+    # 4 is scored only where 1/4 does not improve on 1 (the walk's direction)
+    assert (4.0 in cv) == (cv[0.25] >= cv[1.0])
     assert list(res.strengths) == sorted(res.strengths, reverse=True)  # strongest first
     assert len(res.cv_nll) == len(res.strengths) == len(res.fold_nll)
     assert all(len(f) == 5 for f in res.fold_nll) and len(res.temperature_fold_nll) == 5
