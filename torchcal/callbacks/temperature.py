@@ -60,6 +60,12 @@ def _fix_message(model: str, attr_name: str) -> str:
     )
 
 
+def _warn(message: str) -> None:
+    """A ``UserWarning`` from rank 0 that names the callback (attributed to the same frame
+    as a direct ``rank_zero_warn`` in the hook)."""
+    rank_zero_warn(f"TemperatureScaling: {message}", stacklevel=5, category=UserWarning)
+
+
 class TemperatureScaling(HistoryCallback):
     """Fit the temperature of the LightningModule's own
     :class:`~torchcal.scaling.TemperatureScaler` (Guo et al. 2017) on the validation logits,
@@ -303,12 +309,11 @@ class TemperatureScaling(HistoryCallback):
         self._warned_no_val = False
         if trainer.limit_val_batches == 0:
             self._warned_no_val = True
-            rank_zero_warn(
-                f"TemperatureScaling: limit_val_batches=0 runs no validation, so "
+            _warn(
+                f"limit_val_batches=0 runs no validation, so "
                 f"the temperature of {type(pl_module).__name__}.{self.attr_name} "
                 f"is not fitted during this fit (it keeps its current state); "
-                f"give the Trainer validation batches",
-                category=UserWarning,
+                f"give the Trainer validation batches"
             )
 
     @override
@@ -318,13 +323,12 @@ class TemperatureScaling(HistoryCallback):
             and not self.fit_on_validate
             and not self._scaler(pl_module).is_fitted
         ):
-            rank_zero_warn(
-                f"TemperatureScaling: {type(pl_module).__name__}.{self.attr_name} "
+            _warn(
+                f"{type(pl_module).__name__}.{self.attr_name} "
                 f"is not fitted and trainer.validate() does not fit it (it fits "
                 f"during fit's validation); pass "
                 f"TemperatureScaling(fit_on_validate=True) to fit it on this "
-                f"loader",
-                category=UserWarning,
+                f"loader"
             )
 
     # ------------------------------------------------------------------ collecting
@@ -406,12 +410,11 @@ class TemperatureScaling(HistoryCallback):
                     lg.log_metrics(metrics, step=trainer.global_step)
                     lg.save()
         if self._fits_in_run == 0 and not self._warned_no_val:
-            rank_zero_warn(
-                f"TemperatureScaling: no validation logits reached the callback "
+            _warn(
+                f"no validation logits reached the callback "
                 f"during this fit (no val_dataloader, check_val_every_n_epoch "
                 f"beyond max_epochs, or empty validation data), so the temperature "
-                f"of {type(pl_module).__name__}.{self.attr_name} was not fitted",
-                category=UserWarning,
+                f"of {type(pl_module).__name__}.{self.attr_name} was not fitted"
             )
 
     def _global_kind(self) -> tuple[int, bool, int | None]:
@@ -457,10 +460,9 @@ class TemperatureScaling(HistoryCallback):
         n, binary, _ = self._global_kind()
         where = f"validation dataloader {self.dataloader_idx}"
         if n == 0:
-            rank_zero_warn(
-                f"TemperatureScaling: {where} gave no sample on any rank in this "
-                f"epoch; the temperature keeps its current state",
-                category=UserWarning,
+            _warn(
+                f"{where} gave no sample on any rank in this "
+                f"epoch; the temperature keeps its current state"
             )
             return None
         if not self._chunks:

@@ -357,14 +357,7 @@ class IntervalCoverage(RegressionMetric):
             lo, hi, y, _ = interval_inputs(lower, upper, target, alpha)
             k = len(self.levels)
             sums = self._interval_sums(lo.reshape(-1, k), hi.reshape(-1, k), y.reshape(-1, 1), ids)
-        width_sum, penalty_sum, misses = sums
-        rows = self._count_rows(ids, target.numel())
-        device = self.n.device
-        self.width_sum.add_(width_sum.to(device))
-        # the score is linear in its parts: the summed score from the float64 sums
-        self.score_sum.add_(interval_score_from_parts(width_sum, penalty_sum, alpha).to(device))
-        self.hits.add_((rows.unsqueeze(-1) - misses).to(device))
-        self.n.add_(rows.to(device))
+        self._add(*sums, self._count_rows(ids, target.numel()), alpha)
 
     def _update_location_scale(
         self, loc: Tensor, scale: Tensor, target: Tensor, groups: Tensor | None
@@ -384,6 +377,14 @@ class IntervalCoverage(RegressionMetric):
 
             check_values(torch.isfinite(penalty).all(), "loc, target: expected finite values", scan)
         alpha = 1.0 - torch.tensor(self.levels, dtype=torch.float64, device=target.device)
+        self._add(width, penalty, misses, rows, alpha)
+
+    def _add(
+        self, width: Tensor, penalty: Tensor, misses: Tensor, rows: Tensor, alpha: Tensor
+    ) -> None:
+        """Add a batch's float64 width and penalty sums and int64 miss counts ``(G, L)`` and
+        row counts ``(G,)`` to the states. The score is linear in its parts: the summed score
+        comes from the float64 sums."""
         device = self.n.device
         self.width_sum.add_(width.to(device))
         self.score_sum.add_(interval_score_from_parts(width, penalty, alpha).to(device))
