@@ -43,6 +43,7 @@ from torchcal.functional.temperature.fit import fit_temperature
 
 _WORK = torch.float32  # dtype of the passes over the data
 _CHANGE_TOL = 1e-9  # an objective change below this is float32 noise (n >= 1 rows of ~1e-7)
+FOLD_TOL_FACTOR = 30  # the fold fits' gradient tolerance: this times the refit's
 
 
 class StructuredParams(NamedTuple):
@@ -358,7 +359,7 @@ def choose_strength(
                 4.0**k,
                 start,
                 curvature=part.curv,
-                grad_tol=30 * grad_tol,
+                grad_tol=FOLD_TOL_FACTOR * grad_tol,
                 max_iter=max_iter,
             )
             per_fold.append(part.test.nll(sol.params))

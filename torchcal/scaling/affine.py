@@ -373,6 +373,19 @@ class _AffineScaler(FittedMixin):
         """The map's own fold fit (``None``: :func:`cross_validate_path`'s LBFGS / Newton)."""
         return None
 
+    def _vector_fold_solver(self) -> FoldSolver | None:
+        """The vector map's fold fit: damped Newton with the exact Hessian, float32 passes
+        (``functional/vector_folds``), up to ``C = 256`` classes (else ``None``)."""
+        if 2 * self.num_classes > VECTOR_NEWTON_MAX:
+            return None
+        max_iter = self.max_iter
+
+        def make(z: Tensor, y: Tensor, mask: Tensor | None) -> Callable[[Tensor, float], Tensor]:
+            fold = VectorFold(z, y, mask)
+            return lambda x0, lam: fold.solve(x0, lam, lam, FOLD_GRAD_TOL, max_iter)
+
+        return make
+
     def _tied(self, lam: float) -> tuple[float, ...]:
         """Every penalty term at the path's strength ``lam``."""
         return (lam, lam)
@@ -450,17 +463,7 @@ class VectorScaler(_AffineScaler):
         return self.num_classes / n
 
     def _fold_solver(self) -> FoldSolver | None:
-        """Damped Newton with the exact Hessian, float32 passes (``functional/vector_folds``),
-        up to ``C = 256`` classes."""
-        if 2 * self.num_classes > VECTOR_NEWTON_MAX:
-            return None
-        max_iter = self.max_iter
-
-        def make(z: Tensor, y: Tensor, mask: Tensor | None) -> Callable[[Tensor, float], Tensor]:
-            fold = VectorFold(z, y, mask)
-            return lambda x0, lam: fold.solve(x0, lam, lam, FOLD_GRAD_TOL, max_iter)
-
-        return make
+        return self._vector_fold_solver()
 
     def _temperature_map(self, beta: float) -> tuple[Tensor, Tensor]:
         C = self.num_classes

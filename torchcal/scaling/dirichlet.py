@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from torchcal.functional import recalibration as R
 from torchcal.functional.affine import AffineMap, matrix_map, vector_map
+from torchcal.functional.cv import FoldSolver
 from torchcal.scaling.affine import _AffineScaler, diagonal_start, resolve_strengths
 
 __all__ = ["DirichletScaler"]
@@ -132,6 +133,9 @@ class DirichletScaler(_AffineScaler):
         if self.variant == "full":
             return beta * torch.eye(C, dtype=torch.float64), bias
         return torch.full((C,), beta, dtype=torch.float64), bias
+
+    def _fold_solver(self) -> FoldSolver | None:
+        return None if self.variant == "full" else self._vector_fold_solver()
 
     def _path_start(
         self, z: Tensor, y: Tensor, mask: Tensor | None, beta: float, lam: float
