@@ -474,3 +474,172 @@ def test_w14_group_names_are_escaped_in_report_md():
     assert md_text("open_qa") == "open_qa" and md_text("_x_") == "\\_x\\_"
     html_text = r.to_html()
     assert "<img src=x onerror" not in html_text
+
+
+# -- the engine and command-line inputs that were "internal error" exits ----------------------
+
+
+def _npz_liar(d):
+    """A 300-byte .npz whose header declares a 10^12-value array (a decompression bomb's
+    declared size without the bytes)."""
+    import io
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    f = d / "bomb.npz"
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, descr, n in (("p", "<f8", 10**12), ("y", "<i8", 10)):
+            head = io.BytesIO()
+            npy.write_array_header_1_0(
+                head, {"descr": descr, "fortran_order": False, "shape": (n,)}
+            )
+            z.writestr(f"{name}.npy", head.getvalue() + bytes(80))
+    return [f, "--probs", "p", "--label", "y"]
+
+
+def _typed(kind, role):
+    import datetime
+    import decimal
+
+    def make(d):
+        n = 60
+        p, y, _ = _rows(n)
+        cols = {"p": pa.array(p), "y": pa.array(y), "g": pa.array(["a", "b"] * 30),
+                "w": pa.array(np.ones(n))}  # fmt: skip
+        cols[role] = {
+            "binary": lambda: pa.array([str(v).encode() for v in p], pa.binary()),
+            "list": lambda: pa.array([[float(v)] for v in p]),
+            "struct": lambda: pa.array([{"a": float(v)} for v in p]),
+            "timestamp": lambda: pa.array(
+                [datetime.datetime(2024, 1, 1 + i % 2) for i in range(n)]
+            ),
+            "date": lambda: pa.array([datetime.date(2024, 1, 1)] * n),
+            "dictionary": lambda: pa.array([str(v) for v in p]).dictionary_encode(),
+            "decimal": lambda: pa.array([decimal.Decimal(str(round(v, 3))) for v in p]),
+            "null": lambda: pa.nulls(n, pa.string()),
+            "text": lambda: pa.array(["high" if i % 2 else "0.5" for i in range(n)]),
+            "duration": lambda: pa.array([datetime.timedelta(1)] * n),
+        }[kind]()
+        f = d / f"{kind}_{role}.parquet"
+        pq.write_table(pa.table(cols), f)
+        return [f, "--probs", "p", "--label", "y", "--group", "g", "--weight", "w"]
+
+    return make
+
+
+def _csv_text(role, text):
+    def make(d):
+        lines = ["p,y,g,w"] + [
+            ",".join(text if k == role else v for k, v in zip("pygw", (f"0.{i % 9 + 1}", str(i % 2), "ab"[i % 2], "1")))
+            for i in range(60)
+        ]  # fmt: skip
+        f = d / f"text_{role}.csv"
+        f.write_text("\n".join(lines) + "\n")
+        return [f, "--probs", "p", "--label", "y", "--group", "g", "--weight", "w"]
+
+    return make
+
+
+def _compare(ci):
+    def make(d):
+        import json
+
+        p, y, _ = _rows(500)
+        pq.write_table(pa.table({"p": p, "y": y}), d / "a.parquet")
+        assert (
+            _run_quiet("audit", d / "a.parquet", "--probs", "p", "--label", "y", "--out", d / "o")[
+                0
+            ]
+            != 2
+        )
+        rep = json.loads((d / "o" / "report.json").read_text())
+        rep["pooled"]["ece_ci"] = ci
+        (d / "new.json").write_text(json.dumps(rep))
+        return ["!compare", d / "o" / "report.json", d / "new.json"]
+
+    return make
+
+
+def _plain(extra, ext="parquet"):
+    def make(d):
+        p, y, _ = _rows(300)
+        pq.write_table(pa.table({"p": p, "y": y}), d / "a.parquet")
+        _write_csv(d / "a.csv", ["p", "y"], [p, y])
+        return [d / f"a.{ext}", "--probs", "p", "--label", "y", *extra]
+
+    return make
+
+
+GUARD = {
+    **{
+        f"{k}-{r}": _typed(k, r)
+        for k in (
+            "binary",
+            "list",
+            "struct",
+            "timestamp",
+            "date",
+            "dictionary",
+            "decimal",
+            "null",
+            "text",
+            "duration",
+        )
+        for r in "pygw"
+    },  # fmt: skip
+    **{
+        f"csv-{t}-{r}": _csv_text(r, t)
+        for t in ("high", "", "True", "85%", "1" * 5000, "nan")
+        for r in "pygw"
+    },  # fmt: skip
+    "npz-bomb": _npz_liar,
+    "compare-ci-1e300": _compare([-1e300, 1e300]),
+    "compare-ci-inverted": _compare([0.5, 0.1]),
+    "threads-10000": _plain(["--threads", "10000"]),
+    "table-of-a-csv": _plain(["--table", "t"], "csv"),
+    "table-missing": _plain(["--table", "nope"], "parquet"),
+    "write-state-onto-input": _plain(["--engine", "duckdb", "--write-state", "SELF"]),
+}
+
+
+@pytest.mark.parametrize("road", ["stream", "memory", "duckdb"])
+@pytest.mark.parametrize("case", list(GUARD))
+def test_no_crafted_input_is_an_internal_error(tmp_path, case, road):
+    argv = GUARD[case](tmp_path)
+    argv = [str(a) for a in argv]
+    if argv[0] == "!compare":
+        if road != "stream":
+            pytest.skip("compare reads reports, no engine")
+        argv = ["compare", *argv[1:]]
+    else:
+        argv = ["audit", *argv]
+        if road != "stream" and "--engine" not in argv and "--table" not in argv:
+            argv += ["--engine", road]
+        argv = [argv[1] if a == "SELF" else a for a in argv]
+    code, _, err = _run_quiet(*argv)
+    assert "internal error" not in err and "Traceback" not in err, err
+    if code == 2:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("torchcal: error: "), err
+
+
+@pytest.mark.parametrize(
+    ("case", "road", "message"),
+    [
+        ("npz-bomb", [], r"bomb\.npz: its arrays hold \d+ MiB once decompressed, more than the 1024"),
+        ("compare-ci-1e300", [], r"pooled\.ece_ci: expected \[lo, hi\] with 0 <= lo <= hi <= 1"),
+        ("threads-10000", [], r"--threads: expected at most \d+ \(4 per CPU core"),
+        ("table-of-a-csv", [], r"--table: \S+a\.csv is a data file, not a DuckDB database"),
+        ("write-state-onto-input", [], r"--write-state: \S+a\.parquet is the input FILE"),
+        ("timestamp-p", ["--engine", "duckdb"], r"p: expected a numeric or text column in \S+, got TIMESTAMP"),
+        ("timestamp-g", ["--engine", "memory"], r"g: expected group names \(strings or integers\)"),
+        ("timestamp-g", ["--engine", "duckdb"], r"g: expected group names \(strings or integers\)"),
+    ],
+)  # fmt: skip
+def test_the_former_internal_errors_name_the_argument(tmp_path, case, road, message):
+    argv = [str(a) for a in GUARD[case](tmp_path)]
+    argv = ["compare", *argv[1:]] if argv[0] == "!compare" else ["audit", *argv, *road]
+    argv = [argv[1] if a == "SELF" else a for a in argv]
+    code, _, err = _run_quiet(*argv)
+    assert code == 2 and re.search(message, err), err

@@ -63,8 +63,46 @@ def _name(v: object) -> str:
     return v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else str(v)
 
 
+#: the most bytes the arrays of one ``.npz`` file may hold once decompressed (1 GiB, about
+#: 130 million float64 values; a 2.4 MB file of zeros can declare 2 GB): checked from the
+#: zip directory and each array's header before anything is decompressed. Larger data:
+#: Parquet through ``--engine`` (docs/engines.md)
+MAX_NPZ_BYTES = 1 << 30
+
+
+def _check_npz_size(p: str) -> None:
+    """``ValueError`` naming ``p`` when its members, or the arrays their headers declare,
+    exceed :data:`MAX_NPZ_BYTES` (the bound of a decompression bomb)."""
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    try:
+        with zipfile.ZipFile(p) as z:
+            total = declared = 0
+            for info in z.infolist():
+                total += info.file_size
+                if info.filename.endswith(".npy") and total <= MAX_NPZ_BYTES:
+                    with z.open(info) as f:
+                        v1 = npy.read_magic(f) == (1, 0)
+                        read = npy.read_array_header_1_0 if v1 else npy.read_array_header_2_0
+                        shape, _, dtype = read(f)
+                    declared += int(np.prod(shape, dtype=object)) * dtype.itemsize
+    except (zipfile.BadZipFile, ValueError, OSError):
+        return  # not a zip of .npy files: np.load says what it is
+    size = max(total, declared)
+    if size > MAX_NPZ_BYTES:
+        raise ValueError(
+            f"{p}: its arrays hold {size / 2**20:.0f} MiB once decompressed, more than the "
+            f"{MAX_NPZ_BYTES / 2**20:.0f} MiB an .npz may hold; write Parquet and audit it with "
+            f"--engine duckdb"
+        )
+
+
 def _load_mapping(path: str | os.PathLike[str], kind: str) -> dict[str, object]:
     p = os.fspath(path)
+    if kind == "npz":
+        _check_npz_size(p)
     try:
         if kind == "npz":
             with np.load(p, allow_pickle=False) as z:

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from torchcal.audit._format import display_name
 from torchcal.audit.report import AuditReport
+from torchcal.audit.resolution import add_resolution, decide_hint
 from torchcal.audit.state import AuditSettings, AuditState, generator_seed, grid_stats
 from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.calibration.estimators import (
@@ -200,7 +201,7 @@ def reason_of(s: dict[str, Any], threshold: float | None, tolerance: float, alph
                     f"{alpha:g}")  # fmt: skip
         return (f"cannot tell: {where} is not on one side of the tolerance {tolerance:g}; this n "
                 f"detects an ECE of {_pct(t['detectable'], False)} or more with "
-                f"{100 * power:g}% power")  # fmt: skip
+                f"{100 * power:g}% power{decide_hint(s, None, tolerance)}")  # fmt: skip
     w = s["threshold_gap"]
     lo, hi = s["threshold_window"]
     where = f"near {threshold:g}"
@@ -222,7 +223,7 @@ def reason_of(s: dict[str, Any], threshold: float | None, tolerance: float, alph
                 f"{alpha:g}")  # fmt: skip
     return (f"cannot tell {where}: {body} is neither inside nor outside +-{tolerance:g}; this n "
             f"detects a gap of {_pct(w['detectable'], False)} or more with {100 * power:g}% "
-            f"power")  # fmt: skip
+            f"power{decide_hint(s, threshold, tolerance)}")  # fmt: skip
 
 
 def judge(
@@ -445,6 +446,8 @@ def build_report(
         groups = {"all": rows[1]}
     verdict, reasons = judge(pooled, groups, threshold, tolerance, alpha, power, grouped)
     warn = _warnings(groups, n_bins, settings.min_group, grouped)
+    weights = getattr(settings, "weights", "frequency")  # HEAD before --weights: frequency
+    add_resolution(state, pooled, groups, reasons, warn, 1 - 2 * alpha, weights)  # ECCE, AUROC
     if state.saturated:
         warn.append(
             f"{state.saturated} rows have a probability of exactly 0 or 1 (infinite logits"

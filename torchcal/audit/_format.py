@@ -244,6 +244,30 @@ def _concentration_lines(d: dict[str, Any]) -> list[str]:
     return out
 
 
+def _resolution_lines(d: dict[str, Any], limit: int = 20) -> list[str]:
+    """The ECCE and resolution of the pooled row, then of each group whose confidence does not
+    separate right from wrong answers (at most ``limit``; all of them in report.json)."""
+    level = d["settings"].get("interval_level", 0.9)
+    rows = [("pooled", d.get("pooled") or {})]
+    if d["settings"].get("grouped"):
+        bad = [(k, s) for k, s in (d.get("groups") or {}).items()
+               if (s.get("resolution") or {}).get("separates") is False]  # fmt: skip
+        rows += bad[:limit]
+    out = []
+    for name, s in rows:
+        r = s.get("resolution")
+        if r:
+            lo, hi = r["auroc_ci"]
+            grid = "" if r["distinct_exact"] else " (fine bins)"
+            out.append(
+                f"resolution {display_name(name)}: ECCE {_f(r['ecce'])} ({_f(r['ecce_sigma'], 2)} "
+                f"sigma); AUROC {_f(r['auroc'], 3)} [{_f(lo, 3)}, {_f(hi, 3)}] ({100 * level:g}%); "
+                f"{r['distinct']} distinct values{grid}, {100 * (r['top_share'] or 0):.1f}% at "
+                f"{_f(r['top_value'], 3)}"
+            )
+    return out
+
+
 def _read_lines(d: dict[str, Any]) -> list[str]:
     log = d.get("read") or {}
     out = []
@@ -285,6 +309,7 @@ def _reason_lines(d: dict[str, Any]) -> list[str]:
 def _tail(d: dict[str, Any]) -> list[str]:
     return (
         _concentration_lines(d)
+        + _resolution_lines(d)
         + _read_lines(d)
         + _engine_lines(d)
         + _temperature_lines(d)

@@ -33,6 +33,7 @@ from torchcal.functional.calibration.binning import BinnedStats, accumulate
 from torchcal.functional.calibration.nll import nll_terms
 from torchcal.functional.calibration.readings import INPUTS, prepare_inputs, warn_probs_as_logits
 from torchcal.functional.calibration.weights import accumulate_weighted
+from torchcal.functional.histogram_scores import MAX_FINE_GROUPS, FineHistogram, fine_histogram
 
 __all__ = ["Auditor", "audit"]
 
@@ -129,6 +130,8 @@ class Auditor:
         )
         self._gen = torch.Generator().manual_seed(generator_seed(self.seed))
         self._sample: dict[str, Tensor] | None = None
+        # the fine histogram of the confidence (global ECCE, resolution), <= 128 groups
+        self.fine: FineHistogram | None = FineHistogram.zeros(1)
 
     @property
     def num_groups(self) -> int:
@@ -190,6 +193,8 @@ class Auditor:
                     None if g.weight2 is None else torch.cat([g.weight2, z.double()]),
                 )
         self.hits = torch.cat([self.hits, torch.zeros(extra, dtype=torch.float64)])
+        if self.fine is not None:
+            self.fine = None if G > MAX_FINE_GROUPS else self.fine.grow(G)
 
     def update(
         self,
@@ -232,6 +237,12 @@ class Auditor:
                 pad = _weighted(pad, torch.zeros_like(pad.conf))
             chunk = _cat(chunk, pad)
         self.stats = self.stats + chunk
+        if self.fine is not None:
+            lead = prep.lead if groups is not None else None
+            chunk_fine = fine_histogram(
+                prep.conf, prep.outcome, groups=lead, num_groups=G, weight=w
+            )
+            self.fine = self.fine.plus(chunk_fine)
         if self.grid is not None:
             if self.input == "probs":
                 self._track_grid(prep, G, w)
@@ -350,6 +361,7 @@ class Auditor:
             saturated=self.saturated,
             engine=ENGINE,
             grid=self.grid if self.n_rows else None,
+            fine=self.fine if self.n_rows else None,
             sample=self.sample(),
             read_log=dict(read_log or {}),
             weight=weight if self.weighted else None,

@@ -297,6 +297,7 @@ def state_of_binned(
         saturated=h.rows_saturated,
         engine=h.producer,
         grid=grid,
+        fine=state.fine,
         sample=smp,
         read_log=dict(read_log or {}),
         rejected=dict(h.rows_rejected if rejected is None else rejected),

@@ -308,9 +308,14 @@ def _need_int(x: Any, where: str) -> None:
         raise ValueError(f"source: {where}: expected a count (an integer >= 0), got {x!r:.60}")
 
 
-def _need_pair(x: Any, where: str) -> None:
-    if not isinstance(x, list) or len(x) != 2 or not all(_is_num(v) for v in x) or x[0] > x[1]:
-        raise ValueError(f"source: {where}: expected [lo, hi] with finite lo <= hi, got {x!r:.60}")
+def _need_pair(x: Any, where: str, lo: float = 0.0, hi: float = 1.0) -> None:
+    """An interval ``[a, b]`` with ``lo <= a <= b <= hi`` (an ECE's or a rate's in [0, 1], a
+    gap's in [-1, 1]: ``[-1e300, 1e300]`` is no interval of either)."""
+    if (not isinstance(x, list) or len(x) != 2 or not all(_is_num(v) for v in x)
+            or not lo <= x[0] <= x[1] <= hi):  # fmt: skip
+        raise ValueError(
+            f"source: {where}: expected [lo, hi] with {lo:g} <= lo <= hi <= {hi:g}, got {x!r:.60}"
+        )
 
 
 def _check_summary(s: Any, where: str, threshold: Any) -> None:
@@ -340,8 +345,8 @@ def _check_summary(s: Any, where: str, threshold: Any) -> None:
     if w["n"] > 0:
         for k in ("gap", "confidence"):
             _need_num(w.get(k), f"{where}.threshold_gap.{k}", -1, 1)
-        for k in ("gap_ci", "accuracy_ci"):
-            _need_pair(w.get(k), f"{where}.threshold_gap.{k}")
+        _need_pair(w.get("gap_ci"), f"{where}.threshold_gap.gap_ci", -1.0)
+        _need_pair(w.get("accuracy_ci"), f"{where}.threshold_gap.accuracy_ci")
 
 
 def check_report_dict(d: Any) -> None:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from torchcal.functional._checks import check_bool, check_int, check_number
 from torchcal.functional.calibration.binning import BinnedStats, bin_index
+from torchcal.functional.histogram_scores import FineHistogram
 from torchcal.functional.verdict import check_alpha, check_weights
 
 #: the finest grid whose per-value counts are kept (values k / GRID)
@@ -220,6 +221,8 @@ class AuditState:
         read_log: the reader's log (``ReadLog.to_dict()``: excluded rows, percents read).
         rejected: rows an engine left out, by reason (``preds_nan``: 3).
         weight: the weight column, or None.
+        fine: the fine histogram of the confidence (global ECCE, resolution; docs/design.md
+            6g), or None (more than 128 groups, or a state written without it).
     """
 
     stats: BinnedStats
@@ -239,6 +242,7 @@ class AuditState:
     read_log: dict[str, Any] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     weight: str | None = None
+    fine: FineHistogram | None = None
 
     def __post_init__(self) -> None:
         G = len(self.names)
@@ -268,6 +272,7 @@ class AuditState:
             hits=self.hits[idx],
             names=tuple(self.names[i] for i in order),
             grid=None if self.grid is None else self.grid.take(idx),
+            fine=None if self.fine is None else self.fine.take(idx),
             sample=sample,
         )
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from torchcal.engines.fine_sql import with_fine
 from torchcal.engines.sql import (
     _D,
     _as_columns,
@@ -81,6 +82,7 @@ def collect(
             state = _state(run, source, round(1 / step) + 1, producer, kw)
         else:
             grid = None
+    state = with_fine(run, source, kw, state)  # the fine histogram (global ECCE, resolution)
     sample = _sample(run, source, kw, sample_size, seed, kept) if kept and sample_size else None
     text_log = _text_log(run, source, preds, text, dialect)
     return EngineAudit(state, grid, sample, text_log)

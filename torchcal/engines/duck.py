@@ -158,12 +158,18 @@ def _exact_names(con: Any, files: Sequence[str], base: str, used: Sequence[str])
 
 
 def _prepare(
-    con: Any, s: str, table: str | None, used: Sequence[str], group: str | None
+    con: Any,
+    s: str,
+    table: str | None,
+    used: Sequence[str],
+    group: str | None,
+    values: Sequence[str | None] = (),
 ) -> tuple[str, list[str]]:
     """The table expression of the source (a path, glob, or ``table``) with exactly the
     ``used`` columns, by their exact names, and those of them DuckDB types as text. Every
     file of a glob is checked (each column once, by its exact name) and read by its own
-    name, each file once (:func:`~torchcal.engines.state.expand_paths`)."""
+    name, each file once (:func:`~torchcal.engines.state.expand_paths`); the ``values``
+    columns (predictions, label, weight) must be numbers or text."""
     import duckdb
 
     if table is not None or "://" in s:
@@ -184,6 +190,10 @@ def _prepare(
         except duckdb.Error as e:
             raise ValueError(f"{s}: DuckDB cannot read it: {_short(e)}") from None
     types = {str(r[0]): str(r[1]).upper() for r in desc}
+    for c in values:
+        if c and not (types[c] in GROUP_TYPES or types[c].startswith("DECIMAL")
+                      or types[c] in ("FLOAT", "DOUBLE", "BOOLEAN")):  # fmt: skip
+            raise ValueError(f"{c}: expected a numeric or text column in {s}, got {types[c]}")
     if group is not None and not (types[group] in GROUP_TYPES or types[group].startswith("ENUM")):
         raise ValueError(
             f"{group}: expected group names (strings or integers), got {types[group]} (a "
@@ -221,7 +231,7 @@ def audit_duckdb(
     cols = [preds] if isinstance(preds, str) else list(preds)
     used = list(dict.fromkeys(c for c in (*cols, label, group, weight) if c))
     try:
-        src, text = _prepare(con, s, table, used, group)
+        src, text = _prepare(con, s, table, used, group, [*cols, label, weight])
 
         def run(sql: str) -> list[Any]:
             return con.execute(sql).fetchall()
@@ -280,7 +290,7 @@ def state_from_duckdb(
             locate_columns(s, [str(r[0]) for r in desc], used)
             text = [c for c in used if str(dict((r[0], r[1]) for r in desc)[c]) == "VARCHAR"]
         else:
-            src, text = _prepare(con, s, table, used, group)
+            src, text = _prepare(con, s, table, used, group, [*cols, label, weight])
         sql = state_sql(
             src, preds=preds, label=label, group=group, weight=weight, n_bins=n_bins, text=text
         )

@@ -37,6 +37,12 @@ from torchcal.functional.calibration.binning import BinnedStats, accumulate, bin
 from torchcal.functional.calibration.nll import nll_terms
 from torchcal.functional.calibration.readings import prepare_inputs
 from torchcal.functional.calibration.weights import accumulate_weighted, cell_sums
+from torchcal.functional.histogram_scores import (
+    FINE_BINS,
+    MAX_FINE_GROUPS,
+    FineHistogram,
+    fine_histogram,
+)
 
 __all__ = ["state_from_arrays", "state_from_files", "state_from_metric"]
 
@@ -128,6 +134,7 @@ def state_from_arrays(
         rows_seen=n,
         rows_rejected=rejected,
         producer=PRODUCER,
+        fine_bins=FINE_BINS if len(names) <= MAX_FINE_GROUPS else None,
         rows_saturated=int(((x2 == 0) | (x2 == 1)).any(1)[keep].sum()),
     )
     p = torch.from_numpy(np.ascontiguousarray(x[keep]))
@@ -143,7 +150,8 @@ def state_from_arrays(
             w0 = s.conf.clone()
             stats = BinnedStats(s.count, s.conf, s.acc, s.conf2, s.conf_acc, w0, w0.clone())
         z = torch.zeros(G, 1, B, dtype=torch.float64)
-        return BinnedState(header, tuple(names), stats, z, z.clone())
+        empty = FineHistogram.zeros(G) if G <= MAX_FINE_GROUPS else None
+        return BinnedState(header, tuple(names), stats, z, z.clone(), empty)
     prep = prepare_inputs(p, t, reading=reading, input="probs", groups=gt, num_groups=G)
     if w is None:
         stats = accumulate(prep, B)
@@ -167,7 +175,10 @@ def state_from_arrays(
     size = G * B
     nll_c = cell_sums(idx, size, nll.to(torch.float64)).view(G, 1, B)
     hit_c = cell_sums(idx, size, hit).view(G, 1, B)
-    return BinnedState(header, tuple(names), stats, nll_c, hit_c)
+    fine = None  # the fine histogram (global ECCE, resolution), at most MAX_FINE_GROUPS groups
+    if G <= MAX_FINE_GROUPS:
+        fine = fine_histogram(prep.conf, prep.outcome, groups=gt, num_groups=G, weight=wk)
+    return BinnedState(header, tuple(names), stats, nll_c, hit_c, fine)
 
 
 def _column(

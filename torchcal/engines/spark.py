@@ -11,6 +11,7 @@ from typing import Any
 
 from torchcal.engines._names import locate_columns
 from torchcal.engines.collect import EngineAudit, collect
+from torchcal.engines.fine_sql import attach_fine, fine_query
 from torchcal.engines.sql import header_for, state_from_rows, state_sql
 from torchcal.engines.state import BinnedState
 
@@ -121,6 +122,9 @@ def state_from_spark(
             text=_text_columns(df, [*cols, label, weight]),
         )
         rows = [tuple(r) for r in df.sparkSession.sql(sql).collect()]
+        fine = fine_query(view, preds=preds, label=label, group=group, weight=weight,
+                          dialect="spark", text=_text_columns(df, [*cols, label, weight]))  # fmt: skip
+        fine_rows = [tuple(r) for r in df.sparkSession.sql(fine).collect()]  # ECCE, AUROC
     finally:
         df.sparkSession.catalog.dropTempView(view)
     header = header_for(
@@ -131,4 +135,4 @@ def state_from_spark(
         n_bins=n_bins,
         producer=f"spark {pyspark.__version__}",
     )
-    return state_from_rows(rows, header)
+    return attach_fine(state_from_rows(rows, header), fine_rows)

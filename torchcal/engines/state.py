@@ -21,7 +21,9 @@ The file's schema metadata holds the header under the key ``torchcal.state`` (JS
 ``schema_version``, ``kind``, ``bin_rule``, ``n_bins``, ``reading``, ``input``,
 ``num_classes``, ``columns`` (preds, label), ``group``, ``weight`` (column names or null),
 ``rows_seen``, ``rows_rejected`` (reason -> rows), ``producer``, ``rows_saturated`` (kept rows
-with a probability exactly 0 or 1; 0 where the producer did not count them).
+with a probability exactly 0 or 1; 0 where the producer did not count them), ``fine_bins``
+(present when the state carries the fine histogram: extra rows with ``slot = -1``,
+``torchcal/engines/fine.py``).
 
 Reading a state applies its rules (``torchcal/engines/_state_checks.py``): every header field
 of its type and range, at most ``MAX_CELLS`` cells (checked before allocating), and cells the
@@ -49,8 +51,10 @@ import torch
 from torch import Tensor
 
 from torchcal.engines import _state_checks as _checks
+from torchcal.engines.fine import fine_bins_of, fine_from_table, fine_table, merge_fine, split_fine
 from torchcal.engines.rules import REJECT_REASONS as _REASONS
 from torchcal.functional.calibration.binning import BinnedStats
+from torchcal.functional.histogram_scores import FineHistogram
 
 __all__ = ["BinnedState", "StateHeader", "merge_states", "read_state", "read_states", "write_state"]
 
@@ -104,6 +108,7 @@ class StateHeader:
     schema_version: int = SCHEMA_VERSION
     kind: str = "torchcal.binned_state"  # KIND
     bin_rule: str = BIN_RULE
+    fine_bins: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +126,7 @@ class StateHeader:
             "rows_rejected": {r: int(self.rows_rejected.get(r, 0)) for r in REJECT_REASONS},
             "producer": self.producer,
             "rows_saturated": self.rows_saturated,
+            **({"fine_bins": self.fine_bins} if self.fine_bins else {}),
         }
 
     @classmethod
@@ -145,6 +151,7 @@ class StateHeader:
             rows_rejected={str(k): int(v) for k, v in d["rows_rejected"].items()},
             producer=str(d.get("producer", "")),
             rows_saturated=int(d.get("rows_saturated", 0)),
+            fine_bins=fine_bins_of(d, where),
             schema_version=int(d["schema_version"]),
             kind=str(d["kind"]),
             bin_rule=str(d["bin_rule"]),
@@ -178,6 +185,7 @@ class BinnedState:
     stats: BinnedStats
     nll: Tensor | None = None
     right: Tensor | None = None
+    fine: FineHistogram | None = None  # the fine histogram (torchcal/engines/fine.py)
 
     def __post_init__(self) -> None:
         G, K, B = self.stats.count.shape
@@ -218,8 +226,10 @@ class BinnedState:
                 cols[name] = pa.nulls(len(g), pa.float64())
             else:
                 cols[name] = pa.array(t.numpy()[g, k, b], pa.float64())
-        meta = {METADATA_KEY: json.dumps(self.header.to_dict()).encode()}
-        return pa.table(cols).replace_schema_metadata(meta)
+        fine_bins = None if self.fine is None else int(self.fine.count.shape[1])
+        header = replace(self.header, fine_bins=fine_bins)
+        meta = {METADATA_KEY: json.dumps(header.to_dict()).encode()}
+        return fine_table(pa.table(cols), self.fine, self.groups).replace_schema_metadata(meta)
 
     @classmethod
     def from_arrow(cls, table: Any, where: str = "state") -> BinnedState:
@@ -231,6 +241,7 @@ class BinnedState:
                 f"file's metadata)"
             )
         header = StateHeader.from_dict(_checks.parse_header(meta[METADATA_KEY], where), where)
+        table, fine_rows = split_fine(table)  # the fine histogram's rows (slot -1)
         need = ["group", "slot", "bin", "n", *_SUMS, "nll", "right"]
         if header.weight is not None:
             need.append("sum_w")
@@ -272,14 +283,21 @@ class BinnedState:
         for name in ("nll", "right"):
             v = d[name].astype(np.float64)
             opt[name] = None if np.isnan(v).all() and len(v) else dense(v, np.float64)
-        return cls(header, tuple(names), stats, opt["nll"], opt["right"])
+        fine = fine_from_table(fine_rows, names, header, stats.count.sum((1, 2)), where)
+        return cls(header, tuple(names), stats, opt["nll"], opt["right"], fine)
 
     def pooled_groups(self) -> BinnedState:
         """One group holding every row (the header's ``group`` set to ``None``)."""
         nll = None if self.nll is None else self.nll.sum(0, keepdim=True)
         right = None if self.right is None else self.right.sum(0, keepdim=True)
         stats = self.stats.map(lambda t: t.sum(0, keepdim=True))
-        return BinnedState(replace(self.header, group=None), (UNGROUPED,), stats, nll, right)
+        fine = (
+            None
+            if self.fine is None
+            else FineHistogram(*(t.sum(0, keepdim=True) for t in self.fine))
+        )
+        header = replace(self.header, group=None)
+        return BinnedState(header, (UNGROUPED,), stats, nll, right, fine)
 
 
 def write_state(state: BinnedState, path: str | os.PathLike[str]) -> None:
@@ -435,4 +453,6 @@ def merge_states(states: Iterable[BinnedState], names: Sequence[str] | None = No
     )
     nll = merged(lambda s: s.nll)
     right = merged(lambda s: s.right)
-    return BinnedState(header, groups, stats, nll, right)
+    fine = merge_fine([st.fine for st in states], [st.groups for st in states], groups)
+    header = replace(header, fine_bins=None if fine is None else int(fine.count.shape[1]))
+    return BinnedState(header, groups, stats, nll, right, fine)
