@@ -16,9 +16,10 @@ on the next run). Then, ``--repeat`` times in the same process, alternating:
   ``torchcal audit --from lm-eval DIR --rule norm`` computes before writing its files, on
   ``--threads`` torch threads, 1 as the CLI's default).
 
-Prints the seconds (median over the repeats), MB/s and the ratios audit / json and
-read / json (median, best, worst of the paired runs, and fastest / fastest: the least noisy
-on a loaded machine). The machine may be shared and noisy: read the ratio, not the seconds.
+Prints, in wall seconds and in this process's CPU seconds (``time.process_time``: the
+steadier on a loaded machine), the median over the repeats, MB/s and the ratios audit / json
+and read / json (median, best, worst of the paired runs, and fastest / fastest). The machine
+may be shared and noisy: read the ratios, not the seconds.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -85,13 +88,32 @@ def write_run(d: Path, docs: int, seed: int = 0) -> int:
     return size
 
 
-def time_json(d: Path) -> float:
-    t = time.perf_counter()
+def time_json(d: Path) -> None:
     for f in sorted(d.glob("samples_*.jsonl")):
         with open(f, "rb") as fh:
             for line in fh:
                 json.loads(line)
-    return time.perf_counter() - t
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of ``fn()``."""
+    t, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t, time.process_time() - c
+
+
+def summary(rows: dict[str, list[float]], size: int, what: str) -> None:
+    for name, secs in rows.items():
+        med = statistics.median(secs)
+        runs = ", ".join(f"{x:.3f}" for x in secs)
+        print(f"{what} {name:>5}: {med:.3f} s median ({size / 1e6 / med:.0f} MB/s), runs {runs}")
+    for name in ("audit", "read"):
+        ratios = [a / j for a, j in zip(rows[name], rows["json"], strict=True)]
+        print(
+            f"{what} ratio {name} / json.loads: median {statistics.median(ratios):.3f}, best "
+            f"{min(ratios):.3f}, worst {max(ratios):.3f}; fastest run / fastest json.loads "
+            f"{min(rows[name]) / min(rows['json']):.3f}"
+        )
 
 
 def main() -> None:
@@ -123,25 +145,22 @@ def main() -> None:
         )
     print(f"parser: {_loads().__module__}; torch threads {torch.get_num_threads()}")
     audit_samples(d, rule="norm")  # warm-up (first-call imports)
-    rows: dict[str, list[float]] = {"json": [], "read": [], "audit": []}
+    wall: dict[str, list[float]] = {"json": [], "read": [], "audit": []}
+    cpu: dict[str, list[float]] = {"json": [], "read": [], "audit": []}
+    out: list[Any] = []
+    runs = {
+        "json": lambda: time_json(d),
+        "read": lambda: read_samples(d),
+        "audit": lambda: out.append(audit_samples(d, rule="norm")),
+    }
     for _ in range(args.repeat):
-        rows["json"].append(time_json(d))
-        t = time.perf_counter()
-        read_samples(d)
-        rows["read"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        r = audit_samples(d, rule="norm")
-        rows["audit"].append(time.perf_counter() - t)
-    for name, secs in rows.items():
-        med = statistics.median(secs)
-        print(f"{name:>5}: {med:.3f} s median ({size / 1e6 / med:.0f} MB/s), runs {secs}")
-    for name in ("audit", "read"):
-        ratios = [a / j for a, j in zip(rows[name], rows["json"], strict=True)]
-        print(
-            f"ratio {name} / json.loads: median {statistics.median(ratios):.3f}, best "
-            f"{min(ratios):.3f}, worst {max(ratios):.3f}; fastest run / fastest json.loads "
-            f"{min(rows[name]) / min(rows['json']):.3f}"
-        )
+        for name, fn in runs.items():
+            w, c = timed(fn)
+            wall[name].append(w)
+            cpu[name].append(c)
+    summary(wall, size, "wall")
+    summary(cpu, size, "cpu ")
+    r = out[-1]
     temps = (r.temperature or {}).get("group_T")
     print(f"verdict {r.verdict}; T per task {temps}")
 
