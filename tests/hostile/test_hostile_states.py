@@ -302,11 +302,28 @@ def test_w1_multiplying_every_weight_by_a_constant_changes_no_verdict(tmp_path, 
         for engine in ("duckdb", "memory"):
             code, rep = _audit_rows(path, capsys, "--engine", engine)
             p = rep["pooled"]
-            seen[(k, engine)] = (code, rep["verdict"], p["ece_ci"], p["ece_test"]["p_pass"])
+            table = [x for row in p["table"] for x in (row["ci_lo"], row["ci_hi"])]
+            nums = [*p["ece_ci"], p["ece_test"]["p_pass"], p["ece_test"]["p_fail"], *table]
+            seen[(k, engine)] = (code, rep["verdict"], nums)
     ref = seen[(1.0, "memory")]
     for key, got in seen.items():
         assert got[:2] == ref[:2], (key, got, ref)
-        np.testing.assert_allclose(got[2] + [got[3]], ref[2] + [ref[3]], rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(got[2], ref[2], rtol=1e-9, atol=1e-12)
+
+
+def test_w1_the_threshold_gap_is_scale_free(tmp_path, capsys):
+    u = np.random.default_rng(5).exponential(size=N)
+    seen = []
+    for k in (1e-6, 1.0, 1e6):
+        path = _weights_file(tmp_path, u * k, gap=0.03, name=f"t{k:g}.parquet")
+        code, rep = _audit_rows(path, capsys, "--engine", "duckdb", "--threshold", "0.8")
+        g = rep["pooled"]["threshold_gap"]
+        seen.append(
+            (code, rep["verdict"], [*g["gap_ci"], *g["accuracy_ci"], g["p_pass"], g["p_fail"]])
+        )
+    for got in seen:
+        assert got[:2] == seen[0][:2], seen
+        np.testing.assert_allclose(got[2], seen[0][2], rtol=1e-9, atol=1e-12)
 
 
 def test_w1_the_state_file_road_is_scale_free_too(tmp_path, capsys):

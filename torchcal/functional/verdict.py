@@ -29,6 +29,7 @@ from torch import Tensor
 
 from torchcal.functional._checks import check_number
 from torchcal.functional.calibration.binning import BinnedStats
+from torchcal.functional.calibration.intervals import wilson_interval
 from torchcal.functional.decision import _window_bins, window_gap_from_stats
 
 #: verdict codes of :func:`decide`
@@ -70,6 +71,17 @@ def design_factor(stats: BinnedStats, weights: str) -> Tensor | None:
         )
     w = stats.weight
     return torch.where(w > 0, stats.weight2 / torch.where(w > 0, w, 1.0), 0.0)
+
+
+def kish_n(mass: Tensor, weight2: Tensor) -> Tensor:
+    """Kish's effective sample size ``mass^2 / weight2`` (``(sum w)^2 / sum w^2``; 0 where
+    ``weight2`` is 0).
+
+    Example:
+        >>> kish_n(torch.tensor([2.0, 0.0]), torch.tensor([2.0, 0.0])).tolist()
+        [2.0, 0.0]
+    """
+    return torch.where(weight2 > 0, mass * mass / torch.where(weight2 > 0, weight2, 1.0), 0.0)
 
 
 def _z(q: float) -> float:
@@ -185,8 +197,10 @@ def window_gap_test(
     if design_factor(stats, weights) is not None:  # importance weights: Kish's n_eff
         a, b = _window_bins(stats, lo, hi)
         w2 = stats.weight2[..., a:b].sum((-2, -1))  # type: ignore[index]
-        nf = torch.where(w2 > 0, nf * nf / torch.where(w2 > 0, w2, 1.0), 0.0)
+        nf = kish_n(nf, w2)
         hits = acc * nf
+        ci = wilson_interval(hits, nf)  # the 95 % interval on n_eff too (scale-free)
+        w = {**w, "accuracy_ci": torch.stack(ci, -1)}
     w_lo, w_hi = wilson_cc_interval(hits, nf, level=1 - 2 * alpha)
     q_over, q_under = conf - tol, conf + tol
     p_over = torch.where(q_over > 0, _score_tail(hits, q_over, nf, upper=False), 1.0)
