@@ -217,13 +217,15 @@ def test_w13_group_codes_keep_their_text_on_every_road(tmp_path, capsys, road):
 
 
 @pytest.mark.parametrize("road", ROADS, ids=ROAD_IDS)
-@pytest.mark.parametrize("kind", ["float", "timestamp"])
+@pytest.mark.parametrize("kind", ["float", "timestamp", "bool"])
 def test_w13_groups_whose_text_depends_on_the_engine_are_refused(tmp_path, capsys, road, kind):
     import datetime
 
     p, y, _ = _rows(200)
     if kind == "float":
         g = pa.array([1.0 if i % 2 else 2.0 for i in range(200)])
+    elif kind == "bool":
+        g = pa.array([bool(i % 2) for i in range(200)])
     else:
         g = pa.array([datetime.datetime(2024, 1, 1 + i % 2) for i in range(200)])
     pq.write_table(pa.table({"p": p, "y": y, "g": g}), tmp_path / "g.parquet")

@@ -37,7 +37,7 @@ def _group_ids(
         raise ValueError(
             f"{column}: expected a 1-D column of group names, got shape {tuple(values.shape)}"
         )
-    if values.dtype.kind not in "USOiub":
+    if values.dtype.kind not in "USOiu":  # booleans read True/False here, true/false in SQL
         raise ValueError(
             f"{column}: expected group names (strings or integers), got {values.dtype}"
         )
