@@ -357,7 +357,8 @@ class IntervalCoverage(RegressionMetric):
             lo, hi, y, _ = interval_inputs(lower, upper, target, alpha)
             k = len(self.levels)
             sums = self._interval_sums(lo.reshape(-1, k), hi.reshape(-1, k), y.reshape(-1, 1), ids)
-        self._add(*sums, self._count_rows(ids, target.numel()), alpha)
+        width_sum, penalty_sum, misses = sums
+        self._add_sums(width_sum, penalty_sum, misses, self._count_rows(ids, target.numel()), alpha)
 
     def _update_location_scale(
         self, loc: Tensor, scale: Tensor, target: Tensor, groups: Tensor | None
@@ -377,9 +378,9 @@ class IntervalCoverage(RegressionMetric):
 
             check_values(torch.isfinite(penalty).all(), "loc, target: expected finite values", scan)
         alpha = 1.0 - torch.tensor(self.levels, dtype=torch.float64, device=target.device)
-        self._add(width, penalty, misses, rows, alpha)
+        self._add_sums(width, penalty, misses, rows, alpha)
 
-    def _add(
+    def _add_sums(
         self, width: Tensor, penalty: Tensor, misses: Tensor, rows: Tensor, alpha: Tensor
     ) -> None:
         """Add a batch's float64 width and penalty sums and int64 miss counts ``(G, L)`` and

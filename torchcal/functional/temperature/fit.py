@@ -45,6 +45,40 @@ class TemperatureSolution(NamedTuple):
     method: str
 
 
+def objective(
+    chunks: Callable[[], Iterable[Chunk]],
+    culprits: Callable[[], Iterable[Chunk]],
+    binary: bool,
+    num_classes: int | None,
+    *,
+    num_groups: int = 1,
+    reduce: bool = False,
+    workers: int = 1,
+    check_labels: bool = True,
+) -> Callable[[Tensor, bool], Tensor]:
+    """The solvers' ``evaluate(u, identity)``: one :func:`temperature_pass` over ``chunks()``
+    (the other arguments passed on to it), its sums checked by :func:`check_stats`, which
+    scans ``culprits()`` for the positioned error (the full data where ``chunks`` is a
+    subsample)."""
+
+    def evaluate(u: Tensor, identity: bool) -> Tensor:
+        stats = temperature_pass(
+            chunks(),
+            u,
+            binary=binary,
+            num_classes=num_classes,
+            num_groups=num_groups,
+            identity=identity,
+            reduce=reduce,
+            workers=workers,
+            check_labels=check_labels,
+        )
+        check_stats(stats, culprits, binary)
+        return stats
+
+    return evaluate
+
+
 def solve_temperature(
     chunks: Callable[[], Iterable[Chunk]],
     binary: bool,
@@ -65,21 +99,15 @@ def solve_temperature(
     pass per evaluation), from ``u0 = log beta`` (``(1,)``), by ``method`` (``"lbfgs"`` or
     ``"newton"``) within ``bounds`` on T; ``reduce=True`` all-reduces every pass's sums."""
     lo, hi = log_bounds(*bounds)
-
-    def evaluate(u: Tensor, identity: bool) -> Tensor:
-        stats = temperature_pass(
-            chunks(),
-            u,
-            binary=binary,
-            num_classes=num_classes,
-            identity=identity,
-            reduce=reduce,
-            workers=workers,
-            check_labels=check_labels,
-        )
-        check_stats(stats, chunks, binary)
-        return stats
-
+    evaluate = objective(
+        chunks,
+        chunks,
+        binary,
+        num_classes,
+        reduce=reduce,
+        workers=workers,
+        check_labels=check_labels,
+    )
     if method == "lbfgs":
         res, nll_before = solve_lbfgs(
             evaluate, lo, hi, u0, max_iter=max_iter, grad_tol=grad_tol, step_tol=step_tol
@@ -152,22 +180,19 @@ def warm_start(
         for stride, tol in ((64, 1e-2), (8, 1e-3)):
             sub = tensor_chunks(logits[::stride], target[::stride])
 
-            def sub_eval(u: Tensor, identity: bool, sub: list = sub) -> Tensor:
-                stats = temperature_pass(
-                    sub,
-                    u,
-                    binary=binary,
-                    num_classes=num_classes,
-                    identity=identity,
+            def rows(sub: list[Chunk] = sub) -> list[Chunk]:
+                return sub
+
+            warm = solve_log_beta(
+                objective(
+                    rows,
+                    lambda: full,  # a bad value is named in the full data
+                    binary,
+                    num_classes,
                     reduce=distributed,
                     workers=workers,
                     check_labels=False,
-                )
-                check_stats(stats, lambda: full, binary)
-                return stats
-
-            warm = solve_log_beta(
-                sub_eval,
+                ),
                 u0,
                 lower=lo,
                 upper=hi,

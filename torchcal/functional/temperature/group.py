@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from torchcal.functional.shrinkage import empirical_bayes_shrinkage
-from torchcal.functional.temperature.chunks import default_workers, tensor_chunks
-from torchcal.functional.temperature.fit import TemperatureSolution, fit_temperature
+from torchcal.functional.temperature.chunks import Chunk, default_workers, tensor_chunks
+from torchcal.functional.temperature.fit import TemperatureSolution, fit_temperature, objective
 from torchcal.functional.temperature.solvers import (
     LogBetaResult,
     degenerate_messages,
@@ -22,8 +22,7 @@ from torchcal.functional.temperature.solvers import (
     solve_log_beta,
     u_derivatives,
 )
-from torchcal.functional.temperature.sums import TemperatureSums, temperature_pass
-from torchcal.functional.temperature.validation import check_stats
+from torchcal.functional.temperature.sums import TemperatureSums
 
 
 class GroupSolution(NamedTuple):
@@ -94,19 +93,12 @@ def fit_group_temperatures(
     workers = default_workers(logits)
     num_classes = None if binary else logits.shape[1]
 
-    def evaluate(u: Tensor, identity: bool) -> Tensor:
-        stats = temperature_pass(
-            chunks,
-            u,
-            binary=binary,
-            num_classes=num_classes,
-            num_groups=num_groups,
-            identity=identity,
-            workers=workers,
-            check_labels=False,
-        )
-        check_stats(stats, lambda: chunks, binary)
-        return stats
+    def rows() -> list[Chunk]:
+        return chunks
+
+    evaluate = objective(
+        rows, rows, binary, num_classes, num_groups=num_groups, workers=workers, check_labels=False
+    )
 
     eb = shrinkage == "empirical_bayes"
     center = torch.full((num_groups,), u_global, dtype=torch.float64)
