@@ -47,7 +47,7 @@ def fine_table(table: Any, fine: FineHistogram | None, groups: Sequence[str]) ->
     count = fine.count.numpy()
     g, b = np.nonzero(count)
     rows = {
-        "group": pa.array([groups[i] for i in g], pa.string()),
+        "group": pa.array([groups[int(i)] for i in g], pa.string()),
         "slot": pa.array(np.full(len(g), FINE_SLOT, np.int32)),
         "bin": pa.array(b.astype(np.int32)),
         "n": pa.array(count[g, b].astype(np.int64)),
@@ -163,7 +163,7 @@ def merge_fine(
             continue
         total = stack.sum(0)
         many = (stack != 0).sum(0) > 1
-        for i in zip(*np.nonzero(many), strict=True):
-            total[i] = math.fsum(stack[(slice(None), *i)].tolist())
+        for gi, bi in zip(*np.nonzero(many), strict=True):
+            total[gi, bi] = math.fsum(stack[:, gi, bi].tolist())
         out.append(torch.from_numpy(total))
     return FineHistogram(*out)

@@ -53,7 +53,7 @@ class FineHistogram(NamedTuple):
     ``var_w`` sum w (c (1 - c)) and ``var_w2`` sum (w w) (c (1 - c)) (unweighted: ``mass`` and
     ``mass2`` are the count, ``pos2`` is ``pos``, the two variances are equal)."""
 
-    count: Tensor
+    count: Tensor  # type: ignore[assignment]  # (tuple.count: the field shadows it)
     mass: Tensor
     mass2: Tensor
     pos: Tensor
