@@ -25,7 +25,9 @@ MAY_IMPORT = {
     "engines": {"functional"},
     "audit": {"functional", "report", "metrics", "scaling", "plotting", "engines"},
     "integrations": {"functional", "report", "metrics", "scaling", "audit"},
+    "_segment_options": set(),  # argparse only (the parser imports no torch)
     "cli": {
+        "_segment_options",
         "torchcal",
         "functional",
         "report",

@@ -13,7 +13,7 @@ Subcommands (``torchcal SUBCOMMAND --help`` for every option and its default)::
     torchcal compare OLD.json NEW.json
     torchcal fit-temperature FILE (--probs COL... | --logits COL...) --label COL [--group COL]
         [-o temperature.pt]
-    torchcal example OUT.csv [--kind judging|stated] [--n 3000] [--seed 0]
+    torchcal example OUT.csv [--kind judging|stated|segments] [--n 3000] [--seed 0]
 
 The verdict is a statistical test (docs/audit.md): **0** PASS (every row's interval inside
 the tolerance, and no drift against ``--reference``), **1** FAIL (a row's interval outside
@@ -41,6 +41,8 @@ import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
+
+from torchcal._segment_options import add_segment_arguments, segment_settings
 
 #: the most bins the audit accepts (torchcal.audit.state.MAX_BINS; repeated so that argument
 #: errors need no torch import; a test keeps the two equal)
@@ -250,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_columns(a, required=False)
     _add_engine_options(a)
+    add_segment_arguments(a, positive_int)
     a.add_argument(
         "--threshold",
         type=_fraction("--threshold"),
@@ -353,7 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Help,
     )
     e.add_argument("out", help="the CSV file to write")
-    e.add_argument("--kind", choices=("judging", "stated"), default="judging", help="which data")
+    e.add_argument("--kind", choices=("judging", "stated", "segments"), default="judging",
+                   help="which data")  # fmt: skip
     e.add_argument("--n", type=positive_int, default=3000, help="rows per domain")
     e.add_argument("--seed", type=int, default=0, help="seed")
     return parser
@@ -482,7 +486,8 @@ def _settings(args: argparse.Namespace) -> Any:
 
     names = ("threshold", "tolerance", "alpha", "power", "seed", "cost_error",
              "cost_escalation", "fit_temperature", "max_unparsed", "weights")  # fmt: skip
-    return AuditSettings(n_bins=args.bins, **{k: getattr(args, k) for k in names})
+    return AuditSettings(n_bins=args.bins, **{k: getattr(args, k) for k in names},
+                         **segment_settings(args))  # fmt: skip
 
 
 def _request(args: argparse.Namespace) -> Any:
@@ -572,17 +577,13 @@ def _fit_temperature(args: argparse.Namespace) -> int:
 
 
 def _example(args: argparse.Namespace) -> int:
-    from torchcal.audit.example import DOMAINS, write_judging_csv, write_stated_csv
+    from torchcal.audit.example_segments import write_example
 
     if not args.out.lower().endswith(".csv"):  # CSV text under a .parquet name misleads
         raise InputError(
             f"OUT: example writes CSV; expected a name ending in .csv, got {args.out!r}"
         )
-    if args.kind == "stated":
-        n = write_stated_csv(args.out, args.n, args.seed)
-    else:
-        n = write_judging_csv(args.out, args.n, args.seed)
-    print(f"wrote {n} rows (domains: {', '.join(DOMAINS)}) to {args.out}")
+    print(write_example(args.kind, args.out, args.n, args.seed))
     return 0
 
 

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from torchcal.audit._format import display_name
 from torchcal.audit.report import AuditReport
+from torchcal.audit.segments import overall_with_segments, segment_report
 from torchcal.audit.resolution import add_resolution, decide_hint
 from torchcal.audit.state import AuditSettings, AuditState, generator_seed, grid_stats
 from torchcal.functional.calibration.binning import BinnedStats
@@ -33,10 +34,8 @@ from torchcal.functional.verdict import (
     INCONCLUSIVE,
     PASS,
     decide,
-    design_factor,
     ece_test_from_stats,
     holm_adjust,
-    kish_n,
     window_gap_test,
 )
 
@@ -47,7 +46,7 @@ def _num(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _tables(S: BinnedStats, weights: str = "importance") -> list[list[dict[str, Any]]]:
+def _tables(S: BinnedStats) -> list[list[dict[str, Any]]]:
     """The reliability table (non-empty bins) of every row of ``S`` ``(R, 1, B)``, computed in
     one pass (the columns of :func:`~torchcal.functional.calibration
     .reliability_table_from_stats`: mean confidence, mean outcome, 95 % Wilson interval)."""
@@ -56,11 +55,7 @@ def _tables(S: BinnedStats, weights: str = "importance") -> list[list[dict[str, 
     n = S.mass().sum(-2)  # the weight total when weighted (frequency weights)
     hits = S.acc.sum(-2)
     conf, acc = S.conf.sum(-2) / n, hits / n
-    n_ci, h_ci = n, hits
-    if design_factor(S, weights) is not None:  # importance weights: on n_eff (scale-free)
-        n_ci = kish_n(n, S.weight2.sum(-2))  # type: ignore[union-attr]
-        h_ci = acc * n_ci
-    lo, hi = wilson_interval(h_ci, n_ci)
+    lo, hi = wilson_interval(hits, n)
     edges = (torch.arange(B + 1, dtype=torch.float64) / B).tolist()
     out: list[list[dict[str, Any]]] = [[] for _ in range(count.shape[0])]
     nz = torch.nonzero(count).tolist()
@@ -114,7 +109,7 @@ def summaries(
     mean_nll = (nll / nf).tolist()
     nll_rest = (nll / (nf - nll_inf.to(torch.float64))).tolist()
     acc = (hits / nf).tolist()
-    tables = _tables(S, weights)
+    tables = _tables(S)
     n_l, inf_l = n.tolist(), nll_inf.tolist()
     decomp = [k for k in brier if k != "brier"]
     out = []
@@ -240,11 +235,14 @@ def judge(
     alpha: float = 0.05,
     power: float = 0.8,
     grouped: bool = True,
+    segments: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> tuple[str, list[str]]:
     """Set ``verdict``/``reasons`` on every summary by :func:`~torchcal.functional.verdict
     .decide` over the family (the pooled row and, with groups, every group; Holm on the FAIL
     claims) and return the overall verdict and its reasons (each non-passing row's, named)."""
     family = [("pooled", pooled)] + (list(groups.items()) if grouped else [])
+    named_rows = len(family)
+    family += list(segments or [])  # Holm over them too; they never hold back a PASS
     tests = [_test_of(s, threshold) for _, s in family]
 
     def col(key: str) -> Tensor:
@@ -268,8 +266,12 @@ def judge(
                 s["ece_test"] = pooled["ece_test"]
             else:
                 s["threshold_gap"] = pooled["threshold_gap"]
+    if segments:
+        overall = overall_with_segments(rows, named_rows)
     verdict = _VERDICTS[int(overall)]
-    named = [(display_name(name), s) for name, s in family]
+    named = [(display_name(name), s) for name, s in family[:named_rows]] + [
+        (f"segment {display_name(n)}", s) for n, s in family[named_rows:] if s["verdict"] == "fail"
+    ]
     reasons = [f"{name}: {s['reasons'][0]}" for name, s in named if s["verdict"] != "pass"]
     if verdict == "pass":
         reasons = [f"{name}: {s['reasons'][0]}" for name, s in named]
@@ -436,7 +438,8 @@ def build_report(
     nll_inf = torch.cat([state.nll_inf.sum(0, keepdim=True), state.nll_inf])
     hits = torch.cat([state.hits.sum(0, keepdim=True), state.hits])
     costs = settings.costs
-    family = 1 + (len(names) if grouped else 0)
+    seg = state.segments  # judged with the family (docs/design.md 6g.1)
+    family = 1 + (len(names) if grouped else 0) + (0 if seg is None else seg.stats.count.shape[0])
     tolerance, alpha, power = (
         float(settings.tolerance),
         float(settings.alpha),
@@ -450,7 +453,16 @@ def build_report(
     pooled, groups = rows[0], dict(zip(names, rows[1:], strict=True))
     if not grouped:
         groups = {"all": rows[1]}
-    verdict, reasons = judge(pooled, groups, threshold, tolerance, alpha, power, grouped)
+    seg_rows: list[tuple[str, dict[str, Any]]] = []
+    if seg is not None:
+        z = torch.zeros(seg.stats.count.shape[0], dtype=torch.float64)
+        seg_rows = list(zip(seg.names(), summaries(
+            seg.stats, z, z.long(), z, threshold=threshold, tolerance=tolerance, alpha=alpha,
+            power=power, family=family, costs=None, weights=settings.weights,
+        ), strict=True))  # fmt: skip
+    verdict, reasons = judge(
+        pooled, groups, threshold, tolerance, alpha, power, grouped, segments=seg_rows
+    )
     warn = _warnings(groups, n_bins, settings.min_group, grouped)
     weights = getattr(settings, "weights", "frequency")  # HEAD before --weights: frequency
     add_resolution(state, pooled, groups, reasons, warn, 1 - 2 * alpha, weights)  # ECCE, AUROC
@@ -501,4 +513,5 @@ def build_report(
     return AuditReport(
         verdict, pooled, groups, settings_d, warn, temperature, sample, reasons,
         dict(state.read_log),
+        segments=None if seg is None else segment_report(seg, seg_rows, threshold),
     )  # fmt: skip

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchcal.audit.segments import segment_section
+
 #: longest group name shown in full on a line (longer ones are cut with "...")
 NAME_LIMIT = 60
 #: groups whose reliability table the text and markdown show (the worst first)
@@ -192,7 +194,7 @@ def _sections(
             for n, c in costs
         ]  # fmt: skip
         out.append(("costs", "automation threshold from the costs", head, rows))
-    return out
+    return out + segment_section(d, display_name)
 
 
 def _judged(s: dict[str, Any], threshold: Any) -> str:

@@ -93,6 +93,8 @@ def _check(request: AuditRequest, settings: AuditSettings) -> None:
                 raise ValueError(f"--state: audits state files; {flag} belongs to a file of rows")
         if settings.n_bins is not None:
             raise ValueError("--bins: a state keeps the bins it was written with (its n_bins)")
+        if settings.segments:
+            raise ValueError("--segments: a state holds binned sums, not the segment columns")
         if settings.fit_temperature:
             raise ValueError(
                 "--fit-temperature: a state holds binned sums, not rows; audit the rows "
@@ -157,7 +159,7 @@ def _duckdb_state(request: AuditRequest, settings: AuditSettings) -> AuditState:
     result = audit_duckdb(
         request.file or "", preds=preds, label=request.label or "", group=request.group,
         weight=request.weight, n_bins=settings.n_bins, table=request.table,
-        sample_size=settings.sample_size, seed=settings.seed,
+        sample_size=settings.sample_size, seed=settings.seed, segments=segment_options(settings),
     )  # fmt: skip
     check_rejected(result.state, request.file or "", settings.max_unparsed)
     if request.write_state:
@@ -213,7 +215,34 @@ def _stream_state(
             auditor.update(b.preds, b.target, groups, b.weight)
     state = auditor.state(list(names) if request.group else None, read_log=log.to_dict(),
                           weight=request.weight)  # fmt: skip
+    if settings.segments:
+        state = replace(state, segments=_stream_segments(request, settings, files))
     return state if engine == "stream" else replace(state, engine=engine)
+
+
+def segment_options(settings: AuditSettings) -> dict[str, Any] | None:
+    """The engines' segment options of ``settings`` (None without segments)."""
+    if not settings.segments:
+        return None
+    return {"columns": list(settings.segments), "bins": settings.segment_bins,
+            "depth": settings.depth, "min_rows": settings.min_segment}  # fmt: skip
+
+
+def _stream_segments(request: AuditRequest, settings: AuditSettings, files: list[str]) -> Any:
+    """The segments through the streaming reader (each column read as the group)."""
+    from torchcal.audit._columns import ReadLog
+    from torchcal.audit.segments import stream_segments
+    from torchcal.audit.state import DEFAULT_BINS
+
+    def batches(path: str, column: str) -> Iterator[Any]:
+        req = replace(request, group=column, progress=False)
+        return _batches(req, path, ReadLog(), settings.max_unparsed)
+
+    return stream_segments(
+        batches, files, settings.segments, input=request.input,
+        n_bins=settings.n_bins or DEFAULT_BINS, bins=settings.segment_bins,
+        depth=settings.depth, min_rows=settings.min_segment,
+    )  # fmt: skip
 
 
 def read_rows(
@@ -361,7 +390,8 @@ def state_of_engine(result: EngineAudit) -> AuditState:
                 None if w2 is None else torch.from_numpy(w2)[idx],
             )
     read, rej = _read_log(st, result.text)
-    return state_of_binned(st, grid=grid, sample=result.sample, read_log=read, rejected=rej)
+    out = state_of_binned(st, grid=grid, sample=result.sample, read_log=read, rejected=rej)
+    return out if result.segments is None else replace(out, segments=result.segments)
 
 
 def report_from_state(

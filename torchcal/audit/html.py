@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from torchcal.audit._format import note_lines, rule_text
+from torchcal.audit.segments import segment_html
 from torchcal.audit.resolution import resolution_section
 
 #: The page's Content-Security-Policy: inline script and style only, images from data: URLs.
@@ -329,6 +330,7 @@ def render_html(report: Any) -> str:
         f"<style>{_asset('report.css')}</style></head><body>"
         "<h1>torchcal audit</h1>"
         f"{banner(d)}<h2>Summary</h2>{summary_table(d)}{resolution_section(d)}{cost_section(d)}"
+        f"{segment_html(d)}"
         f"{temperature_section(d)}<h2>Reliability diagram</h2>"
         f'<p class="note" id="sample-note">{html.escape(_sample_note(data))} '
         "Bars: accuracy per bin; shading: the gap to the mean confidence (red: over-confident, "

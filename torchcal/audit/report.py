@@ -34,15 +34,11 @@
       "threshold_gap": {n, confidence, accuracy, gap, accuracy_ci [lo, hi], gap_ci [lo, hi],
                         TEST...} | null,
       "verdict": "pass" | "fail" | "inconclusive", "reasons": [str],
-      "resolution": RESOLUTION | null,   # the fine histogram's (null without one: a note)
       "table": [{bin, lo, hi, n, confidence, accuracy, gap, ci_lo, ci_hi}],  # non-empty bins
       "cost": {threshold, n_automated, errors, error_rate, error_rate_ci, cost_per_item,
                naive_threshold}                                # only with costs
     }
     TEST = {p_pass, p_fail, p_fail_holm, detectable}
-    RESOLUTION = {ecce, ecce_sigma (ECCE / sigma), ecce_scale (sigma), ecce_pvalue, ecce_bound
-                  (exact ECCE in [ecce, ecce + bound]), distinct, distinct_exact, top_value,
-                  top_share, auroc, auroc_ci [lo, hi], auroc_se, separates (lo > 0.5)}
     CONCENTRATION = {distinct, top_value, top_share, min, max, iqr, grid, grid_bins}
 
     eval_* = {"verdict", "pooled": {n, ece, ece_debiased, ece_ci, threshold_gap, verdict,
@@ -143,8 +139,10 @@ class AuditReport:
     reasons: list[str] = field(default_factory=list)
     read_log: dict[str, Any] = field(default_factory=dict)
     diagrams: dict[str, str] = field(default_factory=dict)
+    segments: dict[str, Any] | None = None  # with --segments (docs/design.md 6g.1)
 
     def _raw(self) -> dict[str, Any]:
+        extra = {} if self.segments is None else {"segments": self.segments}
         return {
             "schema_version": SCHEMA_VERSION,
             "verdict": self.verdict,
@@ -156,6 +154,7 @@ class AuditReport:
             "pooled": self.pooled,
             "groups": self.groups,
             "temperature": self.temperature,
+            **extra,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,6 +190,7 @@ class AuditReport:
             list(d.get("reasons", [])),
             dict(d.get("read") or {}),
             dict(d.get("diagrams") or {}),
+            d.get("segments"),
         )
 
     def to_text(self, console: bool = False) -> str:

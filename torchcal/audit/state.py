@@ -82,6 +82,10 @@ class AuditSettings:
     sample_size: int = 20000
     max_unparsed: float = 0.01
     weights: str = "importance"
+    segments: tuple[str, ...] = ()
+    segment_bins: int = 4
+    depth: int = 2
+    min_segment: int = 200
 
     def __post_init__(self) -> None:
         if self.threshold is not None:
@@ -120,6 +124,14 @@ class AuditSettings:
         if not m < 1:
             raise ValueError(f"max_unparsed: expected a fraction in [0, 1), got {m}")
         check_weights(self.weights)
+        segs = self.segments
+        if not isinstance(segs, tuple) or not all(isinstance(c, str) and c for c in segs):
+            raise ValueError(f"segments: expected a tuple of column names, got {segs!r}")
+        if len(set(segs)) != len(segs):
+            raise ValueError(f"segments: a column is named twice in {list(segs)!r}")
+        check_int("segment_bins", self.segment_bins, minimum=1)
+        check_int("depth", self.depth, minimum=1)
+        check_int("min_segment", self.min_segment, minimum=0)
 
     @property
     def rule(self) -> str:
@@ -242,6 +254,7 @@ class AuditState:
     read_log: dict[str, Any] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     weight: str | None = None
+    segments: Any = None  # the segments' binned sums (--segments; docs/design.md 6g.1)
     fine: FineHistogram | None = None
 
     def __post_init__(self) -> None:

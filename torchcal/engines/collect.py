@@ -48,6 +48,7 @@ class EngineAudit:
     grid: tuple[list[str], np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None
     sample: dict[str, list[Any]] | None
     text: dict[str, dict[str, Any]]
+    segments: Any = None  # engines/segments.SegmentStats with --segments
 
 
 def collect(

@@ -12,6 +12,7 @@ from typing import Any
 from torchcal.engines._names import locate_columns
 from torchcal.engines.collect import EngineAudit, collect
 from torchcal.engines.fine_sql import attach_fine, fine_query
+from torchcal.engines.segments import with_segments
 from torchcal.engines.sql import header_for, quote, state_from_rows, state_sql
 from torchcal.engines.state import BinnedState, expand_paths
 
@@ -219,6 +220,7 @@ def audit_duckdb(
     threads: int | None = None,
     sample_size: int = 20000,
     seed: int = 0,
+    segments: dict[str, Any] | None = None,
 ) -> EngineAudit:
     """The audit's state, value grid, sample and text log (:func:`~torchcal.engines.collect
     .collect`) of a Parquet/CSV path or glob, or of ``table`` in the DuckDB database
@@ -229,18 +231,23 @@ def audit_duckdb(
     s = os.fspath(source)
     con = _connect(s, table, threads)
     cols = [preds] if isinstance(preds, str) else list(preds)
-    used = list(dict.fromkeys(c for c in (*cols, label, group, weight) if c))
+    seg_cols = (segments or {}).get("columns", ())
+    used = list(dict.fromkeys(c for c in (*cols, label, group, weight, *seg_cols) if c))
     try:
         src, text = _prepare(con, s, table, used, group, [*cols, label, weight])
+        text = [c for c in text if c not in seg_cols or c in (*cols, label, group, weight)]
 
         def run(sql: str) -> list[Any]:
             return con.execute(sql).fetchall()
 
-        return collect(
+        result = collect(
             run, src, preds=preds, label=label, group=group, weight=weight, n_bins=n_bins,
             text=text, sample_size=sample_size, seed=seed,
             producer=f"duckdb {duckdb.__version__}",
         )  # fmt: skip
+        kw = {"preds": preds, "label": label, "group": group, "weight": weight, "text": text}
+        opts = segments and {**segments, "kw": {**kw, "dialect": "duckdb", "n_bins": n_bins or 10}}
+        return with_segments(result, run, src, opts)
     except duckdb.Error as e:
         raise ValueError(f"{s}: DuckDB could not compute the state: {_short(e)}") from None
     finally:

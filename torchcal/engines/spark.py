@@ -11,6 +11,7 @@ from typing import Any
 
 from torchcal.engines._names import locate_columns
 from torchcal.engines.collect import EngineAudit, collect
+from torchcal.engines.segments import with_segments
 from torchcal.engines.fine_sql import attach_fine, fine_query
 from torchcal.engines.sql import header_for, state_from_rows, state_sql
 from torchcal.engines.state import BinnedState
@@ -65,6 +66,7 @@ def audit_spark(
     n_bins: int | None = None,
     sample_size: int = 20000,
     seed: int = 0,
+    segments: dict[str, Any] | None = None,
 ) -> EngineAudit:
     """The audit's state, value grid, sample and text log (:func:`~torchcal.engines.collect
     .collect`) of a PySpark DataFrame, every query in the Spark dialect on a temporary view;
@@ -76,13 +78,19 @@ def audit_spark(
     text = _text_columns(df, [*cols, label, weight])
     view = f"torchcal_state_{uuid.uuid4().hex}"
     df.createOrReplaceTempView(view)
+
+    def run(q: str) -> list[Any]:
+        return [tuple(r) for r in df.sparkSession.sql(q).collect()]
+
     try:
-        return collect(
-            lambda q: [tuple(r) for r in df.sparkSession.sql(q).collect()], view,
-            preds=preds, label=label, group=group, weight=weight, n_bins=n_bins,
+        result = collect(
+            run, view, preds=preds, label=label, group=group, weight=weight, n_bins=n_bins,
             dialect="spark", text=text, sample_size=sample_size, seed=seed,
             producer=f"spark {pyspark.__version__}",
         )  # fmt: skip
+        kw = {"preds": preds, "label": label, "group": group, "weight": weight, "text": text}
+        opts = segments and {**segments, "kw": {**kw, "dialect": "spark", "n_bins": n_bins or 10}}
+        return with_segments(result, run, view, opts)
     finally:
         df.sparkSession.catalog.dropTempView(view)
 

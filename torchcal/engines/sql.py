@@ -201,12 +201,13 @@ def checked_rows_sql(
     n_bins: int = 10,
     dialect: str = "duckdb",
     text: Sequence[str] = (),
+    extra: Sequence[str] = (),
 ) -> str:
     """The ``WITH`` clause shared by :func:`state_sql` and the queries of the sample and the
     value grid: CTEs ``src`` (casts; columns named in ``text`` are parsed by the readers' rule,
     :func:`text_value_sql`), ``checked`` (``reason``), ``conf`` (``c``) and ``kept`` /
     ``scored`` (``bin``, ``c``, ``o`` the outcome, ``w``, ``nll``, ``hit``; NULL on rejected
-    rows)."""
+    rows); ``extra`` columns ride along as text ``s0``, ``s1``, ... (the segments)."""
     if dialect not in DIALECTS:
         raise ValueError(f"dialect: expected one of {DIALECTS}, got {dialect!r}")
     B = check_int("n_bins", n_bins, minimum=1)
@@ -233,6 +234,10 @@ def checked_rows_sql(
     checks = rules.splitlines()
     case = "\n".join("      " + c for c in checks)
     pv = ", ".join(ps)
+    ex = "".join(f", s{k}" for k in range(len(extra)))
+    ex_src = "".join(
+        f", CAST({quote(c, dialect)} AS {d['str']}) AS s{k}" for k, c in enumerate(extra)
+    )
     if C == 1:
         conf = "p0"
         outcome = "CASE WHEN reason IS NULL THEN y END"
@@ -247,18 +252,18 @@ def checked_rows_sql(
         q = "(CASE " + " ".join(f"WHEN y = {k} THEN {v}" for k, v in enumerate(ps)) + " END)"
         hit = "o"
     sql = f"""WITH src AS (
-  SELECT {cast}, {value(label, "label")} AS y, {g} AS g, {w} AS w, {bad_text} AS u
+  SELECT {cast}, {value(label, "label")} AS y, {g} AS g, {w} AS w, {bad_text} AS u{ex_src}
   FROM {source}
 ), checked AS (
-  SELECT {pv}, y, g, w, CASE
+  SELECT {pv}, y, g, w{ex}, CASE
 {case}
     END AS reason
   FROM src
 ), conf AS (
-  SELECT reason, g, y, w, {pv}, CASE WHEN reason IS NULL THEN {conf} END AS c
+  SELECT reason, g, y, w, {pv}{ex}, CASE WHEN reason IS NULL THEN {conf} END AS c
   FROM checked
 ), kept AS (
-  SELECT reason, g, y, {pv},
+  SELECT reason, g, y, {pv}{ex},
     CAST(LEAST(FLOOR(c * {B}), {B - 1}) AS {d["int"]}) AS bin,
     c,
     {outcome} AS o,
@@ -267,7 +272,7 @@ def checked_rows_sql(
       WHEN {q} > 0 THEN -LN({q}) ELSE {inf} END AS nll
   FROM conf
 ), scored AS (
-  SELECT reason, g, y, {pv}, bin, c, o, w, nll, {hit} AS hit
+  SELECT reason, g, y, {pv}{ex}, bin, c, o, w, nll, {hit} AS hit
   FROM kept
 )"""
     return re.sub(r"[ \t]+\n", "\n", sql)

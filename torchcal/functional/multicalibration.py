@@ -39,6 +39,7 @@ from torchcal.functional._checks import (
     check_same_shape,
     check_tensor,
 )
+from torchcal.functional.calibration.binning import BinnedStats
 
 __all__ = [
     "MulticalibrationResult",
@@ -426,3 +427,27 @@ def multicalibration_error(
         pvalue=ecce_pvalue(ratio.nan_to_num(posinf=1e300)),
         rows=segments.sum(dim=1),
     )
+
+
+def ecce_from_stats(stats: BinnedStats) -> tuple[Tensor, Tensor]:
+    """``(ECCE, sigma)`` of each leading row of binned statistics ``(R, K, B)`` (slots summed):
+    the ECCE read at the bin ends (each bin one tie block, in score order), so at most the
+    ECCE of the rows; ``sigma = sqrt(sum c (1 - c)) / n`` (frequency weights: ``sum w c (1 -
+    c) / sum w``). Rows with no mass give ``(0, 0)``.
+
+    Example:
+        >>> import torch
+        >>> from torchcal.functional.calibration.binning import binned_statistics
+        >>> p, y = torch.tensor([0.1, 0.4, 0.6, 0.9]), torch.tensor([0, 1, 0, 1])
+        >>> s = binned_statistics(p, y, n_bins=10, reading="binary", input="probs")
+        >>> [round(float(v), 4) for v in ecce_from_stats(s)]
+        [0.15, 0.2031]
+    """
+    n = stats.mass().sum((-2, -1))
+    d = (stats.acc - stats.conf).sum(-2)  # (R, B) in score order
+    safe = torch.where(n > 0, n, torch.ones_like(n))
+    cum = torch.cumsum(d, dim=-1) / safe[..., None]
+    cum = torch.cat([torch.zeros_like(cum[..., :1]), cum], dim=-1)
+    value = torch.where(n > 0, cum.amax(-1) - cum.amin(-1), torch.zeros_like(n))
+    var = (stats.conf - stats.conf2).sum((-2, -1)).clamp_min(0)
+    return value, torch.where(n > 0, torch.sqrt(var) / safe, torch.zeros_like(n))

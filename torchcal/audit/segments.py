@@ -1,0 +1,262 @@
+"""Segments in the audit (``--segments COL [COL ...]``; docs/design.md section 6g.1).
+
+The streaming road (a file, a glob through ``--engine memory``) reads each segment column
+through the same reader as the groups (:func:`~torchcal.audit.io.read_predictions` with the
+column as its group, so the same rows are kept and rejected) in two passes: the first counts
+every column's distinct texts (the rule of :func:`~torchcal.engines.segments.column_rule`:
+the numeric columns' exact quantile edges), the second bins every row into each of its
+segments (:func:`~torchcal.functional.calibration.binning.accumulate` with the segment as the
+group: the groups' formula). The SQL engines compute the same
+:class:`~torchcal.engines.segments.SegmentStats` with ``GROUPING SETS``
+(:func:`~torchcal.engines.segments.segments_from_sql`).
+
+The report judges each segment as a row of the family (the threshold gap or the ECE, the same
+tests as the groups); FAIL claims are Holm-adjusted over the pooled row, the groups and the
+segments together; a segment can FAIL the report but never holds back its PASS.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from torchcal.engines.segments import ColumnRule, SegmentStats, column_rule, crosses, finish
+from torchcal.functional.calibration.binning import BinnedStats, accumulate
+from torchcal.functional.calibration.readings import prepare_inputs
+from torchcal.functional.calibration.weights import accumulate_weighted
+from torchcal.functional.multicalibration import ecce_from_stats, ecce_pvalue
+from torchcal.functional.verdict import FAIL, INCONCLUSIVE, PASS
+
+#: segments listed in the report (the worst first)
+WORST = 10
+
+
+class SegmentAccumulator:
+    """Binned sums of every segment of crosses of up to ``depth`` columns, chunk by chunk."""
+
+    def __init__(self, rules: Sequence[ColumnRule], depth: int, n_bins: int, input: str) -> None:
+        self.rules, self.depth, self.n_bins, self.input = tuple(rules), depth, n_bins, input
+        self.crosses = crosses(len(rules), depth)
+        self.slot: dict[tuple[int, int], int] = {}
+        self.stats: BinnedStats | None = None
+
+    def update(self, preds: Tensor, target: Tensor, codes: Tensor, weight: Tensor | None) -> None:
+        """Add rows: ``codes`` ``(N, F)`` each row's code per column (all known)."""
+        reading = "binary" if preds.dim() == 1 or preds.shape[1] == 1 else "confidence"
+        if reading == "binary" and preds.dim() == 2:
+            preds = preds.reshape(-1)
+        sizes = [r.size for r in self.rules]
+        for ci, cols in enumerate(self.crosses):
+            key = codes[:, cols[0]].clone()
+            for j in cols[1:]:
+                key = key * sizes[j] + codes[:, j]
+            u, inv = torch.unique(key, return_inverse=True)
+            slots = [self.slot.setdefault((ci, k), len(self.slot)) for k in u.tolist()]
+            ids = torch.tensor(slots, dtype=torch.int64)[inv]
+            prep = prepare_inputs(preds, target, reading=reading, input=self.input, groups=ids)
+            w = None if weight is None else weight.to(torch.float64)
+            s = (
+                accumulate(prep, self.n_bins)
+                if w is None
+                else accumulate_weighted(prep, self.n_bins, w)
+            )
+            self._add(s)
+
+    def _add(self, s: BinnedStats) -> None:
+        G = len(self.slot)
+
+        def pad(x: BinnedStats) -> BinnedStats:
+            extra = G - x.count.shape[0]
+            return x.map(lambda t: torch.cat([t, t.new_zeros((extra, *t.shape[1:]))]))
+
+        s = pad(s)
+        self.stats = s if self.stats is None else pad(self.stats) + s
+
+    def result(self, bins: int, min_rows: int) -> SegmentStats:
+        """The :class:`~torchcal.engines.segments.SegmentStats` of the rows seen."""
+        F, B = len(self.rules), self.n_bins
+        cells = np.full((len(self.slot), F), -1, dtype=np.int64)
+        sizes = [r.size for r in self.rules]
+        for (ci, key), i in self.slot.items():
+            for j in reversed(self.crosses[ci]):
+                cells[i, j] = key % sizes[j]
+                key //= sizes[j]
+        st = self.stats if self.stats is not None else BinnedStats.zeros(0, 1, B)
+        sums = np.stack([t[:, 0].numpy() for t in (st.conf, st.acc, st.conf2, st.conf_acc)], -1)
+        w = None if st.weight is None else st.weight[:, 0].numpy()
+        w2 = getattr(st, "weight2", None)
+        return finish(
+            self.rules, cells, st.count[:, 0].numpy(), sums, w, depth=self.depth, bins=bins,
+            min_rows=min_rows, weight2=None if w2 is None else w2[:, 0].numpy(),
+        )  # fmt: skip
+
+
+class _Codes:
+    """A column's codes for a reader's growing list of group names (computed once each)."""
+
+    def __init__(self, rule: ColumnRule) -> None:
+        self.rule, self.lut = rule, np.zeros(0, dtype=np.int64)
+
+    def of(self, groups: Tensor, names: list[str]) -> Tensor:
+        if len(names) > self.lut.size:
+            self.lut = np.concatenate([self.lut, self.rule.codes(names[self.lut.size :])])
+        out = torch.from_numpy(self.lut)[groups.long()] if groups.numel() else groups.long()
+        if bool((out < 0).any()):  # pragma: no cover - the first pass saw every value
+            raise ValueError(f"--segments: column {self.rule.name!r} changed between passes")
+        return out
+
+
+Batches = Callable[[str, str], Any]  # (path, column) -> the reader's batches, column as group
+
+
+def stream_segments(
+    batches: Batches, files: Sequence[str], columns: Sequence[str], *, input: str,
+    n_bins: int, bins: int, depth: int, min_rows: int,
+) -> SegmentStats:  # fmt: skip
+    """The segments of ``columns`` over ``files``, two passes of the reader per column."""
+    seen: list[dict[str, int]] = [{} for _ in columns]
+    for j, col in enumerate(columns):
+        for path in files:
+            names: list[str] = []
+            cnt = np.zeros(0, dtype=np.int64)
+            for b in batches(path, col):
+                names = b.group_names
+                add = np.bincount(b.groups.numpy(), minlength=len(names))
+                cnt = np.concatenate([cnt, np.zeros(len(names) - cnt.size, np.int64)]) + add
+            for i in np.flatnonzero(cnt).tolist():
+                seen[j][names[i]] = seen[j].get(names[i], 0) + int(cnt[i])
+    rules = [
+        column_rule(c, list(s), list(s.values()), bins) for c, s in zip(columns, seen, strict=True)
+    ]
+    acc = SegmentAccumulator(rules, depth, n_bins, input)
+    for path in files:
+        codes = [_Codes(r) for r in rules]
+        for parts in zip(*(batches(path, c) for c in columns), strict=True):
+            b = parts[0]
+            cols = [cd.of(p.groups, p.group_names) for cd, p in zip(codes, parts, strict=True)]
+            acc.update(b.preds, b.target, torch.stack(cols, 1), b.weight)
+    return acc.result(bins, min_rows)
+
+
+def overall_with_segments(rows: Tensor, named: int) -> Tensor:
+    """The report's verdict code from the rows' codes ``(..., family)`` (:data:`~torchcal
+    .functional.verdict.PASS`, ...), the first ``named`` rows the pooled row and the groups,
+    the rest segments: FAIL when any row FAILs (Holm over all of them), PASS when the named
+    rows all PASS (a segment's INCONCLUSIVE does not hold it back), else INCONCLUSIVE.
+
+    Example:
+        >>> overall_with_segments(torch.tensor([[PASS, INCONCLUSIVE], [PASS, FAIL]]), 1).tolist()
+        [0, 1]
+    """
+    fail = (rows == FAIL).any(-1)
+    ok = (rows[..., :named] == PASS).all(-1)
+    return torch.where(fail, FAIL, torch.where(ok, PASS, INCONCLUSIVE))
+
+
+def _v(x: Any) -> float | None:
+    return None if x is None or not math.isfinite(float(x)) else float(x)
+
+
+def segment_report(
+    seg: SegmentStats, rows: Sequence[tuple[str, dict[str, Any]]], threshold: float | None,
+    limit: int = WORST,
+) -> dict[str, Any]:  # fmt: skip
+    """``report.json["segments"]``: the rules, counts and the worst ``limit`` segments (the
+    smallest Holm-adjusted p of a FAIL claim first, then the largest ECCE sigma) with their
+    definition, n, gap (or ECE), interval, ECCE sigma (z) and verdict."""
+    value, sigma = ecce_from_stats(seg.stats)
+    z = torch.where(sigma > 0, value / torch.where(sigma > 0, sigma, 1.0), torch.zeros_like(sigma))
+    z_l, e_l, p_l = z.tolist(), value.tolist(), ecce_pvalue(z).tolist() if z.numel() else []
+    listed = []
+    for i, (name, s) in enumerate(rows):
+        t = s["ece_test"] if threshold is None else s["threshold_gap"]
+        if threshold is None:
+            est, ci, n = s["ece"], s["ece_ci"], s["n"]
+        else:
+            est, ci, n = t["gap"], t["gap_ci"], t["n"]
+        cells = seg.cells[i].tolist()
+        listed.append({
+            "segment": name,
+            "columns": {seg.rules[j].name: seg.rules[j].label(v) for j, v in enumerate(cells) if v >= 0},
+            "n": s["n"], "n_judged": n, "statistic": "ece" if threshold is None else "threshold_gap",
+            "value": _v(est), "ci": [_v(x) for x in ci], "p_fail_holm": t["p_fail_holm"],
+            "ecce": _v(e_l[i]), "sigma": _v(z_l[i]), "ecce_p": _v(p_l[i]),
+            "verdict": s["verdict"], "reason": s["reasons"][0],
+        })  # fmt: skip
+    order = sorted(
+        range(len(listed)),
+        key=lambda i: (_none_last(listed[i]["p_fail_holm"]), -(listed[i]["sigma"] or 0.0), i),
+    )
+    return {
+        "columns": [r.to_dict() for r in seg.rules],
+        "depth": seg.depth, "bins": seg.bins, "min_segment": seg.min_rows,
+        "tested": len(rows), "skipped": seg.skipped,
+        "failed": sum(s["verdict"] == "fail" for _, s in rows),
+        "method": "holm over the pooled row, the groups and the segments",
+        "worst": [listed[i] for i in order[:limit]],
+    }  # fmt: skip
+
+
+def _none_last(p: Any) -> float:
+    return 2.0 if p is None else float(p)
+
+
+def segment_section(
+    d: dict[str, Any], name: Callable[[Any], str]
+) -> list[tuple[str, str, list[str], list[list[str]]]]:
+    """The console/markdown table of the worst segments (none without segments)."""
+    sg = d.get("segments")
+    if not sg:
+        return []
+    stat = "ECE" if d["settings"].get("threshold") is None else "gap"
+    head = ["segment", "n", stat, "interval", "sigma", "Holm p", "verdict"]
+
+    def f(x: Any, spec: str) -> str:
+        return "n/a" if x is None else format(x, spec)
+
+    rows = [
+        [name(w["segment"]), str(w["n"]), f(w["value"], "+.4f" if stat == "gap" else ".4f"),
+         f"[{f(w['ci'][0], '.4f')}, {f(w['ci'][1], '.4f')}]", f(w["sigma"], ".2f"),
+         f(w["p_fail_holm"], ".2g"), w["verdict"].upper()]
+        for w in sg["worst"]
+    ]  # fmt: skip
+    title = (
+        f"worst segments ({len(sg['worst'])} of {sg['tested']} tested, {sg['failed']} FAIL, "
+        f"{sg['skipped']} skipped under {sg['min_segment']} rows; depth {sg['depth']})"
+    )
+    return [("segments", title, head, rows)]
+
+
+def segment_html(d: dict[str, Any]) -> str:
+    """The HTML table of the worst segments (``id="segments"``; empty without segments);
+    every string through :func:`html.escape`."""
+    import html
+
+    sg = d.get("segments")
+    if not sg:
+        return ""
+    _, title, head, rows = segment_section(d, str)[0]
+    out = [_tr(head, "th")]
+    for r in rows:
+        out.append(_tr(r, "td", verdict=r[-1].lower()))
+    body = "".join(out)
+    return (
+        f'<h2>Segments</h2><p class="note">{html.escape(title)}</p>'
+        f'<div class="scroll"><table id="segments">{body}</table></div>'
+    )
+
+
+def _tr(cells: Sequence[str], tag: str, verdict: str = "") -> str:
+    import html
+
+    cls = [' class="name"'] + [""] * (len(cells) - 2) + [f' class="{verdict}"' if verdict else ""]
+    return (
+        "<tr>"
+        + "".join(f"<{tag}{c}>{html.escape(v)}</{tag}>" for v, c in zip(cells, cls))
+        + "</tr>"
+    )
