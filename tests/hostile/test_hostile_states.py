@@ -397,6 +397,37 @@ def test_all_zero_weights_exit_2_naming_the_weights(tmp_path, capsys):
         assert "internal error" not in err and "weight" in err, err
 
 
+@pytest.mark.parametrize("rule", [[], ["--threshold", "0.8"]], ids=["ece", "threshold"])
+def test_a_group_of_weight_0_is_never_judged(tmp_path, capsys, rule):
+    """Rows of weight 0 only once crashed the threshold reason (NoneType.__format__) and PASSed
+    the window test; now nothing to judge: INCONCLUSIVE, said so."""
+    r = _rows()
+    w = np.where(r["g"] == "a", 0.0, r["w"])
+    pq.write_table(
+        pa.table({"p": r["p"], "y": r["y"], "g": list(r["g"]), "w": w}), tmp_path / "z.parquet"
+    )
+    for engine in ("duckdb", "memory"):
+        args = [
+            "audit",
+            str(tmp_path / "z.parquet"),
+            "--probs",
+            "p",
+            "--label",
+            "y",
+            "--weight",
+            "w",
+        ]
+        out = tmp_path / f"o{engine}"
+        code, _, err = _run(
+            [*args, "--group", "g", "--engine", engine, "--out", str(out), *rule], capsys
+        )
+        assert "internal error" not in err and code in (1, 3), (code, err)
+        a = json.loads((out / "report.json").read_text())["groups"]["a"]
+        assert (
+            a["verdict"] == "inconclusive" and "have weight 0: nothing to judge" in a["reasons"][0]
+        )
+
+
 def test_check_weight_names_the_bounds():
     from torchcal.functional.calibration.weights import check_weight
 

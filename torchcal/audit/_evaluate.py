@@ -34,8 +34,10 @@ from torchcal.functional.verdict import (
     INCONCLUSIVE,
     PASS,
     decide,
+    design_factor,
     ece_test_from_stats,
     holm_adjust,
+    kish_n,
     window_gap_test,
 )
 
@@ -46,7 +48,7 @@ def _num(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _tables(S: BinnedStats) -> list[list[dict[str, Any]]]:
+def _tables(S: BinnedStats, weights: str = "importance") -> list[list[dict[str, Any]]]:
     """The reliability table (non-empty bins) of every row of ``S`` ``(R, 1, B)``, computed in
     one pass (the columns of :func:`~torchcal.functional.calibration
     .reliability_table_from_stats`: mean confidence, mean outcome, 95 % Wilson interval)."""
@@ -55,7 +57,11 @@ def _tables(S: BinnedStats) -> list[list[dict[str, Any]]]:
     n = S.mass().sum(-2)  # the weight total when weighted (frequency weights)
     hits = S.acc.sum(-2)
     conf, acc = S.conf.sum(-2) / n, hits / n
-    lo, hi = wilson_interval(hits, n)
+    n_ci, h_ci = n, hits
+    if design_factor(S, weights) is not None:  # importance weights: on n_eff (scale-free)
+        n_ci = kish_n(n, S.weight2.sum(-2))  # type: ignore[union-attr]
+        h_ci = acc * n_ci
+    lo, hi = wilson_interval(h_ci, n_ci)
     edges = (torch.arange(B + 1, dtype=torch.float64) / B).tolist()
     out: list[list[dict[str, Any]]] = [[] for _ in range(count.shape[0])]
     nz = torch.nonzero(count).tolist()
@@ -109,7 +115,7 @@ def summaries(
     mean_nll = (nll / nf).tolist()
     nll_rest = (nll / (nf - nll_inf.to(torch.float64))).tolist()
     acc = (hits / nf).tolist()
-    tables = _tables(S)
+    tables = _tables(S, weights)
     n_l, inf_l = n.tolist(), nll_inf.tolist()
     decomp = [k for k in brier if k != "brier"]
     out = []
@@ -184,6 +190,8 @@ def reason_of(s: dict[str, Any], threshold: float | None, tolerance: float, alph
     v = s["verdict"]
     if s["n"] == 0:
         return "no items in this group: nothing to judge"
+    if s["ece"] is None:  # rows, but every one of weight 0
+        return f"the {s['n']} rows here have weight 0: nothing to judge"
     if threshold is None:
         lo, hi = s["ece_ci"]
         t = s["ece_test"]
@@ -208,6 +216,8 @@ def reason_of(s: dict[str, Any], threshold: float | None, tolerance: float, alph
     where = f"near {threshold:g}"
     if w["n"] == 0:
         return f"no items with confidence in [{lo:g}, {hi:g}) {where}: nothing to judge"
+    if w["confidence"] is None:
+        return f"the {w['n']} rows in [{lo:g}, {hi:g}) {where} have weight 0: nothing to judge"
     g_lo, g_hi = w["gap_ci"]
     body = (f"gap {_pct(w['gap'])} (confidence {w['confidence']:.3f} - observed "
             f"{w['accuracy']:.3f}), {level} interval [{_pct(g_lo)}, {_pct(g_hi)}], n={w['n']} in "

@@ -441,7 +441,8 @@ def _save_diagrams(report: AuditReport, out: Path) -> list[Path]:
             label, summary = f"group {display_name(name, 40)}", report.groups[name]
         fig = table_figure(table_of(summary, report.settings["n_bins"], report.settings["reading"]))
         fig.axes[0].set_title(
-            f"{label}: {summary.get('verdict', '').upper()}, ECE {summary['ece']:.4f}, "
+            f"{label}: {summary.get('verdict', '').upper()}, ECE "
+            f"{'n/a' if summary['ece'] is None else format(summary['ece'], '.4f')}, "
             f"n={summary['n']}",
             fontsize=9,
         )

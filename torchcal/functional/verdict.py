@@ -211,7 +211,7 @@ def window_gap_test(
     p_small = torch.where(q_under < 1, _score_tail(hits, q_under, nf, upper=False), 0.0)
     p_pass = torch.maximum(p_big, p_small)
     z = _z(1 - alpha / max(int(family), 1)) + _z(power)
-    empty = n == 0
+    empty = (n == 0) | ~(w["mass"] > 0)  # no rows, or rows of weight 0 only
     nan = torch.full_like(conf, math.nan)
     return {
         **w,
