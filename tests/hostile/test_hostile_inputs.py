@@ -645,3 +645,20 @@ def test_the_former_internal_errors_name_the_argument(tmp_path, case, road, mess
     argv = [argv[1] if a == "SELF" else a for a in argv]
     code, _, err = _run_quiet(*argv)
     assert code == 2 and re.search(message, err), err
+
+
+@pytest.mark.parametrize("case", [k for k in GUARD if k.split("-")[0] in ("binary", "list",
+                                  "struct", "timestamp", "date", "dictionary", "decimal", "null",
+                                  "text", "duration", "csv")])  # fmt: skip
+def test_the_engines_api_raises_one_named_value_error(tmp_path, case):
+    """``state_from_files`` / ``state_from_duckdb`` on the crafted files: a state or a
+    ``ValueError`` naming the column or file (pyarrow's ``ArrowTypeError`` escaped before)."""
+    from torchcal.engines.duck import state_from_duckdb
+    from torchcal.engines.memory import state_from_files
+
+    f = GUARD[case](tmp_path)[0]
+    for fn in (state_from_files, state_from_duckdb):
+        try:
+            fn(f, preds="p", label="y", group="g", weight="w")
+        except ValueError as e:
+            assert re.match(r"^(p|y|g|w|\S+\.(csv|parquet)): ", str(e)), str(e)
