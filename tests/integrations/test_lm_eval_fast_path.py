@@ -209,12 +209,13 @@ def test_a_hostile_line_gets_the_strict_parsers_answer(
     bad = b"\xff\xfe" if line == "\xff" else line.encode("utf-8", "surrogatepass")
     if where == "first":
         data = bad + b"\n" + good * 3
-    elif where == "chunk edge":
-        data = good * (samples.CHUNK - 1) + bad + b"\n" + good
+    elif where == "chunk edge":  # the first line of the second chunk
+        data = good * samples.CHUNK + bad + b"\n" + good
     elif where == "last, no newline":
         data = good * 3 + bad
     else:  # every line of the file (a chunk of one kind of target)
         data = (bad + b"\n") * 2
+    (tmp_path / f"samples_a_{DATE}.jsonl").write_bytes(good * 2)  # a task read before
     (tmp_path / f"samples_t_{DATE}.jsonl").write_bytes(data)
     fast = _outcome(tmp_path)
     _strict(monkeypatch)

@@ -209,11 +209,14 @@ class _Columns:
         self.lls: list[float] = []
         self.lengths: list[int] = []
 
-    def extend(self, other: _Columns) -> None:
-        self.gold += other.gold
-        self.counts += other.counts
-        self.lls += other.lls
-        self.lengths += other.lengths
+    def sizes(self) -> tuple[int, int]:
+        """(documents, choices) read so far."""
+        return len(self.gold), len(self.lls)
+
+    def truncate(self, sizes: tuple[int, int]) -> None:
+        """Drop what was read after :meth:`sizes` gave ``sizes``."""
+        docs, choices = sizes
+        del self.gold[docs:], self.counts[docs:], self.lls[choices:], self.lengths[choices:]
 
     def padded(self, flat: np.ndarray, fill: float) -> Tensor:
         """``(N, C)`` float64 of the per-choice ``flat``, ``fill`` past each document's
@@ -232,15 +235,14 @@ def _read_file(f: Path, delimiter: str, loads: Callable[[bytes], Any], out: _Col
     gc_was_on = gc.isenabled()
     gc.disable()  # millions of new objects, none cyclic: the collector's passes only cost
     try:
-        fast = _Columns()
+        kept = out.sizes()
         try:
             with open(f, "rb") as fh:
-                blank = _parse_bulk(fh, delimiter, loads, fast)
+                return _parse_bulk(fh, delimiter, loads, out)
         except Exception:  # anything the fast parser cannot take exactly: the strict re-read
+            out.truncate(kept)
             with open(f, "rb") as fh:
                 return _parse_lines(f, fh, delimiter, loads, out)
-        out.extend(fast)
-        return blank
     finally:
         if gc_was_on:
             gc.enable()
