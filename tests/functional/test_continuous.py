@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from _ensemble_layouts import shared_layouts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch.autograd import gradcheck, gradgradcheck
@@ -114,14 +115,7 @@ def test_crps_ensemble_target_with_more_batch_dims_than_samples():
 
 
 # one ensemble shared by several targets: (samples shape, ensemble_dim, target shape)
-SHARED = [
-    ((41,), -1, (300,)),
-    ((1, 41), -1, (300,)),
-    ((41, 1), 0, (300,)),
-    ((4, 1, 41), -1, (4, 75)),
-    ((1, 5, 41), -1, (60, 5)),
-    ((41,), -1, (6, 50)),
-]
+SHARED = shared_layouts(41)
 
 
 def _crps_brute(x: np.ndarray, y: np.ndarray, estimator: str) -> np.ndarray:
@@ -869,7 +863,8 @@ def test_gaussian_nll_argument_order_is_forecast_then_target():
 
 def test_gaussian_nll_spread_by_name():
     """var=s**2 and sd=s give the same value (float32 rounding); the positional spread is the
-    sd; both names raise ValueError naming both, none (or a missing target) TypeError."""
+    sd. Its errors (both names, none, a missing target, bad values) are checked with the
+    loss's and the metric's in tests/losses/test_losses_regression_names.py."""
     g = torch.Generator().manual_seed(3)
     loc, y = torch.randn(50, generator=g), torch.randn(50, generator=g)
     s = torch.rand(50, generator=g) + 0.3
@@ -881,16 +876,6 @@ def test_gaussian_nll_spread_by_name():
     m, sd, t = (x.double() for x in (loc, s, y))
     ref = (0.5 * torch.log(2 * math.pi * sd**2) + 0.5 * ((t - m) / sd) ** 2).mean()
     assert gaussian_nll(m, target=t, var=sd**2).item() == pytest.approx(ref.item(), rel=1e-12)
-    with pytest.raises(ValueError, match="var=.*sd="):
-        gaussian_nll(loc, target=y, var=s**2, sd=s)
-    with pytest.raises(TypeError, match="missing the spread"):
-        gaussian_nll(loc, target=y)
-    with pytest.raises(TypeError, match="missing target"):
-        gaussian_nll(loc, sd=s)
-    with pytest.raises(ValueError, match="^sd: expected values > 0"):
-        gaussian_nll(loc, target=y, sd=-s)
-    with pytest.raises(ValueError, match="^var: expected values > 0"):
-        gaussian_nll(loc, target=y, var=-s)
 
 
 def test_gaussian_nll_var_flag_is_deprecated_but_works():

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from _ensemble_layouts import shared_layouts
 from scipy import stats
 
 import torchcal.functional as TF
@@ -168,14 +169,7 @@ def test_pit_ensemble_matches_brute_force_with_ties():
 
 
 # one ensemble shared by several targets: (samples shape, ensemble_dim, target shape)
-SHARED = [
-    ((37,), -1, (300,)),
-    ((1, 37), -1, (300,)),
-    ((37, 1), 0, (300,)),
-    ((4, 1, 37), -1, (4, 75)),
-    ((1, 5, 37), -1, (60, 5)),
-    ((37,), -1, (6, 50)),
-]
+SHARED = shared_layouts(37)
 
 
 @pytest.mark.parametrize(("shape", "dim", "target_shape"), SHARED)

@@ -104,10 +104,12 @@ def test_gaussian_spread_one_meaning_by_name():
         assert float(m.compute()) == pytest.approx(want, rel=1e-6)
 
 
-@pytest.mark.parametrize("call", ["loss", "metric"])
+@pytest.mark.parametrize("call", ["functional", "loss", "metric"])
 def test_gaussian_spread_errors(call):
+    """The functional and its two shells name the same errors of the spread arguments."""
     loc, y, s = torch.zeros(2), torch.ones(2), torch.ones(2)
-    fn = GaussianNLLLoss() if call == "loss" else GaussianNLL().update
+    shells = {"loss": GaussianNLLLoss(), "metric": GaussianNLL().update}
+    fn = TF.gaussian_nll if call == "functional" else shells[call]
     with pytest.raises(ValueError, match="var=.*sd="):
         fn(loc, target=y, var=s, sd=s)
     with pytest.raises(TypeError, match="missing the spread"):
