@@ -39,6 +39,7 @@ SLOW = (
     "tests/audit/test_cli.py::test_module_entry_point_subprocess",
     "tests/functional/test_compile.py::",
     "tests/engines/test_differential.py::test_spark_equals_the_in_memory_path",
+    "tests/hostile/test_hostile_inputs.py::test_w3_w6_w13_spark_reads_exact_names_and_group_text",
     "tests/recipes/test_bakeoff_selection.py::test_picks_are_the_epochs_of_lowest_value",
     "tests/test_bench_maps_smoke.py::test_bench_maps_quick_prints_every_case",
     "tests/functional/test_conformal_sets.py::test_marginal_coverage_is_exact_and_sharp",

@@ -275,6 +275,7 @@ def spark():
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    shared = SparkSession.getActiveSession()  # tests/engines' session, when it runs first
     session = (
         SparkSession.builder.master("local[1]")
         .appName("torchcal-hostile")
@@ -285,7 +286,8 @@ def spark():
         .getOrCreate()
     )
     yield session
-    session.stop()
+    if shared is None:
+        session.stop()
 
 
 def test_w3_w6_w13_spark_reads_exact_names_and_group_text(spark):
