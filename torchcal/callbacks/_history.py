@@ -44,14 +44,9 @@ class StageMonitor(HistoryCallback):
     _accs: dict[tuple[str, int], Any]
 
     def _update(
-        self,
-        stage: str,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        idx: int,
+        self, stage: str, pl_module: LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
+        """Accumulate one batch of dataloader ``idx`` (the rank is ``pl_module.global_rank``)."""
         raise NotImplementedError
 
     def _emit(
@@ -87,7 +82,7 @@ class StageMonitor(HistoryCallback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._update("val", trainer, pl_module, outputs, batch, dataloader_idx)
+        self._update("val", pl_module, outputs, batch, dataloader_idx)
 
     @override
     def on_test_batch_end(
@@ -99,7 +94,7 @@ class StageMonitor(HistoryCallback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._update("test", trainer, pl_module, outputs, batch, dataloader_idx)
+        self._update("test", pl_module, outputs, batch, dataloader_idx)
 
     @override
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

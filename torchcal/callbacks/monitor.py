@@ -286,18 +286,12 @@ class CalibrationMonitor(StageMonitor):
 
     @override
     def _update(
-        self,
-        stage: str,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        dataloader_idx: int,
+        self, stage: str, pl_module: LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
         # the sanity check's batches too: a wrong output fails before any training (its sums
         # are dropped at the next epoch start and never emitted)
         preds, target, groups = self._extract(stage, pl_module, batch, outputs)
-        rd, nll, rc = self._acc(stage, dataloader_idx, preds.device)
+        rd, nll, rc = self._acc(stage, idx, preds.device)
         rd.update(preds, target, groups)  # validates (NaN/+inf, all -inf rows, labels)
         if self.reading == "binary" and preds.dim() == target.dim() + 1:  # a (B, 1) head
             nll.update(preds.squeeze(-1), target)

@@ -245,16 +245,10 @@ class RegressionMonitor(StageMonitor):
 
     @override
     def _update(
-        self,
-        stage: str,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        idx: int,
+        self, stage: str, pl_module: LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
         values, groups = self._read(stage, pl_module, batch, outputs)
-        acc = self._acc(stage, idx, values[0].device, trainer.global_rank)
+        acc = self._acc(stage, idx, values[0].device, pl_module.global_rank)
         with validation_enabled(self.validate_args):
             if groups is not None and self.num_groups is not None:
                 shape = values[-1].shape
