@@ -24,6 +24,7 @@ PUBLIC = [
     "torchcal.callbacks",
     "torchcal.engines",
     "torchcal.functional",
+    "torchcal.integrations",
     "torchcal.losses",
     "torchcal.metrics",
     "torchcal.plotting",

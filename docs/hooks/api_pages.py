@@ -24,6 +24,8 @@ NAMESPACES = {
     "its SQL per dialect and the runners (DuckDB, Spark, in process).",
     "torchcal.rewards": "Proper scoring rules as rewards for a stated confidence (RL).",
     "torchcal.plotting": "Every figure torchcal draws (needs matplotlib).",
+    "torchcal.integrations": "Calibration where LLM evaluations run: lm-evaluation-harness's "
+    "multiple-choice log-likelihoods, its logged samples, Hugging Face `evaluate`.",
 }
 
 OPTIONS = """    options:
