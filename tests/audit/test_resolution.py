@@ -241,6 +241,12 @@ def test_an_old_state_file_without_it_still_loads(tmp_path):
     pq.write_table(bad, tmp_path / "bad.parquet")
     with pytest.raises(ValueError, match="bad.parquet: .*fine"):
         read_state(tmp_path / "bad.parquet")
+    odd = old.replace_schema_metadata(
+        {METADATA_KEY: json.dumps({**header, "fine_bins": 1 << 30}).encode()}
+    )
+    pq.write_table(odd, tmp_path / "odd.parquet")
+    with pytest.raises(ValueError, match="odd.parquet: header field fine_bins must be 4096"):
+        read_state(tmp_path / "odd.parquet")
 
 
 def test_weighted_frequency_report_equals_the_repeated_rows():

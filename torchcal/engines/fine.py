@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchcal.functional.histogram_scores import MAX_FINE_GROUPS, FineHistogram
+from torchcal.functional.histogram_scores import FINE_BINS, MAX_FINE_GROUPS, FineHistogram
 
 #: the slot of the fine rows in the state table
 FINE_SLOT = -1
@@ -82,10 +82,8 @@ def fine_bins_of(d: dict[str, Any], where: str) -> int | None:
     v = d.get("fine_bins")
     if v is None:
         return None
-    if type(v) is not int or not 1 <= v <= 1 << 16:
-        raise ValueError(
-            f"{where}: header field fine_bins must be an integer in [1, 65536], got {v!r}"
-        )
+    if type(v) is not int or v != FINE_BINS:
+        raise ValueError(f"{where}: header field fine_bins must be {FINE_BINS}, got {v!r}")
     return v
 
 
@@ -98,6 +96,10 @@ def fine_from_table(
     bins = header.fine_bins
     if not bins:
         return None
+    if len(names) > MAX_FINE_GROUPS:  # bounded before allocating (a hostile header)
+        raise ValueError(
+            f"{where}: a fine histogram of {len(names)} groups (at most {MAX_FINE_GROUPS} keep one)"
+        )
     h = FineHistogram.zeros(len(names), bins)
     if rows is None or rows.num_rows == 0:
         if int(counts.sum()):
