@@ -135,7 +135,8 @@ class VectorFold:
 def _factor(h: Tensor) -> Tensor | None:
     """The Cholesky factor of ``h`` plus a ridge ``1e-12 mean|diag h|`` (``None``: failed)."""
     ridge = 1e-12 * float(h.diagonal().abs().mean()) + 1e-300
-    factor, info = torch.linalg.cholesky_ex(h + ridge * torch.eye(h.shape[0], dtype=h.dtype))
+    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    factor, info = torch.linalg.cholesky_ex(h + ridge * eye)
     return None if int(info) != 0 else factor
 
 
