@@ -59,191 +59,63 @@ from torchcal.functional._moved import moved
 
 __all__: list[str] = []
 
+#: the names each module of this package defines that users now import from that module
+_FROM_THEIR_MODULE = {
+    "adaptive": (
+        "ece_sweep_from_samples",
+        "ece_sweep_from_stats",
+        "equal_mass_calibration_error_from_samples",
+        "equal_mass_calibration_error_from_stats",
+    ),
+    "binning": (
+        "SUM_BLOCK",
+        "accumulate",
+        "accumulate_batches",
+        "bin_ids",
+        "bin_index",
+        "require_nonempty",
+        "require_single_slot",
+    ),
+    "bootstrap": ("bootstrap_statistics", "ece_bootstrap_from_stats"),
+    "estimators": ("NORMS", "class_mean", "debiased_calibration_error_from_stats"),
+    "intervals": ("INTERVALS", "clopper_pearson_interval", "wilson_interval", "z_of_level"),
+    "nll": ("as_float64", "logits_look_like_probs", "nll_items", "nll_sum", "nll_terms"),
+    "readings": (
+        "CalibrationSamples",
+        "INPUTS",
+        "PROBS_AS_LOGITS",
+        "PreparedInputs",
+        "READINGS",
+        "confidence_reading",
+        "prepare_checked",
+        "prepare_inputs",
+        "samples_from",
+        "warn_probs_as_logits",
+    ),
+    "smooth": ("smooth_calibration_error_from_samples", "smooth_calibration_error_from_stats"),
+    "wrappers": ("ESTIMATORS", "FINE_ESTIMATORS", "estimate", "per_group", "stack_scalars"),
+}
+#: the public names, now imported from torchcal.functional
+_FROM_FUNCTIONAL = {
+    "binning": ("BinnedStats", "binned_statistics"),
+    "estimators": ("brier_decomposition_from_stats", "calibration_error_from_stats"),
+    "nll": ("negative_log_likelihood",),
+    "tables": ("reliability_table_from_stats",),
+    "truth": ("kl_to_truth", "true_calibration_error"),
+    "wrappers": (
+        "brier_decomposition",
+        "calibration_error",
+        "calibration_error_bootstrap",
+        "reliability_table",
+    ),
+}
+
 __getattr__ = moved(
     __name__,
     {
-        "BinnedStats": ("torchcal.functional.calibration.binning", "torchcal.functional"),
-        "CalibrationSamples": (
-            "torchcal.functional.calibration.readings",
-            "torchcal.functional.calibration.readings",
-        ),
-        "ESTIMATORS": (
-            "torchcal.functional.calibration.wrappers",
-            "torchcal.functional.calibration.wrappers",
-        ),
-        "FINE_ESTIMATORS": (
-            "torchcal.functional.calibration.wrappers",
-            "torchcal.functional.calibration.wrappers",
-        ),
-        "INPUTS": (
-            "torchcal.functional.calibration.readings",
-            "torchcal.functional.calibration.readings",
-        ),
-        "INTERVALS": (
-            "torchcal.functional.calibration.intervals",
-            "torchcal.functional.calibration.intervals",
-        ),
-        "NORMS": (
-            "torchcal.functional.calibration.estimators",
-            "torchcal.functional.calibration.estimators",
-        ),
-        "PROBS_AS_LOGITS": (
-            "torchcal.functional.calibration.readings",
-            "torchcal.functional.calibration.readings",
-        ),
-        "PreparedInputs": (
-            "torchcal.functional.calibration.readings",
-            "torchcal.functional.calibration.readings",
-        ),
-        "READINGS": (
-            "torchcal.functional.calibration.readings",
-            "torchcal.functional.calibration.readings",
-        ),
-        "SUM_BLOCK": (
-            "torchcal.functional.calibration.binning",
-            "torchcal.functional.calibration.binning",
-        ),
-        "accumulate": (
-            "torchcal.functional.calibration.binning",
-            "torchcal.functional.calibration.binning",
-        ),
-        "accumulate_batches": (
-            "torchcal.functional.calibration.binning",
-            "torchcal.functional.calibration.binning",
-        ),
-        "as_float64": (
-            "torchcal.functional.calibration.nll",
-            "torchcal.functional.calibration.nll",
-        ),
-        "bin_ids": (
-            "torchcal.functional.calibration.binning",
-            "torchcal.functional.calibration.binning",
-        ),
-        "bin_index": (
-            "torchcal.functional.calibration.binning",
-            "torchcal.functional.calibration.binning",
-        ),
-        "binned_statistics": ("torchcal.functional.calibration.binning", "torchcal.functional"),
-        "bootstrap_statistics": (
-            "torchcal.functional.calibration.bootstrap",
-            "torchcal.functional.calibration.bootstrap",
-        ),
-        "brier_decomposition": ("torchcal.functional.calibration.wrappers", "torchcal.functional"),
-        "brier_decomposition_from_stats": (
-            "torchcal.functional.calibration.estimators",
-            "torchcal.functional",
-        ),
-        "calibration_error": ("torchcal.functional.calibration.wrappers", "torchcal.functional"),
-        "calibration_error_bootstrap": (
-            "torchcal.functional.calibration.wrappers",
-            "torchcal.functional",
-        ),
-        "calibration_error_from_stats": (
-            "torchcal.functional.calibration.estimators",
-            "torchcal.functional",
-        ),
-        "class_mean": (
-            "torchcal.functional.calibration.estimators",
-            "torchcal.functional.calibration.estimators",
-        ),
-        "clopper_pearson_interval": (
-            "torchcal.functional.calibration.intervals",
-            "torchcal.functional.calibration.intervals",
-        ),
-        "confidence_reading": (
-            "torchcal.functional.calibration.readings",
-            "torchcal.functional.calibration.readings",
-        ),
-        "debiased_calibration_error_from_stats": (
-            "torchcal.functional.calibration.estimators",
-            "torchcal.functional.calibration.estimators",
-        ),
-        "ece_bootstrap_from_stats": (
-            "torchcal.functional.calibration.bootstrap",
-            "torchcal.functional.calibration.bootstrap",
-        ),
-        "ece_sweep_from_samples": (
-            "torchcal.functional.calibration.adaptive",
-            "torchcal.functional.calibration.adaptive",
-        ),
-        "ece_sweep_from_stats": (
-            "torchcal.functional.calibration.adaptive",
-            "torchcal.functional.calibration.adaptive",
-        ),
-        "equal_mass_calibration_error_from_samples": (
-            "torchcal.functional.calibration.adaptive",
-            "torchcal.functional.calibration.adaptive",
-        ),
-        "equal_mass_calibration_error_from_stats": (
-            "torchcal.functional.calibration.adaptive",
-            "torchcal.functional.calibration.adaptive",
-        ),
-        "estimate": (
-            "torchcal.functional.calibration.wrappers",
-            "torchcal.functional.calibration.wrappers",
-        ),
-        "kl_to_truth": ("torchcal.functional.calibration.truth", "torchcal.functional"),
-        "logits_look_like_probs": (
-            "torchcal.functional.calibration.nll",
-            "torchcal.functional.calibration.nll",
-        ),
-        "negative_log_likelihood": ("torchcal.functional.calibration.nll", "torchcal.functional"),
-        "nll_items": ("torchcal.functional.calibration.nll", "torchcal.functional.calibration.nll"),
-        "nll_sum": ("torchcal.functional.calibration.nll", "torchcal.functional.calibration.nll"),
-        "nll_terms": ("torchcal.functional.calibration.nll", "torchcal.functional.calibration.nll"),
-        "per_group": (
-            "torchcal.functional.calibration.wrappers",
-            "torchcal.functional.calibration.wrappers",
-        ),
-        "prepare_checked": (
-            "torchcal.functional.calibration.readings",
-            "torchcal.functional.calibration.readings",
-        ),
-        "prepare_inputs": (
-            "torchcal.functional.calibration.readings",
-            "torchcal.functional.calibration.readings",
-        ),
-        "reliability_table": ("torchcal.functional.calibration.wrappers", "torchcal.functional"),
-        "reliability_table_from_stats": (
-            "torchcal.functional.calibration.tables",
-            "torchcal.functional",
-        ),
-        "require_nonempty": (
-            "torchcal.functional.calibration.binning",
-            "torchcal.functional.calibration.binning",
-        ),
-        "require_single_slot": (
-            "torchcal.functional.calibration.binning",
-            "torchcal.functional.calibration.binning",
-        ),
-        "samples_from": (
-            "torchcal.functional.calibration.readings",
-            "torchcal.functional.calibration.readings",
-        ),
-        "smooth_calibration_error_from_samples": (
-            "torchcal.functional.calibration.smooth",
-            "torchcal.functional.calibration.smooth",
-        ),
-        "smooth_calibration_error_from_stats": (
-            "torchcal.functional.calibration.smooth",
-            "torchcal.functional.calibration.smooth",
-        ),
-        "stack_scalars": (
-            "torchcal.functional.calibration.wrappers",
-            "torchcal.functional.calibration.wrappers",
-        ),
-        "true_calibration_error": ("torchcal.functional.calibration.truth", "torchcal.functional"),
-        "warn_probs_as_logits": (
-            "torchcal.functional.calibration.readings",
-            "torchcal.functional.calibration.readings",
-        ),
-        "wilson_interval": (
-            "torchcal.functional.calibration.intervals",
-            "torchcal.functional.calibration.intervals",
-        ),
-        "z_of_level": (
-            "torchcal.functional.calibration.intervals",
-            "torchcal.functional.calibration.intervals",
-        ),
+        name: (f"{__name__}.{module}", f"{__name__}.{module}" if home is None else home)
+        for table, home in ((_FROM_THEIR_MODULE, None), (_FROM_FUNCTIONAL, "torchcal.functional"))
+        for module, names in table.items()
+        for name in names
     },
 )
