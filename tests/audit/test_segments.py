@@ -209,3 +209,28 @@ def test_missing_segment_value_is_an_error(tmp_path, engine):
 def test_a_state_has_no_segments(tmp_path):
     code, _, err = _cli("audit", "--state", str(tmp_path / "x.parquet"), "--segments", "a")
     assert code == 2 and "--segments" in err
+
+
+def test_python_api_equals_the_file_road(tmp_path):
+    """``audit(preds, target, segments={...})`` (texts and tensors) judges the segments the
+    file road judges, with the same numbers."""
+    from torchcal.audit import audit
+    from torchcal.audit.example_segments import make_segments_data, write_segments_csv
+
+    path = str(tmp_path / "s.csv")
+    write_segments_csv(path, 1000, 0)
+    d = make_segments_data(1000, 0)
+    cols = {"lang": d["lang"], "doc": d["doc"], "length": d["length"]}
+    got = audit(d["p"], d["correct"], segments=cols, min_segment=100).segments
+    want, _ = run_audit(
+        AuditRequest(file=path, preds=("p",), label="correct"),
+        AuditSettings(segments=("lang", "doc", "length"), min_segment=100),
+    )
+    ref = want.segments
+    assert got["columns"] == ref["columns"] and got["tested"] == ref["tested"]
+    for a, b in zip(got["worst"], ref["worst"], strict=True):
+        assert (a["segment"], a["n"], a["verdict"]) == (b["segment"], b["n"], b["verdict"])
+        assert a["value"] == pytest.approx(b["value"], rel=1e-12, abs=1e-12)
+        assert a["sigma"] == pytest.approx(b["sigma"], rel=1e-9)
+    with pytest.raises(ValueError, match="segments\\['lang'\\]: expected 4000 values"):
+        audit(d["p"], d["correct"], segments={"lang": d["lang"][:10]})

@@ -11,6 +11,7 @@ and the ``sample_size`` smallest keys are kept, so the sample is identical for a
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -380,6 +381,7 @@ class Auditor:
         alpha: float = 0.05,
         power: float = 0.8,
         read_log: dict[str, Any] | None = None,
+        segments: Any = None,
     ) -> AuditReport:
         """The :class:`~torchcal.audit.AuditReport` of everything seen so far.
 
@@ -396,9 +398,15 @@ class Auditor:
         ``fit_temperature=True`` fits T (pooled and per group) on a seeded half of the kept
         sample (all rows when ``n_rows <= sample_size``) and reports the other half before and
         after (``report.temperature``). Probabilities of exactly 0 or 1 get clamped logits
-        for the fit, with a warning that counts them.
+        for the fit, with a warning that counts them. ``segments``: the
+        :class:`~torchcal.engines.segments.SegmentStats` to judge with them (docs/design.md 6g.1).
         """
+        seg_kw = {} if segments is None else {
+            "segments": tuple(r.name for r in segments.rules), "segment_bins": segments.bins,
+            "depth": segments.depth, "min_segment": segments.min_rows,
+        }  # fmt: skip
         settings = AuditSettings(
+            **seg_kw,
             threshold=threshold,
             tolerance=tolerance,
             alpha=alpha,
@@ -413,7 +421,9 @@ class Auditor:
         )
         if self.n_rows == 0:
             raise ValueError("preds: no rows were given to the audit (empty input)")
-        return build_report(self.state(group_names, read_log=read_log), settings, rows_state)
+        state = self.state(group_names, read_log=read_log)
+        state = state if segments is None else replace(state, segments=segments)
+        return build_report(state, settings, rows_state)
 
 
 def rows_state(
@@ -508,8 +518,14 @@ def audit(
     min_group: int = 200,
     alpha: float = 0.05,
     power: float = 0.8,
+    segments: Any = None,
+    segment_bins: int = 4,
+    depth: int = 2,
+    min_segment: int = 200,
 ) -> AuditReport:
     """Audit ``preds`` against ``target`` in one call (one :class:`Auditor` update + report).
+    ``segments`` maps column names to ``N`` values (texts, or a tensor): every cross of up to
+    ``depth`` of them is judged too (docs/design.md 6g.1; as ``torchcal audit --segments``).
 
     Example:
         >>> import torch
@@ -530,7 +546,18 @@ def audit(
         reading=reading,
     )
     a.update(preds, target, groups)
+    seg = None
+    if segments is not None:
+        from torchcal.audit.segments import segments_of_rows
+
+        AuditSettings(segments=tuple(segments), segment_bins=segment_bins, depth=depth,
+                      min_segment=min_segment)  # the checks  # fmt: skip
+        seg = segments_of_rows(
+            preds, target, segments, input=input, n_bins=a.n_bins, bins=segment_bins,
+            depth=depth, min_rows=min_segment,
+        )  # fmt: skip
     return a.report(
+        segments=seg,
         group_names=group_names,
         threshold=threshold,
         tolerance=tolerance,

@@ -260,3 +260,36 @@ def _tr(cells: Sequence[str], tag: str, verdict: str = "") -> str:
         + "".join(f"<{tag}{c}>{html.escape(v)}</{tag}>" for v, c in zip(cells, cls))
         + "</tr>"
     )
+
+
+def segments_of_rows(
+    preds: Tensor, target: Tensor, columns: Any, *, input: str, n_bins: int, bins: int,
+    depth: int, min_rows: int,
+) -> SegmentStats:  # fmt: skip
+    """The segments of rows given at once (:func:`torchcal.audit.audit`'s ``segments``):
+    ``columns`` maps a name to ``N`` values (a list of texts, or a tensor: integers by their
+    digits, floats by ``repr``), read by the files' rule (:func:`~torchcal.engines.segments
+    .column_rule`)."""
+    if not hasattr(columns, "items") or not columns:
+        raise ValueError("segments: expected a non-empty mapping of column name -> N values")
+    n = int(target.shape[0])
+    rules, codes = [], []
+    for name, values in columns.items():
+        if isinstance(values, Tensor):
+            fp = values.is_floating_point()
+            texts = [repr(float(v)) if fp else str(int(v)) for v in values.reshape(-1).tolist()]
+        else:
+            texts = [str(v) for v in values]
+        if len(texts) != n:
+            raise ValueError(
+                f"segments[{name!r}]: expected {n} values (one per row), got {len(texts)}"
+            )
+        u, inv, cnt = np.unique(
+            np.asarray(texts, dtype=object), return_inverse=True, return_counts=True
+        )
+        rule = column_rule(str(name), [str(t) for t in u], cnt.tolist(), bins)
+        rules.append(rule)
+        codes.append(torch.from_numpy(rule.codes([str(t) for t in u])[inv]))
+    acc = SegmentAccumulator(rules, depth, n_bins, input)
+    acc.update(preds, target, torch.stack(codes, 1), None)
+    return acc.result(bins, min_rows)
