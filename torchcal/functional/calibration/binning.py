@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -250,31 +251,33 @@ def accumulate(prep: PreparedInputs, n_bins: int) -> BinnedStats:
     idx = bin_ids(c, n_bins)
     if prep.lead is not None:
         idx.add_(prep.lead, alpha=n_bins)
-    G, K = prep.num_groups, prep.num_slots
-    size = G * K * n_bins
-    shape = (G, K, n_bins)
-    o = prep.outcome.to(torch.float64)
-    if sync_free(c):  # one scatter (bincount would read its output size on the host)
+    shape = (prep.num_groups, prep.num_slots, n_bins)
+    return _cell_sums(idx, c, prep.outcome.to(torch.float64), shape, blocked=True)
+
+
+def _cell_sums(
+    idx: Tensor, c: Tensor, o: Tensor, shape: tuple[int, ...], blocked: bool
+) -> BinnedStats:
+    """:class:`BinnedStats` of ``shape`` from the flat cell ``idx`` of each confidence ``c``
+    and outcome ``o`` (float64): one scatter on the sync-free path (bincount would read its
+    output size on the host), else ``bincount`` s, the float sums by
+    :func:`_blocked_bincount` when ``blocked``."""
+    size = math.prod(shape)
+    if sync_free(c):
         w = torch.stack([torch.ones_like(c), c, o, c * c, c * o], dim=1)
         sums = torch.zeros(size, 5, dtype=torch.float64, device=c.device).index_add_(0, idx, w)
         count = sums[:, 0].to(torch.int64)  # exact: integers below 2^53
-        s_c, s_o, s_cc, s_co = sums[:, 1:].unbind(1)
+        parts = sums[:, 1:].unbind(1)
     else:
         count = torch.bincount(idx, minlength=size)
         if count.numel() != size:  # only with validation off and out-of-range groups
-            raise ValueError(f"groups: expected group ids in [0, {G - 1}]")
-        wsum = _blocked_bincount(idx, size)
-        s_c = wsum(c)
-        s_o = wsum(o)
-        s_cc = wsum(c * c)
-        s_co = wsum(c * o)
-    return BinnedStats(
-        count.view(shape),
-        s_c.reshape(shape),
-        s_o.reshape(shape),
-        s_cc.reshape(shape),
-        s_co.reshape(shape),
-    )
+            raise ValueError(f"groups: expected group ids in [0, {shape[-3] - 1}]")
+        if blocked:
+            wsum = _blocked_bincount(idx, size)
+        else:
+            wsum = lambda w: torch.bincount(idx, weights=w, minlength=size)  # noqa: E731
+        parts = tuple(wsum(v) for v in (c, o, c * c, c * o))
+    return BinnedStats(count.view(shape), *(p.reshape(shape) for p in parts))
 
 
 def accumulate_batches(preps: Sequence[PreparedInputs], n_bins: int) -> BinnedStats:
@@ -354,28 +357,7 @@ def bin_batches(
         offsets = torch.repeat_interleave(torch.arange(nb) * size, torch.tensor(lengths))
         idx.add_(offsets)
     o = torch.cat(list(outcomes)).to(torch.float64)
-    shape = (nb, G, K, n_bins)
-    if sync_free(c):
-        w = torch.stack([torch.ones_like(c), c, o, c * c, c * o], dim=1)
-        sums = torch.zeros(nb * size, 5, dtype=torch.float64, device=device).index_add_(0, idx, w)
-        count = sums[:, 0].to(torch.int64)
-        s_c, s_o, s_cc, s_co = sums[:, 1:].unbind(1)
-    else:
-        total = nb * size
-        count = torch.bincount(idx, minlength=total)
-        if count.numel() != total:  # only with validation off and out-of-range groups
-            raise ValueError(f"groups: expected group ids in [0, {G - 1}]")
-        s_c = torch.bincount(idx, weights=c, minlength=total)
-        s_o = torch.bincount(idx, weights=o, minlength=total)
-        s_cc = torch.bincount(idx, weights=c * c, minlength=total)
-        s_co = torch.bincount(idx, weights=c * o, minlength=total)
-    return BinnedStats(
-        count.view(shape),
-        s_c.reshape(shape),
-        s_o.reshape(shape),
-        s_cc.reshape(shape),
-        s_co.reshape(shape),
-    )
+    return _cell_sums(idx, c, o, (nb, G, K, n_bins), blocked=False)
 
 
 def binned_statistics(
