@@ -664,3 +664,20 @@ def test_the_engines_api_raises_one_named_value_error(tmp_path, case):
             fn(f, preds="p", label="y", group="g", weight="w")
         except ValueError as e:
             assert re.match(r"^(p|y|g|w|\S+\.(csv|parquet)): ", str(e)), str(e)
+
+
+def test_w12_the_console_temperature_lines_name_the_shown_groups_only(tmp_path, capsys):
+    p, y, _ = _rows(12000)
+    names = [f"g{i:03d}" for i in range(300)]
+    pq.write_table(pa.table({"p": p, "y": y, "g": [names[i % 300] for i in range(12000)]}),
+                   tmp_path / "g.parquet")  # fmt: skip
+    code, out, err = _run(
+        capsys, "audit", tmp_path / "g.parquet", "--probs", "p", "--label", "y", "--group", "g",
+        "--fit-temperature", "--out", tmp_path / "o", "--diagrams", "0",
+    )  # fmt: skip
+    assert code in (0, 1, 3), err
+    line = next(x for x in out.splitlines() if x.startswith("temperature: "))
+    assert len(re.findall(r"\bg\d{3} ", line)) == 20 and ", and 280 more" in line
+    text = (tmp_path / "o" / "report.txt").read_text()
+    full = next(x for x in text.splitlines() if x.startswith("temperature: "))
+    assert all(f"{g} " in full for g in names)

@@ -205,19 +205,24 @@ def _judged(s: dict[str, Any], threshold: Any) -> str:
     return f"debiased ECE {_deb(s)} {_ci(s.get('ece_ci'), 3)}"
 
 
-def _temperature_lines(d: dict[str, Any]) -> list[str]:
+def _temperature_lines(d: dict[str, Any], limit: int | None = None) -> list[str]:
     tp = d.get("temperature")
     if not tp:
         return []
     t = d["settings"].get("threshold")
-    groups = ", ".join(f"{display_name(k)} {v:.4f}" for k, v in tp["group_T"].items())
+    keep = _kept(d, limit)  # the console: the groups its table shows
+    shown = [(k, v) for k, v in tp["group_T"].items() if keep is None or k in keep]
+    more = (
+        f", and {len(tp['group_T']) - len(shown)} more" if len(shown) < len(tp["group_T"]) else ""
+    )
+    groups = ", ".join(f"{display_name(k)} {v:.4f}" for k, v in shown) + more
     lines = [f"temperature: pooled T = {tp['pooled_T']:.4f}; per group: {groups} (fit on "
              f"{tp['n_fit']} rows, evaluated on {tp['n_eval']} held-out rows)"]  # fmt: skip
     for key in ("eval_before", "eval_after"):
         ev = tp[key]
         rows = [("pooled", ev["pooled"])]
         if d["settings"].get("grouped"):
-            rows += list(ev["groups"].items())
+            rows += [(k, v) for k, v in ev["groups"].items() if keep is None or k in keep]
         parts = [f"{display_name(n)} {_judged(s, t)} {s['verdict'].upper()}" for n, s in rows]
         lines.append(f"  {key}: {ev['verdict'].upper()}: " + "; ".join(parts))
     return lines
@@ -308,13 +313,13 @@ def _reason_lines(d: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _tail(d: dict[str, Any]) -> list[str]:
+def _tail(d: dict[str, Any], limit: int | None = None) -> list[str]:
     return (
         _concentration_lines(d)
         + _resolution_lines(d)
         + _read_lines(d)
         + _engine_lines(d)
-        + _temperature_lines(d)
+        + _temperature_lines(d, limit)
         + [rule_text(d)]
         + _reason_lines(d)
     )
@@ -335,7 +340,7 @@ def report_text(d: dict[str, Any], limit: int | None = None) -> str:
         note = (f"\n... and {more} more groups (the {len(rows) - 1} worst are shown; "
                 f"report.json, report.md and report.txt of --out DIR hold every group)")  # fmt: skip
         parts.append(title + "\n" + _grid(head, rows) + (note if more > 0 else ""))
-    tail = _tail(d)
+    tail = _tail(d, limit)
     if limit is not None:
         tail = _capped(tail, "  - ", limit, "reasons")
         tail = _capped(tail, "warning: ", limit, "warnings")
