@@ -15,8 +15,8 @@ from torch import Tensor
 
 from torchcal.audit._format import display_name
 from torchcal.audit.report import AuditReport
-from torchcal.audit.segments import overall_with_segments, segment_report
 from torchcal.audit.resolution import add_resolution, decide_hint
+from torchcal.audit.segments import overall_with_segments, segment_report
 from torchcal.audit.state import AuditSettings, AuditState, generator_seed, grid_stats
 from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.calibration.estimators import (

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from torchcal.audit._format import note_lines, rule_text
-from torchcal.audit.segments import segment_html
 from torchcal.audit.resolution import resolution_section
+from torchcal.audit.segments import segment_html
 
 #: The page's Content-Security-Policy: inline script and style only, images from data: URLs.
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"

@@ -11,8 +11,8 @@ from typing import Any
 
 from torchcal.engines._names import locate_columns
 from torchcal.engines.collect import EngineAudit, collect
-from torchcal.engines.segments import with_segments
 from torchcal.engines.fine_sql import attach_fine, fine_query
+from torchcal.engines.segments import with_segments
 from torchcal.engines.sql import header_for, state_from_rows, state_sql
 from torchcal.engines.state import BinnedState
 
