@@ -34,11 +34,15 @@
       "threshold_gap": {n, confidence, accuracy, gap, accuracy_ci [lo, hi], gap_ci [lo, hi],
                         TEST...} | null,
       "verdict": "pass" | "fail" | "inconclusive", "reasons": [str],
+      "resolution": RESOLUTION | null,   # the fine histogram's (null without one: a note)
       "table": [{bin, lo, hi, n, confidence, accuracy, gap, ci_lo, ci_hi}],  # non-empty bins
       "cost": {threshold, n_automated, errors, error_rate, error_rate_ci, cost_per_item,
                naive_threshold}                                # only with costs
     }
     TEST = {p_pass, p_fail, p_fail_holm, detectable}
+    RESOLUTION = {ecce, ecce_sigma (ECCE / sigma), ecce_scale (sigma), ecce_pvalue, ecce_bound
+                  (exact ECCE in [ecce, ecce + bound]), distinct, distinct_exact, top_value,
+                  top_share, auroc, auroc_ci [lo, hi], auroc_se, separates (lo > 0.5)}
     CONCENTRATION = {distinct, top_value, top_share, min, max, iqr, grid, grid_bins}
 
     eval_* = {"verdict", "pooled": {n, ece, ece_debiased, ece_ci, threshold_gap, verdict,
