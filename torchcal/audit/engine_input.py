@@ -36,6 +36,8 @@ from torchcal.engines.state import BinnedState, expand_paths, write_state
 
 #: files above this size get a progress bar on stderr (with tqdm installed)
 PROGRESS_BYTES = 50 * 2**20
+#: rows per chunk of the segment columns' readers (``--segments``: one reader per column)
+SEGMENT_CHUNK = 1 << 17
 #: rejection reasons that are the readers' exclusions (listed under ``read``, not warned)
 _READ_REASONS = ("preds_unparsed", "preds_null")
 
@@ -235,7 +237,10 @@ def _stream_segments(request: AuditRequest, settings: AuditSettings, files: list
     from torchcal.audit.state import DEFAULT_BINS
 
     def batches(path: str, column: str) -> Iterator[Any]:
-        req = replace(request, group=column, progress=False)
+        # a column per reader, several readers at once: smaller chunks bound the memory
+        req = replace(
+            request, group=column, progress=False, chunk_rows=min(request.chunk_rows, SEGMENT_CHUNK)
+        )
         return _batches(req, path, ReadLog(), settings.max_unparsed)
 
     return stream_segments(
