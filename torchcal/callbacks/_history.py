@@ -18,6 +18,18 @@ class HistoryCallback(Callback):
     resumed run keeps it."""
 
     history: list[dict[str, Any]]
+    #: the settings that tell two instances apart in a checkpoint, in :attr:`state_key` order
+    _key_settings: tuple[str, ...] = ()
+
+    def _key_extras(self) -> dict[str, Any]:
+        """Settings that join the key only when set (an earlier checkpoint keeps its key)."""
+        return {}
+
+    @property
+    @override
+    def state_key(self) -> str:
+        settings = {name: getattr(self, name) for name in self._key_settings}
+        return self._generate_state_key(**settings, **self._key_extras())
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -210,19 +210,11 @@ class CalibrationMonitor(StageMonitor):
         self._warnings = WarningCache()
 
     # ------------------------------------------------------------------ identity / state
-    @property
+    _key_settings = ("n_bins", "reading", "input", "preds_key", "target_key", "name", "num_groups")
+
     @override
-    def state_key(self) -> str:
-        return self._generate_state_key(
-            n_bins=self.n_bins,
-            reading=self.reading,
-            input=self.input,
-            preds_key=self.preds_key,
-            target_key=self.target_key,
-            name=self.name,
-            num_groups=self.num_groups,
-            **({"selective_bins": self.selective_bins} if self.selective_bins else {}),
-        )
+    def _key_extras(self) -> dict[str, Any]:
+        return {"selective_bins": self.selective_bins} if self.selective_bins else {}
 
     # ------------------------------------------------------------------ accumulation
     def _acc(self, stage: str, idx: int, device: torch.device) -> tuple[Any, ...]:

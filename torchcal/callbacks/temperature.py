@@ -210,15 +210,7 @@ class TemperatureScaling(HistoryCallback):
         self._warned_no_val = False
 
     # ------------------------------------------------------------------ identity / state
-    @property
-    @override
-    def state_key(self) -> str:
-        return self._generate_state_key(
-            attr_name=self.attr_name,
-            when=self.when,
-            logits_key=self.logits_key,
-            dataloader_idx=self.dataloader_idx,
-        )
+    _key_settings = ("attr_name", "when", "logits_key", "dataloader_idx")
 
     # ------------------------------------------------------------------ the scaler
     def _scaler(self, pl_module: nn.Module) -> TemperatureScaler:
