@@ -32,7 +32,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import accumulate, islice
+from itertools import accumulate, islice, repeat
 from operator import itemgetter, methodcaller
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -290,7 +290,6 @@ def _parse_bulk(fh: BinaryIO, delimiter: str, loads: Callable[[bytes], Any], out
     ``b"\\n"`` lines are skipped as blank here (other whitespace fails to parse: the strict
     parser decides)."""
     blank = 0
-    starts = methodcaller("startswith", delimiter)
     while True:
         targets: list[Any] = []
         counts: list[int] = []
@@ -318,7 +317,7 @@ def _parse_bulk(fh: BinaryIO, delimiter: str, loads: Callable[[bytes], Any], out
         if not n:
             return blank
         if targets:
-            gold, lengths = _check_chunk(targets, counts, conts, delimiter, starts)
+            gold, lengths = _check_chunk(targets, counts, conts, delimiter)
             out.lls += _floats(texts, loads)
             out.gold += gold
             out.counts += counts
@@ -330,15 +329,13 @@ def _check_chunk(
     counts: list[int],
     conts: list[Any],
     delimiter: str,
-    starts: Callable[[str], bool],
 ) -> tuple[list[int], list[int]]:
     """(gold, choice lengths) of a chunk's documents, the rest of :func:`_document`'s checks
-    (``starts`` succeeding on every continuation: each is a ``str``, the only JSON value with
-    a ``startswith``)."""
+    (``str.startswith`` succeeding on every continuation: each is a ``str``)."""
     if min(counts) < 2:
         raise _NotExact("choices")
     lengths = list(map(len, conts))
-    if min(lengths) <= len(delimiter) or not all(map(starts, conts)):
+    if min(lengths) <= len(delimiter) or not all(map(str.startswith, conts, repeat(delimiter))):
         raise _NotExact("delimiter")
     kinds = set(map(type, targets))
     if kinds == {str} and all(map(str.isdigit, targets)):
@@ -348,7 +345,7 @@ def _check_chunk(
     else:  # text targets (or a mix): the strict rule per document
         ends = accumulate(counts)
         gold = [_target(t, conts[e - c : e], delimiter) for t, e, c in zip(targets, ends, counts)]
-    if min(gold) < 0 or not all(map(operator.lt, gold, counts)):
+    if min(gold) < 0 or (max(gold) >= min(counts) and not all(map(operator.lt, gold, counts))):
         raise _NotExact("target")
     return gold, lengths
 
