@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from _gradcheck_cases import weighted_multiclass
 from torch.autograd import gradcheck
 
 from torchcal.functional import (
@@ -79,11 +80,7 @@ def test_set_level_float32_saturation_sweep(correct):
 
 @pytest.mark.parametrize("gamma", [0.0, 1.0, 3.0, 5.0])
 def test_focal_gradcheck_remaining_gammas(gamma):
-    g = torch.Generator().manual_seed(130)
-    z = torch.randn(5, 4, 2, generator=g, dtype=torch.float64, requires_grad=True)
-    t = torch.randint(0, 4, (5, 2), generator=g)
-    t[1, 0] = -100
-    w = torch.rand(4, generator=g, dtype=torch.float64) + 0.1
+    g, z, t, w = weighted_multiclass(130, 5, ignored=(1, 0))
     assert gradcheck(lambda x: focal_loss(x, t, gamma=gamma, weight=w), (z,))
     zb = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
     yb = torch.randint(0, 2, (6,), generator=g).double()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _gradcheck_cases import weighted_multiclass
 from _properness import argmin_forecast, lbfgs_minimise
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -388,11 +389,7 @@ def test_ignored_items_get_zero_gradient(rule):
 
 @pytest.mark.parametrize("rule", RULES, ids=RULE_IDS)
 def test_gradcheck_multiclass_with_weight_ignore_and_extra_dims(rule):
-    g = torch.Generator().manual_seed(5)
-    z = torch.randn(3, 4, 2, generator=g, dtype=torch.float64, requires_grad=True)
-    t = torch.randint(0, 4, (3, 2), generator=g)
-    t[0, 1] = -100
-    w = torch.rand(4, generator=g, dtype=torch.float64) + 0.1
+    _, z, t, w = weighted_multiclass(5, 3, ignored=(0, 1))
     assert gradcheck(lambda x: rule(x, t, weight=w), (z,))
     assert gradcheck(lambda x: rule(x, t, reduction="none"), (z,))
     assert gradgradcheck(lambda x: rule(x, t, weight=w, reduction="sum"), (z,))
