@@ -234,3 +234,22 @@ def test_python_api_equals_the_file_road(tmp_path):
         assert a["sigma"] == pytest.approx(b["sigma"], rel=1e-9)
     with pytest.raises(ValueError, match="segments\\['lang'\\]: expected 4000 values"):
         audit(d["p"], d["correct"], segments={"lang": d["lang"][:10]})
+
+
+def test_segment_names_are_escaped(tmp_path):
+    """A hostile category value reaches the page and the console escaped."""
+    path = str(tmp_path / "h.csv")
+    rng = np.random.default_rng(7)
+    with open(path, "w") as f:
+        f.write("p,y,a\n")
+        for i in range(600):
+            a = "<img src=x onerror=alert(1)>" if i % 2 else "ok\x1b[2J"
+            p = rng.random()
+            f.write(f"{p},{int(rng.random() < p)},{a}\n")
+    out = str(tmp_path / "out")
+    _, text, _ = _cli("audit", path, "--probs", "p", "--label", "y", "--segments", "a",
+                      "--out", out, "--diagrams", "0")  # fmt: skip
+    with open(os.path.join(out, "report.html")) as f:
+        page = f.read()
+    assert "<img src=x" not in page and "a=&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "\x1b" not in text
