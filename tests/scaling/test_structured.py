@@ -3,6 +3,7 @@ temperature where it is the Bayes map and where a structured map is the truth, t
 cross-validated strength, state, masks and bad input."""
 
 import io
+import math
 import warnings
 
 import numpy as np
@@ -245,3 +246,17 @@ def test_bad_input():
     bad["scale"] = torch.full((4,), float("nan"), dtype=torch.float64)
     with pytest.raises(ValueError, match="scale"):
         StructuredScaler(4).load_state_dict(bad)
+
+
+def test_logits_without_signal_fit_a_positive_temperature():
+    """Random labels: the first temperature's inverse went <= 0 on some seeds (an unbounded
+    fit) and log T failed; T0 is TemperatureScaler's bounded fit."""
+    for seed in (1, 14):  # two of the seeds that failed
+        g = torch.Generator().manual_seed(seed)
+        z = torch.randn(60, 3, generator=g)
+        y = torch.randint(0, 3, (60,), generator=g)
+        m = StructuredScaler(3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m.fit(z, y)
+        assert math.isfinite(float(m.log_temperature)) and torch.isfinite(m(z)).all()

@@ -449,11 +449,9 @@ def fit_structured_map(
     x1, mask = structured_features(logits, 1.0)
     raw = StructuredProblem.of(x1, y, torch.zeros(c, 0, dtype=torch.float64), mask)
     nll_before = raw.nll(StructuredParams.zero(c, 0, logits.device))
-    zero1 = StructuredParams.zero(c, 0, logits.device)
-    ts = fit_structured(
-        raw, 1.0, zero1, curvature=raw.curvature(), temperature_only=True, grad_tol=grad_tol
-    )
-    t0 = 1.0 / float(ts.params.a)
+    # T0 by TemperatureScaler's fit (bounded, T0 > 0: an unbounded inverse temperature went
+    # <= 0 where the logits carry no signal, and log T0 failed)
+    t0 = math.exp(fit_temperature(logits, y).log_temperature)
     x, _ = structured_features(logits, t0)
     basis = structured_basis(x, min(rank, c), seed)
     prob = StructuredProblem.of(x, y, basis, mask)
