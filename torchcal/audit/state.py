@@ -56,9 +56,11 @@ class AuditSettings:
     ``n_bins`` (``None``: 10, or one bin per value on a 0.05/0.1 grid), ``seed`` (any int),
     ``cost_error``/``cost_escalation`` (both or neither), ``fit_temperature``, ``min_group``
     (groups below it get a warning), ``sample_size`` (rows kept for the page and the fit) and
-    ``max_unparsed`` (the share of rejected rows above which the input is refused) and
+    ``max_unparsed`` (the share of rejected rows above which the input is refused),
     ``weights`` (how the verdict reads sample weights: ``"importance"``, by their effective
-    sample size, or ``"frequency"``, as repetitions; docs/design.md section 6f).
+    sample size, or ``"frequency"``, as repetitions; docs/design.md section 6f) and the
+    segments (``segments`` columns, ``segment_bins`` quantile buckets of a numeric column,
+    ``depth`` columns crossed at most, ``min_segment`` rows; docs/design.md section 6g.1).
 
     Example:
         >>> AuditSettings(threshold=0.8).rule
@@ -235,6 +237,7 @@ class AuditState:
         weight: the weight column, or None.
         fine: the fine histogram of the confidence (global ECCE, resolution; docs/design.md
             6g), or None (more than 128 groups, or a state written without it).
+        segments: the segments' binned sums (``--segments``; docs/design.md 6g.1), or None.
     """
 
     stats: BinnedStats
@@ -254,8 +257,8 @@ class AuditState:
     read_log: dict[str, Any] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     weight: str | None = None
-    segments: Any = None  # the segments' binned sums (--segments; docs/design.md 6g.1)
     fine: FineHistogram | None = None
+    segments: Any = None
 
     def __post_init__(self) -> None:
         G = len(self.names)
