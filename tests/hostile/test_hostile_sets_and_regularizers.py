@@ -363,6 +363,7 @@ def test_weighted_estimates_do_not_floor_a_weight_total_at_one() -> None:
         conf2=s.conf2 * c,
         conf_acc=s.conf_acc * c,
         weight=s.count.to(F64) * c,
+        weight2=s.count.to(F64) * c**2,  # importance weights: Kish n per bin = the count
     )
     assert float(ece_test_from_stats(w, 0.05)["ece"]) == pytest.approx(
         float(ece_test_from_stats(s, 0.05)["ece"]), rel=1e-9
@@ -420,6 +421,7 @@ def test_an_inconclusive_reason_says_when_only_holm_kept_it_from_fail() -> None:
     row = {
         "verdict": "inconclusive",
         "n": 6000,
+        "ece": 0.066,
         "ece_ci": [0.051, 0.076],
         "ece_debiased": 0.069,
         "ece_debiased_clipped": False,

@@ -112,8 +112,10 @@ def column_rule(name: str, texts: Sequence[str], counts: Sequence[int], bins: in
     Example:
         >>> column_rule("lang", ["en", "de"], [3, 2], 4).values
         ('de', 'en')
-        >>> column_rule("len", [str(i) for i in range(8)], [1] * 8, 2).cuts
-        (3.5,)
+        >>> column_rule("len", [f"{i / 2}" for i in range(8)], [1] * 8, 2).cuts
+        (1.75,)
+        >>> column_rule("tier", ["1", "2", "3"], [5, 5, 5], 2).kind  # integer codes
+        'category'
     """
     v, bad = parse_text(list(texts), "number")
     if not texts or bad.any() or not np.isfinite(v).all():
