@@ -416,6 +416,35 @@ def test_w9_a_merged_state_is_refused_where_its_inputs_glob_would_find_it(parts,
     assert _pooled(_run(capsys, "audit", "--state", parts / "all.parquet")[1])[0] == 1600
 
 
+@pytest.mark.parametrize("case", ["data-as-state", "state-input", "glob-merge"])
+def test_w2_w9_the_python_api_refuses_an_output_onto_an_input(parts, case):
+    from torchcal.audit.engine_input import AuditRequest, run_audit
+    from torchcal.audit.state import AuditSettings
+
+    a, st = parts / "parts" / "a.parquet", parts / "st"
+    request = {
+        "data-as-state": AuditRequest(
+            file=str(a),
+            preds=("p",),
+            label="y",
+            engine="duckdb",
+            write_state=f"{a.parent}/./a.parquet",
+        ),
+        "state-input": AuditRequest(
+            states=(str(st / "a.parquet"), str(st / "b.parquet")), write_state=str(st / "b.parquet")
+        ),
+        "glob-merge": AuditRequest(
+            states=(f"{st}/*.parquet",), write_state=str(st / "all.parquet")
+        ),
+    }[case]
+    files = sorted(f for f in parts.rglob("*") if f.is_file())
+    before = [f.read_bytes() for f in files]
+    with pytest.raises(ValueError, match="^--write-state: "):
+        run_audit(request, AuditSettings())
+    assert sorted(f for f in parts.rglob("*") if f.is_file()) == files
+    assert [f.read_bytes() for f in files] == before
+
+
 # -- W12, W14: the console shows a summary; names are escaped in report.md --------------------
 
 

@@ -85,6 +85,9 @@ def _engine_of(request: AuditRequest) -> str:
 
 
 def _check(request: AuditRequest, settings: AuditSettings) -> None:
+    from torchcal.audit.paths import check_outputs  # the Python API's road too (W9)
+
+    check_outputs(request.file, request.states, None, request.write_state, None)
     if request.states:
         given = [
             ("FILE", request.file), ("--probs", request.preds), ("--label", request.label),
@@ -134,7 +137,7 @@ def run_audit(
 
             binned = read_states(list(request.states))
             check_rejected(binned, " ".join(request.states), settings.max_unparsed)
-            if request.write_state:  # the merged state (cli.py checked it is no input)
+            if request.write_state:  # the merged state (_check: it is no input)
                 write_state(binned, request.write_state)
             state = state_of_binned(binned)
         else:
