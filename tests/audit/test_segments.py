@@ -253,3 +253,27 @@ def test_segment_names_are_escaped(tmp_path):
         page = f.read()
     assert "<img src=x" not in page and "a=&lt;img src=x onerror=alert(1)&gt;" in page
     assert "\x1b" not in text
+
+
+def test_a_segment_fails_by_its_signed_gap(tmp_path):
+    """Rows with a = 0 are 15 points over-confident: that segment FAILs by its signed gap
+    (report, reason), the other values do not (docs/design.md 6g.1)."""
+    path = str(tmp_path / "g.csv")
+    rng = np.random.default_rng(5)
+    n = 3000
+    p, a = 0.2 + 0.6 * rng.random(n).round(6), rng.integers(0, 5, n)
+    y = (rng.random(n) < p - 0.15 * (a == 0)).astype(int)
+    with open(path, "w") as f:
+        f.write("p,y,a\n" + "".join(f"{p[i]},{y[i]},{a[i]}\n" for i in range(n)))
+    out = str(tmp_path / "out")
+    code, text, _ = _cli("audit", path, "--probs", "p", "--label", "y", "--segments", "a",
+                         "--out", out, "--diagrams", "0")  # fmt: skip
+    with open(os.path.join(out, "report.json")) as f:
+        d = json.load(f)
+    w = d["segments"]["worst"]
+    assert code == 1 and d["verdict"] == "fail" and d["segments"]["failed"] == 1
+    assert w[0]["columns"] == {"a": "=0"} and w[0]["statistic"] == "gap"
+    m = a == 0
+    assert w[0]["value"] == pytest.approx(float(p[m].mean() - y[m].mean()), abs=1e-9)
+    assert w[0]["reason"].startswith("over-confident by")
+    assert any(r.startswith("segment a=0: over-confident") for r in d["reasons"])

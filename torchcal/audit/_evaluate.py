@@ -16,7 +16,12 @@ from torch import Tensor
 from torchcal.audit._format import display_name
 from torchcal.audit.report import AuditReport
 from torchcal.audit.resolution import add_resolution, decide_hint
-from torchcal.audit.segments import overall_with_segments, segment_report
+from torchcal.audit.segments import (
+    attach_gap_tests,
+    gap_reason,
+    overall_with_segments,
+    segment_report,
+)
 from torchcal.audit.state import AuditSettings, AuditState, generator_seed, grid_stats
 from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.calibration.estimators import (
@@ -172,7 +177,9 @@ _VERDICTS = {PASS: "pass", FAIL: "fail", INCONCLUSIVE: "inconclusive"}
 
 
 def _test_of(s: dict[str, Any], threshold: float | None) -> dict[str, Any]:
-    return s["ece_test"] if threshold is None else s["threshold_gap"]
+    if threshold is None:  # a segment's FAIL is by its signed gap (audit/segments.py)
+        return s.get("gap_test") or s["ece_test"]
+    return s["threshold_gap"]
 
 
 def _p(x: float | None) -> str:
@@ -192,6 +199,8 @@ def reason_of(s: dict[str, Any], threshold: float | None, tolerance: float, alph
         return "no items in this group: nothing to judge"
     if s["ece"] is None:  # rows, but every one of weight 0
         return f"the {s['n']} rows here have weight 0: nothing to judge"
+    if v == "fail" and s.get("gap_test") and threshold is None:
+        return gap_reason(s, tolerance, alpha)
     if threshold is None:
         lo, hi = s["ece_ci"]
         t = s["ece_test"]
@@ -470,6 +479,9 @@ def build_report(
             seg.stats, z, z.long(), z, threshold=threshold, tolerance=tolerance, alpha=alpha,
             power=power, family=family, costs=None, weights=settings.weights,
         ), strict=True))  # fmt: skip
+        if threshold is None:
+            attach_gap_tests(seg.stats, [s for _, s in seg_rows], tolerance, alpha=alpha,
+                             power=power, family=family, weights=settings.weights)  # fmt: skip
     verdict, reasons = judge(
         pooled, groups, threshold, tolerance, alpha, power, grouped, segments=seg_rows
     )

@@ -10,9 +10,11 @@ group: the groups' formula). The SQL engines compute the same
 :class:`~torchcal.engines.segments.SegmentStats` with ``GROUPING SETS``
 (:func:`~torchcal.engines.segments.segments_from_sql`).
 
-The report judges each segment as a row of the family (the threshold gap or the ECE, the same
-tests as the groups); FAIL claims are Holm-adjusted over the pooled row, the groups and the
-segments together; a segment can FAIL the report but never holds back its PASS.
+The report judges each segment as a row of the family: with a threshold by the groups' window
+gap test; without, FAIL by the segment's signed gap (:func:`attach_gap_tests`; ``|gap| >
+tolerance`` implies ``ECE > tolerance``) and PASS by the ECE test. FAIL claims are
+Holm-adjusted over the pooled row, the groups and the segments together; a segment can FAIL
+the report but never holds back its PASS.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from torchcal.functional.calibration.binning import BinnedStats, accumulate
 from torchcal.functional.calibration.readings import prepare_inputs
 from torchcal.functional.calibration.weights import accumulate_weighted
 from torchcal.functional.multicalibration import ecce_from_stats, ecce_pvalue
-from torchcal.functional.verdict import FAIL, INCONCLUSIVE, PASS
+from torchcal.functional.verdict import FAIL, INCONCLUSIVE, PASS, mean_gap_test
 
 #: segments listed in the report (the worst first)
 WORST = 10
@@ -158,6 +160,38 @@ def overall_with_segments(rows: Tensor, named: int) -> Tensor:
     return torch.where(fail, FAIL, torch.where(ok, PASS, INCONCLUSIVE))
 
 
+def attach_gap_tests(
+    stats: BinnedStats, rows: Sequence[dict[str, Any]], tolerance: float, *, alpha: float,
+    power: float, family: int, weights: str,
+) -> None:  # fmt: skip
+    """Give each segment summary (ECE audits) its ``gap_test``: FAIL by the signed gap over the
+    segment (:func:`~torchcal.functional.verdict.mean_gap_test`: ``|gap| > tolerance`` implies
+    ``ECE > tolerance``, without the ECE's bias), PASS by the ECE test (``p_pass``) as the
+    groups; the verdict's family reads it (docs/design.md section 6g.1)."""
+    t = mean_gap_test(stats, tolerance, alpha=alpha, family=family, power=power, weights=weights)
+    gap, ci, pf, det = (t[k].tolist() for k in ("gap", "gap_ci", "p_fail", "detectable"))
+    for i, s in enumerate(rows):
+        s["gap_test"] = {
+            "n": s["n"], "gap": _v(gap[i]), "gap_ci": [_v(x) for x in ci[i]],
+            "p_pass": s["ece_test"]["p_pass"], "p_fail": _v(pf[i]), "p_fail_holm": None,
+            "detectable": _v(det[i]),
+        }  # fmt: skip
+
+
+def gap_reason(s: dict[str, Any], tolerance: float, alpha: float) -> str:
+    """The reason of a segment that FAILs by its signed gap (:func:`attach_gap_tests`)."""
+    g = s["gap_test"]
+    lo, hi = g["gap_ci"]
+    kind = "over" if g["gap"] > 0 else "under"
+    p = g["p_fail_holm"]
+    return (
+        f"{kind}-confident by {abs(g['gap']) * 100:.1f} points (mean confidence - accuracy "
+        f"{g['gap']:+.3f}, {100 * (1 - 2 * alpha):g}% interval [{lo:+.3f}, {hi:+.3f}], "
+        f"n={s['n']}); outside +-{tolerance:g}, so its ECE is too (Holm-adjusted p "
+        f"{'< 1e-16' if p < 1e-16 else f'= {p:.2g}'})"
+    )
+
+
 def _v(x: Any) -> float | None:
     return None if x is None or not math.isfinite(float(x)) else float(x)
 
@@ -168,22 +202,19 @@ def segment_report(
 ) -> dict[str, Any]:  # fmt: skip
     """``report.json["segments"]``: the rules, counts and the worst ``limit`` segments (the
     smallest Holm-adjusted p of a FAIL claim first, then the largest ECCE sigma) with their
-    definition, n, gap (or ECE), interval, ECCE sigma (z) and verdict."""
+    definition, n, signed gap (over the segment, or in the threshold window), interval, ECCE sigma (z) and verdict."""
     value, sigma = ecce_from_stats(seg.stats)
     z = torch.where(sigma > 0, value / torch.where(sigma > 0, sigma, 1.0), torch.zeros_like(sigma))
     z_l, e_l, p_l = z.tolist(), value.tolist(), ecce_pvalue(z).tolist() if z.numel() else []
     listed = []
     for i, (name, s) in enumerate(rows):
-        t = s["ece_test"] if threshold is None else s["threshold_gap"]
-        if threshold is None:
-            est, ci, n = s["ece"], s["ece_ci"], s["n"]
-        else:
-            est, ci, n = t["gap"], t["gap_ci"], t["n"]
+        t = s["gap_test"] if threshold is None else s["threshold_gap"]
+        est, ci, n = t["gap"], t["gap_ci"], t["n"]
         cells = seg.cells[i].tolist()
         listed.append({
             "segment": name,
             "columns": {seg.rules[j].name: seg.rules[j].label(v) for j, v in enumerate(cells) if v >= 0},
-            "n": s["n"], "n_judged": n, "statistic": "ece" if threshold is None else "threshold_gap",
+            "n": s["n"], "n_judged": n, "statistic": "gap" if threshold is None else "threshold_gap",
             "value": _v(est), "ci": [_v(x) for x in ci], "p_fail_holm": t["p_fail_holm"],
             "ecce": _v(e_l[i]), "sigma": _v(z_l[i]), "ecce_p": _v(p_l[i]),
             "verdict": s["verdict"], "reason": s["reasons"][0],
@@ -197,7 +228,8 @@ def segment_report(
         "depth": seg.depth, "bins": seg.bins, "min_segment": seg.min_rows,
         "tested": len(rows), "skipped": seg.skipped,
         "failed": sum(s["verdict"] == "fail" for _, s in rows),
-        "method": "holm over the pooled row, the groups and the segments",
+        "method": "holm over the pooled row, the groups and the segments"
+        + ("; a segment FAILs by its signed gap" if threshold is None else ""),
         "worst": [listed[i] for i in order[:limit]],
     }  # fmt: skip
 
@@ -213,14 +245,13 @@ def segment_section(
     sg = d.get("segments")
     if not sg:
         return []
-    stat = "ECE" if d["settings"].get("threshold") is None else "gap"
-    head = ["segment", "n", stat, "interval", "sigma", "Holm p", "verdict"]
+    head = ["segment", "n", "gap", "interval", "sigma", "Holm p", "verdict"]
 
     def f(x: Any, spec: str) -> str:
         return "n/a" if x is None else format(x, spec)
 
     rows = [
-        [name(w["segment"]), str(w["n"]), f(w["value"], "+.4f" if stat == "gap" else ".4f"),
+        [name(w["segment"]), str(w["n"]), f(w["value"], "+.4f"),
          f"[{f(w['ci'][0], '.4f')}, {f(w['ci'][1], '.4f')}]", f(w["sigma"], ".2f"),
          f(w["p_fail_holm"], ".2g"), w["verdict"].upper()]
         for w in sg["worst"]
