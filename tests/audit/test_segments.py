@@ -19,7 +19,7 @@ from torchcal.audit.segments import SegmentAccumulator
 from torchcal.audit.state import AuditSettings
 from torchcal.cli import main
 from torchcal.engines.segments import ColumnRule, column_rule, quantile_edges
-from torchcal.functional.calibration.binning import binned_statistics
+from torchcal.functional.calibration.binning import bin_ids, binned_statistics
 from torchcal.functional.multicalibration import (
     apply_segments,
     ecce,
@@ -277,3 +277,10 @@ def test_a_segment_fails_by_its_signed_gap(tmp_path):
     assert w[0]["value"] == pytest.approx(float(p[m].mean() - y[m].mean()), abs=1e-9)
     assert w[0]["reason"].startswith("over-confident by")
     assert any(r.startswith("segment a=0: over-confident") for r in d["reasons"])
+    roc_auc_score = pytest.importorskip("sklearn.metrics").roc_auc_score
+    res = w[0]["resolution"]  # the AUROC of the binned confidence (a bin's rows tied)
+    ids = bin_ids(torch.as_tensor(p[m], dtype=torch.float64), 10).numpy()
+    assert res["auroc"] == pytest.approx(roc_auc_score(y[m], ids), abs=1e-12)
+    assert res["auroc_ci"][0] < res["auroc"] < res["auroc_ci"][1] and res["separates"] is True
+    assert res["bins"] == len(set(ids.tolist())) and res["n_bins"] == 10
+    assert f"{res['auroc']:.3f} [" in text

@@ -535,5 +535,9 @@ def build_report(
     return AuditReport(
         verdict, pooled, groups, settings_d, warn, temperature, sample, reasons,
         dict(state.read_log),
-        segments=None if seg is None else segment_report(seg, seg_rows, threshold),
+        segments=None
+        if seg is None
+        else segment_report(
+            seg, seg_rows, threshold, level=1 - 2 * alpha, weights=settings.weights
+        ),
     )  # fmt: skip

@@ -31,6 +31,7 @@ from torchcal.engines.segments import ColumnRule, SegmentStats, column_rule, cro
 from torchcal.functional.calibration.binning import BinnedStats, accumulate
 from torchcal.functional.calibration.readings import prepare_inputs
 from torchcal.functional.calibration.weights import accumulate_weighted
+from torchcal.functional.histogram_scores import auroc_from_histogram
 from torchcal.functional.multicalibration import ecce_from_stats, ecce_pvalue
 from torchcal.functional.verdict import FAIL, INCONCLUSIVE, PASS, mean_gap_test
 
@@ -192,20 +193,71 @@ def gap_reason(s: dict[str, Any], tolerance: float, alpha: float) -> str:
     )
 
 
+def segment_resolution(
+    stats: BinnedStats, level: float = 0.9, weights: str = "importance"
+) -> list[dict[str, Any]]:
+    """Per segment the resolution at the segments' bins (issue 31 item 5; no fine histogram
+    per segment): ``bins`` with rows (of ``n_bins``), the share and mean confidence of the
+    heaviest bin, and the AUROC of the binned confidence against the outcome with DeLong's
+    interval at ``level`` (:func:`~torchcal.functional.histogram_scores.auroc_from_histogram`,
+    a bin's rows tied: at most the rows' AUROC resolution), ``separates``: whether the interval
+    lies above 0.5 (``None`` when one outcome is absent). Importance weights: the right
+    answers' ``sum w^2`` of a bin is taken as its weight share of the bin's ``sum w^2`` (the
+    state holds ``sum w^2`` per bin, not per outcome; exact when the weights do not depend on
+    the outcome within a bin).
+
+    Example:
+        >>> from torchcal.functional import binned_statistics
+        >>> c = torch.tensor([0.15, 0.15, 0.85, 0.85, 0.85], dtype=torch.float64)
+        >>> s = binned_statistics(c, torch.tensor([0, 0, 1, 1, 0]), n_bins=10,
+        ...                       reading="binary", input="probs").pooled()
+        >>> r = segment_resolution(s.map(lambda t: t[None]))[0]
+        >>> r["bins"], r["top_share"], round(r["auroc"], 4)
+        (2, 0.6, 0.8333)
+    """
+    m = stats.mass()[:, 0].to(torch.float64)
+    pos = stats.acc[:, 0].to(torch.float64)
+    neg = (m - pos).clamp_min(0)
+    sq: dict[str, Tensor] = {}
+    if weights == "importance" and stats.weight2 is not None:
+        w2 = stats.weight2[:, 0].to(torch.float64)
+        share = torch.where(m > 0, pos / torch.where(m > 0, m, 1.0), 0.0)
+        sq = {"pos2": w2 * share, "neg2": w2 * (1 - share)}
+    auc = auroc_from_histogram(pos, neg, level=level, **sq)
+    top = m.argmax(1, keepdim=True)
+    tm = m.gather(1, top)[:, 0]
+    total = m.sum(1)
+    tv = stats.conf[:, 0].to(torch.float64).gather(1, top)[:, 0] / torch.where(tm > 0, tm, 1.0)
+    share_l = (tm / torch.where(total > 0, total, 1.0)).tolist()
+    cols = [t.tolist() for t in (auc.auroc, auc.lower, auc.upper)]
+    bins, tv_l = (m > 0).sum(1).tolist(), tv.tolist()
+    out = []
+    for i in range(m.shape[0]):
+        lo, hi = _v(cols[1][i]), _v(cols[2][i])
+        out.append({
+            "bins": bins[i], "n_bins": int(m.shape[1]), "top_share": _v(share_l[i]),
+            "top_value": _v(tv_l[i]), "auroc": _v(cols[0][i]), "auroc_ci": [lo, hi],
+            "separates": None if lo is None or hi is None else bool(lo > 0.5),
+        })  # fmt: skip
+    return out
+
+
 def _v(x: Any) -> float | None:
     return None if x is None or not math.isfinite(float(x)) else float(x)
 
 
 def segment_report(
     seg: SegmentStats, rows: Sequence[tuple[str, dict[str, Any]]], threshold: float | None,
-    limit: int = WORST,
+    limit: int = WORST, *, level: float = 0.9, weights: str = "importance",
 ) -> dict[str, Any]:  # fmt: skip
     """``report.json["segments"]``: the rules, counts and the worst ``limit`` segments (the
     smallest Holm-adjusted p of a FAIL claim first, then the largest ECCE sigma) with their
-    definition, n, signed gap (over the segment, or in the threshold window), interval, ECCE sigma (z) and verdict."""
+    definition, n, signed gap (over the segment, or in the threshold window), interval, ECCE
+    sigma (z), verdict and resolution (:func:`segment_resolution` at ``level``)."""
     value, sigma = ecce_from_stats(seg.stats)
     z = torch.where(sigma > 0, value / torch.where(sigma > 0, sigma, 1.0), torch.zeros_like(sigma))
     z_l, e_l, p_l = z.tolist(), value.tolist(), ecce_pvalue(z).tolist() if z.numel() else []
+    res = segment_resolution(seg.stats, level, weights) if len(rows) else []
     listed = []
     for i, (name, s) in enumerate(rows):
         t = s["gap_test"] if threshold is None else s["threshold_gap"]
@@ -217,7 +269,7 @@ def segment_report(
             "n": s["n"], "n_judged": n, "statistic": "gap" if threshold is None else "threshold_gap",
             "value": _v(est), "ci": [_v(x) for x in ci], "p_fail_holm": t["p_fail_holm"],
             "ecce": _v(e_l[i]), "sigma": _v(z_l[i]), "ecce_p": _v(p_l[i]),
-            "verdict": s["verdict"], "reason": s["reasons"][0],
+            "verdict": s["verdict"], "reason": s["reasons"][0], "resolution": res[i],
         })  # fmt: skip
     order = sorted(
         range(len(listed)),
@@ -245,7 +297,7 @@ def segment_section(
     sg = d.get("segments")
     if not sg:
         return []
-    head = ["segment", "n", "gap", "interval", "sigma", "Holm p", "verdict"]
+    head = ["segment", "n", "gap", "interval", "sigma", "Holm p", "AUROC", "top share", "verdict"]
 
     def f(x: Any, spec: str) -> str:
         return "n/a" if x is None else format(x, spec)
@@ -253,7 +305,8 @@ def segment_section(
     rows = [
         [name(w["segment"]), str(w["n"]), f(w["value"], "+.4f"),
          f"[{f(w['ci'][0], '.4f')}, {f(w['ci'][1], '.4f')}]", f(w["sigma"], ".2f"),
-         f(w["p_fail_holm"], ".2g"), w["verdict"].upper()]
+         _holm(w["p_fail_holm"]), _auroc(w.get("resolution")),
+         f((w.get("resolution") or {}).get("top_share"), ".2f"), w["verdict"].upper()]
         for w in sg["worst"]
     ]  # fmt: skip
     title = (
@@ -261,6 +314,19 @@ def segment_section(
         f"{sg['skipped']} skipped under {sg['min_segment']} rows; depth {sg['depth']})"
     )
     return [("segments", title, head, rows)]
+
+
+def _holm(p: float | None) -> str:
+    return "n/a" if p is None else ("<1e-16" if p < 1e-16 else format(p, ".2g"))
+
+
+def _auroc(r: dict[str, Any] | None) -> str:
+    """``0.712 [0.690, 0.734]``, ``!`` after one whose interval holds 0.5 (no separation)."""
+    if not r or r["auroc"] is None:
+        return "n/a"
+    lo, hi = r["auroc_ci"]
+    flag = "" if r["separates"] is not False else " !"
+    return f"{r['auroc']:.3f} [{lo:.3f}, {hi:.3f}]{flag}"
 
 
 def segment_html(d: dict[str, Any]) -> str:
