@@ -220,3 +220,56 @@ def test_no_module_is_over_the_line_limit():
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
     }
     assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {long}"
+
+
+#: issue 29 item 6: a function over this many code lines is split by job, or its ``def`` line
+#: says why not (``# long: <why>``)
+MAX_FUNCTION_LINES = 80
+
+
+def code_lines(fn: ast.FunctionDef | ast.AsyncFunctionDef, source: list[str]) -> int:
+    """A function's lines that hold code: not blank, not only a comment, not its docstring
+    (nested functions count in the function that holds them)."""
+    doc: set[int] = set()
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        if isinstance(body[0].value.value, str):
+            doc = set(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
+    first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+    lines = range(first, (fn.end_lineno or fn.lineno) + 1)
+    return sum(
+        1 for i in lines if i not in doc and (t := source[i - 1].strip()) and not t.startswith("#")
+    )
+
+
+def long_functions(text: str) -> dict[str, int]:
+    """The functions of a module's ``text`` over :data:`MAX_FUNCTION_LINES` code lines whose
+    ``def`` line carries no ``# long:`` comment."""
+    source = text.splitlines()
+    out = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = code_lines(node, source)
+            if n > MAX_FUNCTION_LINES and "# long:" not in source[node.lineno - 1]:
+                out[f"{node.name} (line {node.lineno})"] = n
+    return out
+
+
+def test_the_function_counter_counts_code_lines():
+    body = "\n".join(f"    x{i} = {i}  # c" for i in range(MAX_FUNCTION_LINES - 1))
+    text = f'def f():\n    """Doc.\n\n    more."""\n    # a comment\n\n{body}\n'
+    assert long_functions(text) == {}  # 80 code lines with the def, docstring not counted
+    assert long_functions(text + "    y = 1\n") == {"f (line 1)": 81}
+    assert long_functions(text.replace("def f():", "def f():  # long: why") + "    y = 1\n") == {}
+
+
+def test_no_function_is_over_the_line_limit():
+    long = {
+        f"{name}.{fn}": n
+        for name, path in MODULES.items()
+        for fn, n in long_functions(path.read_text(encoding="utf-8")).items()
+    }
+    assert not long, (
+        f"functions over {MAX_FUNCTION_LINES} code lines (split them by job, or say why on the "
+        f"def line: '# long: <why>'): {long}"
+    )

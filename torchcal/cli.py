@@ -230,7 +230,7 @@ def _version() -> str:
         return "0+unknown"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:  # long: one add_argument per option, no logic
     """The ``torchcal`` argument parser (errors raise instead of exiting)."""
     parser = _Parser(
         prog="torchcal",

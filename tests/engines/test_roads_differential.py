@@ -73,6 +73,20 @@ def _rejected(path: str) -> None:
     _write(path, "confidence,correct", rows)
 
 
+def _hostile(path: str) -> None:
+    """Rows every road rejects by a rule of ``engines/rules.py`` (NaN, out of range, a label
+    that is no class, a weight outside 0 or [1e-100, 1e100]), 0.5 % of 4000, under
+    --max-unparsed: counted by reason and left out, the same counts on every road."""
+    rng = np.random.default_rng(5)
+    rows = [f"{float(a)!r},{int(b)},{g},1" for a, b, g in
+            zip(rng.random(4000), rng.random(4000) < 0.6, rng.choice(["a", "b"], 4000))]  # fmt: skip
+    bad = ["nan,1,a,1", "1.5,1,b,1", "-0.1,0,a,1", "150%,0,b,1", "0.5,2,a,1", "0.5,-1,b,1",
+           "0.5,0.5,a,1", "0.5,1,a,-1", "0.5,1,b,inf", "0.5,1,a,1e300"]  # fmt: skip
+    for k, text in enumerate(bad * 2):
+        rows[150 * k + 7] = text
+    _write(path, "p,y,g,w", rows)
+
+
 #: name -> (writer, column arguments, extra options)
 CASES: dict[str, tuple[Any, list[str], list[str]]] = {
     "judging": (
@@ -93,7 +107,13 @@ CASES: dict[str, tuple[Any, list[str], list[str]]] = {
     ),
     "groups": (_groups, ["--probs", "p", "--label", "y", "--group", "g"], []),
     "rejected": (_rejected, ["--probs", "confidence", "--label", "correct"], []),
+    "hostile": (_hostile, ["--probs", "p", "--label", "y", "--group", "g", "--weight", "w"], []),
 }
+#: the per-reason counts of the hostile case (each bad row twice)
+HOSTILE_WARNING = (
+    "20 rows were left out of the state: preds_nan 2, preds_out_of_range 6, label_invalid 6, "
+    "weight_invalid 6"
+)
 
 #: road -> (use the glob, engine options)
 ROADS = {
@@ -165,7 +185,7 @@ def reference(files: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -
     d = tmp_path_factory.mktemp("ref")
     out = {}
     for name, (_, cols, opts) in CASES.items():
-        road = ["--engine", "memory"] if name == "weights" else []
+        road = ["--engine", "memory"] if "--weight" in cols else []
         out[name] = _audit([files[name], *cols, *opts, *road], str(d / name))
     return out
 
@@ -180,7 +200,7 @@ def test_same_report_on_every_road(case, road, files, reference, tmp_path):
     code, rep, text = _audit([src, *cols, *opts, *engine], str(tmp_path / "out"))
     ref_code, ref, ref_text = reference[case]
     # a glob, and --weight without an engine, take DuckDB (--engine auto) where installed
-    sql = road in ("duckdb", "glob") or (case == "weights" and road == "file")
+    sql = road in ("duckdb", "glob") or ("--weight" in cols and road == "file")
     assert code == ref_code
     a, b = _norm(ref, sql), _norm(rep, sql)
     if sql:
@@ -202,6 +222,20 @@ def test_cases_cover_the_rules(reference):
     read = reference["rejected"][1]["read"]
     assert read["excluded"][0]["count"] == 5 and read["percent"] == {"confidence": 995}
     assert reference["weights"][1]["settings"]["weight"] == "w"
+    assert HOSTILE_WARNING in reference["hostile"][1]["warnings"]
+
+
+@pytest.mark.parametrize("road", list(ROADS))
+def test_rejected_rows_refuse_alike_above_max_unparsed(road, files, tmp_path, capsys):
+    """Above --max-unparsed every road refuses the hostile file: exit 2, the counts named."""
+    glob, engine = ROADS[road]
+    _, cols, _ = CASES["hostile"]
+    src = files["hostile"][:-4] + "*.csv" if glob else files["hostile"]
+    out = str(tmp_path / "out")
+    code = main(["audit", src, *cols, *engine, "--max-unparsed", "0.004", "--out", out])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "20 of 4000 rows are invalid (preds_nan 2, preds_out_of_range 6, " in err, err
 
 
 def test_spark_gives_the_same_report(spark, files, reference):

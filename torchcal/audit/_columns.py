@@ -115,6 +115,10 @@ class ReadLog:
     excluded: dict[str, Excluded] = field(default_factory=dict)
     blank_lines: int = 0
     percent: dict[str, int] = field(default_factory=dict)
+    #: rows left out by a rule of :data:`~torchcal.engines.rules.ROW_RULES` (out of range,
+    #: NaN, not a class, a bad weight), by reason, and the first one as an error would say it
+    rejected: dict[str, int] = field(default_factory=dict)
+    first_rejected: str = ""
 
     def exclude(self, column: str, reason: str, where: str, text: str, count: int = 1) -> None:
         """Count ``count`` rows left out; the first one's ``text`` is kept (at most 200

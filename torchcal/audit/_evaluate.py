@@ -86,6 +86,22 @@ def _n(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _gap_row(gap: dict[str, Any], i: int) -> dict[str, Any]:
+    """Row ``i`` of the threshold window's test (the JSON schema's ``threshold_gap``)."""
+    return {
+        "n": gap["n"][i],
+        "confidence": _n(gap["confidence"][i]),
+        "accuracy": _n(gap["accuracy"][i]),
+        "gap": _n(gap["gap"][i]),
+        "accuracy_ci": [_n(x) for x in gap["accuracy_ci"][i]],
+        "gap_ci": [_n(x) for x in gap["gap_ci"][i]],
+        "p_pass": _n(gap["p_pass"][i]),
+        "p_fail": _n(gap["p_fail"][i]),
+        "p_fail_holm": None,
+        "detectable": _n(gap["detectable"][i]),
+    }
+
+
 def summaries(
     S: BinnedStats,
     nll: Tensor,
@@ -151,18 +167,7 @@ def summaries(
             "table": tables[i],
         }
         if gap is not None:
-            row["threshold_gap"] = {
-                "n": gap["n"][i],
-                "confidence": _n(gap["confidence"][i]),
-                "accuracy": _n(gap["accuracy"][i]),
-                "gap": _n(gap["gap"][i]),
-                "accuracy_ci": [_n(x) for x in gap["accuracy_ci"][i]],
-                "gap_ci": [_n(x) for x in gap["gap_ci"][i]],
-                "p_pass": _n(gap["p_pass"][i]),
-                "p_fail": _n(gap["p_fail"][i]),
-                "p_fail_holm": None,
-                "detectable": _n(gap["detectable"][i]),
-            }
+            row["threshold_gap"] = _gap_row(gap, i)
         if cost is not None:
             row["cost"] = {
                 k: ([_n(x) for x in v[i]] if isinstance(v[i], list) else _n(v[i]))
@@ -433,6 +438,47 @@ def _fmt_or_na(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
+def _settings_dict(
+    state: AuditState,
+    settings: AuditSettings,
+    n_bins: int,
+    grid: float | None,
+    family: int,
+    smp: dict[str, Any],
+) -> dict[str, Any]:
+    """The report's ``settings``: what was asked, what was read, the bins used."""
+    costs = settings.costs
+    settings_d: dict[str, Any] = {
+        "input": state.input,
+        "reading": state.reading,
+        "n_bins": n_bins,
+        "bins_from_grid": grid,
+        "threshold": settings.threshold,
+        "tolerance": float(settings.tolerance),
+        "rule": settings.rule,
+        "alpha": float(settings.alpha),
+        "interval_level": 1 - 2 * float(settings.alpha),
+        "power": float(settings.power),
+        "family": family,
+        "cost_error": costs and costs[0],
+        "cost_escalation": costs and costs[1],
+        "seed": settings.seed,
+        "n_rows": state.n_rows,
+        "saturated": state.saturated,
+        "sample_size": settings.sample_size,
+        "min_group": settings.min_group,
+        "grouped": state.grouped,
+        "confidences": concentration(smp["preds"], state.reading, state.input, grid,
+                                     state.n_rows),
+        "engine": state.engine,
+    }  # fmt: skip
+    if state.weight is not None:
+        settings_d["weight"] = state.weight
+        settings_d["weight_total"] = float(state.stats.mass().sum())
+        settings_d["weights"] = settings.weights
+    return settings_d
+
+
 def build_report(
     state: AuditState, settings: AuditSettings, rows_state: RowsState | None = None
 ) -> AuditReport:
@@ -498,34 +544,7 @@ def build_report(
         parts = ", ".join(f"{k} {v}" for k, v in bad.items())
         warn.append(f"{sum(bad.values())} rows were left out of the state: {parts}")
     smp = state.sample_rows()
-    settings_d = {
-        "input": state.input,
-        "reading": state.reading,
-        "n_bins": n_bins,
-        "bins_from_grid": grid,
-        "threshold": threshold,
-        "tolerance": tolerance,
-        "rule": settings.rule,
-        "alpha": alpha,
-        "interval_level": 1 - 2 * alpha,
-        "power": power,
-        "family": family,
-        "cost_error": costs and costs[0],
-        "cost_escalation": costs and costs[1],
-        "seed": settings.seed,
-        "n_rows": state.n_rows,
-        "saturated": state.saturated,
-        "sample_size": settings.sample_size,
-        "min_group": settings.min_group,
-        "grouped": grouped,
-        "confidences": concentration(smp["preds"], state.reading, state.input, grid,
-                                     state.n_rows),
-        "engine": state.engine,
-    }  # fmt: skip
-    if state.weight is not None:
-        settings_d["weight"] = state.weight
-        settings_d["weight_total"] = float(state.stats.mass().sum())
-        settings_d["weights"] = settings.weights
+    settings_d = _settings_dict(state, settings, n_bins, grid, family, smp)
     temperature = None
     if settings.fit_temperature:
         if rows_state is None:

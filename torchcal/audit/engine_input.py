@@ -32,7 +32,7 @@ from torchcal.audit.core import rows_state
 from torchcal.audit.report import AuditReport
 from torchcal.audit.state import AuditSettings, AuditState, GridCounts
 from torchcal.engines.collect import EngineAudit
-from torchcal.engines.state import BinnedState, expand_paths, write_state
+from torchcal.engines.state import REJECT_REASONS, BinnedState, expand_paths, write_state
 
 #: files above this size get a progress bar on stderr (with tqdm installed)
 PROGRESS_BYTES = 50 * 2**20
@@ -220,6 +220,8 @@ def _stream_state(
             auditor.update(b.preds, b.target, groups, b.weight)
     state = auditor.state(list(names) if request.group else None, read_log=log.to_dict(),
                           weight=request.weight)  # fmt: skip
+    if log.rejected:  # the rows the engines' rules left out, reported as the engines do
+        state = replace(state, rejected={r: log.rejected.get(r, 0) for r in REJECT_REASONS})
     if settings.segments:
         state = replace(state, segments=_stream_segments(request, settings, files))
     return state if engine == "stream" else replace(state, engine=engine)

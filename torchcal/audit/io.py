@@ -74,6 +74,8 @@ from torchcal.audit._columns import (
     shown,
 )
 from torchcal.engines._names import locate_columns
+from torchcal.engines.rules import REJECT_REASONS, Rows, reasons_of
+from torchcal.functional._validation import probability_sum_tolerance
 
 FORMATS = {".csv": "csv", ".npz": "npz", ".pt": "pt", ".pth": "pt", ".parquet": "parquet"}
 FORMATS[".pq"] = "parquet"
@@ -84,6 +86,8 @@ KINDS = (NUMBER, STATED, LABEL)
 CSV_ENGINE = "auto"
 #: the share of rows whose stated confidence may fail to parse (excluded) before a file is rejected
 MAX_UNPARSED = 0.01
+#: the reader's reasons for a row it leaves out, as the engines name them
+READ_REASONS = {"missing value": "preds_null", "not a number nor a percent": "preds_unparsed"}
 
 
 def file_format(path: str | os.PathLike[str]) -> str:
@@ -188,7 +192,20 @@ def _counted(
     for chunk in chunks:
         log.kept += chunk.rows
         yield chunk
-    if log.excluded_rows and log.excluded_rows > max_unparsed * log.rows:
+    if log.rejected:  # as the engines refuse (engine_input.check_rejected)
+        bad = {READ_REASONS.get(e.reason, "preds_unparsed"): 0 for e in log.excluded.values()}
+        for e in log.excluded.values():
+            bad[READ_REASONS.get(e.reason, "preds_unparsed")] += e.count
+        bad.update(log.rejected)
+        k = sum(bad.values())
+        n = log.rows + sum(log.rejected.values())
+        if k > max_unparsed * n:
+            parts = ", ".join(f"{r} {bad[r]}" for r in REJECT_REASONS if bad.get(r))
+            raise ValueError(
+                f"{file}: {k} of {n} rows are invalid ({parts}), more than --max-unparsed "
+                f"{max_unparsed:g} of them; the first: {log.first_rejected}"
+            )
+    elif log.excluded_rows and log.excluded_rows > max_unparsed * log.rows:
         e = min(log.excluded.values(), key=lambda e: int(e.where.split()[1]))  # the first
         what = f"{shown(e.text)} at {e.where} is not a number nor a percent"
         if e.reason == "missing value":
@@ -236,7 +253,9 @@ def read_predictions(
     P(y = 1), or a 2-D NPZ/.pt array) or C >= 2 columns (the classes' probabilities or logits);
     labels must be 0/1 (binary, True/False too) or class indices in [0, C); probabilities must
     lie in [0, 1] (percents read as such; a row whose probability does not parse is excluded,
-    see ``max_unparsed``), logits be finite; a ``weight`` column (frequency weights) finite
+    see ``max_unparsed``; a row a rule of :data:`~torchcal.engines.rules.ROW_RULES` rejects
+    -- out of range, NaN, not a class, a bad weight -- is counted in ``log.rejected`` and left
+    out, and refused as the engines refuse it above ``max_unparsed``), logits be finite; a ``weight`` column (frequency weights) finite
     and ``>= 0``. Errors name the column, the value and where it is.
 
     Example:
@@ -244,11 +263,13 @@ def read_predictions(
         >>> d = tempfile.mkdtemp()
         >>> with open(f"{d}/x.csv", "w") as f:
         ...     _ = f.write("p,y\\n0.9,1\\n85%,True\\nhigh,0\\n0.2,2\\n")
-        >>> reader = read_predictions(f"{d}/x.csv", preds=["p"], label="y", max_unparsed=0.5)
-        >>> next(reader)
+        >>> b = list(read_predictions(f"{d}/x.csv", preds=["p"], label="y", max_unparsed=0.5))
+        >>> b[0].target.tolist(), b[0].log.rejected, b[0].log.first_rejected
+        ([1, 1], {'label_invalid': 1}, 'y: label 2 at line 5 is not a class (expected 0 or 1)')
+        >>> list(read_predictions(f"{d}/x.csv", preds=["p"], label="y", max_unparsed=0.4))
         Traceback (most recent call last):
         ...
-        ValueError: y: label 2 at line 5 is not a class (expected 0 or 1)
+        ValueError: ...: 2 of 4 rows are invalid (preds_unparsed 1, label_invalid 1), more than --max-unparsed 0.4 of them; the first: y: label 2 at line 5 is not a class (expected 0 or 1)
         >>> with open(f"{d}/x.csv", "w") as f:
         ...     _ = f.write("p,y\\n0.9,1\\n85%,True\\nhigh,0\\n")
         >>> b = list(read_predictions(f"{d}/x.csv", preds=["p"], label="y", max_unparsed=0.5))
@@ -273,12 +294,66 @@ def read_predictions(
     )
     for chunk in chunks:
         p = _stack_preds(chunk, list(preds))
+        if input == "probs":  # the engines' rules: bad rows are counted by reason, left out
+            chunk, p = _rejected(chunk, p, list(preds), label, weight, log)
+            if not chunk.rows:
+                continue
         _check_preds(chunk, p, list(preds), input)
         y = _check_labels(chunk, chunk.columns[label], label, 1 if p.ndim == 1 else p.shape[1])
         groups = None if chunk.groups is None else torch.from_numpy(chunk.groups)
         tensors = torch.from_numpy(p), torch.from_numpy(y)
         w = None if weight is None else _check_weights(chunk, weight)
         yield Batch(*tensors, groups, chunk.group_names, chunk.done, log, w)
+
+
+def _rejected(
+    chunk: Chunk, p: np.ndarray, preds: list[str], label: str, weight: str | None, log: ReadLog
+) -> tuple[Chunk, np.ndarray]:
+    """The chunk without the rows a rule of :data:`~torchcal.engines.rules.ROW_RULES` rejects
+    (counted in ``log.rejected`` by reason, the first kept as its error message): the same
+    reasons and counts as every engine (docs/design.md section 6c.2)."""
+    y = chunk.columns[label]
+    C = 1 if p.ndim == 1 else p.shape[1]
+    if C == 1 and weight is None and p.size:  # the usual case: three passes, no temporaries
+        lo, hi = p.min(), p.max()
+        if lo >= 0.0 and hi <= 1.0 and y.size and y.min() >= 0.0 and y.max() <= 1.0:
+            if np.array_equal(y.astype(np.int64), y):  # NaN fails min/max
+                return chunk, p
+    n = chunk.rows
+    none = np.zeros(n, bool)
+    w = None if weight is None else np.asarray(chunk.columns[weight], dtype=np.float64)
+    tol = float(probability_sum_tolerance(torch.float64, C))
+    rows = Rows(p.reshape(n, C), np.asarray(y, np.float64), none[:, None], none, None, w, none, tol)
+    reason = reasons_of(rows)
+    keep = reason < 0
+    if keep.all():
+        return chunk, p
+    for i, r in enumerate(REJECT_REASONS):
+        k = int((reason == i).sum())
+        if k:
+            log.rejected[r] = log.rejected.get(r, 0) + k
+    log.kept -= int((~keep).sum())
+    if not log.first_rejected:
+        try:  # the first bad row as the checks name it (column, value, line)
+            _check_preds(chunk, p, preds, "probs")
+            _check_labels(chunk, np.asarray(y), label, C)
+            if weight is not None:
+                _check_weights(chunk, weight)
+        except ValueError as e:
+            log.first_rejected = str(e)
+    idx = np.flatnonzero(keep)
+    return _take(chunk, idx), np.ascontiguousarray(p[idx])
+
+
+def _take(chunk: Chunk, idx: np.ndarray) -> Chunk:
+    """``chunk``'s rows ``idx``."""
+    cols = {c: v[idx] for c, v in chunk.columns.items()}
+    g = None if chunk.groups is None else chunk.groups[idx]
+    lines = None if chunk.lines is None else chunk.lines[idx]
+    index = None
+    if lines is None:  # each row's index in the file, for where()
+        index = chunk.offset + idx if chunk.index is None else chunk.index[idx]
+    return Chunk(cols, g, chunk.group_names, lines, chunk.offset, chunk.done, index)
 
 
 def _check_weights(chunk: Chunk, name: str) -> Tensor:

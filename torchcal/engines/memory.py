@@ -137,8 +137,21 @@ def state_from_arrays(
         fine_bins=FINE_BINS if len(names) <= MAX_FINE_GROUPS else None,
         rows_saturated=int(((x2 == 0) | (x2 == 1)).any(1)[keep].sum()),
     )
-    p = torch.from_numpy(np.ascontiguousarray(x[keep]))
-    t = torch.from_numpy(y[keep]).long()
+    return _kept_state(header, names, x[keep], y[keep], None if w is None else w[keep], ids)
+
+
+def _kept_state(
+    header: StateHeader,
+    names: list[str],
+    x: np.ndarray,
+    y: np.ndarray,
+    w: np.ndarray | None,
+    ids: np.ndarray | None,
+) -> BinnedState:
+    """The state of the kept rows (``ids``: each one's group index; None: ungrouped)."""
+    C, n_bins = header.num_classes, header.n_bins
+    p = torch.from_numpy(np.ascontiguousarray(x))
+    t = torch.from_numpy(y).long()
     reading = "binary" if C == 1 else "confidence"
     G = len(names)
     gt = None if ids is None else torch.from_numpy(ids)
@@ -157,7 +170,7 @@ def state_from_arrays(
         stats = accumulate(prep, B)
         wk = None
     else:
-        wk = torch.from_numpy(np.ascontiguousarray(w[keep]))
+        wk = torch.from_numpy(np.ascontiguousarray(w))
         stats = accumulate_weighted(prep, B, wk)
     idx = bin_ids(prep.conf, B)
     if gt is not None:
