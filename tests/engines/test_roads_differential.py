@@ -245,11 +245,13 @@ def test_spark_gives_the_same_report(spark, files, reference):
     from torchcal.audit.state import AuditSettings
     from torchcal.engines.spark import audit_spark
 
-    for case in ("stated", "grid", "groups", "rejected"):
+    for case in ("stated", "grid", "groups", "rejected", "hostile"):
         _, cols, opts = CASES[case]
         kw = dict(zip([c.lstrip("-") for c in cols[::2]], cols[1::2]))
         df = spark.read.csv(files[case], header=True)
-        result = audit_spark(df, preds=kw["probs"], label=kw["label"], group=kw.get("group"))
+        result = audit_spark(
+            df, preds=kw["probs"], label=kw["label"], group=kw.get("group"), weight=kw.get("weight")
+        )
         report = build_report(state_of_engine(result), AuditSettings())
         got = json.loads(report.to_json())
         assert got["settings"]["engine"].startswith("spark")
