@@ -1,4 +1,6 @@
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -47,17 +49,55 @@ SLOW = (
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the SLOW tests; tests marked ``cuda`` skip where no CUDA device is available; leave
+    """Mark the SLOW tests; tests marked ``cuda`` skip where no CUDA device is available; off
+    CI, a machine without Java skips the tests that take the ``spark`` fixture (under CI,
+    ``.ci/run`` installs Java and the fixture fails instead: a missing Java is never a skip); leave
     out the multi-process tests unless `-m` names `ddp` (so that `-m "not slow"` does not bring
     them back, as an `-m` in addopts would)."""
     skip_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+    no_java = pytest.mark.skipif(not HAS_JAVA and not os.environ.get("CI"), reason=NO_JAVA)
     for item in items:
         if item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
         if "cuda" in item.keywords:
             item.add_marker(skip_cuda)
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(no_java)
     if "ddp" not in (config.option.markexpr or ""):
         ddp = [item for item in items if item.get_closest_marker("ddp")]
         if ddp:
             config.hook.pytest_deselected(items=ddp)
             items[:] = [item for item in items if not item.get_closest_marker("ddp")]
+
+
+HAS_JAVA = shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))
+NO_JAVA = "Spark needs Java (apt-get install openjdk-17-jre-headless)"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A local PySpark session (one core, two shuffle partitions, no UI, bound to 127.0.0.1);
+    skips only when pyspark is absent (or, off CI, Java: see above)."""
+    pytest.importorskip("pyspark")
+    if not HAS_JAVA:  # reached under CI only
+        pytest.fail(NO_JAVA)
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    tmp = tempfile.mkdtemp(prefix="torchcal-spark-")
+    session = (
+        SparkSession.builder.master("local[1]")
+        .appName("torchcal-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.local.dir", tmp)
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -255,8 +255,8 @@ def read_predictions(
     lie in [0, 1] (percents read as such; a row whose probability does not parse is excluded,
     see ``max_unparsed``; a row a rule of :data:`~torchcal.engines.rules.ROW_RULES` rejects
     -- out of range, NaN, not a class, a bad weight -- is counted in ``log.rejected`` and left
-    out, and refused as the engines refuse it above ``max_unparsed``), logits be finite; a ``weight`` column (frequency weights) finite
-    and ``>= 0``. Errors name the column, the value and where it is.
+    out, and refused as the engines refuse it above ``max_unparsed``), logits be finite; a
+    ``weight`` column (frequency weights) finite and ``>= 0``. Errors name the column, the value and where it is.
 
     Example:
         >>> import tempfile
