@@ -284,6 +284,32 @@ def test_holm_against_brute_force() -> None:
         assert all(math.isnan(a[i]) for i in range(6) if i not in idx)
 
 
+def test_conditional_holm_against_brute_force() -> None:
+    """``discard``: rows above their threshold leave the family (adjusted 1), the rest are
+    Holm on ``p / tau`` counted among themselves (Zhao, Small & Su 2019); ``tau = 1`` is
+    plain Holm; NaN stays NaN."""
+    g = torch.Generator().manual_seed(1)
+    p = torch.rand(200, 7, generator=g, dtype=torch.float64) ** 2
+    p[::5, 3] = math.nan
+    tau = torch.tensor([1.0, 1.0, 0.5, 0.5, 0.5, 0.25, 0.5], dtype=torch.float64)
+    adj = holm_adjust(p, tau)
+    for row, a in zip(p.tolist(), adj.tolist()):
+        kept = [i for i, v in enumerate(row) if not math.isnan(v) and v <= tau[i]]
+        q = {i: row[i] / float(tau[i]) for i in kept}
+        run = 0.0
+        for r, i in enumerate(sorted(kept, key=lambda i: q[i])):
+            run = max(run, min(1.0, (len(kept) - r) * q[i]))
+            assert a[i] == pytest.approx(run, rel=1e-12)
+        for i, v in enumerate(row):
+            if math.isnan(v):
+                assert math.isnan(a[i])
+            elif i not in kept:
+                assert a[i] == 1.0
+    assert torch.equal(holm_adjust(p, 1.0).nan_to_num(-1), holm_adjust(p).nan_to_num(-1))
+    with pytest.raises(ValueError, match="discard"):
+        holm_adjust(p, 0.0)
+
+
 def test_ece_test_interval_respects_0_1_for_tiny_groups() -> None:
     """The old bootstrap gave [-3.94, 5.74] for a 2-row group and [-0.93, 0.86] for 3 rows:
     the ECE lies in [0, 1], and so does its interval (low <= debiased <= high)."""

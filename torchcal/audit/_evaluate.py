@@ -18,6 +18,7 @@ from torchcal.audit.report import AuditReport
 from torchcal.audit.resolution import add_resolution, decide_hint
 from torchcal.audit.segments import (
     attach_gap_tests,
+    family_discard,
     gap_reason,
     overall_with_segments,
     segment_report,
@@ -276,8 +277,9 @@ def judge(
         )
 
     p_fail = col("p_fail")
-    rows, overall = decide(col("p_pass"), p_fail, alpha)
-    holm = holm_adjust(p_fail)
+    discard = family_discard(named_rows, len(family)) if segments else None
+    rows, overall = decide(col("p_pass"), p_fail, alpha, discard)
+    holm = holm_adjust(p_fail, discard)
     for (_, s), t, code, h in zip(family, tests, rows.tolist(), holm.tolist(), strict=True):
         if t is not None:
             t["p_fail_holm"] = _num(h)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchcal.audit.segments import segment_section
+from torchcal.audit.segments import DISCARD, segment_section
 
 #: longest group name shown in full on a line (longer ones are cut with "...")
 NAME_LIMIT = 60
@@ -153,10 +153,15 @@ def rule_text(d: dict[str, Any]) -> str:
     what = f"the gap (confidence - observed rate) near {t:g}" if t is not None else "the ECE"
     lv = f"{100 * (1 - 2 * alpha):g}%"
     fam = st.get("family", 1)
+    cond = (
+        f"; a segment by its conditional p-value, p / {DISCARD:g} where p <= {DISCARD:g}"
+        if d.get("segments")
+        else ""
+    )
     return (
         f"rule: each row is judged on {what} against the tolerance {tol:g}: PASS when its "
         f"{lv} interval lies inside, FAIL when it lies outside (Holm over {fam} "
-        f"row{'s' if fam != 1 else ''}), else INCONCLUSIVE; each wrong PASS or FAIL has "
+        f"row{'s' if fam != 1 else ''}{cond}), else INCONCLUSIVE; each wrong PASS or FAIL has "
         f"probability <= {alpha:g}; 'detects' = a FAIL with {100 * power:g}% power"
     )
 

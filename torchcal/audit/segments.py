@@ -37,6 +37,25 @@ from torchcal.functional.verdict import FAIL, INCONCLUSIVE, PASS, mean_gap_test
 
 #: segments listed in the report (the worst first)
 WORST = 10
+#: a segment whose FAIL p-value is above this leaves the family, the others enter it as
+#: ``p / DISCARD`` (Holm on conditional p-values, Zhao, Small & Su 2019; docs/design.md 6g.1):
+#: a calibrated segment's p-value is near 1 and stops diluting the ones near or past the
+#: tolerance. The pooled row and the groups keep plain Holm (``1``)
+DISCARD = 0.5
+
+
+def family_discard(named: int, rows: int) -> Tensor:
+    """The ``discard`` of :func:`~torchcal.functional.verdict.decide` for a family of ``rows``
+    rows whose first ``named`` are the pooled row and the groups (``1``: plain Holm), the rest
+    segments (:data:`DISCARD`).
+
+    Example:
+        >>> family_discard(2, 4).tolist()
+        [1.0, 1.0, 0.5, 0.5]
+    """
+    out = torch.full((rows,), DISCARD, dtype=torch.float64)
+    out[:named] = 1.0
+    return out
 
 
 class SegmentAccumulator:
@@ -280,7 +299,8 @@ def segment_report(
         "depth": seg.depth, "bins": seg.bins, "min_segment": seg.min_rows,
         "tested": len(rows), "skipped": seg.skipped,
         "failed": sum(s["verdict"] == "fail" for _, s in rows),
-        "method": "holm over the pooled row, the groups and the segments"
+        "method": "holm over the pooled row, the groups and the segments (a segment by its "
+        f"conditional p-value: p / {DISCARD:g} where p <= {DISCARD:g}, else out)"
         + ("; a segment FAILs by its signed gap" if threshold is None else ""),
         "worst": [listed[i] for i in order[:limit]],
     }  # fmt: skip

@@ -14,7 +14,8 @@ and the audit streams any file:
   (about ``sqrt(2 / pi) sum_b sd_b``, which grows like ``sqrt(bins / n)``): a bias-corrected
   estimate, a ``1 - 2 alpha`` interval inside ``[0, 1]`` and the two p-values;
 * :func:`holm_adjust`: Holm's step-down adjustment of the FAIL p-values of a family (the
-  pooled row and the groups: a FAIL anywhere is a union of claims);
+  pooled row and the groups: a FAIL anywhere is a union of claims), optionally on the
+  conditional p-values of the rows not far inside their null (the segments);
 * :func:`decide`: the per-row codes ``PASS``/``FAIL``/``INCONCLUSIVE`` and the overall one (a
   PASS needs every row to pass: an intersection-union test, level ``alpha`` without any
   adjustment).
@@ -436,19 +437,39 @@ def ece_test_from_stats(
     }
 
 
-def holm_adjust(p: Tensor) -> Tensor:
+def holm_adjust(p: Tensor, discard: Tensor | float | None = None) -> Tensor:
     """Holm's step-down adjusted p-values along the last axis (a family of hypotheses);
     ``NaN`` entries are no hypothesis (not counted in the family) and stay ``NaN``.
 
     Rejecting every adjusted ``p <= alpha`` controls the family-wise error at ``alpha``.
+
+    ``discard`` (per row, broadcast along ``p``; ``None``: plain Holm): Holm on the
+    *conditional* p-values (Zhao, Small & Su 2019, "Multiple testing when many p-values are
+    uniformly conservative"): a row with ``p > discard`` leaves the family (adjusted to 1), the
+    others enter as ``p / discard`` and only they are counted. Valid where a null row's p-value
+    is uniformly conservative (``P(p <= u t | p <= t) <= u``: a one-sided z test whose truth
+    lies inside its null, e.g. a calibrated segment tested against a tolerance), so rows far
+    inside their null stop diluting the ones that are not (docs/design.md section 6g.1);
+    ``discard = 1`` is plain Holm.
 
     Example:
         >>> import torch
         >>> adj = holm_adjust(torch.tensor([0.01, 0.04, float("nan"), 0.03]))
         >>> [round(x, 4) for x in adj.tolist()]
         [0.03, 0.06, nan, 0.06]
+        >>> adj = holm_adjust(torch.tensor([0.01, 0.04, 0.9, 0.97]), discard=0.5)
+        >>> [round(x, 4) for x in adj.tolist()]  # two rows left: 2 x 0.01 / 0.5, 0.04 / 0.5
+        [0.04, 0.08, 1.0, 1.0]
     """
     p = p.to(torch.float64)
+    missing = torch.isnan(p)
+    dropped = torch.zeros_like(missing)
+    if discard is not None:
+        tau = torch.as_tensor(discard, dtype=torch.float64, device=p.device).expand_as(p)
+        if not bool(((tau > 0) & (tau <= 1)).all()):
+            raise ValueError("discard: expected thresholds in (0, 1]")
+        dropped = ~missing & (p > tau)
+        p = torch.where(dropped, math.nan, p / tau)
     missing = torch.isnan(p)
     m = (~missing).sum(-1, keepdim=True)
     order = torch.where(missing, math.inf, p).argsort(dim=-1, stable=True)
@@ -457,16 +478,21 @@ def holm_adjust(p: Tensor) -> Tensor:
     adj = ((m - rank).clamp_min(1) * ps).clamp_max(1.0)
     adj = torch.where(torch.isnan(adj), 0.0, adj).cummax(-1).values
     out = torch.empty_like(p).scatter_(-1, order, adj)
-    return torch.where(missing, math.nan, out)
+    return torch.where(dropped, 1.0, torch.where(missing, math.nan, out))
 
 
-def decide(p_pass: Tensor, p_fail: Tensor, alpha: float = 0.05) -> tuple[Tensor, Tensor]:
+def decide(
+    p_pass: Tensor,
+    p_fail: Tensor,
+    alpha: float = 0.05,
+    discard: Tensor | float | None = None,
+) -> tuple[Tensor, Tensor]:
     """Verdict codes (:data:`PASS`, :data:`FAIL`, :data:`INCONCLUSIVE`) of a family of rows
     along the last axis, and the overall verdict.
 
     A row FAILs when its Holm-adjusted ``p_fail`` is ``<= alpha`` (family-wise error of the
-    FAIL claims ``<= alpha``), PASSes when ``p_pass <= alpha`` (each row's equivalence
-    test), else is INCONCLUSIVE (also a row with ``NaN``: no items). Overall: FAIL if any row
+    FAIL claims ``<= alpha``; ``discard``: :func:`holm_adjust`'s conditional Holm), PASSes
+    when ``p_pass <= alpha`` (each row's equivalence test), else is INCONCLUSIVE (also a row with ``NaN``: no items). Overall: FAIL if any row
     fails, PASS if every row passes (an intersection-union test: its level is ``alpha``
     with no adjustment), else INCONCLUSIVE.
 
@@ -477,7 +503,7 @@ def decide(p_pass: Tensor, p_fail: Tensor, alpha: float = 0.05) -> tuple[Tensor,
         ([0, 1], 1)
     """
     alpha = check_alpha(alpha)
-    adj = holm_adjust(p_fail)
+    adj = holm_adjust(p_fail, discard)
     fail = adj <= alpha
     ok = (p_pass.to(torch.float64) <= alpha) & ~fail
     rows = torch.full(p_fail.shape, INCONCLUSIVE, dtype=torch.int64, device=p_fail.device)
