@@ -284,3 +284,28 @@ def test_a_segment_fails_by_its_signed_gap(tmp_path):
     assert res["auroc_ci"][0] < res["auroc"] < res["auroc_ci"][1] and res["separates"] is True
     assert res["bins"] == len(set(ids.tolist())) and res["n_bins"] == 10
     assert f"{res['auroc']:.3f} [" in text
+
+
+def test_a_segment_whose_confidence_does_not_separate_is_a_finding():
+    """Issue 31 item 5: a segment where the confidence says nothing about correctness (the
+    outcome independent of it) gets a report-level finding naming it, whatever its gap; where
+    every segment separates there is none."""
+    from torchcal.audit import audit
+
+    g = torch.Generator().manual_seed(0)
+    n = 6000
+    p = 0.05 + 0.9 * torch.rand(n, generator=g, dtype=torch.float64)
+    lang = ["de" if i % 3 == 0 else ("fr" if i % 3 == 1 else "en") for i in range(n)]
+    flat = torch.tensor([v == "de" for v in lang])
+    q = torch.where(flat, torch.full_like(p, float(p[flat].mean())), p)  # de: no separation
+    y = (torch.rand(n, generator=g, dtype=torch.float64) < q).long()
+    rep = audit(p, y, segments={"lang": lang})
+    seg = rep.segments
+    assert seg["not_separating"] == 1
+    assert [w["segment"] for w in seg["not_separating_lowest"]] == ["lang=de"]
+    found = [r for r in rep.reasons if r.startswith("segments: finding: confidence does not")]
+    assert len(found) == 1 and "1 of 3 segments" in found[0] and "lang=de (n=2000)" in found[0]
+    y2 = (torch.rand(n, generator=g, dtype=torch.float64) < p).long()
+    rep2 = audit(p, y2, segments={"lang": lang})
+    assert rep2.segments["not_separating"] == 0
+    assert not any("does not separate" in r for r in rep2.reasons)

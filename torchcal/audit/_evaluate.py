@@ -22,6 +22,7 @@ from torchcal.audit.segments import (
     gap_reason,
     overall_with_segments,
     segment_report,
+    separation_finding,
 )
 from torchcal.audit.state import AuditSettings, AuditState, generator_seed, grid_stats
 from torchcal.functional.calibration.binning import BinnedStats
@@ -553,12 +554,15 @@ def build_report(
             raise ValueError("fit_temperature: needs rows (give build_report its rows_state)")
         temperature = fit_temperatures(state, settings, warn, n_bins, rows_state)
     sample = {"preds": smp["preds"], "target": smp["target"], "group": smp["group"], "names": names}
+    seg_d = None
+    if seg is not None:
+        seg_d = segment_report(
+            seg, seg_rows, threshold, level=1 - 2 * alpha, weights=settings.weights
+        )
+        text = separation_finding(seg_d, 1 - 2 * alpha)
+        if text is not None:
+            reasons.append(f"segments: {text}")
     return AuditReport(
         verdict, pooled, groups, settings_d, warn, temperature, sample, reasons,
-        dict(state.read_log),
-        segments=None
-        if seg is None
-        else segment_report(
-            seg, seg_rows, threshold, level=1 - 2 * alpha, weights=settings.weights
-        ),
+        dict(state.read_log), segments=seg_d,
     )  # fmt: skip

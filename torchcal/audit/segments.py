@@ -294,6 +294,10 @@ def segment_report(
         range(len(listed)),
         key=lambda i: (_none_last(listed[i]["p_fail_holm"]), -(listed[i]["sigma"] or 0.0), i),
     )
+    flat = [
+        i for i in range(len(listed)) if (listed[i]["resolution"] or {}).get("separates") is False
+    ]
+    flat.sort(key=lambda i: (listed[i]["resolution"]["auroc"], i))
     return {
         "columns": [r.to_dict() for r in seg.rules],
         "depth": seg.depth, "bins": seg.bins, "min_segment": seg.min_rows,
@@ -303,7 +307,31 @@ def segment_report(
         f"conditional p-value: p / {DISCARD:g} where p <= {DISCARD:g}, else out)"
         + ("; a segment FAILs by its signed gap" if threshold is None else ""),
         "worst": [listed[i] for i in order[:limit]],
+        "not_separating": len(flat),
+        "not_separating_lowest": [
+            {k: listed[i][k] for k in ("segment", "n", "resolution")} for i in flat[:3]
+        ],
     }  # fmt: skip
+
+
+def separation_finding(sg: dict[str, Any], level: float) -> str | None:
+    """The report-level finding of the segments whose confidence does not separate right from
+    wrong answers (AUROC interval at the segments' bins holding 0.5, or below it; issue 31
+    item 5), with the lowest ones; ``None`` when every tested segment separates or cannot
+    tell (one outcome absent)."""
+    k = sg.get("not_separating", 0)
+    if not k:
+        return None
+    low = "; ".join(
+        f"{w['segment']} (n={w['n']}) AUROC {w['resolution']['auroc']:.3f} "
+        f"[{w['resolution']['auroc_ci'][0]:.3f}, {w['resolution']['auroc_ci'][1]:.3f}]"
+        for w in sg["not_separating_lowest"]
+    )
+    return (
+        f"finding: confidence does not separate right from wrong answers in {k} of "
+        f"{sg['tested']} segments ({100 * level:g}% AUROC interval at the segments' bins holds "
+        f"0.5 or lies below it), whatever their gaps; lowest: {low}"
+    )
 
 
 def _none_last(p: Any) -> float:
