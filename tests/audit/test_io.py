@@ -148,3 +148,86 @@ def test_read_predictions_multiclass_and_2d_column(tmp_path):
     (c,) = read_predictions(path, preds=["a", "b", "c"], label="y")
     torch.testing.assert_close(c.preds, b.preds, rtol=0, atol=0)
     torch.testing.assert_close(c.target, b.target, rtol=0, atol=0)
+
+
+#: (label, group, weight) edits of one row each and the reason the row gets (docs/design.md
+#: section 6c.2: the engines' reasons, no longer the reader's errors)
+SOFT_EDITS = [
+    ("yes", "math", "1", "label_invalid"),
+    ("", "x", "1", "label_invalid"),
+    (" ", "x", "1", "label_invalid"),
+    ("1", "", "1", "group_null"),
+    ("0", "   ", "1", "group_null"),
+    ("1", "\u3000", "1", "group_null"),
+    ("1", "math", "", "weight_invalid"),
+    ("0", "math", "heavy", "weight_invalid"),
+]
+
+
+def _soft_file(tmp_path, quoted=False):
+    rows = [f"{i},{NAMES[GID[i]]},{float(P[i])!r},{Y[i]},1" for i in range(N)]
+    for k, (y, g, w, _) in enumerate(SOFT_EDITS):
+        i = 20 * k + 3
+        p = float(P[i])
+        rows[i] = f'{i},"{g}",{p!r},{y},{w}' if quoted else f"{i},{g},{p!r},{y},{w}"
+    path = tmp_path / ("q.csv" if quoted else "s.csv")
+    path.write_text("id,domain,p,y,w\n" + "".join(r + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("engine", ["pyarrow", "numpy"])
+@pytest.mark.parametrize("quoted", [False, True])
+@pytest.mark.parametrize("chunk_rows", [16, 1 << 20])
+def test_a_bad_label_weight_or_group_is_a_rejected_row_not_an_error(
+    tmp_path, engine, quoted, chunk_rows
+):
+    """The old reader errors (``y: label 'yes' ... is not a number``, ``empty group name``, a
+    blank weight) no longer fire with --probs: the rows are counted by reason and left out,
+    as DuckDB and Spark count them; the first is named as the error was."""
+    path = _soft_file(tmp_path, quoted)
+    kw = dict(preds=["p"], label="y", group="domain", weight="w", max_unparsed=0.05)
+    batches = list(read_predictions(path, engine=engine, chunk_rows=chunk_rows, **kw))
+    log = batches[-1].log
+    want: dict[str, int] = {}
+    for *_, r in SOFT_EDITS:
+        want[r] = want.get(r, 0) + 1
+    assert log.rejected == want
+    assert log.first_rejected.startswith("y: label 'yes' at line 5 is not a number nor True/False")
+    assert sum(b.preds.numel() for b in batches) == N - len(SOFT_EDITS) == log.kept
+    names = batches[-1].group_names
+    assert sorted(names) == sorted(set(NAMES[GID].tolist())), names  # no blank group
+    assert all(int(b.groups.min()) >= 0 for b in batches)
+    kw.update(max_unparsed=0.01, engine=engine, chunk_rows=chunk_rows)
+    counts = r"label_invalid 3, group_null 3, weight_invalid 2"
+    with pytest.raises(ValueError, match=rf"8 of 257 rows are invalid \({counts}\)"):
+        list(read_predictions(path, **kw))
+
+
+def test_logits_keep_the_readers_errors(tmp_path):
+    """--logits reads no row rules: a label that is no number is still the reader's error."""
+    path = _soft_file(tmp_path)
+    with pytest.raises(ValueError, match=r"^y: label 'yes' at line 5 is not a number nor True/"):
+        list(read_predictions(path, preds=["p"], label="y", group="domain", input="logits"))
+
+
+def test_parquet_nulls_and_words_are_rejected_rows(tmp_path):
+    """Parquet: a null or unparsed label, a null or blank group (string or integer column), a
+    null weight are rows the rules reject, with the row they were at."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    n = 200
+    y = ["1" if i % 2 else "0" for i in range(n)]
+    g = ["a" if i % 3 else "b" for i in range(n)]
+    w = [1.0] * n
+    y[5], y[9], g[11], g[13], w[17] = None, "yes", None, "  ", None
+    k = [i % 4 if i != 7 else None for i in range(n)]
+    t = pa.table({"p": [0.5] * n, "y": y, "g": g, "w": w, "k": k})
+    pq.write_table(t, tmp_path / "x.parquet")
+    kw = dict(preds=["p"], label="y", weight="w", max_unparsed=0.05, chunk_rows=64)
+    b = list(read_predictions(tmp_path / "x.parquet", group="g", **kw))
+    assert b[-1].log.rejected == {"label_invalid": 2, "group_null": 2, "weight_invalid": 1}
+    assert b[-1].log.first_rejected.startswith("y: label '' at row 5 is not a number")
+    b = list(read_predictions(tmp_path / "x.parquet", group="k", **kw))  # an integer group
+    assert b[-1].log.rejected == {"label_invalid": 2, "group_null": 1, "weight_invalid": 1}
+    assert sorted(b[-1].group_names) == ["0", "1", "2", "3"]

@@ -31,7 +31,7 @@ pytest.importorskip("pyarrow")
 
 
 def _write(path: str, header: str, rows: list[str]) -> None:
-    with open(path, "w") as f:
+    with open(path, "w", encoding="utf-8") as f:
         f.write(header + "\n" + "\n".join(rows) + "\n")
 
 
@@ -75,16 +75,35 @@ def _rejected(path: str) -> None:
 
 def _hostile(path: str) -> None:
     """Rows every road rejects by a rule of ``engines/rules.py`` (NaN, out of range, a label
-    that is no class, a weight outside 0 or [1e-100, 1e100]), 0.5 % of 4000, under
-    --max-unparsed: counted by reason and left out, the same counts on every road."""
+    that is no class or no number (``yes``, blank), a blank or white-space group, a weight
+    outside 0 or [1e-100, 1e100] or blank), 0.75 % of 4000, under --max-unparsed: counted by
+    reason and left out, the same counts on every road."""
     rng = np.random.default_rng(5)
     rows = [f"{float(a)!r},{int(b)},{g},1" for a, b, g in
             zip(rng.random(4000), rng.random(4000) < 0.6, rng.choice(["a", "b"], 4000))]  # fmt: skip
     bad = ["nan,1,a,1", "1.5,1,b,1", "-0.1,0,a,1", "150%,0,b,1", "0.5,2,a,1", "0.5,-1,b,1",
-           "0.5,0.5,a,1", "0.5,1,a,-1", "0.5,1,b,inf", "0.5,1,a,1e300"]  # fmt: skip
+           "0.5,0.5,a,1", "0.5,1,a,-1", "0.5,1,b,inf", "0.5,1,a,1e300",
+           "0.5,yes,a,1", "0.5,,b,1", "0.5,1,,1", "0.5,1,  ,1", "0.5,1,a,"]  # fmt: skip
     for k, text in enumerate(bad * 2):
-        rows[150 * k + 7] = text
+        rows[130 * k + 7] = text
     _write(path, "p,y,g,w", rows)
+
+
+def _hostile_text(path: str) -> None:
+    """Unweighted, so the file road is the streaming reader: labels that are no number
+    (``yes``, ``maybe``, blank, white space), groups that are blank, spaces or an ideographic
+    space (U+3000: white space to Python and, by the one class of ``rules.WHITE_SPACE``, to
+    SQL), beside values that parse once Unicode white space is stripped (``0.5`` + NBSP,
+    ``85`` NBSP ``%``) and names kept as written (`` a ``); 0.5 % of 4000 rejected."""
+    rng = np.random.default_rng(6)
+    rows = [f"{float(a)!r},{int(b)},{g}" for a, b, g in
+            zip(rng.random(4000), rng.random(4000) < 0.6, rng.choice(["a", "b"], 4000))]  # fmt: skip
+    bad = ["0.5,yes,a", "0.4,,b", "0.3,maybe,a", "0.6, ,b", "0.5,1,", "0.5,0,  ",
+           "0.7,1,\u3000", "nan,1,a", "0.5,2,b", "0.2,1,\t"]  # fmt: skip
+    odd = ["0.5\u00a0,1,a", "85\u00a0%,1,b", "0.25,0, a ", "\u300085%,1,b"]
+    for k, text in enumerate(bad * 2 + odd * 3):
+        rows[120 * k + 11] = text
+    _write(path, "p,y,g", rows)
 
 
 #: name -> (writer, column arguments, extra options)
@@ -108,11 +127,15 @@ CASES: dict[str, tuple[Any, list[str], list[str]]] = {
     "groups": (_groups, ["--probs", "p", "--label", "y", "--group", "g"], []),
     "rejected": (_rejected, ["--probs", "confidence", "--label", "correct"], []),
     "hostile": (_hostile, ["--probs", "p", "--label", "y", "--group", "g", "--weight", "w"], []),
+    "words": (_hostile_text, ["--probs", "p", "--label", "y", "--group", "g"], []),
 }
-#: the per-reason counts of the hostile case (each bad row twice)
+#: the per-reason counts of the hostile cases (each bad row twice)
 HOSTILE_WARNING = (
-    "20 rows were left out of the state: preds_nan 2, preds_out_of_range 6, label_invalid 6, "
-    "weight_invalid 6"
+    "30 rows were left out of the state: preds_nan 2, preds_out_of_range 6, label_invalid 10, "
+    "group_null 4, weight_invalid 8"
+)
+HOSTILE_TEXT_WARNING = (
+    "20 rows were left out of the state: preds_nan 2, label_invalid 10, group_null 8"
 )
 
 #: road -> (use the glob, engine options)
@@ -223,19 +246,48 @@ def test_cases_cover_the_rules(reference):
     assert read["excluded"][0]["count"] == 5 and read["percent"] == {"confidence": 995}
     assert reference["weights"][1]["settings"]["weight"] == "w"
     assert HOSTILE_WARNING in reference["hostile"][1]["warnings"]
+    text = reference["words"][1]
+    assert HOSTILE_TEXT_WARNING in text["warnings"]
+    assert list(text["groups"]) == [" a ", "a", "b"]  # a name as written; blanks are no name
+    assert text["groups"][" a "]["n"] == 3 and text["read"]["percent"] == {"p": 6}
+
+
+#: case -> the refusal above --max-unparsed 0.004 (every road), and the first bad row as the
+#: in-process roads name it (an engine does not know the line)
+REFUSALS = {
+    "hostile": (
+        "30 of 4000 rows are invalid (preds_nan 2, preds_out_of_range 6, label_invalid 10, "
+        "group_null 4, weight_invalid 8), more than --max-unparsed 0.004 of them",
+        "; the first: p: value nan at line 9 is not a probability",
+    ),
+    "words": (
+        "20 of 4000 rows are invalid (preds_nan 2, label_invalid 10, group_null 8), more than "
+        "--max-unparsed 0.004 of them",
+        "; the first: y: label 'yes' at line 13 is not a number nor True/False",
+    ),
+}
 
 
 @pytest.mark.parametrize("road", list(ROADS))
-def test_rejected_rows_refuse_alike_above_max_unparsed(road, files, tmp_path, capsys):
-    """Above --max-unparsed every road refuses the hostile file: exit 2, the counts named."""
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_rejected_rows_refuse_alike_above_max_unparsed(case, road, files, tmp_path, capsys):
+    """Above --max-unparsed every road refuses the hostile files: exit 2, the counts named in
+    one line (the same words on every road; the first bad row's line where the road reads the
+    rows itself)."""
     glob, engine = ROADS[road]
-    _, cols, _ = CASES["hostile"]
-    src = files["hostile"][:-4] + "*.csv" if glob else files["hostile"]
+    _, cols, _ = CASES[case]
+    src = files[case][:-4] + "*.csv" if glob else files[case]
     out = str(tmp_path / "out")
     code = main(["audit", src, *cols, *engine, "--max-unparsed", "0.004", "--out", out])
-    err = capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
     assert code == 2, err
-    assert "20 of 4000 rows are invalid (preds_nan 2, preds_out_of_range 6, " in err, err
+    counts, first = REFUSALS[case]
+    sql = road in ("duckdb", "glob") or ("--weight" in cols and road == "file")
+    if sql:
+        assert err == f"torchcal: error: {src}: {counts}", err
+    else:  # the in-process roads read a glob file by file: the message names the file
+        want = f"torchcal: error: {files[case]}: {counts}{first}"
+        assert err.startswith(want) and "\n" not in err, err
 
 
 def test_spark_gives_the_same_report(spark, files, reference):
@@ -245,7 +297,7 @@ def test_spark_gives_the_same_report(spark, files, reference):
     from torchcal.audit.state import AuditSettings
     from torchcal.engines.spark import audit_spark
 
-    for case in ("stated", "grid", "groups", "rejected", "hostile"):
+    for case in ("stated", "grid", "groups", "rejected", "hostile", "words"):
         _, cols, opts = CASES[case]
         kw = dict(zip([c.lstrip("-") for c in cols[::2]], cols[1::2]))
         df = spark.read.csv(files[case], header=True)
@@ -256,3 +308,24 @@ def test_spark_gives_the_same_report(spark, files, reference):
         got = json.loads(report.to_json())
         assert got["settings"]["engine"].startswith("spark")
         assert _diff(_norm(reference[case][1], True), _norm(got, True)) is None, case
+
+
+def test_streaming_segments_refuse_rows_without_a_group(tmp_path, capsys):
+    """The streaming road's segment readers do not read --group: with group_null rows it
+    refuses --segments in one line (DuckDB leaves those rows out of the segments too)."""
+    rng = np.random.default_rng(7)
+    rows = [f"{float(a)!r},{int(b)},{'ab'[i % 2]},{'xyz'[i % 3]}" for i, (a, b) in
+            enumerate(zip(rng.random(600), rng.random(600) < 0.5))]  # fmt: skip
+    rows[5] = "0.5,1,,x"
+    path = str(tmp_path / "s.csv")
+    _write(path, "p,y,g,s", rows)
+    args = ["audit", path, "--probs", "p", "--label", "y", "--group", "g", "--segments", "s"]
+    out = ["--out", str(tmp_path / "o"), "--diagrams", "0"]
+    assert main([*args, *out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "torchcal: error: --segments: 1 rows of --group g have no group name; give them one, "
+        "or audit with --engine duckdb"
+    ), err
+    assert main([*args, *out, "--engine", "duckdb"]) in (0, 1, 3)
+    assert "group_null 1" in capsys.readouterr().out

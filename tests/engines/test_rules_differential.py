@@ -32,6 +32,10 @@ ROWS = [
     ("0.5", "yes", "a", "1", "label_invalid"),
     ("0.5", "", "a", "1", "label_invalid"),
     ("0.5", "1", "", "1", "group_null"),
+    ("0.5", "1", "  ", "1", "group_null"),  # only white space: no name (rules.blank)
+    ("0.5", "1", "\u3000", "1", "group_null"),  # U+3000 is white space to Python and the SQL
+    ("0.5", "1", " a ", "1", None),  # any other name as written
+    ("0.5\u00a0", "1", "a", "1", None),  # NBSP stripped as Python strips it
     ("0.5", "1", "a", "-1", "weight_invalid"),
     ("0.5", "1", "a", "", "weight_invalid"),
     ("0.5", "1", "b", "inf", "weight_invalid"),
@@ -45,7 +49,7 @@ def hostile(tmp_path_factory):
     d = tmp_path_factory.mktemp("hostile")
     csv = d / "hostile.csv"
     body = "\n".join(",".join(r[:4]) for r in ROWS * 3)  # 3 of each
-    csv.write_text("c,y,g,w\n" + body + "\n")
+    csv.write_text("c,y,g,w\n" + body + "\n", encoding="utf-8")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -58,6 +62,15 @@ def hostile(tmp_path_factory):
 def _check(st):
     assert st.header.rows_rejected == {r: 3 * n for r, n in WANT.items()}
     assert int(st.stats.count.sum()) == 3 * sum(r[4] is None for r in ROWS)
+
+
+def test_white_space_is_pythons():
+    """The SQL's white space is exactly ``str.isspace`` (``str.strip``'s)."""
+    import sys
+
+    from torchcal.engines.rules import WHITE_SPACE
+
+    assert [c for c in range(sys.maxunicode + 1) if chr(c).isspace()] == list(WHITE_SPACE)
 
 
 def test_the_table_covers_every_reason_but_one_class_rule():
@@ -91,7 +104,8 @@ def test_the_python_rule_is_the_sql_rule():
     from torchcal.engines.sql import text_value_sql
 
     tokens = ["85%", " 85 % ", "85.5%", "33.3%", "0.3", ".5", "5.", "1E+3", "-inf", "Infinity",
-              "NaN", "0_8", "", "1e-3%", "٣", "0x10", "+.5e-2", "1.234567890123%"]  # fmt: skip
+              "NaN", "0_8", "", "1e-3%", "٣", "0x10", "+.5e-2", "1.234567890123%",
+              "0.5\u00a0", "\u30000.5", "85\u00a0%", "\u2028.5\x1c", "\u200b0.5"]  # fmt: skip
     con = duckdb.connect()
     for kind in ("number", "stated", "label"):
         v, bad, _ = text_value_sql("x", kind, "duckdb")

@@ -10,7 +10,7 @@ stated confidence may be a percent, and one that does not parse (or is null) exc
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 import numpy as np
 import torch
@@ -32,7 +32,8 @@ from torchcal.engines._names import locate_columns
 def _group_ids(
     values: np.ndarray, column: str, groups: GroupIndex, where: Callable[[int], str]
 ) -> np.ndarray:
-    """Ids of a 1-D column of group values (strings, bytes or integers)."""
+    """Ids of a 1-D column of group values (strings, bytes or integers; with
+    ``groups.null_blank`` a missing or blank one is id -1, ``group_null``)."""
     if values.ndim != 1:
         raise ValueError(
             f"{column}: expected a 1-D column of group names, got shape {tuple(values.shape)}"
@@ -42,6 +43,8 @@ def _group_ids(
             f"{column}: expected group names (strings or integers), got {values.dtype}"
         )
     if values.dtype.kind == "O":
+        if groups.null_blank:  # a missing name is a blank one: group_null
+            values = np.array(["" if v is None else v for v in values], dtype=object)
         bad = np.array([not isinstance(v, (str, bytes)) for v in values], dtype=bool)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -50,7 +53,7 @@ def _group_ids(
     uniques, first, inverse = np.unique(values, return_index=True, return_inverse=True)
     first, inverse = first_appearance(first, inverse.reshape(-1))
     names = [_name(values[i]) for i in first]
-    check_names(column, names, inverse, where)
+    check_names(column, names, inverse, where, groups.null_blank)
     return groups.ids_of(names, inverse)
 
 
@@ -155,9 +158,11 @@ def _column_values(
     rows: np.ndarray,
     where: Callable[[int], str],
     text: bool = True,
+    soft: bool = False,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """float64 values of a column and, for text (when ``text``), the mask of values that do not
-    parse."""
+    parse (a stated confidence's, or with ``soft`` -- a label, a weight read for the row rules
+    -- any column's: NaN)."""
     if a.dtype.kind in "biuf":
         return a.astype(np.float64), None
     texts = text and (
@@ -173,7 +178,7 @@ def _column_values(
     for i, v in enumerate(a):
         x = parse_value(_name(v), kind)
         if x is None:
-            if kind != STATED:
+            if kind != STATED and not soft:
                 from_what = "a number nor True/False" if kind != "number" else "a number"
                 raise ValueError(
                     f"{column}: {shown(_name(v))} at {where(int(rows[i]))} is not {from_what}"
@@ -202,8 +207,10 @@ def read_arrays(
     group: str | None,
     chunk_rows: int,
     log: ReadLog,
+    soft: Collection[str] = (),
 ) -> Iterator[Chunk]:
-    """NPZ/.pt columns (numbers only: nothing is excluded, ``log`` is for symmetry)."""
+    """NPZ/.pt columns (numbers only: nothing is excluded, ``log`` is for symmetry; the group
+    in ``soft``: a missing or blank name is id -1)."""
     p = os.fspath(path)
     data = _load_mapping(path, kind)
     locate_columns(p, list(data), [*columns, *([group] if group else [])])
@@ -227,7 +234,7 @@ def read_arrays(
         c: _column_values(raw[c], c, k, rows, lambda i: f"row {i}", text=False)[0]
         for c, k in zip(columns, kinds)
     }
-    groups, gids = GroupIndex(), None
+    groups, gids = GroupIndex(null_blank=group in soft), None
     if group is not None and gvalues is not None:
         gids = _group_ids(gvalues, group, groups, lambda i: f"row {i}")
     for start in range(0, n, chunk_rows):
@@ -244,7 +251,10 @@ def read_parquet(
     group: str | None,
     chunk_rows: int,
     log: ReadLog,
+    soft: Collection[str] = (),
 ) -> Iterator[Chunk]:
+    """Parquet row groups (``soft``: columns whose missing or unparsed values read NaN, a
+    group's missing or blank names id -1, for the row rules to reject)."""
     p = os.fspath(path)
     try:
         import pyarrow as pa
@@ -258,7 +268,7 @@ def read_parquet(
     wanted = list(dict.fromkeys([*columns, *([group] if group else [])]))
     locate_columns(p, pf.schema_arrow.names, wanted)
     kind_of = dict(zip(columns, kinds))
-    groups, offset, kept = GroupIndex(), 0, 0
+    groups, offset, kept = GroupIndex(null_blank=group in soft), 0, 0
     batches = pf.iter_batches(batch_size=chunk_rows, columns=wanted)
     while True:
         try:
@@ -272,13 +282,18 @@ def read_parquet(
         rows = np.arange(offset, offset + n)
         keep = np.ones(n, dtype=bool)
         cols = {
-            c: _parquet_column(batch.column(c), c, c == group, kind_of, rows, keep, log)
+            c: _parquet_column(batch.column(c), c, c == group, kind_of, rows, keep, log, soft)
             for c in wanted
         }
         num = {}
         for c in columns:
-            num[c], bad = _column_values(cols[c], c, kind_of[c], rows, lambda i: f"row {i}")
-            if bad is not None:
+            lenient = c in soft and kind_of[c] != STATED
+            num[c], bad = _column_values(cols[c], c, kind_of[c], rows, _where, soft=lenient)
+            if bad is not None and lenient:
+                if bad.any() and c not in log.unparsed:
+                    i = int(np.flatnonzero(bad)[0])
+                    log.unparsed[c] = (f"row {int(rows[i])}", _name(cols[c][i]))
+            elif bad is not None:
                 _exclude(log, c, bad & keep, cols[c], rows, "not a number nor a percent")
                 keep &= ~bad
         gids = None
@@ -293,6 +308,10 @@ def read_parquet(
         raise ValueError(f"{p}: no data rows")
 
 
+def _where(i: int) -> str:
+    return f"row {i}"
+
+
 def _parquet_column(
     arr: object,
     column: str,
@@ -301,13 +320,26 @@ def _parquet_column(
     rows: np.ndarray,
     keep: np.ndarray,
     log: ReadLog,
+    soft: Collection[str] = (),
 ) -> np.ndarray:
     """A batch's column as numpy; a null is an error, but excludes the row of a stated
-    confidence (``keep`` is updated)."""
+    confidence (``keep`` is updated), and in a ``soft`` column reads as a blank text (a
+    group: ``group_null``; a label or weight: NaN, for the row rules)."""
     null = arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else None  # type: ignore[attr-defined]
     values = arr.to_numpy(zero_copy_only=False)  # type: ignore[attr-defined]
     if null is None:
         return values
+    if column in soft and kind_of.get(column) != STATED:
+        import pyarrow as pa
+
+        t = arr.type  # type: ignore[attr-defined]
+        if is_group and pa.types.is_integer(t):  # an integer's name is its decimal digits
+            values = arr.cast(pa.string()).to_numpy(zero_copy_only=False)  # type: ignore[attr-defined]
+        elif not is_group and not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            if pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t):
+                return arr.cast(pa.float64()).to_numpy(zero_copy_only=False)  # type: ignore[attr-defined]
+        if values.dtype.kind == "O":  # text: a missing value is a blank one
+            return np.where(null, "", values)
     if is_group or kind_of.get(column) != STATED:
         what = "empty group name" if is_group else "missing value"
         raise ValueError(f"{column}: {what} at row {int(rows[np.flatnonzero(null)[0]])}")

@@ -68,11 +68,12 @@ def read_csv(
     idx: list[int],
     gidx: int | None,
     chunk_rows: int,
+    null_blank: bool = False,
 ) -> Iterator[Chunk]:
     """Chunks of ``chunk_rows`` rows (the last one shorter): the numeric fields ``idx`` (named
     ``columns``) as float64 and the field ``gidx``'s names as ids in order of first
-    appearance. Raises :class:`Fallback` (after the chunks it could read) where pyarrow cannot
-    go on.
+    appearance (``null_blank``: a blank name is id -1, ``group_null``). Raises
+    :class:`Fallback` (after the chunks it could read) where pyarrow cannot go on.
 
     pyarrow reads ahead some 35 blocks whatever their size, so its blocks stay small
     (:data:`BLOCK`) and their rows are gathered into chunks here.
@@ -90,7 +91,7 @@ def read_csv(
         raise Fallback("the group column is also a numeric column")
     if has_quote(path):
         raise Fallback("a quote character: quoted fields are the numpy path's")
-    groups, offset, held = GroupIndex(), 0, 0
+    groups, offset, held = GroupIndex(null_blank=null_blank), 0, 0
     pending: list[tuple[dict[str, np.ndarray], np.ndarray | None]] = []
     done = 0
     batches = _batches(path, header, columns, idx, gidx, groups)
@@ -186,5 +187,5 @@ def _group_ids(column: Any, name: str, groups: GroupIndex, offset: int) -> np.nd
     if any("\x00" in v for v in values):
         raise Fallback("a NUL in a group name")
     inverse = _numpy(column.indices, np.int32)
-    check_names(name, values, inverse, lambda i: f"line {offset + i + 2}")
+    check_names(name, values, inverse, lambda i: f"line {offset + i + 2}", groups.null_blank)
     return groups.ids_of(values, inverse)

@@ -25,6 +25,8 @@ from decimal import Decimal
 
 import numpy as np
 
+from torchcal.engines.rules import blank
+
 #: how a column's text values are read (see the module docstring)
 NUMBER, STATED, LABEL = "number", "stated", "label"
 
@@ -119,6 +121,9 @@ class ReadLog:
     #: NaN, not a class, a bad weight), by reason, and the first one as an error would say it
     rejected: dict[str, int] = field(default_factory=dict)
     first_rejected: str = ""
+    #: per column read leniently (a label, a weight): the first value that did not parse, as
+    #: ``(where, text)``; the row reads NaN and a rule rejects it (not in :meth:`to_dict`)
+    unparsed: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def exclude(self, column: str, reason: str, where: str, text: str, count: int = 1) -> None:
         """Count ``count`` rows left out; the first one's ``text`` is kept (at most 200
@@ -151,21 +156,27 @@ class ReadLog:
 
 @dataclass
 class GroupIndex:
-    """Group names to ids in order of first appearance.
+    """Group names to ids in order of first appearance; with ``null_blank`` a name that is
+    only white space (:func:`~torchcal.engines.rules.blank`) gets the id -1 (``group_null``
+    for the row rules) instead of being an error.
 
     Example:
-        >>> g = GroupIndex()
-        >>> g.ids_of(["b", "a"], np.array([0, 1, 0])).tolist(), g.names
-        ([0, 1, 0], ['b', 'a'])
+        >>> g = GroupIndex(null_blank=True)
+        >>> g.ids_of(["b", " ", "a"], np.array([0, 1, 2, 0])).tolist(), g.names
+        ([0, -1, 1, 0], ['b', 'a'])
     """
 
     names: list[str] = field(default_factory=list)
     ids: dict[str, int] = field(default_factory=dict)
+    null_blank: bool = False
 
     def ids_of(self, uniques: Sequence[str], inverse: np.ndarray) -> np.ndarray:
         """Global ids of rows whose local value index is ``inverse`` into ``uniques``."""
         lut = np.empty(len(uniques), dtype=np.int64)
         for i, name in enumerate(uniques):
+            if self.null_blank and blank(name):
+                lut[i] = -1
+                continue
             if name not in self.ids:
                 self.ids[name] = len(self.names)
                 self.names.append(name)
@@ -217,14 +228,21 @@ def first_appearance(first: np.ndarray, inverse: np.ndarray) -> tuple[np.ndarray
 
 
 def check_names(
-    column: str, names: Sequence[str], inverse: np.ndarray, where: Callable[[int], str]
+    column: str,
+    names: Sequence[str],
+    inverse: np.ndarray,
+    where: Callable[[int], str],
+    null_blank: bool = False,
 ) -> None:
-    """Group names must hold a visible character, and no NUL (``"a"`` and ``"a\\0"`` would look
+    """Group names must hold a visible character (``null_blank``: one that does not is
+    ``group_null``, left to the row rules), and no NUL (``"a"`` and ``"a\\0"`` would look
     alike everywhere a name is shown, and numpy's string arrays drop trailing NULs) nor bytes
     that are not UTF-8."""
     for k, name in enumerate(names):
         problem = None
-        if not name.strip():
+        if blank(name):
+            if null_blank:
+                continue
             problem = "empty group name"
         elif "\x00" in name:
             problem = f"group name {shown(name)} holds a NUL character"

@@ -26,7 +26,7 @@ from __future__ import annotations
 import csv
 import io
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -245,17 +245,22 @@ def slow_rows(
     first_line: int,
     kinds: Sequence[str] | None = None,
     log: ReadLog | None = None,
+    soft: Collection[str] = (),
 ) -> tuple[np.ndarray, list[str], np.ndarray]:
     """Parse a block with the :mod:`csv` module: the fields ``numeric`` (read as ``kinds``,
     default all numbers) as float64 ``(rows, len(numeric))``, the field ``text`` as strings
     (``[]`` when None) and each row's line number. Blank lines are skipped (and counted in
-    ``log``); a row whose stated confidence does not parse is left out and logged; any other
-    error names the column, the value and the line.
+    ``log``); a row whose stated confidence does not parse is left out and logged; a value of a
+    ``soft`` column (a label, a weight) that does not parse reads NaN, for a row rule to reject
+    (the first one kept in ``log.unparsed``); any other error names the column, the value and
+    the line.
 
     Example:
         >>> v, g, lines = slow_rows(b'1,"a,b"\\n\\n2,c\\n', ["x", "g"], [0], 1, 2)
         >>> v.ravel().tolist(), g, lines.tolist()
         ([1.0, 2.0], ['a,b', 'c'], [2, 4])
+        >>> slow_rows(b"yes\\n", ["y"], [0], None, 2, ["label"], soft=["y"])[0].tolist()
+        [[nan]]
     """
     kinds = [NUMBER] * len(numeric) if kinds is None else list(kinds)
     log = ReadLog() if log is None else log
@@ -288,6 +293,10 @@ def slow_rows(
             vals = []
             for j, kind in zip(numeric, kinds):
                 v = parse_value(row[j], kind)
+                if v is None and kind != STATED and names[j] in soft:
+                    if names[j] not in log.unparsed:
+                        log.unparsed[names[j]] = (f"line {line}", row[j])
+                    v = float("nan")
                 if v is None:
                     if kind != STATED:
                         raise bad_value(names[j], row[j], f"line {line}", kind)
@@ -316,14 +325,17 @@ def read_csv(
     start: int,
     first_line: int,
     log: ReadLog,
+    soft: Collection[str] = (),
 ) -> Iterator[Chunk]:
     """The numpy engine: the data after the header (``start`` bytes, ``first_line``) in
-    chunks of a block each."""
+    chunks of a block each (``soft``: see :func:`slow_rows`; the group's in ``soft``: a blank
+    name is id -1)."""
     with open(path, "rb") as f:
         f.seek(start)
-        groups, offset = GroupIndex(), 0
+        null_blank = gidx is not None and header[gidx] in soft
+        groups, offset = GroupIndex(null_blank=null_blank), 0
         for block in blocks(f, block_bytes, first_line):
-            values, gids, lines = _block_rows(block, header, idx, kinds, gidx, groups, log)
+            values, gids, lines = _block_rows(block, header, idx, kinds, gidx, groups, log, soft)
             n = values.shape[0]
             if n == 0:
                 continue
@@ -340,6 +352,7 @@ def _block_rows(
     gidx: int | None,
     groups: GroupIndex,
     log: ReadLog,
+    soft: Collection[str] = (),
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """One block: the fast way when it can (plain, or quoted as RFC 4180), else (or on any
     rejection) the :mod:`csv` way."""
@@ -372,14 +385,14 @@ def _block_rows(
     if problem is not None:  # the records before it first: an earlier error is reported first
         pos, what, opened = problem
         head = body[: _cut(body[:opened], False)]
-        slow_rows(head, header, idx, gidx, block.line, kinds, ReadLog())
+        slow_rows(head, header, idx, gidx, block.line, kinds, ReadLog(), soft)
         at, start = (block.line + _breaks(body[:i]) for i in (pos, opened))
         where = f" (in the field quoted on line {start})" if start != at else ""
         raise ValueError(
             f"line {at}: {what}{where}: quote a field that holds a quote and double the "
             'quotes inside ("5"" screen")'
         )
-    values, texts, lines = slow_rows(body, header, idx, gidx, block.line, kinds, log)
+    values, texts, lines = slow_rows(body, header, idx, gidx, block.line, kinds, log, soft)
     if gidx is None or not texts:
         return values, None if gidx is None else np.zeros(0, np.int64), lines
     uniques, first, inverse = np.unique(
@@ -387,7 +400,7 @@ def _block_rows(
     )
     first, inverse = first_appearance(first, inverse.reshape(-1))
     names = [str(texts[i]) for i in first]
-    check_names(header[gidx], names, inverse, lambda i: f"line {int(lines[i])}")
+    check_names(header[gidx], names, inverse, lambda i: f"line {int(lines[i])}", groups.null_blank)
     return values, groups.ids_of(names, inverse.reshape(-1)), lines
 
 
@@ -438,7 +451,7 @@ def _keys_to_ids(
     first, inverse = first_appearance(first, inverse.reshape(-1))
     s, e = fields.start(gidx), fields.end(gidx)
     names = [_unquote(body[s[i] : e[i]]).decode("utf-8", "surrogateescape") for i in first]
-    check_names(header[gidx], names, inverse, lambda i: f"line {int(lines[i])}")
+    check_names(header[gidx], names, inverse, lambda i: f"line {int(lines[i])}", groups.null_blank)
     return groups.ids_of(names, inverse)
 
 

@@ -172,14 +172,17 @@ def _duckdb_state(request: AuditRequest, settings: AuditSettings) -> AuditState:
     return state_of_engine(result)
 
 
-def _batches(request: AuditRequest, path: str, log: Any, max_unparsed: float) -> Iterator[Any]:
-    """Checked batches of one file, with a progress bar on large files (stderr)."""
+def _batches(
+    request: AuditRequest, path: str, log: Any, max_unparsed: float, group_null: bool = True
+) -> Iterator[Any]:
+    """Checked batches of one file, with a progress bar on large files (stderr); a blank group
+    is ``group_null`` (a row left out), else (a segment column) an error."""
     from torchcal.audit.io import progress_total, read_predictions
 
     batches = read_predictions(
         path, preds=list(request.preds), label=request.label or "", group=request.group,
         weight=request.weight, input=request.input, chunk_rows=request.chunk_rows, log=log,
-        max_unparsed=max_unparsed,
+        max_unparsed=max_unparsed, group_null=group_null,
     )  # fmt: skip
     total, unit = progress_total(path)
     big = request.progress and unit == "B" and total > PROGRESS_BYTES
@@ -223,6 +226,11 @@ def _stream_state(
     if log.rejected:  # the rows the engines' rules left out, reported as the engines do
         state = replace(state, rejected={r: log.rejected.get(r, 0) for r in REJECT_REASONS})
     if settings.segments:
+        if log.rejected.get("group_null"):  # the segment readers do not read the group
+            raise ValueError(
+                f"--segments: {log.rejected['group_null']} rows of --group {request.group} "
+                f"have no group name; give them one, or audit with --engine duckdb"
+            )
         state = replace(state, segments=_stream_segments(request, settings, files))
     return state if engine == "stream" else replace(state, engine=engine)
 
@@ -246,7 +254,7 @@ def _stream_segments(request: AuditRequest, settings: AuditSettings, files: list
         req = replace(
             request, group=column, progress=False, chunk_rows=min(request.chunk_rows, SEGMENT_CHUNK)
         )
-        return _batches(req, path, ReadLog(), settings.max_unparsed)
+        return _batches(req, path, ReadLog(), settings.max_unparsed, group_null=False)
 
     return stream_segments(
         batches, files, settings.segments, input=request.input,

@@ -44,11 +44,16 @@ column of :func:`read_predictions`) may also be a percent (``85%``, `` 85 % ``: 
 freely with fractions; a row whose confidence is neither is *excluded*: left out, counted in the
 :class:`ReadLog` with its first line and value, and the file rejected when more than
 ``max_unparsed`` (default 1 %) of its rows are. A **label** may also be ``True``/``False`` (any
-case: 1/0, as pandas writes booleans); words such as ``yes``/``no`` are rejected by name.
+case: 1/0, as pandas writes booleans); words such as ``yes``/``no`` are no label: with
+probabilities (:func:`read_predictions`) such a row, like one whose label or weight is blank,
+is rejected by the engines' rule (``label_invalid``, ``weight_invalid``), with logits the
+reader names it in an error.
 
 Group values (strings, or integers read as their decimal names) get ids in order of first
-appearance, stable across chunks; a name must hold a visible character and no NUL character
-(``"a"`` and ``"a\\0"`` are rejected, never merged). A column named twice in the header (or the
+appearance, stable across chunks; a name is kept as written but must hold a visible character
+(a missing or white-space-only one is ``group_null`` with probabilities, an error otherwise:
+:func:`torchcal.engines.rules.blank`) and no NUL character (``"a"`` and ``"a\\0"`` are
+rejected, never merged). A column named twice in the header (or the
 Parquet schema) is an error when it is one of the columns read. Every error is a
 :class:`ValueError` with a one-line message that starts with the column (or the file) it is
 about and says where (``line N`` in a CSV, ``row i`` otherwise).
@@ -133,6 +138,7 @@ def read_columns(
     kinds: dict[str, str] | None = None,
     max_unparsed: float = MAX_UNPARSED,
     log: ReadLog | None = None,
+    soft: Sequence[str] = (),
 ) -> Iterator[Chunk]:
     """Stream the numeric ``columns`` (and the ``group`` column's ids) of a file in chunks of
     about ``chunk_rows`` rows (see the module docstring for the formats). ``engine`` (CSV
@@ -141,7 +147,10 @@ def read_columns(
     ``"number"`` (the default), ``"stated"`` (a confidence: also percents; a row whose value
     does not parse is excluded) or ``"label"`` (also True/False). ``log`` (a :class:`ReadLog`)
     is filled while reading; once more than ``max_unparsed`` of the rows are excluded, the end
-    of the file raises.
+    of the file raises. ``soft`` names columns left to the row rules of
+    :data:`~torchcal.engines.rules.ROW_RULES` instead of raising: a missing or unparsed value
+    of a label or weight reads NaN (the first kept in ``log.unparsed``), a missing or blank
+    name of the ``group`` column is id -1 (``group_null``).
 
     Example:
         >>> import tempfile
@@ -176,11 +185,13 @@ def read_columns(
     if kind == "csv":
         if engine == "pyarrow" and not _arrow.available():
             raise ValueError("engine: 'pyarrow' needs pyarrow (pip install pyarrow)")
-        chunks = _read_csv(path, columns, kind_list, group, int(chunk_rows), engine, log)
+        chunks = _read_csv(path, columns, kind_list, group, int(chunk_rows), engine, log, soft)
     elif kind == "parquet":
-        chunks = _arrays.read_parquet(path, columns, kind_list, group, int(chunk_rows), log)
+        chunks = _arrays.read_parquet(path, columns, kind_list, group, int(chunk_rows), log, soft)
     else:
-        chunks = _arrays.read_arrays(path, kind, columns, kind_list, group, int(chunk_rows), log)
+        chunks = _arrays.read_arrays(
+            path, kind, columns, kind_list, group, int(chunk_rows), log, soft
+        )
     return _counted(chunks, log, float(max_unparsed), os.fspath(path))
 
 
@@ -248,6 +259,7 @@ def read_predictions(
     max_unparsed: float = MAX_UNPARSED,
     log: ReadLog | None = None,
     weight: str | None = None,
+    group_null: bool = True,
 ) -> Iterator[Batch]:
     """:func:`read_columns` plus the audit's checks: ``preds`` names one column (binary:
     P(y = 1), or a 2-D NPZ/.pt array) or C >= 2 columns (the classes' probabilities or logits);
@@ -257,6 +269,10 @@ def read_predictions(
     -- out of range, NaN, not a class, a bad weight -- is counted in ``log.rejected`` and left
     out, and refused as the engines refuse it above ``max_unparsed``), logits be finite; a
     ``weight`` column (frequency weights) finite and ``>= 0``. Errors name the column, the value and where it is.
+    With probabilities a label or weight that is missing or no number, and (``group_null``)
+    a missing or blank group, are rows the rules reject (``label_invalid``,
+    ``weight_invalid``, ``group_null``), as on every engine; ``group_null=False`` keeps a
+    blank group an error (a segment column, whose rows must be the main reader's).
 
     Example:
         >>> import tempfile
@@ -282,6 +298,9 @@ def read_predictions(
     kinds = {c: STATED if input == "probs" else NUMBER for c in preds}
     kinds[label] = LABEL if label not in kinds else kinds[label]
     log = ReadLog() if log is None else log
+    # --probs: a bad label, weight or group is a row the rules reject, as on every engine
+    soft = [c for c in (label, weight, group if group_null else None) if c]
+    soft = soft if input == "probs" else []
     chunks = read_columns(
         path,
         names,
@@ -291,11 +310,12 @@ def read_predictions(
         kinds=kinds,
         max_unparsed=max_unparsed,
         log=log,
+        soft=soft,
     )
     for chunk in chunks:
         p = _stack_preds(chunk, list(preds))
         if input == "probs":  # the engines' rules: bad rows are counted by reason, left out
-            chunk, p = _rejected(chunk, p, list(preds), label, weight, log)
+            chunk, p = _rejected(chunk, p, list(preds), label, group, weight, log)
             if not chunk.rows:
                 continue
         _check_preds(chunk, p, list(preds), input)
@@ -307,23 +327,34 @@ def read_predictions(
 
 
 def _rejected(
-    chunk: Chunk, p: np.ndarray, preds: list[str], label: str, weight: str | None, log: ReadLog
+    chunk: Chunk,
+    p: np.ndarray,
+    preds: list[str],
+    label: str,
+    group: str | None,
+    weight: str | None,
+    log: ReadLog,
 ) -> tuple[Chunk, np.ndarray]:
     """The chunk without the rows a rule of :data:`~torchcal.engines.rules.ROW_RULES` rejects
     (counted in ``log.rejected`` by reason, the first kept as its error message): the same
-    reasons and counts as every engine (docs/design.md section 6c.2)."""
+    reasons and counts as every engine (docs/design.md section 6c.2). A label or weight that
+    did not parse is NaN here, a missing or blank group id -1 (the readers' ``soft``)."""
     y = chunk.columns[label]
     C = 1 if p.ndim == 1 else p.shape[1]
-    if C == 1 and weight is None and p.size:  # the usual case: three passes, no temporaries
+    g = chunk.groups
+    if C == 1 and weight is None and p.size:  # the usual case: four passes, no temporaries
         lo, hi = p.min(), p.max()
         if lo >= 0.0 and hi <= 1.0 and y.size and y.min() >= 0.0 and y.max() <= 1.0:
-            if np.array_equal(y.astype(np.int64), y):  # NaN fails min/max
-                return chunk, p
+            if np.array_equal(y.astype(np.int64), y) and (g is None or g.min() >= 0):
+                return chunk, p  # NaN fails min/max
     n = chunk.rows
     none = np.zeros(n, bool)
     w = None if weight is None else np.asarray(chunk.columns[weight], dtype=np.float64)
     tol = float(probability_sum_tolerance(torch.float64, C))
-    rows = Rows(p.reshape(n, C), np.asarray(y, np.float64), none[:, None], none, None, w, none, tol)
+    names = None if g is None else np.empty(n, dtype=object)  # the rule reads g_null
+    g_null = None if g is None else g < 0
+    y64 = np.asarray(y, np.float64)
+    rows = Rows(p.reshape(n, C), y64, none[:, None], none, names, w, none, tol, g_null)
     reason = reasons_of(rows)
     keep = reason < 0
     if keep.all():
@@ -333,16 +364,41 @@ def _rejected(
         if k:
             log.rejected[r] = log.rejected.get(r, 0) + k
     log.kept -= int((~keep).sum())
-    if not log.first_rejected:
-        try:  # the first bad row as the checks name it (column, value, line)
-            _check_preds(chunk, p, preds, "probs")
-            _check_labels(chunk, np.asarray(y), label, C)
-            if weight is not None:
-                _check_weights(chunk, weight)
-        except ValueError as e:
-            log.first_rejected = str(e)
+    if not log.first_rejected:  # the first bad row as the checks name it (column, value, line)
+        at = np.flatnonzero(~keep)[:1]
+        log.first_rejected = _problem(_take(chunk, at), p[at], preds, label, group, weight, log)
     idx = np.flatnonzero(keep)
     return _take(chunk, idx), np.ascontiguousarray(p[idx])
+
+
+def _problem(
+    row: Chunk,
+    p: np.ndarray,
+    preds: list[str],
+    label: str,
+    group: str | None,
+    weight: str | None,
+    log: ReadLog,
+) -> str:
+    """What is wrong with the rejected ``row`` (a one-row chunk), as the checks say it."""
+    C = 1 if p.ndim == 1 else p.shape[1]
+    try:
+        with np.errstate(invalid="ignore"):
+            _check_preds(row, p, preds, "probs")
+            _check_labels(row, np.asarray(row.columns[label]), label, C, log)
+        if row.groups is not None and (row.groups < 0).any():
+            raise ValueError(f"{group}: empty group name at {row.where(0)}")
+        if weight is not None:
+            _check_weights(row, weight, log)
+    except ValueError as e:
+        return str(e)
+    return f"the row at {row.where(0)}"  # not reached: a rule rejected it
+
+
+def _unparsed(log: ReadLog | None, column: str, where: str) -> str | None:
+    """The text of ``column``'s value at ``where`` when it did not parse (it reads NaN)."""
+    got = None if log is None else log.unparsed.get(column)
+    return got[1] if got is not None and got[0] == where else None
 
 
 def _take(chunk: Chunk, idx: np.ndarray) -> Chunk:
@@ -356,12 +412,14 @@ def _take(chunk: Chunk, idx: np.ndarray) -> Chunk:
     return Chunk(cols, g, chunk.group_names, lines, chunk.offset, chunk.done, index)
 
 
-def _check_weights(chunk: Chunk, name: str) -> Tensor:
+def _check_weights(chunk: Chunk, name: str, log: ReadLog | None = None) -> Tensor:
     """Frequency weights: finite and >= 0; name the row of the first bad one."""
     w = np.ascontiguousarray(chunk.columns[name], dtype=np.float64)
     bad = ~(np.isfinite(w) & (w >= 0))
     if bad.any():
         i, where = _first(chunk, bad)
+        if (text := _unparsed(log, name, where)) is not None:
+            raise _csv.bad_value(name, text, where, NUMBER)
         raise ValueError(
             f"{name}: weight {float(w[i])!r} at {where} is not a frequency weight (expected a "
             f"finite number >= 0)"
@@ -408,7 +466,9 @@ def _check_preds(chunk: Chunk, p: np.ndarray, names: list[str], input: str) -> N
         raise ValueError(f"{col}: value {value!r} at {where} {what}")
 
 
-def _check_labels(chunk: Chunk, y: np.ndarray, name: str, num_classes: int) -> np.ndarray:
+def _check_labels(
+    chunk: Chunk, y: np.ndarray, name: str, num_classes: int, log: ReadLog | None = None
+) -> np.ndarray:
     """Labels: 0/1 for one prediction column, else integers in [0, C)."""
     top = 1 if num_classes == 1 else num_classes - 1
     if y.ndim != 1:
@@ -419,6 +479,8 @@ def _check_labels(chunk: Chunk, y: np.ndarray, name: str, num_classes: int) -> n
     bad = ~((y >= 0) & (y <= top) & (np.floor(y) == y))
     if bad.any():
         i, where = _first(chunk, bad)
+        if (text := _unparsed(log, name, where)) is not None:
+            raise _csv.bad_value(name, text, where, LABEL)
         expected = "0 or 1" if num_classes == 1 else f"an integer class in [0, {top}]"
         v = float(y[i])
         label_text = int(v) if v.is_integer() else v
@@ -439,6 +501,7 @@ def _read_csv(
     chunk_rows: int,
     engine: str,
     log: ReadLog,
+    soft: Sequence[str] = (),
 ) -> Iterator[Chunk]:
     file = os.fspath(path)
     with open(path, "rb") as f:
@@ -452,14 +515,15 @@ def _read_csv(
     rows = 0
     if engine != "numpy" and _arrow.available() and header_lines == 1:
         try:
-            for chunk in _arrow.read_csv(path, header, columns, idx, gidx, chunk_rows):
+            null_blank = group is not None and group in soft
+            for chunk in _arrow.read_csv(path, header, columns, idx, gidx, chunk_rows, null_blank):
                 yield chunk
                 rows += chunk.rows
             return
         except _arrow.Fallback:
             pass  # the rest the numpy way (which names the line and value of an error)
     numpy_csv = _csv.read_csv(
-        path, columns, kinds, header, idx, gidx, block_bytes, start, 1 + header_lines, log
+        path, columns, kinds, header, idx, gidx, block_bytes, start, 1 + header_lines, log, soft
     )
     for chunk in numpy_csv:
         if chunk.offset + chunk.rows > rows:  # rows already read by pyarrow are skipped

@@ -7,6 +7,10 @@ table order and a row counts under the first that applies. Variables on both sid
 prediction columns (``(N, C)``; ``C = 1`` is the binary reading), ``y`` the label, ``g`` the
 group (``None``: ungrouped), ``w`` the weight (``None``: unweighted), ``u`` whether a text
 confidence did not parse, ``tol`` the row-sum tolerance of the confidence reading.
+
+A group value that is missing or only white space (Python's ``str.isspace``, the same 29
+characters in SQL: :data:`WHITE_SPACE`) is ``group_null`` on every engine and reader: a name
+that is only spaces is no name a report can show; any other name is kept as written.
 """
 
 from __future__ import annotations
@@ -19,11 +23,31 @@ import numpy as np
 
 from torchcal.functional.calibration.weights import WEIGHT_MAX, WEIGHT_MIN
 
+#: the characters ``str.isspace`` holds (``str.strip()`` removes them), as code points: the
+#: one definition of white space for the text rules in SQL (``\s`` is ASCII in DuckDB's RE2
+#: and Java's regex, Unicode in Python's ``re``)
+WHITE_SPACE = (0x9, 0xA, 0xB, 0xC, 0xD, 0x1C, 0x1D, 0x1E, 0x1F, 0x20, 0x85, 0xA0, 0x1680,
+               *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000)  # fmt: skip
+#: :data:`WHITE_SPACE` as a regular-expression class for RE2 (DuckDB, BigQuery) and Java (Spark)
+WHITE_SPACE_RE = "[" + "".join(f"\\x{{{c:x}}}" for c in WHITE_SPACE) + "]"
+
+
+def blank(value: object) -> bool:
+    """Whether a group value is missing: ``None``, or text that is only white space.
+
+    Example:
+        >>> [blank(v) for v in (None, "", " \\t", "\\u3000", " a ", "0")]
+        [True, True, True, True, False, False]
+    """
+    return value is None or (isinstance(value, str) and not value.strip())
+
 
 @dataclass(frozen=True)
 class Rows:
     """The numpy side's columns: ``p`` ``(N, C)`` float64, ``y`` float64, masks of NULL
-    entries, ``g`` object names or None, ``w`` float64 or None, ``u`` unparsed mask."""
+    entries, ``g`` object names or None, ``w`` float64 or None, ``u`` unparsed mask;
+    ``g_null`` the mask of missing or blank groups where a reader knows it (else it is
+    computed from ``g`` by :func:`blank`)."""
 
     p: np.ndarray
     y: np.ndarray
@@ -33,17 +57,20 @@ class Rows:
     w: np.ndarray | None
     u: np.ndarray
     tol: float
+    g_null: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
 class Sql:
     """The SQL side's spellings: prediction variables ``ps``, ``isnan`` and ``inf`` of the
-    dialect, the label range, and ``tol``."""
+    dialect, the label range, ``tol``, and ``blank``: the dialect's test that a text is only
+    :data:`WHITE_SPACE` (``{}`` the text; ``"FALSE"``: no test)."""
 
     ps: Sequence[str]
     isnan: str
     inf: str
     tol: str
+    blank: str = "FALSE"
 
 
 def _any(parts: Any) -> str:
@@ -68,6 +95,12 @@ def _label_bad(r: Rows) -> np.ndarray:
 def _weight_bad(r: Rows) -> np.ndarray:
     w = np.asarray(r.w, dtype=np.float64)
     return ~((w == 0) | ((w >= WEIGHT_MIN) & (w <= WEIGHT_MAX)))
+
+
+def _group_bad(r: Rows) -> np.ndarray:
+    if r.g_null is not None:
+        return r.g_null
+    return np.array([blank(v) for v in (r.g if r.g is not None else ())], bool)
 
 
 def _label_sql(s: Sql) -> str:
@@ -104,8 +137,9 @@ ROW_RULES: tuple[RowRule, ...] = (
             lambda r: np.abs(_sum(r.p) - 1) > r.tol),
     RowRule("label_invalid", "a missing label, or not a class (0/1; [0, C) for C >= 2)", "all",
             _label_sql, _label_bad),
-    RowRule("group_null", "a missing group", "group", lambda s: "g IS NULL",
-            lambda r: np.array([v is None for v in (r.g if r.g is not None else ())], bool)),
+    RowRule("group_null", "a missing group, or one that is only white space", "group",
+            lambda s: f"g IS NULL OR {s.blank.format('g')}",
+            lambda r: _group_bad(r)),
     RowRule("weight_invalid", f"a missing or NaN weight, or one not 0 nor in [{WEIGHT_MIN:g}, "
             f"{WEIGHT_MAX:g}] (w * w would under- or overflow)", "weight",
             lambda s: f"w IS NULL OR NOT (w = 0 OR (w >= {WEIGHT_MIN!r} AND w <= {WEIGHT_MAX!r}))",

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from torchcal.engines._state_checks import check_cells
-from torchcal.engines.rules import Sql, sql_case
+from torchcal.engines.rules import WHITE_SPACE, WHITE_SPACE_RE, Sql, sql_case
 from torchcal.engines.state import REJECT_REASONS, UNGROUPED, BinnedState, StateHeader
 from torchcal.functional._checks import check_int
 from torchcal.functional._validation import probability_sum_tolerance
@@ -43,6 +43,14 @@ __all__ = ["state_sql"]
 
 DIALECTS = ("duckdb", "spark", "bigquery", "snowflake")
 
+_WS = WHITE_SPACE_RE  # white space as Python's str.strip() sees it (\s is ASCII in RE2, Java)
+_F = _WS.replace("{", "{{").replace("}", "}}")  # inside a template of str.format
+_FS = _F.replace("\\", "\\\\")  # ... in Spark's literals (it unescapes backslashes)
+#: whether text ``{0}`` may start with white space (a byte comparison: every white-space code
+#: point is <= U+0020 or >= U+0085), so the regular expression runs on few rows (10^7 group
+#: names: 0.05 s against 0.4 s for the regular expression on every row, DuckDB 2.0.1)
+_EDGE = "({0} < '!' OR {0} >= chr(133))"
+_ENDS = f"{_EDGE} OR {_EDGE.format('right({0}, 1)')}"  # ... or end with it
 _D = {  # per dialect: the few spellings that differ
     "duckdb": {
         "double": "DOUBLE",
@@ -52,7 +60,9 @@ _D = {  # per dialect: the few spellings that differ
         "sum": "fsum",
         "q": '"',
         "match": "regexp_full_match({}, '{}')",
-        "strip": "regexp_replace({}, '^\\s+|\\s+$', '', 'g')",
+        "strip": f"CASE WHEN {_ENDS} THEN regexp_replace({{0}}, '^{_F}+|{_F}+$', '', 'g') "
+        "ELSE {0} END",
+        "blank": f"({_EDGE} AND regexp_full_match({{0}}, '{_F}*'))",
         "hash": "hash({})",
     },
     "spark": {
@@ -63,7 +73,9 @@ _D = {  # per dialect: the few spellings that differ
         "sum": "SUM",
         "q": "`",
         "match": "({} RLIKE '^(?:{})$')",
-        "strip": "regexp_replace({}, '^\\\\s+|\\\\s+$', '')",
+        "strip": f"CASE WHEN {_ENDS} THEN regexp_replace({{0}}, '^{_FS}+|{_FS}+$', '') "
+        "ELSE {0} END",
+        "blank": f"({_EDGE} AND {{0}} RLIKE '^{_FS}*$')",
         "hash": "xxhash64({})",
     },
     "bigquery": {
@@ -73,6 +85,7 @@ _D = {  # per dialect: the few spellings that differ
         "isnan": "IS_NAN({})",
         "sum": "SUM",
         "q": "`",
+        "blank": f"REGEXP_CONTAINS({{}}, r'^{_F}*$')",
     },
     "snowflake": {
         "double": "DOUBLE",
@@ -81,6 +94,7 @@ _D = {  # per dialect: the few spellings that differ
         "isnan": "({} = 'NaN'::DOUBLE)",
         "sum": "SUM",
         "q": '"',
+        "blank": f"(TRIM({{}}, {' || '.join(f'CHR({c})' for c in WHITE_SPACE)}) = '')",
     },
 }
 
@@ -147,7 +161,9 @@ def parse_text(values: Sequence[str | None], kind: str) -> tuple[np.ndarray, np.
 
 
 def _regex(pattern: str, dialect: str) -> str:
-    """``pattern`` inside a SQL string literal of ``dialect`` (Spark unescapes backslashes)."""
+    """``pattern`` inside a SQL string literal of ``dialect`` (``\\s``: Python's white space,
+    :data:`~torchcal.engines.rules.WHITE_SPACE`; Spark unescapes backslashes)."""
+    pattern = pattern.replace("\\s", _WS)
     if dialect == "spark":
         pattern = pattern.replace("\\", "\\\\")
     return pattern.replace("'", "''")
@@ -230,7 +246,7 @@ def checked_rows_sql(
     unparsed = [text_value_sql(c, "stated", dialect)[1] for c in cols if c in as_text]
     bad_text = f"({' OR '.join(unparsed)})" if unparsed else "FALSE"
     tol = repr(float(probability_sum_tolerance(torch.float64, C)))
-    rules = sql_case(Sql(ps, d["isnan"], inf, tol), weighted=bool(weight))
+    rules = sql_case(Sql(ps, d["isnan"], inf, tol, d["blank"]), weighted=bool(weight))
     checks = rules.splitlines()
     case = "\n".join("      " + c for c in checks)
     pv = ", ".join(ps)
