@@ -234,6 +234,8 @@ def test_bad_input():
         ({"folds": 1}, "folds"),
         ({"seed": 1.5}, "seed"),
         ({"grad_tol": 0.0}, "grad_tol"),
+        ({"cv_rows": 4}, "cv_rows"),
+        ({"cv_rows": 100.0}, "cv_rows"),
     ]:
         with pytest.raises((ValueError, TypeError), match=f"^{name}"):
             StructuredScaler(4, **kw)
@@ -297,3 +299,74 @@ def test_blocked_passes_equal_a_float64_autograd_pass(monkeypatch, masked):
     assert prob.nll(p) == pytest.approx(float(ref), abs=1e-6)
     for got, leaf in zip(grad, leaves):
         torch.testing.assert_close(got, leaf.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_strength_subsample_rule():
+    """reg="cv" scores the strengths on at most max(2,000, 2**21 // C) rows: none of the
+    sizes above is subsampled (5,000 x 100 is not); 25,000 x 1,000 is, to 2,097 seeded rows."""
+    from torchcal.functional.structured import cv_row_limit, cv_subsample
+
+    assert cv_row_limit(100, None) == 20_971 and cv_row_limit(1_000, None) == 2_097
+    assert cv_row_limit(10_000, None) == 2_000 and cv_row_limit(1_000, 700) == 700
+    assert cv_subsample(5_000, 100, None, 0) is None and cv_subsample(700, 1_000, 700, 0) is None
+    rows = cv_subsample(25_000, 1_000, None, 3)
+    assert rows is not None and len(rows) == 2_097 and len(torch.unique(rows)) == 2_097
+    assert bool((rows[1:] > rows[:-1]).all()) and 0 <= int(rows[0]) and int(rows[-1]) < 25_000
+    assert torch.equal(rows, cv_subsample(25_000, 1_000, None, 3))
+    assert not torch.equal(rows, cv_subsample(25_000, 1_000, None, 4))
+
+
+def test_strength_and_guard_come_from_the_subsample():
+    """With the full-rank basis (the identity, whatever the rows) the strength path, its
+    folds' NLLs and the temperature's (the guard's reference) are those of a fit on the
+    subsample's rows alone; the map is then refitted on all rows."""
+    from torchcal.functional.structured import cv_subsample
+
+    zf, yf, _, _ = _split(3000, 0, 6, "vec", seed=7)
+    sub = StructuredScaler(6, rank=6, cv_rows=800)
+    res = _quiet_fit(sub, zf, yf)
+    rows = cv_subsample(3000, 6, 800, 0)
+    own = StructuredScaler(6, rank=6)
+    alone = _quiet_fit(own, zf[rows], yf[rows])
+    assert res.strengths == alone.strengths and res.reg == alone.reg
+    assert res.cv_nll == pytest.approx(alone.cv_nll, abs=1e-9)
+    assert res.temperature_cv_nll == pytest.approx(alone.temperature_cv_nll, abs=1e-9)
+    # the refit used all 3000 rows: its map is the all-rows fit at that strength, not the
+    # subsample's own
+    assert float((sub.bias - own.bias).abs().max()) > 0.01
+    full = StructuredScaler(6, rank=6, reg=res.reg)
+    full.fit(zf, yf)
+    p_sub, p_full, p_own = (torch.softmax(m(zf).double(), 1) for m in (sub, full, own))
+    # (T0 from the subsample: the same map family up to the features' temperature)
+    assert float((p_sub - p_full).abs().max()) < 0.01 < 0.05 < float((p_own - p_full).abs().max())
+    # at or above the row count nothing is subsampled: the default fit exactly
+    a, b = StructuredScaler(6, cv_rows=3000), StructuredScaler(6)
+    a.fit(zf, yf)
+    b.fit(zf, yf)
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k
+
+
+def test_subsampled_strength_close_to_temperature_where_it_is_the_bayes_map():
+    """The default promise where the subsample rule is active (6,000 x 100, strengths on 2,000
+    rows): within 0.005 test NLL and accuracy of TemperatureScaler."""
+    zf, yf, zt, yt = _split(6000, 5000, 100, "ts", seed=8)
+    ts = TemperatureScaler()
+    ts.fit(zf, yf)
+    nll_ts, acc_ts = _nll_acc(ts(zt), yt)
+    scaler = StructuredScaler(100, cv_rows=2000)
+    _quiet_fit(scaler, zf, yf)
+    nll, acc = _nll_acc(scaler(zt), yt)
+    assert nll <= nll_ts + 0.005, (nll, nll_ts)
+    assert acc >= acc_ts - 0.005, (acc, acc_ts)
+
+
+def test_subsampled_strength_beats_one_temperature_where_a_structured_map_is_the_truth():
+    zf, yf, zt, yt = _split(6000, 5000, 30, "vec", seed=9)
+    ts = TemperatureScaler()
+    ts.fit(zf, yf)
+    scaler = StructuredScaler(30, cv_rows=1500)
+    res = scaler.fit(zf, yf)
+    assert not res.fallback and res.converged
+    assert min(res.cv_nll) < res.temperature_cv_nll - 0.05
+    assert _nll_acc(scaler(zt), yt)[0] < _nll_acc(ts(zt), yt)[0] - 0.05

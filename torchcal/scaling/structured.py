@@ -57,6 +57,13 @@ class StructuredScaler(FittedMixin):
         folds, seed: the cross-validation split (``seed`` also seeds the basis).
         grad_tol: max-abs preconditioned gradient of the refit on all rows (fold fits: 30x).
         max_iter: LBFGS iterations per fit.
+        cv_rows: the most rows ``reg="cv"`` chooses the strength on (``None``: at least
+            2,000, else ``2**21 // C``, e.g. 20,971 at ``C = 100``, 2,097 at ``C = 1,000``).
+            With more rows, the strength and the guard are scored on the folds of a seeded
+            subsample of that many rows (and ``T0`` fitted on it), then the map is refitted
+            on all rows from the temperature map. The ridge is a fixed prior on the summed
+            NLL (``lam C`` per unit of ``|d|^2``), so its best ``lam`` does not depend on
+            ``n`` to first order, while the folds' cost grows as ``n C``.
 
     Invariance: none guaranteed (per-class terms can change the argmax). ``-inf`` logits are
     masks (fit and forward): a masked entry contributes nothing to the other classes and
@@ -93,6 +100,7 @@ class StructuredScaler(FittedMixin):
         seed: int = 0,
         grad_tol: float = 1e-4,
         max_iter: int = 200,
+        cv_rows: int | None = None,
     ) -> None:
         super().__init__()
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
@@ -106,6 +114,7 @@ class StructuredScaler(FittedMixin):
             raise ValueError(f"grad_tol: expected a number > 0, got {grad_tol!r}")
         self.grad_tol = float(grad_tol)
         self.max_iter = check_int("max_iter", max_iter, minimum=1)
+        self.cv_rows = None if cv_rows is None else check_int("cv_rows", cv_rows, minimum=folds)
         c, r, f64 = self.num_classes, self.rank, torch.float64
         self.register_buffer("log_temperature", torch.zeros((), dtype=f64))
         self.register_buffer("scale", torch.ones(c, dtype=f64))
@@ -186,6 +195,7 @@ class StructuredScaler(FittedMixin):
                 seed=self.seed,
                 grad_tol=self.grad_tol,
                 max_iter=self.max_iter,
+                cv_rows=self.cv_rows,
             )
         self._store("log_temperature", math.log(sol.temperature))
         for name in ("scale", "bias", "basis", "coef"):
