@@ -20,6 +20,7 @@ from torchcal.audit.state import AuditSettings
 from torchcal.cli import main
 from torchcal.engines.segments import ColumnRule, column_rule, quantile_edges
 from torchcal.functional.calibration.binning import bin_ids, binned_statistics
+from torchcal.functional.histogram_scores import FINE_BINS
 from torchcal.functional.multicalibration import (
     apply_segments,
     ecce,
@@ -278,12 +279,48 @@ def test_a_segment_fails_by_its_signed_gap(tmp_path):
     assert w[0]["reason"].startswith("over-confident by")
     assert any(r.startswith("segment a=0: over-confident") for r in d["reasons"])
     roc_auc_score = pytest.importorskip("sklearn.metrics").roc_auc_score
-    res = w[0]["resolution"]  # the AUROC of the binned confidence (a bin's rows tied)
-    ids = bin_ids(torch.as_tensor(p[m], dtype=torch.float64), 10).numpy()
+    res = w[0]["resolution"]  # the segment's fine histogram, read as a group's
+    ids = bin_ids(torch.as_tensor(p[m], dtype=torch.float64), FINE_BINS).numpy()
     assert res["auroc"] == pytest.approx(roc_auc_score(y[m], ids), abs=1e-12)
     assert res["auroc_ci"][0] < res["auroc"] < res["auroc_ci"][1] and res["separates"] is True
-    assert res["bins"] == len(set(ids.tolist())) and res["n_bins"] == 10
-    assert f"{res['auroc']:.3f} [" in text
+    _, counts = np.unique(ids, return_counts=True)
+    assert res["distinct"] == counts.size and res["top_share"] == counts.max() / m.sum()
+    assert f"{res['auroc']:.3f} [" in text and f" {counts.size} " in text
+
+
+def test_over_the_cap_segments_read_their_resolution_at_their_bins(tmp_path):
+    """More than MAX_FINE_GROUPS segments found: no fine histogram per segment (the groups'
+    memory cap), the resolution at the segments' bins (``bins``, AUROC of the bin ids), the
+    same on the file road and DuckDB."""
+    path = str(tmp_path / "many.csv")
+    rng = np.random.default_rng(1)
+    n = 20000
+    p, a, b = 0.2 + 0.6 * rng.random(n).round(6), rng.integers(0, 12, n), rng.integers(0, 12, n)
+    y = (rng.random(n) < p).astype(int)
+    with open(path, "w") as f:
+        f.write("p,y,a,b\n" + "".join(f"{p[i]},{y[i]},{a[i]},{b[i]}\n" for i in range(n)))
+    got = []
+    for engine in ([], ["--engine", "duckdb"]):
+        out = str(tmp_path / f"out{len(engine)}")
+        code, _, _ = _cli("audit", path, "--probs", "p", "--label", "y", "--segments", "a", "b",
+                          "--min-segment", "50", "--out", out, "--diagrams", "0", *engine)  # fmt: skip
+        with open(os.path.join(out, "report.json")) as f:
+            got.append(json.load(f)["segments"])
+    assert got[0]["tested"] == 12 + 12 + 144
+    for sg in got:
+        w = sg["worst"][0]
+        m = (a == int(w["columns"]["a"].strip("="))) if "a" in w["columns"] else np.ones(n, bool)
+        if "b" in w["columns"]:
+            m &= b == int(w["columns"]["b"].strip("="))
+        ids = bin_ids(torch.as_tensor(p[m], dtype=torch.float64), 10).numpy()
+        roc_auc_score = pytest.importorskip("sklearn.metrics").roc_auc_score
+        assert "distinct" not in w["resolution"] and w["resolution"]["n_bins"] == 10
+        assert w["resolution"]["auroc"] == pytest.approx(roc_auc_score(y[m], ids), abs=1e-12)
+    for u, v in zip(got[0]["worst"], got[1]["worst"], strict=True):
+        r, q = u["resolution"], v["resolution"]
+        assert r.keys() == q.keys() and r["bins"] == q["bins"] and r["separates"] == q["separates"]
+        for k in ("top_share", "top_value", "auroc"):
+            assert r[k] == pytest.approx(q[k], rel=1e-12)
 
 
 def test_a_segment_whose_confidence_does_not_separate_is_a_finding():

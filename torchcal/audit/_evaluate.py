@@ -15,7 +15,7 @@ from torch import Tensor
 
 from torchcal.audit._format import display_name
 from torchcal.audit.report import AuditReport
-from torchcal.audit.resolution import add_resolution, decide_hint
+from torchcal.audit.resolution import add_resolution, decide_hint, histogram_rows
 from torchcal.audit.segments import (
     attach_gap_tests,
     family_discard,
@@ -556,9 +556,14 @@ def build_report(
     sample = {"preds": smp["preds"], "target": smp["target"], "group": smp["group"], "names": names}
     seg_d = None
     if seg is not None:
+        fine_rows = None
+        if seg.fine is not None:  # the resolution as the groups' (issue 31 item 5)
+            exact = state.grid is not None
+            fine_rows = histogram_rows(seg.fine, 1 - 2 * alpha, settings.weights, exact)
         seg_d = segment_report(
-            seg, seg_rows, threshold, level=1 - 2 * alpha, weights=settings.weights
-        )
+            seg, seg_rows, threshold, level=1 - 2 * alpha, weights=settings.weights,
+            fine_rows=fine_rows,
+        )  # fmt: skip
         text = separation_finding(seg_d, 1 - 2 * alpha)
         if text is not None:
             reasons.append(f"segments: {text}")

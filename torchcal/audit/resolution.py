@@ -19,6 +19,7 @@ from torchcal.audit._format import display_name
 from torchcal.audit.state import AuditState
 from torchcal.functional.histogram_scores import (
     MAX_FINE_GROUPS,
+    FineHistogram,
     auroc_from_histogram,
     ecce_from_histogram,
     rows_to_decide,
@@ -49,7 +50,15 @@ def resolution_rows(
     repetitions; docs/design.md 6f)."""
     if state.fine is None:
         return [None] * (1 + len(state.names))
-    h = state.fine.with_pooled()
+    return histogram_rows(state.fine.with_pooled(), level, weights, state.grid is not None)
+
+
+def histogram_rows(
+    h: FineHistogram, level: float, weights: str = "importance", exact: bool = False
+) -> list[dict[str, Any] | None]:
+    """One ``resolution`` dict per row of the fine histogram ``h`` (``None`` for a row
+    without rows or mass): the rows of :func:`resolution_rows`, and the segments' (issue 31
+    item 5). ``exact``: the values lie on the 0.01 grid (one fine bin per value)."""
     ecce, scale, bound = ecce_from_histogram(h, weights)
     ratio = torch.where(scale > 0, ecce / scale.clamp_min(1e-300), torch.zeros_like(ecce))
     ratio = torch.where(torch.isfinite(ecce), ratio, torch.zeros_like(ecce))
@@ -70,7 +79,6 @@ def resolution_rows(
     v = {k: t.tolist() for k, t in cols.items()}
     distinct = (h.mass > 0).sum(1).tolist()  # values with weight (a weight-0 row is none)
     n = h.count.sum(1).tolist()
-    exact = state.grid is not None  # values on the 0.01 grid: one fine bin per value
     out: list[dict[str, Any] | None] = []
     for i in range(len(n)):
         if not n[i] or not mass[i] > 0:

@@ -31,7 +31,12 @@ from torchcal.engines.segments import ColumnRule, SegmentStats, column_rule, cro
 from torchcal.functional.calibration.binning import BinnedStats, accumulate
 from torchcal.functional.calibration.readings import prepare_inputs
 from torchcal.functional.calibration.weights import accumulate_weighted
-from torchcal.functional.histogram_scores import auroc_from_histogram
+from torchcal.functional.histogram_scores import (
+    MAX_FINE_GROUPS,
+    FineHistogram,
+    auroc_from_histogram,
+    fine_histogram,
+)
 from torchcal.functional.multicalibration import ecce_from_stats, ecce_pvalue
 from torchcal.functional.verdict import FAIL, INCONCLUSIVE, PASS, mean_gap_test
 
@@ -66,6 +71,9 @@ class SegmentAccumulator:
         self.crosses = crosses(len(rules), depth)
         self.slot: dict[tuple[int, int], int] = {}
         self.stats: BinnedStats | None = None
+        #: per slot (found segment) while at most MAX_FINE_GROUPS are found (the SQL roads'
+        #: rule), then None for good
+        self.fine: FineHistogram | None = FineHistogram.zeros(0)
 
     def update(self, preds: Tensor, target: Tensor, codes: Tensor, weight: Tensor | None) -> None:
         """Add rows: ``codes`` ``(N, F)`` each row's code per column (all known)."""
@@ -88,6 +96,15 @@ class SegmentAccumulator:
                 else accumulate_weighted(prep, self.n_bins, w)
             )
             self._add(s)
+            self._add_fine(prep, w)
+
+    def _add_fine(self, prep: Any, w: Tensor | None) -> None:
+        G = len(self.slot)
+        if self.fine is None or G > MAX_FINE_GROUPS:
+            self.fine = None
+            return
+        h = fine_histogram(prep.conf, prep.outcome, groups=prep.lead, num_groups=G, weight=w)
+        self.fine = self.fine.grow(G).plus(h)
 
     def _add(self, s: BinnedStats) -> None:
         G = len(self.slot)
@@ -115,6 +132,7 @@ class SegmentAccumulator:
         return finish(
             self.rules, cells, st.count[:, 0].numpy(), sums, w, depth=self.depth, bins=bins,
             min_rows=min_rows, weight2=None if w2 is None else w2[:, 0].numpy(),
+            fine=None if self.fine is None else self.fine.grow(len(self.slot)),
         )  # fmt: skip
 
 
@@ -268,15 +286,22 @@ def _v(x: Any) -> float | None:
 def segment_report(
     seg: SegmentStats, rows: Sequence[tuple[str, dict[str, Any]]], threshold: float | None,
     limit: int = WORST, *, level: float = 0.9, weights: str = "importance",
+    fine_rows: Sequence[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """``report.json["segments"]``: the rules, counts and the worst ``limit`` segments (the
     smallest Holm-adjusted p of a FAIL claim first, then the largest ECCE sigma) with their
     definition, n, signed gap (over the segment, or in the threshold window), interval, ECCE
-    sigma (z), verdict and resolution (:func:`segment_resolution` at ``level``)."""
+    sigma (z), verdict and resolution: ``fine_rows`` (the segments' fine histograms read as
+    the groups' resolution: distinct values, top share, AUROC) where given, else
+    :func:`segment_resolution` at ``level`` (at the segments' bins)."""
     value, sigma = ecce_from_stats(seg.stats)
     z = torch.where(sigma > 0, value / torch.where(sigma > 0, sigma, 1.0), torch.zeros_like(sigma))
     z_l, e_l, p_l = z.tolist(), value.tolist(), ecce_pvalue(z).tolist() if z.numel() else []
-    res = segment_resolution(seg.stats, level, weights) if len(rows) else []
+    res: Sequence[dict[str, Any] | None] = (
+        fine_rows
+        if fine_rows is not None
+        else (segment_resolution(seg.stats, level, weights) if len(rows) else [])
+    )
     listed = []
     for i, (name, s) in enumerate(rows):
         t = s["gap_test"] if threshold is None else s["threshold_gap"]
@@ -345,7 +370,10 @@ def segment_section(
     sg = d.get("segments")
     if not sg:
         return []
-    head = ["segment", "n", "gap", "interval", "sigma", "Holm p", "AUROC", "top share", "verdict"]
+    head = [
+        "segment", "n", "gap", "interval", "sigma", "Holm p", "AUROC", "values", "top share",
+        "verdict",
+    ]  # fmt: skip
 
     def f(x: Any, spec: str) -> str:
         return "n/a" if x is None else format(x, spec)
@@ -353,8 +381,8 @@ def segment_section(
     rows = [
         [name(w["segment"]), str(w["n"]), f(w["value"], "+.4f"),
          f"[{f(w['ci'][0], '.4f')}, {f(w['ci'][1], '.4f')}]", f(w["sigma"], ".2f"),
-         _holm(w["p_fail_holm"]), _auroc(w.get("resolution")),
-         f((w.get("resolution") or {}).get("top_share"), ".2f"), w["verdict"].upper()]
+         _holm(w["p_fail_holm"]), _auroc(w.get("resolution")), _values(w.get("resolution")),
+         f((w.get("resolution") or {}).get("top_share"), ".1%"), w["verdict"].upper()]
         for w in sg["worst"]
     ]  # fmt: skip
     title = (
@@ -362,6 +390,13 @@ def segment_section(
         f"{sg['skipped']} skipped under {sg['min_segment']} rows; depth {sg['depth']})"
     )
     return [("segments", title, head, rows)]
+
+
+def _values(r: dict[str, Any] | None) -> str:
+    """Distinct values (fine bins with rows), or ``k bins`` when read at the segments' bins."""
+    if not r:
+        return "n/a"
+    return str(r["distinct"]) if "distinct" in r else f"{r['bins']} bins"
 
 
 def _holm(p: float | None) -> str:

@@ -27,6 +27,7 @@ import torch
 
 from torchcal.engines.sql import _D, checked_rows_sql, parse_text, text_value_sql
 from torchcal.functional.calibration.binning import BinnedStats
+from torchcal.functional.histogram_scores import FINE_BINS, MAX_FINE_GROUPS, FineHistogram
 
 KINDS = ("category", "values", "edges")
 #: an integer column with at most this many distinct values is categorical (codes)
@@ -145,7 +146,11 @@ def crosses(n_columns: int, depth: int) -> list[tuple[int, ...]]:
 class SegmentStats:
     """The binned sums of every kept segment: ``rules`` per column; ``cells`` ``(S, F)`` the
     code of each column in each segment (``-1``: free), in segment order; ``stats`` ``(S, 1,
-    B)``; ``skipped`` segments under ``min_rows`` rows; ``depth``, ``bins``, ``min_rows``."""
+    B)``; ``skipped`` segments under ``min_rows`` rows; ``depth``, ``bins``, ``min_rows``;
+    ``fine`` the segments' :class:`~torchcal.functional.histogram_scores.FineHistogram` ``(S,
+    FINE_BINS)`` (the resolution: distinct values, top share, AUROC), ``None`` when more than
+    :data:`~torchcal.functional.histogram_scores.MAX_FINE_GROUPS` segments were found (kept or
+    not; the groups' memory cap)."""
 
     rules: tuple[ColumnRule, ...]
     cells: torch.Tensor
@@ -154,6 +159,7 @@ class SegmentStats:
     depth: int
     bins: int
     min_rows: int
+    fine: FineHistogram | None = None
 
     def names(self) -> list[str]:
         """Each segment's definition (``lang=en & len=(0.2, 0.4]``)."""
@@ -173,14 +179,15 @@ def finish(
     weight: np.ndarray | None,
     *,
     weight2: np.ndarray | None = None,
+    fine: FineHistogram | None = None,
     depth: int,
     bins: int,
     min_rows: int,
 ) -> SegmentStats:
     """The :class:`SegmentStats` of found cells ``(M, F)`` (any order) with ``count`` ``(M,
     B)`` and ``sums`` ``(M, B, 4)`` (``sum c``, ``sum y``, ``sum c c``, ``sum c y``; weighted:
-    times ``w``, ``weight`` ``(M, B)`` the weights and ``weight2`` their squares): segments in
-    order, small ones out."""
+    times ``w``, ``weight`` ``(M, B)`` the weights and ``weight2`` their squares) and ``fine``
+    ``(M, FINE_BINS)`` in the same order (or ``None``): segments in order, small ones out."""
     F = len(rules)
     rank = {c: i for i, c in enumerate(crosses(F, depth))}
     n = count.sum(1)
@@ -204,9 +211,10 @@ def finish(
         weight=None if weight is None else lead(weight),
         **extra,
     )  # fmt: skip
+    kept_fine = None if fine is None else fine.take(torch.from_numpy(idx))
     return SegmentStats(
         tuple(rules), t(np.ascontiguousarray(cells[idx]).reshape(-1, F)), stats,
-        int((~keep & (n > 0)).sum()), depth, bins, min_rows,
+        int((~keep & (n > 0)).sum()), depth, bins, min_rows, kept_fine,
     )  # fmt: skip
 
 
@@ -293,14 +301,29 @@ def segments_from_sql(
         f"FROM {rows_of}) seg GROUP BY GROUPING SETS ({gsets})"
     )
     out = run(q)
+    found = {tuple(r[:F]) for r in out}
+    fine_rows = None
+    if len(found) <= MAX_FINE_GROUPS:  # the fine histogram per segment (its resolution)
+        FB = FINE_BINS
+        fsets = ", ".join(
+            "(" + ", ".join([*(bv[j] for j in cr), "k"]) + ")" for cr in crosses(F, depth)
+        )
+        fine_rows = run(
+            f"{head}SELECT {', '.join(bv)}, k, COUNT(*), {S}(w), {S}(w * w), {S}(w * o), "
+            f"{S}((w * w) * o), {S}(w * (o - c)), {S}(w * (c * (1 - c))), "
+            f"{S}((w * w) * (c * (1 - c))) FROM (SELECT c, o, w, "
+            f"CAST(LEAST(FLOOR(c * {FB}), {FB - 1}) AS {d['int']}) AS k, {codes} "
+            f"FROM {rows_of}) seg GROUP BY GROUPING SETS ({fsets})"
+        )
     if not head:
         run(f"DROP TABLE {_TEMP}")
-    return _cells(out, rules, kw, depth=depth, bins=bins, min_rows=min_rows)
+    return _cells(out, rules, kw, fine_rows, depth=depth, bins=bins, min_rows=min_rows)
 
 
 def _cells(
-    rows: Sequence[Sequence[Any]], rules: list[ColumnRule], kw: dict[str, Any], **opts: int
-) -> SegmentStats:
+    rows: Sequence[Sequence[Any]], rules: list[ColumnRule], kw: dict[str, Any],
+    fine_rows: Sequence[Sequence[Any]] | None, **opts: int,
+) -> SegmentStats:  # fmt: skip
     F, B = len(rules), int(kw["n_bins"])
     maps: list[dict[Any, int]] = []
     for rule in rules:
@@ -311,8 +334,8 @@ def _cells(
         else:
             maps.append({})
     slot: dict[tuple[int, ...], int] = {}
-    entries = []
-    for r in rows:
+
+    def cell_of(r: Sequence[Any]) -> tuple[int, ...]:
         cell = []
         for j in range(F):
             v = r[j]
@@ -324,7 +347,11 @@ def _cells(
                 cell.append(maps[j][float(v)])
             else:
                 cell.append(int(v))
-        i = slot.setdefault(tuple(cell), len(slot))
+        return tuple(cell)
+
+    entries = []
+    for r in rows:
+        i = slot.setdefault(cell_of(r), len(slot))
         entries.append((i, int(r[F]), r))
     M = len(slot)
     count = np.zeros((M, B), np.int64)
@@ -337,7 +364,22 @@ def _cells(
         if weight is not None and weight2 is not None:
             weight[i, b], weight2[i, b] = float(r[F + 6]), float(r[F + 7])
     cells = np.array(list(slot), dtype=np.int64).reshape(M, F)
-    return finish(rules, cells, count, sums, weight, weight2=weight2, **opts)
+    fine = None
+    if fine_rows is not None:
+        fcount = np.zeros((M, FINE_BINS), np.int64)
+        fvals = np.zeros((7, M, FINE_BINS), np.float64)
+        keys = [tuple(r[:F]) for r in fine_rows]
+        lookup = {key: slot[cell_of(key)] for key in set(keys)}  # each segment parsed once
+        at = np.array([lookup[key] for key in keys], dtype=np.int64)
+        if at.size:
+            vals = np.array([r[F:] for r in fine_rows], dtype=np.float64)  # k, n, 7 sums
+            k = vals[:, 0].astype(np.int64)
+            fcount[at, k] = vals[:, 1].astype(np.int64)
+            fvals[:, at, k] = vals[:, 2:9].T
+        if not kw["weight"]:  # unweighted: mass2 = mass, pos2 = pos, var_w2 = var_w exactly
+            fvals[1], fvals[3], fvals[6] = fvals[0], fvals[2], fvals[5]
+        fine = FineHistogram(torch.from_numpy(fcount), *(torch.from_numpy(v) for v in fvals))
+    return finish(rules, cells, count, sums, weight, weight2=weight2, fine=fine, **opts)
 
 
 def with_segments(result: Any, run: Run, source: str, opts: dict[str, Any] | None) -> Any:
