@@ -162,8 +162,8 @@ HOSTILE = [
     (
         "unparsed-share",
         [(i, f"{i},a,high,1") for i in (40, 150, 151, 152)],
-        r"p: 'high' at li"
-        r"ne 42 is not a number nor a percent; 4 of 300 rows \(1\.33%\) do not parse",
+        r"4 of 300 rows are invalid \(preds_unparsed 4\), more than --max-unparsed 0 of them; "
+        r"the first: p: 'high' at line 42 is not a number nor a percent",
     ),
     (
         "ragged-long",

@@ -255,6 +255,11 @@ def test_cases_cover_the_rules(reference):
 #: case -> the refusal above --max-unparsed 0.004 (every road), and the first bad row as the
 #: in-process roads name it (an engine does not know the line)
 REFUSALS = {
+    "rejected": (  # a blank confidence is NULL to an engine: preds_null on every road
+        "5 of 1000 rows are invalid (preds_unparsed 2, preds_null 3), more than "
+        "--max-unparsed 0.004 of them",
+        "; the first: confidence: missing value at line 2",
+    ),
     "hostile": (
         "30 of 4000 rows are invalid (preds_nan 2, preds_out_of_range 6, label_invalid 10, "
         "group_null 4, weight_invalid 8), more than --max-unparsed 0.004 of them",

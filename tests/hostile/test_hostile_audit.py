@@ -30,7 +30,7 @@ CASES = [  # fmt: skip
     ("missing-label", _csv(HEAD + GOOD), ["--label", "z"], r"z: no such column"),
     ("missing-group", _csv(HEAD + GOOD), ["--group", "dom"], r"dom: no such column"),
     ("non-numeric", _csv(HEAD + GOOD + "20,a,abc,1\n"), [], r"p: 'abc' at line 22 is not a number"),
-    ("empty-value", _csv(HEAD + "0,a,,1\n" + GOOD), [], r"p: '' at line 2 is not a number"),
+    ("empty-value", _csv(HEAD + "0,a,,1\n" + GOOD), [], r"null 1.*p: missing value at line 2$"),
     ("prob>1", _csv(HEAD + GOOD + "20,a,1.5,1\n"), [], r"p: value 1\.5 at line 22 is not a prob"),
     ("prob<0", _csv(HEAD + "0,a,-0.1,1\n" + GOOD), [], r"p: value -0\.1 at line 2 is not a prob"),
     ("prob-nan", _csv(HEAD + GOOD + "20,a,nan,1\n"), [], r"p: value nan at line 22"),

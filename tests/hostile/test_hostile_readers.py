@@ -227,8 +227,11 @@ def test_stated_confidences_percent_and_unparsed(tmp_path, engine):
     assert log.percent == {"p": 3} and log.kept == 298 and log.rows == 300
     (e,) = log.excluded.values()
     assert (e.column, e.count, e.where, e.text) == ("p", 2, "line 6", "high")
-    with pytest.raises(
-        ValueError, match=r"^p: 'high' at line 6 is not a number nor a percent; 2 of 300"
+    with pytest.raises(  # the engines' words: the blank is NULL to them (preds_null)
+        ValueError,
+        match=r"s\.csv: 2 of 300 rows are invalid \(preds_unparsed 1, preds_null 1\), more than "
+        r"--max-unparsed 0\.005 of them; the first: p: 'high' at line 6 is not a number nor a "
+        r"percent$",
     ):
         list(read_predictions(path, preds=["p"], label="y", engine=engine, max_unparsed=0.005))
 
@@ -246,7 +249,9 @@ def test_unparsed_share_through_the_cli_is_exit_2(tmp_path, capsys):
     path = tmp_path / "s.csv"
     path.write_text("p,y\n" + "high,1\n" + "0.5,1\n" * 20)
     assert re.search(
-        r"p: 'high' at line 2 is not a number nor a percent; 1 of 21 rows", _cli_error(capsys, path)
+        r"s\.csv: 1 of 21 rows are invalid \(preds_unparsed 1\), more than --max-unparsed 0\.01 "
+        r"of them; the first: p: 'high' at line 2 is not a number nor a percent$",
+        _cli_error(capsys, path),
     )
 
 

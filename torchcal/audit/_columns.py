@@ -121,6 +121,10 @@ class ReadLog:
     #: NaN, not a class, a bad weight), by reason, and the first one as an error would say it
     rejected: dict[str, int] = field(default_factory=dict)
     first_rejected: str = ""
+    first_rejected_at: int = -1  # its line (CSV) or row
+    #: of the excluded rows, those whose confidence was an empty CSV field (NULL to an
+    #: engine: ``preds_null``); not in :meth:`to_dict`
+    missing: int = 0
     #: per column read leniently (a label, a weight): the first value that did not parse, as
     #: ``(where, text)``; the row reads NaN and a rule rejects it (not in :meth:`to_dict`)
     unparsed: dict[str, tuple[str, str]] = field(default_factory=dict)

@@ -301,6 +301,7 @@ def slow_rows(
                     if kind != STATED:
                         raise bad_value(names[j], row[j], f"line {line}", kind)
                     log.exclude(names[j], "not a number nor a percent", f"line {line}", row[j])
+                    log.missing += row[j] == ""  # DuckDB reads an empty field as NULL
                     break
                 if kind == STATED and "%" in row[j]:
                     log.percent[names[j]] = log.percent.get(names[j], 0) + 1

@@ -203,33 +203,38 @@ def _counted(
     for chunk in chunks:
         log.kept += chunk.rows
         yield chunk
-    if log.rejected:  # as the engines refuse (engine_input.check_rejected)
-        bad = {READ_REASONS.get(e.reason, "preds_unparsed"): 0 for e in log.excluded.values()}
-        for e in log.excluded.values():
-            bad[READ_REASONS.get(e.reason, "preds_unparsed")] += e.count
-        bad.update(log.rejected)
-        k = sum(bad.values())
-        n = log.rows + sum(log.rejected.values())
-        if k > max_unparsed * n:
-            parts = ", ".join(f"{r} {bad[r]}" for r in REJECT_REASONS if bad.get(r))
-            raise ValueError(
-                f"{file}: {k} of {n} rows are invalid ({parts}), more than --max-unparsed "
-                f"{max_unparsed:g} of them; the first: {log.first_rejected}"
-            )
-    elif log.excluded_rows and log.excluded_rows > max_unparsed * log.rows:
-        e = min(log.excluded.values(), key=lambda e: int(e.where.split()[1]))  # the first
-        what = f"{shown(e.text)} at {e.where} is not a number nor a percent"
-        if e.reason == "missing value":
-            what = f"missing value at {e.where}"
-        k, n = log.excluded_rows, log.rows
+    bad: dict[str, int] = {}  # by reason, as the engines count them
+    for e in log.excluded.values():
+        r = READ_REASONS.get(e.reason, "preds_unparsed")
+        bad[r] = bad.get(r, 0) + e.count
+    if log.missing:  # an empty CSV field: NULL to an engine (preds_null), not unparsed text
+        bad["preds_unparsed"] -= log.missing
+        bad["preds_null"] = bad.get("preds_null", 0) + log.missing
+    for r, c in log.rejected.items():
+        bad[r] = bad.get(r, 0) + c
+    k = sum(bad.values())
+    n = log.rows + sum(log.rejected.values())
+    if k and k > max_unparsed * n:  # as the engines refuse (engine_input.check_rejected)
+        parts = ", ".join(f"{r} {bad[r]}" for r in REJECT_REASONS if bad.get(r))
         raise ValueError(
-            f"{e.column}: {what}; {k} of {n} rows ({k / n:.2%}) do not parse, more than "
-            f"max_unparsed = {max_unparsed:g} allows"
+            f"{file}: {k} of {n} rows are invalid ({parts}), more than --max-unparsed "
+            f"{max_unparsed:g} of them; the first: {_first_bad(log)}"
         )
     if log.kept == 0:
         raise ValueError(
             f"{file}: no data rows" + (" after the header" if file.lower().endswith(".csv") else "")
         )
+
+
+def _first_bad(log: ReadLog) -> str:
+    """The first row the reader excluded or a rule rejected, as an error names it."""
+    at = [(int(e.where.split()[1]), e) for e in log.excluded.values()]
+    if not at or (log.first_rejected and log.first_rejected_at < min(a for a, _ in at)):
+        return log.first_rejected
+    e = min(at, key=lambda a: a[0])[1]
+    if e.reason == "missing value" or not e.text:
+        return f"{e.column}: missing value at {e.where}"
+    return f"{e.column}: {shown(e.text)} at {e.where} is not a number nor a percent"
 
 
 @dataclass
@@ -285,7 +290,7 @@ def read_predictions(
         >>> list(read_predictions(f"{d}/x.csv", preds=["p"], label="y", max_unparsed=0.4))
         Traceback (most recent call last):
         ...
-        ValueError: ...: 2 of 4 rows are invalid (preds_unparsed 1, label_invalid 1), more than --max-unparsed 0.4 of them; the first: y: label 2 at line 5 is not a class (expected 0 or 1)
+        ValueError: ...: 2 of 4 rows are invalid (preds_unparsed 1, label_invalid 1), more than --max-unparsed 0.4 of them; the first: p: 'high' at line 4 is not a number nor a percent
         >>> with open(f"{d}/x.csv", "w") as f:
         ...     _ = f.write("p,y\\n0.9,1\\n85%,True\\nhigh,0\\n")
         >>> b = list(read_predictions(f"{d}/x.csv", preds=["p"], label="y", max_unparsed=0.5))
@@ -366,7 +371,9 @@ def _rejected(
     log.kept -= int((~keep).sum())
     if not log.first_rejected:  # the first bad row as the checks name it (column, value, line)
         at = np.flatnonzero(~keep)[:1]
-        log.first_rejected = _problem(_take(chunk, at), p[at], preds, label, group, weight, log)
+        row = _take(chunk, at)
+        log.first_rejected = _problem(row, p[at], preds, label, group, weight, log)
+        log.first_rejected_at = int(row.where(0).split()[1])
     idx = np.flatnonzero(keep)
     return _take(chunk, idx), np.ascontiguousarray(p[idx])
 
