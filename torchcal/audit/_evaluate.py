@@ -556,18 +556,34 @@ def build_report(
     sample = {"preds": smp["preds"], "target": smp["target"], "group": smp["group"], "names": names}
     seg_d = None
     if seg is not None:
-        fine_rows = None
-        if seg.fine is not None:  # the resolution as the groups' (issue 31 item 5)
-            exact = state.grid is not None
-            fine_rows = histogram_rows(seg.fine, 1 - 2 * alpha, settings.weights, exact)
-        seg_d = segment_report(
-            seg, seg_rows, threshold, level=1 - 2 * alpha, weights=settings.weights,
-            fine_rows=fine_rows,
-        )  # fmt: skip
-        text = separation_finding(seg_d, 1 - 2 * alpha)
-        if text is not None:
-            reasons.append(f"segments: {text}")
+        seg_d = _segments_entry(state, seg_rows, settings, reasons)
     return AuditReport(
         verdict, pooled, groups, settings_d, warn, temperature, sample, reasons,
         dict(state.read_log), segments=seg_d,
     )  # fmt: skip
+
+
+def _segments_entry(
+    state: AuditState,
+    seg_rows: list[tuple[str, dict[str, Any]]],
+    settings: AuditSettings,
+    reasons: list[str],
+) -> dict[str, Any]:
+    """``report.json["segments"]`` (:func:`~torchcal.audit.segments.segment_report`) with each
+    segment's resolution read from its fine histogram as a group's where the state has one
+    (issue 31 item 5), and the report-level finding of the segments whose confidence does not
+    separate added to ``reasons``."""
+    seg = state.segments
+    assert seg is not None
+    level = 1 - 2 * float(settings.alpha)
+    fine_rows = None
+    if seg.fine is not None:
+        fine_rows = histogram_rows(seg.fine, level, settings.weights, state.grid is not None)
+    seg_d = segment_report(
+        seg, seg_rows, settings.threshold, level=level, weights=settings.weights,
+        fine_rows=fine_rows,
+    )  # fmt: skip
+    text = separation_finding(seg_d, level)
+    if text is not None:
+        reasons.append(f"segments: {text}")
+    return seg_d

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchcal.engines.fine_sql import fine_of, fine_sums
 from torchcal.engines.sql import _D, checked_rows_sql, parse_text, text_value_sql
 from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.histogram_scores import FINE_BINS, MAX_FINE_GROUPS, FineHistogram
@@ -309,9 +310,8 @@ def segments_from_sql(
             "(" + ", ".join([*(bv[j] for j in cr), "k"]) + ")" for cr in crosses(F, depth)
         )
         fine_rows = run(
-            f"{head}SELECT {', '.join(bv)}, k, COUNT(*), {S}(w), {S}(w * w), {S}(w * o), "
-            f"{S}((w * w) * o), {S}(w * (o - c)), {S}(w * (c * (1 - c))), "
-            f"{S}((w * w) * (c * (1 - c))) FROM (SELECT c, o, w, "
+            f"{head}SELECT {', '.join(bv)}, k, COUNT(*), {fine_sums(S, bool(kw['weight']))} "
+            f"FROM (SELECT c, o, w, "
             f"CAST(LEAST(FLOOR(c * {FB}), {FB - 1}) AS {d['int']}) AS k, {codes} "
             f"FROM {rows_of}) seg GROUP BY GROUPING SETS ({fsets})"
         )
@@ -367,7 +367,7 @@ def _cells(
     fine = None
     if fine_rows is not None:
         fcount = np.zeros((M, FINE_BINS), np.int64)
-        fvals = np.zeros((7, M, FINE_BINS), np.float64)
+        fvals = np.zeros((7 if kw["weight"] else 3, M, FINE_BINS), np.float64)
         keys = [tuple(r[:F]) for r in fine_rows]
         lookup = {key: slot[cell_of(key)] for key in set(keys)}  # each segment parsed once
         at = np.array([lookup[key] for key in keys], dtype=np.int64)
@@ -375,10 +375,8 @@ def _cells(
             vals = np.array([r[F:] for r in fine_rows], dtype=np.float64)  # k, n, 7 sums
             k = vals[:, 0].astype(np.int64)
             fcount[at, k] = vals[:, 1].astype(np.int64)
-            fvals[:, at, k] = vals[:, 2:9].T
-        if not kw["weight"]:  # unweighted: mass2 = mass, pos2 = pos, var_w2 = var_w exactly
-            fvals[1], fvals[3], fvals[6] = fvals[0], fvals[2], fvals[5]
-        fine = FineHistogram(torch.from_numpy(fcount), *(torch.from_numpy(v) for v in fvals))
+            fvals[:, at, k] = vals[:, 2:].T
+        fine = fine_of(fcount, fvals)
     return finish(rules, cells, count, sums, weight, weight2=weight2, fine=fine, **opts)
 
 
