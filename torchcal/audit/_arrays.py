@@ -42,14 +42,24 @@ def _group_ids(
         raise ValueError(
             f"{column}: expected group names (strings or integers), got {values.dtype}"
         )
-    if values.dtype.kind == "O":
-        if groups.null_blank:  # a missing name is a blank one: group_null
-            values = np.array(["" if v is None else v for v in values], dtype=object)
-        bad = np.array([not isinstance(v, (str, bytes)) for v in values], dtype=bool)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{column}: empty group name at {where(i)} (got {values[i]!r})")
-        values = np.array([_name(v) for v in values], dtype=object)
+    if values.dtype.kind == "O":  # hashed in C: the distinct values in order of appearance
+        rows = list(values)
+
+        def ok(v: object) -> bool:
+            return isinstance(v, (str, bytes)) or (v is None and groups.null_blank)
+
+        try:
+            index = {v: i for i, v in enumerate(dict.fromkeys(rows))}
+            names_ok = all(ok(v) for v in index)
+        except TypeError:  # an unhashable value (a list, an array): not a name
+            index, names_ok = {}, False
+        if not names_ok:
+            i = next(i for i, v in enumerate(rows) if not ok(v))  # the first bad row
+            raise ValueError(f"{column}: empty group name at {where(i)} (got {rows[i]!r})")
+        inverse = np.fromiter(map(index.__getitem__, rows), np.int64, len(rows))
+        names = ["" if v is None else _name(v) for v in index]  # a missing name is blank
+        check_names(column, names, inverse, where, groups.null_blank)
+        return groups.ids_of(names, inverse)
     uniques, first, inverse = np.unique(values, return_index=True, return_inverse=True)
     first, inverse = first_appearance(first, inverse.reshape(-1))
     names = [_name(values[i]) for i in first]
