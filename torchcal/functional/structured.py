@@ -507,7 +507,8 @@ def fit_structured_map(
     # T0 by TemperatureScaler's fit (bounded, T0 > 0: an unbounded inverse temperature went
     # <= 0 where the logits carry no signal, and log T0 failed); on the strength's subsample
     # when there is one: T0 only scales the features, the unpenalised ``a`` refits it
-    t0 = _temperature(logits, y, rows)
+    on = (logits, y) if rows is None else (logits[rows], y[rows])
+    t0 = math.exp(fit_temperature(*on).log_temperature)
     x, _ = structured_features(logits, t0)
     basis = structured_basis(x, min(rank, c), seed)
     prob = StructuredProblem.of(x, y, basis, mask)
@@ -564,10 +565,3 @@ def fit_structured_map(
         passes,
         tuple(messages),
     )
-
-
-def _temperature(logits: Tensor, y: Tensor, rows: Tensor | None) -> float:
-    """``fit_temperature``'s T on ``rows`` (all when ``None``)."""
-    if rows is None:
-        return math.exp(fit_temperature(logits, y).log_temperature)
-    return math.exp(fit_temperature(logits[rows], y[rows]).log_temperature)
