@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from torchcal.audit import _arrow, _csv
-from torchcal.audit._columns import ReadLog, parse_number, parse_value
+from torchcal.audit._columns import ReadLog
 from torchcal.audit.io import read_columns
+from torchcal.engines.text import parse_number, parse_value
 
 pa = pytest.importorskip("pyarrow")
 pc = pytest.importorskip("pyarrow.csv")
@@ -357,9 +358,11 @@ def test_number_policy():
     for t in ["0.0_5", "0_8", "1_000", "\u0661", "0x10", "", " ", "1e", "e5", "85%", "True"]:
         assert parse_number(t) is None, t
     # percents: the decimal divided by 100 exactly, rounded once
-    for t in ["85%", " 85 % ", "33.3333333333333333%", "0.1%", "100%", "1e1%"]:
+    for t in ["85%", " 85 % ", "33.3333333333333333%", "0.1%", "100%", "+.5%", "5.%"]:
         core = t.strip()[:-1].strip()
         assert parse_value(t, "stated") == float(Decimal(core) / 100), t
     assert parse_value("85%", "number") is None and parse_value("nan%", "stated") is None
+    # a percent is a plain decimal (the SQL of every dialect reads its digits): no exponent
+    assert parse_value("1e1%", "stated") is None and parse_value(".5e-1 %", "stated") is None
     assert parse_value("TRUE", "label") == 1.0 and parse_value(" false ", "label") == 0.0
     assert parse_value("yes", "label") is None and parse_value("True", "stated") is None

@@ -94,15 +94,19 @@ def _hostile_text(path: str) -> None:
     (``yes``, ``maybe``, blank, white space), groups that are blank, spaces or an ideographic
     space (U+3000: white space to Python and, by the one class of ``rules.WHITE_SPACE``, to
     SQL), beside values that parse once Unicode white space is stripped (``0.5`` + NBSP,
-    ``85`` NBSP ``%``) and names kept as written (`` a ``); 0.5 % of 4000 rejected."""
+    ``85`` NBSP ``%``) and names kept as written (`` a ``); and the awkward numbers of
+    ``engines/text.py`` (``nan(1)`` is NaN, ``1e1%`` and ``ınf`` (U+0131) are no number on any
+    road: the file road once read the first two as NaN and 0.1, ``--engine memory`` crashed
+    on the third); 0.65 % of 4000 rejected."""
     rng = np.random.default_rng(6)
     rows = [f"{float(a)!r},{int(b)},{g}" for a, b, g in
             zip(rng.random(4000), rng.random(4000) < 0.6, rng.choice(["a", "b"], 4000))]  # fmt: skip
     bad = ["0.5,yes,a", "0.4,,b", "0.3,maybe,a", "0.6, ,b", "0.5,1,", "0.5,0,  ",
-           "0.7,1,\u3000", "nan,1,a", "0.5,2,b", "0.2,1,\t"]  # fmt: skip
+           "0.7,1,\u3000", "nan,1,a", "0.5,2,b", "0.2,1,\t",
+           "nan(1),1,a", "\u0131nf,0,b", "1e1%,1,a"]  # fmt: skip
     odd = ["0.5\u00a0,1,a", "85\u00a0%,1,b", "0.25,0, a ", "\u300085%,1,b"]
     for k, text in enumerate(bad * 2 + odd * 3):
-        rows[120 * k + 11] = text
+        rows[100 * k + 11] = text
     _write(path, "p,y,g", rows)
 
 
@@ -135,7 +139,7 @@ HOSTILE_WARNING = (
     "group_null 4, weight_invalid 8"
 )
 HOSTILE_TEXT_WARNING = (
-    "20 rows were left out of the state: preds_nan 2, label_invalid 10, group_null 8"
+    "22 rows were left out of the state: preds_nan 4, label_invalid 10, group_null 8"
 )
 
 #: road -> (use the glob, engine options)
@@ -250,6 +254,8 @@ def test_cases_cover_the_rules(reference):
     assert HOSTILE_TEXT_WARNING in text["warnings"]
     assert list(text["groups"]) == [" a ", "a", "b"]  # a name as written; blanks are no name
     assert text["groups"][" a "]["n"] == 3 and text["read"]["percent"] == {"p": 6}
+    (unparsed,) = text["read"]["excluded"]  # 1e1% and ınf; nan(1) is NaN, counted above
+    assert (unparsed["count"], unparsed["text"]) == (4, "\u0131nf")
 
 
 #: case -> the refusal above --max-unparsed 0.004 (every road), and the first bad row as the
@@ -266,8 +272,8 @@ REFUSALS = {
         "; the first: p: value nan at line 9 is not a probability",
     ),
     "words": (
-        "20 of 4000 rows are invalid (preds_nan 2, label_invalid 10, group_null 8), more than "
-        "--max-unparsed 0.004 of them",
+        "26 of 4000 rows are invalid (preds_unparsed 4, preds_nan 4, label_invalid 10, "
+        "group_null 8), more than --max-unparsed 0.004 of them",
         "; the first: y: label 'yes' at line 13 is not a number nor True/False",
     ),
 }

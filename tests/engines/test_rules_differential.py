@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from torchcal.engines.rules import REJECT_REASONS
-from torchcal.engines.sql import parse_text
+from torchcal.engines.text import parse_text
 
 pytest.importorskip("pyarrow")
 
@@ -98,24 +98,58 @@ def test_spark_counts_alike(spark, hostile):
     _check(state_from_spark(df, **KW))
 
 
+#: awkward tokens for the text rule: separators, non-ASCII digits / letters / spaces, percents
+#: with and without an exponent, ``nan`` payloads (pyarrow and DuckDB read them as NaN)
+TOKENS = ["85%", " 85 % ", "85.5%", "33.3%", "0.3", ".5", "5.", "1E+3", "-inf", "Infinity",
+          "NaN", "0_8", "", "1e-3%", "٣", "0x10", "+.5e-2", "1.234567890123%",
+          "0.5\u00a0", "\u30000.5", "85\u00a0%", "\u2028.5\x1c", "\u200b0.5",
+          "nan(1)", "-NaN(ab_C)", "nan()", "nan(1", "nan(-1)", "nan%", "1e1%", ".5e-1%",
+          "\u0131nf", "\u0130NF", "inf\u0131nity", "true", " FALSE ", "yes"]  # fmt: skip
+
+
+def _same(kind, got, bad):
+    """``got`` values and ``bad`` flags (SQL, by token) equal parse_text's."""
+    ref, ref_bad = parse_text(TOKENS, kind)
+    for t, a, b, ba, bb in zip(TOKENS, got, ref.tolist(), bad, ref_bad.tolist()):
+        assert ba == bb, (kind, t)
+        assert (a is None and b != b) or a == b or (a != a and b != b), (kind, t, a, b)
+
+
+def test_the_text_rule_reads_the_awkward_tokens():
+    """The values themselves (so a rule both sides got wrong alike is caught too)."""
+    v, bad = parse_text(TOKENS, "stated")
+    got = dict(zip(TOKENS, v.tolist()))
+    assert got["85%"] == got[" 85 % "] == 0.85 and got["85.5%"] == 0.855
+    assert got["nan(1)"] != got["nan(1)"] and got["-NaN(ab_C)"] != got["-NaN(ab_C)"]
+    unparsed = {t for t, b in zip(TOKENS, bad) if b}
+    assert unparsed >= {"0_8", "٣", "0x10", "nan(1", "nan(-1)", "nan%", "1e1%", ".5e-1%",
+                        "\u0131nf", "\u0130NF", "\u200b0.5", "true", "yes"}  # fmt: skip
+    assert parse_text(TOKENS, "label")[0][TOKENS.index(" FALSE ")] == 0.0
+
+
 def test_the_python_rule_is_the_sql_rule():
     """parse_text and the SQL of text_value_sql give the same values on awkward tokens."""
     duckdb = pytest.importorskip("duckdb")
     from torchcal.engines.sql import text_value_sql
 
-    tokens = ["85%", " 85 % ", "85.5%", "33.3%", "0.3", ".5", "5.", "1E+3", "-inf", "Infinity",
-              "NaN", "0_8", "", "1e-3%", "٣", "0x10", "+.5e-2", "1.234567890123%",
-              "0.5\u00a0", "\u30000.5", "85\u00a0%", "\u2028.5\x1c", "\u200b0.5"]  # fmt: skip
     con = duckdb.connect()
     for kind in ("number", "stated", "label"):
         v, bad, _ = text_value_sql("x", kind, "duckdb")
         rows = con.execute(
             f"SELECT {v}, {bad} FROM (SELECT unnest(?) AS x, generate_subscripts(?, 1) AS i) "
             "ORDER BY i",
-            [tokens, tokens],
+            [TOKENS, TOKENS],
         ).fetchall()
-        ref, ref_bad = parse_text(tokens + ["true", "False"][: 0 if kind != "label" else 2], kind)
-        got = [r[0] for r in rows]
-        for t, a, b, ba, bb in zip(tokens, got, ref.tolist(), [r[1] for r in rows], ref_bad):
-            assert ba == bb, (kind, t)
-            assert (a is None and b != b) or a == b or (a != a and b != b), (kind, t, a, b)
+        _same(kind, [r[0] for r in rows], [r[1] for r in rows])
+
+
+def test_the_python_rule_is_the_spark_rule(spark):
+    from pyspark.sql import functions as F
+
+    from torchcal.engines.sql import text_value_sql
+
+    df = spark.createDataFrame([(i, t) for i, t in enumerate(TOKENS)], "i long, x string")
+    for kind in ("number", "stated", "label"):
+        v, bad, _ = text_value_sql("x", kind, "spark")
+        rows = df.select("i", F.expr(v), F.expr(bad)).orderBy("i").collect()
+        _same(kind, [r[1] for r in rows], [r[2] for r in rows])

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from torchcal import cli
-from torchcal.audit import _columns
-from torchcal.engines import sql
+from torchcal.engines import text
 
 duckdb = pytest.importorskip("duckdb")
 pa = pytest.importorskip("pyarrow")
@@ -74,12 +73,11 @@ def _nested_repeats(pattern):
 @pytest.mark.parametrize(
     "pattern",
     [
-        _columns._NUMBER.pattern,
-        _columns._DECIMAL.pattern,
-        sql.NUMBER_RE,
-        sql.PERCENT_RE,
+        text.NUMBER_RE,
+        text.NAN_PAYLOAD_RE,
+        text.PERCENT_RE,
     ],
-    ids=["columns-number", "columns-decimal", "sql-number", "sql-percent"],
+    ids=["number", "nan-payload", "percent"],
 )
 def test_w10_number_patterns_have_no_ambiguous_repeat(pattern):
     assert _nested_repeats(pattern) == []
@@ -90,8 +88,8 @@ def test_w10_number_patterns_have_no_ambiguous_repeat(pattern):
 def test_w10_a_million_digit_cell_is_rejected_with_its_line(tmp_path, capsys):
     # quadratic backtracking would take hours here; linear matching takes well under a second
     cell = "1" * 1_000_000 + "x"
-    assert _columns.parse_number(cell) is None
-    assert sql.parse_text([cell, cell + "%"], "stated")[1].tolist() == [True, True]
+    assert text.parse_number(cell) is None
+    assert text.parse_text([cell, cell + "%"], "stated")[1].tolist() == [True, True]
     f = tmp_path / "x.csv"
     f.write_text("p,y\n0.5,1\n" + cell + ",0\n")
     line = _error(capsys, "audit", f, "--probs", "p", "--label", "y", "--max-unparsed", "0.1")

@@ -3,7 +3,7 @@
 Every column is 1-D (the prediction column may be one ``(N, C)`` array); a tensor is read as
 float64 when it is real and dense: float16/bfloat16 are upcast, sparse, quantized, meta, nested
 and complex tensors are errors naming the column (an NPZ/.pt column of numbers must hold
-numbers). A Parquet string column reads by the CSV syntax (:func:`torchcal.audit._columns.parse_value`): a
+numbers). A Parquet string column reads by the CSV syntax (:func:`torchcal.engines.text.parse_value`): a
 stated confidence may be a percent, and one that does not parse (or is null) excludes its row.
 """
 
@@ -17,16 +17,15 @@ import torch
 from torch import Tensor
 
 from torchcal.audit._columns import (
-    STATED,
     Chunk,
     GroupIndex,
     ReadLog,
     check_names,
     first_appearance,
-    parse_value,
     shown,
 )
 from torchcal.engines._names import locate_columns
+from torchcal.engines.text import STATED, parse_value
 
 
 def _group_ids(

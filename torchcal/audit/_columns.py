@@ -1,41 +1,22 @@
 """(internal) What every audit reader shares: the :class:`Chunk` it yields, group names to ids
-(:class:`GroupIndex`), the :class:`ReadLog` of rows it excluded, and the one definition of how a
-text value reads as a number, a stated confidence or a label (:func:`parse_value`).
+(:class:`GroupIndex`) and the :class:`ReadLog` of rows it excluded. How a text value reads as a
+number, a stated confidence or a label is :mod:`torchcal.engines.text` (one definition for
+every reader, engine and SQL dialect; ``tests/audit/test_readers_differential.py``): the
+readers call its :func:`~torchcal.engines.text.parse_value`.
 
 :mod:`torchcal.audit.io` is the public face (it re-exports the public names); the CSV engines
 (:mod:`torchcal.audit._csv`, :mod:`torchcal.audit._arrow`) and the array readers
 (:mod:`torchcal.audit._arrays`) import this module, never each other's.
-
-Numbers (every engine reads exactly these, ``tests/audit/test_readers_differential.py``): ASCII
-decimal digits with an optional sign, fraction and exponent (``1``, ``-0.5``, ``.5``, ``5.``,
-``1e-3``, ``1E+3``), or ``nan``/``inf``/``infinity`` in any case with an optional sign (read, then
-rejected by the audit's checks); surrounding white space is ignored. Rejected: digit separators
-(``0_8``, ``0.0_5``), non-ASCII digits, hex, an empty field. A *stated confidence* (a probability
-column) may also be a percent, ``85%`` or `` 85 % `` = 0.85 (the decimal divided by 100 exactly,
-then rounded once), mixed freely with fractions; a label may also be ``True``/``False`` (any
-case) = 1/0, as pandas writes booleans.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
 
 import numpy as np
 
 from torchcal.engines.rules import blank
-
-#: how a column's text values are read (see the module docstring)
-NUMBER, STATED, LABEL = "number", "stated", "label"
-
-_NUMBER = re.compile(
-    r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan(\([0-9a-z_]*\))?)",
-    re.ASCII | re.IGNORECASE,
-)
-_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
-_BOOLS = {"true": 1.0, "false": 0.0}
 
 
 def shown(text: str, limit: int = 60) -> str:
@@ -47,43 +28,6 @@ def shown(text: str, limit: int = 60) -> str:
         'high' 'aaaaaaaa...' '\\udcff!' 'a\\x1b[2J'
     """
     return repr(text[:limit] + ("..." if len(text) > limit else ""))
-
-
-def parse_number(text: str) -> float | None:
-    """``text`` as a float by the readers' number syntax, or None.
-
-    Example:
-        >>> [parse_number(t) for t in ["0.5", " .5 ", "1e-3", "-inf", "0_8", "", "٣"]]
-        [0.5, 0.5, 0.001, -inf, None, None, None]
-    """
-    t = text.strip()
-    m = _NUMBER.fullmatch(t)
-    if m is None:
-        return None
-    if m.group(1):  # nan(payload), as pyarrow reads it
-        t = t[: m.start(1)]
-    return float(t)
-
-
-def parse_value(text: str, kind: str) -> float | None:
-    """A text field as a float for a column of ``kind`` (``"number"``, ``"stated"``: also a
-    percent, ``"label"``: also ``True``/``False``), or None when it does not parse.
-
-    Example:
-        >>> parse_value(" 85 % ", "stated"), parse_value("85%", "number")
-        (0.85, None)
-        >>> parse_value("True", "label"), parse_value("yes", "label")
-        (1.0, None)
-    """
-    v = parse_number(text)
-    if v is not None or kind == NUMBER:
-        return v
-    t = text.strip()
-    if kind == LABEL:
-        return _BOOLS.get(t.lower())
-    if t.endswith("%") and _DECIMAL.fullmatch(core := t[:-1].rstrip()):
-        return float(Decimal(core).scaleb(-2))  # exact decimal / 100, rounded once
-    return None
 
 
 @dataclass

@@ -17,7 +17,7 @@ in-memory file with a path, which numpy reads in large chunks); the group field'
 integer keys (names of at most 7 bytes packed into one ``uint64`` with their length, longer
 ones compared as fixed-width bytes plus their length). Every other block, or one that a fast
 step rejects, goes through :func:`slow_rows` (the :mod:`csv` module, strict quoting, values by
-:func:`torchcal.audit._columns.parse_value`), which also finds the exact line and value of an
+:func:`torchcal.engines.text.parse_value`), which also finds the exact line and value of an
 error and leaves out (and logs) the rows whose stated confidence does not parse.
 """
 
@@ -32,14 +32,11 @@ from typing import Any
 import numpy as np
 
 from torchcal.audit._columns import (
-    NUMBER,
-    STATED,
     Chunk,
     GroupIndex,
     ReadLog,
     check_names,
     first_appearance,
-    parse_value,
     shown,
 )
 from torchcal.audit._csv_blocks import (
@@ -51,6 +48,7 @@ from torchcal.audit._csv_blocks import (
     blocks,
     quote_problem,
 )
+from torchcal.engines.text import NUMBER, STATED, parse_value
 
 _COMMA, _NEWLINE, _QUOTE, _CR = 44, 10, 34, 13
 _MEMFD = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")

@@ -70,23 +70,16 @@ import torch
 from torch import Tensor
 
 from torchcal.audit import _arrays, _arrow, _csv, _csv_blocks
-from torchcal.audit._columns import (
-    LABEL,
-    NUMBER,
-    STATED,
-    Chunk,
-    ReadLog,
-    shown,
-)
+from torchcal.audit._columns import Chunk, ReadLog, shown
 from torchcal.engines._names import locate_columns
 from torchcal.engines.rules import REJECT_REASONS, Rows, reasons_of
+from torchcal.engines.text import LABEL, NUMBER, STATED, TEXT_KINDS
 from torchcal.functional._validation import probability_sum_tolerance
 
 FORMATS = {".csv": "csv", ".npz": "npz", ".pt": "pt", ".pth": "pt", ".parquet": "parquet"}
 FORMATS[".pq"] = "parquet"
 DEFAULT_CHUNK_ROWS = 1 << 20
 ENGINES = ("auto", "pyarrow", "numpy")
-KINDS = (NUMBER, STATED, LABEL)
 #: the CSV engine when none is given ("auto": pyarrow when it is installed, else numpy)
 CSV_ENGINE = "auto"
 #: the share of rows whose stated confidence may fail to parse (excluded) before a file is rejected
@@ -174,8 +167,8 @@ def read_columns(
         raise ValueError(f"max_unparsed: expected a fraction in [0, 1), got {max_unparsed}")
     kinds = dict(kinds or {})
     for c, k in kinds.items():
-        if k not in KINDS:
-            raise ValueError(f"kinds: {c!r} has kind {k!r}, expected one of {KINDS}")
+        if k not in TEXT_KINDS:
+            raise ValueError(f"kinds: {c!r} has kind {k!r}, expected one of {TEXT_KINDS}")
     columns = list(columns)
     kind_list = [kinds.get(c, NUMBER) for c in columns]
     log = ReadLog() if log is None else log

@@ -22,7 +22,6 @@ import torch
 from torchcal.engines._names import locate_columns
 from torchcal.engines._state_checks import check_cells
 from torchcal.engines.rules import Rows, reasons_of
-from torchcal.engines.sql import parse_text
 from torchcal.engines.state import (
     REJECT_REASONS,
     UNGROUPED,
@@ -31,6 +30,7 @@ from torchcal.engines.state import (
     expand_paths,
     merge_states,
 )
+from torchcal.engines.text import parse_text
 from torchcal.functional._checks import check_int, validation_enabled
 from torchcal.functional._validation import probability_sum_tolerance
 from torchcal.functional.calibration.binning import BinnedStats, accumulate, bin_ids
@@ -198,7 +198,7 @@ def _column(
     batch: Any, name: str, where: str, kind: str = "number"
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """A column as float64, its NULL mask and (text columns, parsed by
-    :func:`~torchcal.engines.sql.parse_text`) its unparsed mask."""
+    :func:`~torchcal.engines.text.parse_text`) its unparsed mask."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

@@ -4,7 +4,7 @@ or from the streaming reader (:mod:`torchcal.audit.segments`).
 
 A column's rule is fixed from its kept rows' distinct texts and counts, the same on every road
 (:func:`column_rule`): a column whose every text is a finite number by the readers' rule
-(:func:`~torchcal.engines.sql.parse_text`) is numeric, unless its values are integers with at
+(:func:`~torchcal.engines.text.parse_text`) is numeric, unless its values are integers with at
 most :data:`MAX_INTEGER_CODES` distinct values (codes, as integer tensors are in
 :func:`~torchcal.functional.multicalibration.segment_masks`); every other column is
 categorical (each text a value, ascending by code point; integer codes by value). A numeric column with at most ``bins`` distinct numbers keeps them;
@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from torchcal.engines.fine_sql import fine_of, fine_sums
-from torchcal.engines.sql import _D, checked_rows_sql, parse_text, text_value_sql
+from torchcal.engines.sql import _D, checked_rows_sql, text_value_sql
+from torchcal.engines.text import parse_text
 from torchcal.functional.calibration.binning import BinnedStats
 from torchcal.functional.histogram_scores import FINE_BINS, MAX_FINE_GROUPS, FineHistogram
 

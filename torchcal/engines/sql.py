@@ -26,7 +26,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ import torch
 from torchcal.engines._state_checks import check_cells
 from torchcal.engines.rules import WHITE_SPACE, WHITE_SPACE_RE, Sql, sql_case
 from torchcal.engines.state import REJECT_REASONS, UNGROUPED, BinnedState, StateHeader
+from torchcal.engines.text import NAN_PAYLOAD_RE, NUMBER_RE, PERCENT_RE, TEXT_KINDS
 from torchcal.functional._checks import check_int
 from torchcal.functional._validation import probability_sum_tolerance
 from torchcal.functional.calibration.binning import BinnedStats
@@ -119,47 +119,6 @@ def _as_columns(preds: str | Sequence[str]) -> list[str]:
     return cols
 
 
-#: the value syntax of docs/design.md section 6c.1 (``torchcal.audit._columns``), as regular
-#: expressions on the stripped text: numbers (ASCII decimals, sign, fraction, exponent,
-#: ``inf``/``infinity``/``nan`` in any case), a stated percent (``85%``, `` 85 % ``) and the
-#: label words ``true``/``false`` (any case)
-NUMBER_RE = r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|(?i:inf(?:inity)?|nan))"
-PERCENT_RE = r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*%"
-#: how a text column reads, by its kind (the kinds of ``torchcal.audit._columns``)
-TEXT_KINDS = ("number", "stated", "label")
-_NUMBER = re.compile(NUMBER_RE)
-_PERCENT = re.compile(PERCENT_RE)
-
-
-def parse_text(values: Sequence[str | None], kind: str) -> tuple[np.ndarray, np.ndarray]:
-    """``values`` (text, ``None`` = NULL) as float64 by the rule :func:`text_value_sql` writes
-    in SQL (NaN where missing or unparsed), and the mask of unparsed values: the in-process
-    engine's twin of the SQL.
-
-    Example:
-        >>> v, bad = parse_text(["85%", " .5 ", "high", None, "0_8"], "stated")
-        >>> v.tolist()[:2], bad.tolist()
-        ([0.85, 0.5], [False, False, True, False, True])
-    """
-    if kind not in TEXT_KINDS:
-        raise ValueError(f"kind: expected one of {TEXT_KINDS}, got {kind!r}")
-    out = np.full(len(values), np.nan)
-    bad = np.zeros(len(values), bool)
-    for i, raw in enumerate(values):
-        if raw is None:
-            continue
-        t = raw.strip()
-        if _NUMBER.fullmatch(t):
-            out[i] = float(t)
-        elif kind == "label" and t.lower() in ("true", "false"):
-            out[i] = 1.0 if t.lower() == "true" else 0.0
-        elif kind == "stated" and _PERCENT.fullmatch(t):
-            out[i] = float(Decimal(t[:-1].strip()).scaleb(-2))  # decimal / 100, rounded once
-        else:
-            bad[i] = True
-    return out, bad
-
-
 def _regex(pattern: str, dialect: str) -> str:
     """``pattern`` inside a SQL string literal of ``dialect`` (``\\s``: Python's white space,
     :data:`~torchcal.engines.rules.WHITE_SPACE`; Spark unescapes backslashes)."""
@@ -189,7 +148,9 @@ def text_value_sql(column: str, kind: str, dialect: str) -> tuple[str, str, str]
     dbl = d["double"]
     t = d["strip"].format(quote(column, dialect))
     is_num = d["match"].format(t, _regex(NUMBER_RE, dialect))
-    forms = [(is_num, f"CAST({t} AS {dbl})")]  # (condition, value), first match wins
+    is_nan = d["match"].format(t, _regex(NAN_PAYLOAD_RE, dialect))
+    # (condition, value), first match wins
+    forms = [(is_num, f"CAST({t} AS {dbl})"), (is_nan, f"CAST('NaN' AS {dbl})")]
     pct = "FALSE"
     if kind == "label":
         forms.append((f"lower({t}) = 'true'", f"CAST(1 AS {dbl})"))
