@@ -321,22 +321,25 @@ def test_spark_gives_the_same_report(spark, files, reference):
         assert _diff(_norm(reference[case][1], True), _norm(got, True)) is None, case
 
 
-def test_streaming_segments_refuse_rows_without_a_group(tmp_path, capsys):
-    """The streaming road's segment readers do not read --group: with group_null rows it
-    refuses --segments in one line (DuckDB leaves those rows out of the segments too)."""
+def test_segments_leave_out_rows_without_a_group_on_every_road(tmp_path):
+    """Rows of --group with no name (blank, white space) are left out of the segments as of
+    the state (group_null), on every road: the streaming road reads --group beside the
+    segment columns (it refused such files once; DuckDB left the rows out), so a segment
+    counts the same rows (s=x: 201 rows, one without a group) and the reports agree."""
     rng = np.random.default_rng(7)
-    rows = [f"{float(a)!r},{int(b)},{'ab'[i % 2]},{'xyz'[i % 3]}" for i, (a, b) in
+    rows = [f"{float(a)!r},{int(b)},{'ab'[i % 2]},{'xyz'[i % 3]},{i % 4}" for i, (a, b) in
             enumerate(zip(rng.random(600), rng.random(600) < 0.5))]  # fmt: skip
-    rows[5] = "0.5,1,,x"
+    rows[5], rows[17] = "0.5,1,,x,1", "0.9,0, ,y,2"
     path = str(tmp_path / "s.csv")
-    _write(path, "p,y,g,s", rows)
-    args = ["audit", path, "--probs", "p", "--label", "y", "--group", "g", "--segments", "s"]
-    out = ["--out", str(tmp_path / "o"), "--diagrams", "0"]
-    assert main([*args, *out]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == (
-        "torchcal: error: --segments: 1 rows of --group g have no group name; give them one, "
-        "or audit with --engine duckdb"
-    ), err
-    assert main([*args, *out, "--engine", "duckdb"]) in (0, 1, 3)
-    assert "group_null 1" in capsys.readouterr().out
+    _write(path, "p,y,g,s,t", rows)
+    args = [path, "--probs", "p", "--label", "y", "--group", "g", "--segments", "s", "t"]
+    got = {}
+    for road, engine in (("file", []), ("memory", ["--engine", "memory"]), ("duckdb", ["--engine", "duckdb"])):  # fmt: skip
+        code, got[road], _ = _audit([*args, *engine], str(tmp_path / road))
+        assert code in (0, 1, 3), road
+        assert "2 rows were left out of the state: group_null 2" in got[road]["warnings"]
+    (x,) = [s for s in got["file"]["segments"]["worst"] if s["segment"] == "s=x"]
+    assert x["n"] == 200
+    for road in ("memory", "duckdb"):
+        sql = road == "duckdb"
+        assert _diff(_norm(got["file"], sql), _norm(got[road], sql)) is None, road

@@ -173,10 +173,10 @@ def _duckdb_state(request: AuditRequest, settings: AuditSettings) -> AuditState:
 
 
 def _batches(
-    request: AuditRequest, path: str, log: Any, max_unparsed: float, group_null: bool = True
+    request: AuditRequest, path: str, log: Any, max_unparsed: float, group_null: str = "drop"
 ) -> Iterator[Any]:
     """Checked batches of one file, with a progress bar on large files (stderr); a blank group
-    is ``group_null`` (a row left out), else (a segment column) an error."""
+    is a row left out (``group_null``), an error or a kept id -1 (see ``read_predictions``)."""
     from torchcal.audit.io import progress_total, read_predictions
 
     batches = read_predictions(
@@ -225,13 +225,9 @@ def _stream_state(
                           weight=request.weight)  # fmt: skip
     if log.rejected:  # the rows the engines' rules left out, reported as the engines do
         state = replace(state, rejected={r: log.rejected.get(r, 0) for r in REJECT_REASONS})
-    if settings.segments:
-        if log.rejected.get("group_null"):  # the segment readers do not read the group
-            raise ValueError(
-                f"--segments: {log.rejected['group_null']} rows of --group {request.group} "
-                f"have no group name; give them one, or audit with --engine duckdb"
-            )
-        state = replace(state, segments=_stream_segments(request, settings, files))
+    if settings.segments:  # the rows without a group left out of the segments too, as in SQL
+        blank = bool(log.rejected.get("group_null"))
+        state = replace(state, segments=_stream_segments(request, settings, files, blank))
     return state if engine == "stream" else replace(state, engine=engine)
 
 
@@ -243,21 +239,29 @@ def segment_options(settings: AuditSettings) -> dict[str, Any] | None:
             "depth": settings.depth, "min_rows": settings.min_segment}  # fmt: skip
 
 
-def _stream_segments(request: AuditRequest, settings: AuditSettings, files: list[str]) -> Any:
-    """The segments through the streaming reader (each column read as the group)."""
+def _stream_segments(
+    request: AuditRequest, settings: AuditSettings, files: list[str], blank_groups: bool
+) -> Any:
+    """The segments through the streaming reader (each column read as the group; with
+    ``blank_groups`` a reader of ``--group`` too, whose blank rows the segments leave out)."""
     from torchcal.audit._columns import ReadLog
     from torchcal.audit.segments import stream_segments
     from torchcal.audit.state import DEFAULT_BINS
 
-    def batches(path: str, column: str) -> Iterator[Any]:
+    def batches(path: str, column: str, group_null: str = "error") -> Iterator[Any]:
         # a column per reader, several readers at once: smaller chunks bound the memory
         req = replace(
             request, group=column, progress=False, chunk_rows=min(request.chunk_rows, SEGMENT_CHUNK)
         )
-        return _batches(req, path, ReadLog(), settings.max_unparsed, group_null=False)
+        return _batches(req, path, ReadLog(), settings.max_unparsed, group_null=group_null)
+
+    def mask(path: str) -> Iterator[Any]:
+        assert request.group is not None
+        return batches(path, request.group, "keep")
 
     return stream_segments(
-        batches, files, settings.segments, input=request.input,
+        batches, files, settings.segments, mask=mask if blank_groups else None,
+        input=request.input,
         n_bins=settings.n_bins or DEFAULT_BINS, bins=settings.segment_bins,
         depth=settings.depth, min_rows=settings.min_segment,
     )  # fmt: skip

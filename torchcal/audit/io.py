@@ -257,7 +257,7 @@ def read_predictions(
     max_unparsed: float = MAX_UNPARSED,
     log: ReadLog | None = None,
     weight: str | None = None,
-    group_null: bool = True,
+    group_null: str = "drop",
 ) -> Iterator[Batch]:
     """:func:`read_columns` plus the audit's checks: ``preds`` names one column (binary:
     P(y = 1), or a 2-D NPZ/.pt array) or C >= 2 columns (the classes' probabilities or logits);
@@ -267,10 +267,12 @@ def read_predictions(
     -- out of range, NaN, not a class, a bad weight -- is counted in ``log.rejected`` and left
     out, and refused as the engines refuse it above ``max_unparsed``), logits be finite; a
     ``weight`` column (frequency weights) finite and ``>= 0``. Errors name the column, the value and where it is.
-    With probabilities a label or weight that is missing or no number, and (``group_null``)
-    a missing or blank group, are rows the rules reject (``label_invalid``,
-    ``weight_invalid``, ``group_null``), as on every engine; ``group_null=False`` keeps a
-    blank group an error (a segment column, whose rows must be the main reader's).
+    With probabilities a label or weight that is missing or no number, and (``group_null=
+    "drop"``) a missing or blank group, are rows the rules reject (``label_invalid``,
+    ``weight_invalid``, ``group_null``), as on every engine; ``group_null="error"`` makes a
+    blank group an error (a segment column, whose rows must be the main reader's) and
+    ``"keep"`` keeps its row with the group id -1 (the mask of the main group's blank rows
+    that the segment readers apply).
 
     Example:
         >>> import tempfile
@@ -297,7 +299,9 @@ def read_predictions(
     kinds[label] = LABEL if label not in kinds else kinds[label]
     log = ReadLog() if log is None else log
     # --probs: a bad label, weight or group is a row the rules reject, as on every engine
-    soft = [c for c in (label, weight, group if group_null else None) if c]
+    if group_null not in ("drop", "error", "keep"):
+        raise ValueError(f"group_null: expected 'drop', 'error' or 'keep', got {group_null!r}")
+    soft = [c for c in (label, weight, None if group_null == "error" else group) if c]
     soft = soft if input == "probs" else []
     chunks = read_columns(
         path,
@@ -313,7 +317,8 @@ def read_predictions(
     for chunk in chunks:
         p = _stack_preds(chunk, list(preds))
         if input == "probs":  # the engines' rules: bad rows are counted by reason, left out
-            chunk, p = _rejected(chunk, p, list(preds), label, group, weight, log)
+            rule = group_null == "drop"
+            chunk, p = _rejected(chunk, p, list(preds), label, group, weight, log, rule)
             if not chunk.rows:
                 continue
         _check_preds(chunk, p, list(preds), input)
@@ -332,11 +337,13 @@ def _rejected(
     group: str | None,
     weight: str | None,
     log: ReadLog,
+    group_rule: bool = True,
 ) -> tuple[Chunk, np.ndarray]:
     """The chunk without the rows a rule of :data:`~torchcal.engines.rules.ROW_RULES` rejects
     (counted in ``log.rejected`` by reason, the first kept as its error message): the same
     reasons and counts as every engine (docs/design.md section 6c.2). A label or weight that
-    did not parse is NaN here, a missing or blank group id -1 (the readers' ``soft``)."""
+    did not parse is NaN here, a missing or blank group id -1 (the readers' ``soft``; a row
+    ``group_null`` only with ``group_rule``)."""
     y = chunk.columns[label]
     C = 1 if p.ndim == 1 else p.shape[1]
     g = chunk.groups
@@ -349,8 +356,8 @@ def _rejected(
     none = np.zeros(n, bool)
     w = None if weight is None else np.asarray(chunk.columns[weight], dtype=np.float64)
     tol = float(probability_sum_tolerance(torch.float64, C))
-    names = None if g is None else np.empty(n, dtype=object)  # the rule reads g_null
-    g_null = None if g is None else g < 0
+    g_null = None if g is None or not group_rule else g < 0
+    names = None if g_null is None else np.empty(n, dtype=object)  # the rule reads g_null
     y64 = np.asarray(y, np.float64)
     rows = Rows(p.reshape(n, C), y64, none[:, None], none, names, w, none, tol, g_null)
     reason = reasons_of(rows)

@@ -19,8 +19,9 @@ the report but never holds back its PASS.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -152,19 +153,43 @@ class _Codes:
 
 
 Batches = Callable[[str, str], Any]  # (path, column) -> the reader's batches, column as group
+Mask = Callable[[str], Any]  # path -> the batches of the main group, blank names id -1
+
+
+def _rows(b: Any, keep: Tensor) -> Any:
+    """The batch ``b`` (a :class:`~torchcal.audit.io.Batch`) at the rows ``keep``."""
+    if b.preds.shape[0] != keep.shape[0]:
+        raise RuntimeError("stream_segments: the mask and a segment reader read other rows")
+    w = None if b.weight is None else b.weight[keep]
+    g = None if b.groups is None else b.groups[keep]
+    return dataclasses.replace(b, preds=b.preds[keep], target=b.target[keep], groups=g, weight=w)
 
 
 def stream_segments(
     batches: Batches, files: Sequence[str], columns: Sequence[str], *, input: str,
-    n_bins: int, bins: int, depth: int, min_rows: int,
+    n_bins: int, bins: int, depth: int, min_rows: int, mask: Mask | None = None,
 ) -> SegmentStats:  # fmt: skip
-    """The segments of ``columns`` over ``files``, two passes of the reader per column."""
+    """The segments of ``columns`` over ``files``, two passes of the reader per column;
+    ``mask(path)``, the batches of the same rows whose group id -1 marks a row to leave out
+    (the main group's blank names, ``group_null``), read beside them."""
+
+    def read(path: str, cols: Sequence[str]) -> Iterator[tuple[Any, ...]]:
+        readers = [batches(path, c) for c in cols]
+        if mask is None:
+            yield from zip(*readers, strict=True)
+            return
+        for m, *parts in zip(mask(path), *readers, strict=True):
+            keep = m.groups >= 0
+            if not bool(keep.all()):
+                parts = [_rows(p, keep) for p in parts]
+            yield tuple(parts)
+
     seen: list[dict[str, int]] = [{} for _ in columns]
     for j, col in enumerate(columns):
         for path in files:
             names: list[str] = []
             cnt = np.zeros(0, dtype=np.int64)
-            for b in batches(path, col):
+            for (b,) in read(path, [col]):
                 names = b.group_names
                 add = np.bincount(b.groups.numpy(), minlength=len(names))
                 cnt = np.concatenate([cnt, np.zeros(len(names) - cnt.size, np.int64)]) + add
@@ -176,7 +201,7 @@ def stream_segments(
     acc = SegmentAccumulator(rules, depth, n_bins, input)
     for path in files:
         codes = [_Codes(r) for r in rules]
-        for parts in zip(*(batches(path, c) for c in columns), strict=True):
+        for parts in read(path, columns):
             b = parts[0]
             cols = [cd.of(p.groups, p.group_names) for cd, p in zip(codes, parts, strict=True)]
             acc.update(b.preds, b.target, torch.stack(cols, 1), b.weight)
