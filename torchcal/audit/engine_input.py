@@ -173,7 +173,11 @@ def _duckdb_state(request: AuditRequest, settings: AuditSettings) -> AuditState:
 
 
 def _batches(
-    request: AuditRequest, path: str, log: Any, max_unparsed: float, group_null: str = "drop"
+    request: AuditRequest,
+    path: str,
+    log: Any,
+    max_unparsed: float | None,
+    group_null: str = "drop",
 ) -> Iterator[Any]:
     """Checked batches of one file, with a progress bar on large files (stderr); a blank group
     is a row left out (``group_null``), an error or a kept id -1 (see ``read_predictions``)."""
@@ -202,9 +206,12 @@ def _batches(
 def _stream_state(
     request: AuditRequest, settings: AuditSettings, files: list[str], engine: str
 ) -> AuditState:
-    """Every file through the streaming reader into one Auditor (group names global)."""
+    """Every file through the streaming reader into one Auditor (group names global). The
+    share of invalid rows is refused over all the files, as an engine counts a glob (the first
+    bad row named with its file)."""
     from torchcal.audit._columns import ReadLog
     from torchcal.audit.core import Auditor
+    from torchcal.audit.io import check_share, first_bad, invalid_rows, refuse_invalid
 
     auditor = Auditor(
         input=request.input, n_bins=settings.n_bins, sample_size=settings.sample_size,
@@ -212,8 +219,11 @@ def _stream_state(
     )  # fmt: skip
     names: dict[str, int] = {}
     log = ReadLog()
+    one = files == [request.file]  # a file, not a glob (its refusal names the file)
+    check_share(settings.max_unparsed)
+    first = None
     for path in files:
-        for b in _batches(request, path, log, settings.max_unparsed):
+        for b in _batches(request, path, log, settings.max_unparsed if one else None):
             groups = None
             if request.group:
                 lut = torch.tensor(
@@ -221,6 +231,10 @@ def _stream_state(
                 )
                 groups = lut[b.groups] if b.groups.numel() else b.groups
             auditor.update(b.preds, b.target, groups, b.weight)
+        if first is None and invalid_rows(log)[0]:
+            first = f"{path}: {first_bad(log)}"
+    if not one:
+        refuse_invalid(log, settings.max_unparsed, request.file or "", first)
     state = auditor.state(list(names) if request.group else None, read_log=log.to_dict(),
                           weight=request.weight)  # fmt: skip
     if log.rejected:  # the rows the engines' rules left out, reported as the engines do

@@ -129,7 +129,7 @@ def read_columns(
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     engine: str | None = None,
     kinds: dict[str, str] | None = None,
-    max_unparsed: float = MAX_UNPARSED,
+    max_unparsed: float | None = MAX_UNPARSED,
     log: ReadLog | None = None,
     soft: Sequence[str] = (),
 ) -> Iterator[Chunk]:
@@ -140,7 +140,8 @@ def read_columns(
     ``"number"`` (the default), ``"stated"`` (a confidence: also percents; a row whose value
     does not parse is excluded) or ``"label"`` (also True/False). ``log`` (a :class:`ReadLog`)
     is filled while reading; once more than ``max_unparsed`` of the rows are excluded, the end
-    of the file raises. ``soft`` names columns left to the row rules of
+    of the file raises (``None``: the caller refuses, e.g. over a glob's files together, with
+    :func:`refuse_invalid`). ``soft`` names columns left to the row rules of
     :data:`~torchcal.engines.rules.ROW_RULES` instead of raising: a missing or unparsed value
     of a label or weight reads NaN (the first kept in ``log.unparsed``), a missing or blank
     name of the ``group`` column is id -1 (``group_null``).
@@ -161,10 +162,8 @@ def read_columns(
     engine = CSV_ENGINE if engine is None else engine
     if engine not in ENGINES:
         raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
-    if isinstance(max_unparsed, bool) or not isinstance(max_unparsed, (int, float)):
-        raise ValueError(f"max_unparsed: expected a fraction in [0, 1), got {max_unparsed!r}")
-    if not (0.0 <= max_unparsed < 1.0):
-        raise ValueError(f"max_unparsed: expected a fraction in [0, 1), got {max_unparsed}")
+    if max_unparsed is not None:
+        check_share(max_unparsed)
     kinds = dict(kinds or {})
     for c, k in kinds.items():
         if k not in TEXT_KINDS:
@@ -185,18 +184,37 @@ def read_columns(
         chunks = _arrays.read_arrays(
             path, kind, columns, kind_list, group, int(chunk_rows), log, soft
         )
-    return _counted(chunks, log, float(max_unparsed), os.fspath(path))
+    return _counted(chunks, log, max_unparsed, os.fspath(path))
+
+
+def check_share(max_unparsed: float) -> None:
+    """``ValueError`` unless ``max_unparsed`` is a fraction in [0, 1)."""
+    if isinstance(max_unparsed, bool) or not isinstance(max_unparsed, (int, float)):
+        raise ValueError(f"max_unparsed: expected a fraction in [0, 1), got {max_unparsed!r}")
+    if not (0.0 <= max_unparsed < 1.0):
+        raise ValueError(f"max_unparsed: expected a fraction in [0, 1), got {max_unparsed}")
 
 
 def _counted(
-    chunks: Iterator[Chunk], log: ReadLog, max_unparsed: float, file: str
+    chunks: Iterator[Chunk], log: ReadLog, max_unparsed: float | None, file: str
 ) -> Iterator[Chunk]:
-    """The chunks, with ``log.kept`` kept up to date and the share of excluded rows checked at
-    the end."""
+    """The chunks, with ``log.kept`` kept up to date and (``max_unparsed`` not None) the
+    share of excluded rows checked at the end."""
     for chunk in chunks:
         log.kept += chunk.rows
         yield chunk
-    bad: dict[str, int] = {}  # by reason, as the engines count them
+    if max_unparsed is not None:
+        refuse_invalid(log, max_unparsed, file)
+    if log.kept == 0:
+        raise ValueError(
+            f"{file}: no data rows" + (" after the header" if file.lower().endswith(".csv") else "")
+        )
+
+
+def invalid_rows(log: ReadLog) -> tuple[dict[str, int], int]:
+    """The rows ``log`` excluded or rejected so far by reason (as the engines count them),
+    and the rows seen."""
+    bad: dict[str, int] = {}
     for e in log.excluded.values():
         r = READ_REASONS.get(e.reason, "preds_unparsed")
         bad[r] = bad.get(r, 0) + e.count
@@ -205,21 +223,26 @@ def _counted(
         bad["preds_null"] = bad.get("preds_null", 0) + log.missing
     for r, c in log.rejected.items():
         bad[r] = bad.get(r, 0) + c
+    return {r: bad[r] for r in REJECT_REASONS if bad.get(r)}, log.rows + sum(log.rejected.values())
+
+
+def refuse_invalid(
+    log: ReadLog, max_unparsed: float, source: str, first: str | None = None
+) -> None:
+    """``ValueError`` naming ``source`` when more than ``max_unparsed`` of the rows ``log``
+    saw are invalid, as the engines refuse (``engine_input.check_rejected``), with the first bad
+    row (``first``, else the log's own)."""
+    bad, n = invalid_rows(log)
     k = sum(bad.values())
-    n = log.rows + sum(log.rejected.values())
-    if k and k > max_unparsed * n:  # as the engines refuse (engine_input.check_rejected)
-        parts = ", ".join(f"{r} {bad[r]}" for r in REJECT_REASONS if bad.get(r))
+    if k and k > max_unparsed * n:
+        parts = ", ".join(f"{r} {c}" for r, c in bad.items())
         raise ValueError(
-            f"{file}: {k} of {n} rows are invalid ({parts}), more than --max-unparsed "
-            f"{max_unparsed:g} of them; the first: {_first_bad(log)}"
-        )
-    if log.kept == 0:
-        raise ValueError(
-            f"{file}: no data rows" + (" after the header" if file.lower().endswith(".csv") else "")
+            f"{source}: {k} of {n} rows are invalid ({parts}), more than --max-unparsed "
+            f"{max_unparsed:g} of them; the first: {first or first_bad(log)}"
         )
 
 
-def _first_bad(log: ReadLog) -> str:
+def first_bad(log: ReadLog) -> str:
     """The first row the reader excluded or a rule rejected, as an error names it."""
     at = [(int(e.where.split()[1]), e) for e in log.excluded.values()]
     if not at or (log.first_rejected and log.first_rejected_at < min(a for a, _ in at)):
@@ -254,7 +277,7 @@ def read_predictions(
     input: str = "probs",
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     engine: str | None = None,
-    max_unparsed: float = MAX_UNPARSED,
+    max_unparsed: float | None = MAX_UNPARSED,
     log: ReadLog | None = None,
     weight: str | None = None,
     group_null: str = "drop",
