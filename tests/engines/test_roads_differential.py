@@ -350,6 +350,29 @@ def test_a_glob_is_refused_by_its_pooled_share_on_every_road(tmp_path, capsys):
                                 "a number nor a percent"), err  # fmt: skip
 
 
+def test_an_empty_file_in_a_glob_is_no_error_on_any_road(tmp_path, capsys):
+    """A header-only file in a glob adds no rows on every road (``--engine memory`` once
+    refused the glob when the empty file came first); a glob of empty files is one line
+    naming the glob, the same on every road (DuckDB said ``preds: no rows were given``)."""
+    rng = np.random.default_rng(2)
+    rows = [f"{rng.random()!r},{int(rng.random() < 0.5)},{'ab'[i % 2]}" for i in range(800)]
+    for name in ("a", "e1", "e2"):  # the header alone (no blank line: DuckDB counts none)
+        (tmp_path / f"{name}.csv").write_text("p,y,g\n")
+    _write(str(tmp_path / "b.csv"), "p,y,g", rows)
+    cols = ["--probs", "p", "--label", "y", "--group", "g"]
+    got = {}
+    for road in ("file", "memory", "duckdb"):
+        engine = [] if road == "file" else ["--engine", road]
+        code, got[road], _ = _audit(
+            [str(tmp_path / "[ab].csv"), *cols, *engine], str(tmp_path / road)
+        )
+        assert code in (0, 1, 3) and got[road]["pooled"]["n"] == 800, road
+        assert _diff(_norm(got["file"], True), _norm(got[road], True)) is None, road
+        empty = str(tmp_path / "e*.csv")
+        assert main(["audit", empty, *cols, *engine, "--out", str(tmp_path / "o")]) == 2
+        assert capsys.readouterr().err.strip() == f"torchcal: error: {empty}: no data rows", road
+
+
 def test_segments_leave_out_rows_without_a_group_on_every_road(tmp_path):
     """Rows of --group with no name (blank, white space) are left out of the segments as of
     the state (group_null), on every road: the streaming road reads --group beside the

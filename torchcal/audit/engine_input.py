@@ -167,6 +167,8 @@ def _duckdb_state(request: AuditRequest, settings: AuditSettings) -> AuditState:
         sample_size=settings.sample_size, seed=settings.seed, segments=segment_options(settings),
     )  # fmt: skip
     check_rejected(result.state, request.file or "", settings.max_unparsed)
+    if int(result.state.header.rows_seen) == 0:  # as the in-process roads say it
+        raise ValueError(f"{request.file}: no data rows")
     if request.write_state:
         write_state(result.state, request.write_state)
     return state_of_engine(result)
@@ -235,6 +237,8 @@ def _stream_state(
             first = f"{path}: {first_bad(log)}"
     if not one:
         refuse_invalid(log, settings.max_unparsed, request.file or "", first)
+        if log.kept == 0:  # an empty file in a glob is no error, as to an engine
+            raise ValueError(f"{request.file}: no data rows")
     state = auditor.state(list(names) if request.group else None, read_log=log.to_dict(),
                           weight=request.weight)  # fmt: skip
     if log.rejected:  # the rows the engines' rules left out, reported as the engines do

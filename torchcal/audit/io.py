@@ -198,13 +198,15 @@ def check_share(max_unparsed: float) -> None:
 def _counted(
     chunks: Iterator[Chunk], log: ReadLog, max_unparsed: float | None, file: str
 ) -> Iterator[Chunk]:
-    """The chunks, with ``log.kept`` kept up to date and (``max_unparsed`` not None) the
-    share of excluded rows checked at the end."""
+    """The chunks, with ``log.kept`` kept up to date and (``max_unparsed`` not None: else the
+    caller checks, e.g. over a glob's files) the share of excluded rows and a file without
+    rows refused at the end."""
     for chunk in chunks:
         log.kept += chunk.rows
         yield chunk
-    if max_unparsed is not None:
-        refuse_invalid(log, max_unparsed, file)
+    if max_unparsed is None:
+        return
+    refuse_invalid(log, max_unparsed, file)
     if log.kept == 0:
         raise ValueError(
             f"{file}: no data rows" + (" after the header" if file.lower().endswith(".csv") else "")
