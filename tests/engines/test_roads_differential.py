@@ -373,6 +373,40 @@ def test_an_empty_file_in_a_glob_is_no_error_on_any_road(tmp_path, capsys):
         assert capsys.readouterr().err.strip() == f"torchcal: error: {empty}: no data rows", road
 
 
+def test_a_parquet_file_of_text_confidences_reads_alike_on_every_road(tmp_path):
+    """A Parquet string column of stated confidences (percents, the awkward tokens of
+    ``engines/text.py``, nulls and empty strings) and a nullable group: the same report on
+    the in-process roads and DuckDB. The in-process reader once left percents out of the
+    percent note (``{}`` for 3) and listed a null as its own 'missing value' entry, where
+    DuckDB counts it with the unparsed text (``preds_null`` in a refusal on both)."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rng = np.random.default_rng(3)
+    n = 3000
+    p: list[str | None] = [repr(float(x)) for x in rng.random(n)]
+    odd = ["nan(1)", "\u0131nf", "1e1%", "85%", " 85 % ", "", None, "inf", "-0", "0x1", "1_0",
+           "50%", "nan", "1.5", "True", "0.5\u00a0", "\u00a0", "1e-3", "+.5", "5.", None]  # fmt: skip
+    for i, t in zip(range(5, n, 140), odd, strict=False):
+        p[i] = t
+    g: list[str | None] = ["ab"[i % 2] for i in range(n)]
+    g[7], g[8] = None, " "
+    y = (rng.random(n) < 0.5).astype(np.int64)
+    table = {"p": pa.array(p, pa.string()), "y": y, "g": pa.array(g, pa.string())}
+    path = str(tmp_path / "s.parquet")
+    pq.write_table(pa.table(table), path)
+    args = [path, "--probs", "p", "--label", "y", "--group", "g", "--max-unparsed", "0.5"]
+    got = {}
+    for road in ("file", "memory", "duckdb"):
+        engine = [] if road == "file" else ["--engine", road]
+        code, got[road], _ = _audit([*args, *engine], str(tmp_path / road))
+        assert code in (0, 1, 3), road
+        assert _diff(_norm(got["file"], True), _norm(got[road], True)) is None, road
+    read = got["file"]["read"]
+    assert read["percent"] == {"p": 3}
+    (e,) = read["excluded"]
+    assert (e["reason"], e["count"]) == ("not a number nor a percent", 9)
+
+
 def test_segments_leave_out_rows_without_a_group_on_every_road(tmp_path):
     """Rows of --group with no name (blank, white space) are left out of the segments as of
     the state (group_null), on every road: the streaming road reads --group beside the

@@ -176,7 +176,9 @@ def _column_values(
         return a.astype(np.float64), None
     texts = text and (
         a.dtype.kind in "US"
-        or (a.dtype.kind == "O" and all(isinstance(v, (str, bytes)) for v in a.ravel()))
+        or (
+            a.dtype.kind == "O" and all(v is None or isinstance(v, (str, bytes)) for v in a.ravel())
+        )
     )
     if not texts or a.ndim != 1:
         raise ValueError(
@@ -185,7 +187,7 @@ def _column_values(
     out = np.empty(a.shape[0], dtype=np.float64)
     bad = np.zeros(a.shape[0], dtype=bool)
     for i, v in enumerate(a):
-        x = parse_value(_name(v), kind)
+        x = None if v is None else parse_value(_name(v), kind)
         if x is None:
             if kind != STATED and not soft:
                 from_what = "a number nor True/False" if kind != "number" else "a number"
@@ -204,7 +206,7 @@ def _exclude(
     k = int(bad.sum())
     if k:
         i = int(np.flatnonzero(bad)[0])
-        text = "null" if reason == "missing value" else _name(a[i])
+        text = "null" if reason == "missing value" or a[i] is None else _name(a[i])
         log.exclude(column, reason, f"row {int(rows[i])}", text, count=k)
 
 
@@ -303,8 +305,11 @@ def read_parquet(
                     i = int(np.flatnonzero(bad)[0])
                     log.unparsed[c] = (f"row {int(rows[i])}", _name(cols[c][i]))
             elif bad is not None:
+                null = np.fromiter((v is None for v in cols[c]), bool, n)
+                log.missing += int((bad & keep & null).sum())  # a null: NULL to an engine
                 _exclude(log, c, bad & keep, cols[c], rows, "not a number nor a percent")
                 keep &= ~bad
+                _count_percents(log, c, cols[c], keep)
         gids = None
         if group is not None:
             gids = _group_ids(cols[group][keep], group, groups, _row_of(rows[keep]))
@@ -315,6 +320,14 @@ def read_parquet(
         kept += int(keep.sum())
     if offset == 0:
         raise ValueError(f"{p}: no data rows")
+
+
+def _count_percents(log: ReadLog, column: str, texts: np.ndarray, keep: np.ndarray) -> None:
+    """Add the kept values of a stated-confidence text column written as percents to
+    ``log.percent`` (the report's percent note, as the CSV reader and the engines count it)."""
+    k = sum(1 for v, ok in zip(texts.tolist(), keep.tolist()) if ok and "%" in _name(v))
+    if k:
+        log.percent[column] = log.percent.get(column, 0) + k
 
 
 def _where(i: int) -> str:
@@ -352,6 +365,8 @@ def _parquet_column(
     if is_group or kind_of.get(column) != STATED:
         what = "empty group name" if is_group else "missing value"
         raise ValueError(f"{column}: {what} at row {int(rows[np.flatnonzero(null)[0]])}")
+    if values.dtype.kind == "O":  # text: a null is unparsed text (preds_null), as to an engine
+        return values
     _exclude(log, column, null & keep, values, rows, "missing value")
     keep &= ~null
     return np.where(null, "nan", values) if values.dtype.kind == "O" else values
