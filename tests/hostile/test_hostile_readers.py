@@ -201,15 +201,20 @@ def test_parquet_duplicate_columns_string_confidences_and_nulls(tmp_path, capsys
     )
     assert b.preds[:4].tolist() == [0.85, 0.85, 0.85, 0.5] and b.target[:4].tolist() == [1, 0, 1, 0]
     # a null in a text column is unparsed text, as an engine counts it (preds_null: missing)
-    assert log.kept == 304 and log.missing == 1 and log.to_dict()["excluded"] == [
-        {
-            "column": "p",
-            "reason": "not a number nor a percent",
-            "count": 2,
-            "where": "row 3",
-            "text": "null",
-        },
-    ]
+    assert (
+        log.kept == 304
+        and log.missing == 1
+        and log.to_dict()["excluded"]
+        == [
+            {
+                "column": "p",
+                "reason": "not a number nor a percent",
+                "count": 2,
+                "where": "row 3",
+                "text": "null",
+            },
+        ]
+    )
     assert log.percent == {"p": 2}
 
 
