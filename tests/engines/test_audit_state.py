@@ -157,3 +157,53 @@ def test_ddp_ranks_write_parts_and_audit_state_merges_them(tmp_path, capsys):
     assert rep["pooled"]["ece"] == pytest.approx(float(want), rel=1e-12)
     assert rep["pooled"]["n"] == 3000 and sorted(rep["groups"]) == ["x", "y", "z"]
     assert rep["pooled"]["nll"] is None  # a metric keeps no NLL
+
+
+def test_infinite_nll_rows_are_counted_apart_in_a_state(tmp_path, capsys):
+    """Rows whose label got probability 0 are counted apart (``nll_inf``) by DuckDB and the
+    in-memory engine as by the streaming audit, through ``--write-state`` and ``--state``
+    (the state once held only an infinite ``nll``: ``nll_infinite: false``, no finite NLL);
+    a state written before the column (``nll`` +inf there) still merges, as +inf."""
+    import pyarrow as pa
+
+    from torchcal.engines.state import merge_states
+
+    rng = np.random.default_rng(9)
+    p, y = rng.random(2000), (rng.random(2000) < 0.5).astype(np.int64)
+    p[[5, 6, 7]], y[[5, 6, 7]] = [0.0, -0.0, 1.0], [1, 1, 0]
+    path = tmp_path / "x.csv"
+    path.write_text("p,y\n" + "".join(f"{float(a)!r},{b}\n" for a, b in zip(p, y)))
+    s = str(tmp_path / "s.parquet")
+    args = ["audit", str(path), "--probs", "p", "--label", "y", "--diagrams", "0"]
+    reports = {}
+    for name, extra in (("file", []), ("duckdb", ["--engine", "duckdb", "--write-state", s])):
+        assert main([*args, *extra, "--out", str(tmp_path / name)]) in (0, 1, 3)
+        reports[name] = json.loads((tmp_path / name / "report.json").read_text())["pooled"]
+    assert main(["audit", "--state", s, "--out", str(tmp_path / "st"), "--diagrams", "0"]) in (
+        0, 1, 3,
+    )  # fmt: skip
+    reports["state"] = json.loads((tmp_path / "st" / "report.json").read_text())["pooled"]
+    capsys.readouterr()
+    mem = state_from_arrays(p, y)
+    assert float(mem.nll_inf.sum()) == 3 and torch.isfinite(mem.nll).all()
+    for name, r in reports.items():
+        assert (r["nll_infinite"], r["nll_infinite_rows"]) == (True, 3), name
+        assert r["nll_finite_rows"] == pytest.approx(reports["file"]["nll_finite_rows"], 1e-12)
+    st = read_states([s])
+    assert float(st.nll_inf.sum()) == 3 and torch.isfinite(st.nll).all()
+    old = pq.read_table(s).drop_columns(["nll_inf"])  # as written before the column
+    nll = old.column("nll").to_numpy().copy()
+    cell = int(np.flatnonzero(old.column("bin").to_numpy() == 0)[0])
+    nll[cell] = np.inf
+    old = old.set_column(old.schema.get_field_index("nll"), "nll", pa.array(nll))
+    pq.write_table(old, tmp_path / "old.parquet")
+    both = merge_states([st, read_states([str(tmp_path / "old.parquet")])])
+    assert both.nll_inf is None and torch.isinf(both.nll).sum() >= 1
+    bad = pq.read_table(s)
+    n = bad.column("n").to_numpy()
+    bad = bad.set_column(
+        bad.schema.get_field_index("nll_inf"), "nll_inf", pa.array(n.astype(float) + 1)
+    )
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match="nll_inf must be a whole number in"):
+        read_states([str(tmp_path / "bad.parquet")])

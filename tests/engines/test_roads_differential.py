@@ -110,6 +110,17 @@ def _hostile_text(path: str) -> None:
     _write(path, "p,y,g", rows)
 
 
+def _saturated(path: str) -> None:
+    """Labels given probability exactly 0 (``0.0``, ``-0.0`` with y = 1, ``1.0`` with
+    y = 0): their NLL is infinite, counted apart on every road (DuckDB once summed them into
+    an infinite NLL and reported ``nll_infinite: false``)."""
+    rng = np.random.default_rng(8)
+    rows = [f"{float(a)!r},{int(b)},{'ab'[i % 2]}" for i, (a, b) in
+            enumerate(zip(rng.random(1500), rng.random(1500) < 0.5))]  # fmt: skip
+    rows[3], rows[40], rows[41] = "0.0,1,a", "-0.0,1,a", "1.0,0,b"
+    _write(path, "p,y,g", rows)
+
+
 #: name -> (writer, column arguments, extra options)
 CASES: dict[str, tuple[Any, list[str], list[str]]] = {
     "judging": (
@@ -132,6 +143,7 @@ CASES: dict[str, tuple[Any, list[str], list[str]]] = {
     "rejected": (_rejected, ["--probs", "confidence", "--label", "correct"], []),
     "hostile": (_hostile, ["--probs", "p", "--label", "y", "--group", "g", "--weight", "w"], []),
     "words": (_hostile_text, ["--probs", "p", "--label", "y", "--group", "g"], []),
+    "saturated": (_saturated, ["--probs", "p", "--label", "y", "--group", "g"], []),
 }
 #: the per-reason counts of the hostile cases (each bad row twice)
 HOSTILE_WARNING = (
@@ -250,6 +262,9 @@ def test_cases_cover_the_rules(reference):
     assert read["excluded"][0]["count"] == 5 and read["percent"] == {"confidence": 995}
     assert reference["weights"][1]["settings"]["weight"] == "w"
     assert HOSTILE_WARNING in reference["hostile"][1]["warnings"]
+    sat = reference["saturated"][1]
+    assert sat["pooled"]["nll_infinite_rows"] == 3 and sat["pooled"]["nll_finite_rows"] > 0
+    assert [g["nll_infinite_rows"] for g in sat["groups"].values()] == [2, 1]
     text = reference["words"][1]
     assert HOSTILE_TEXT_WARNING in text["warnings"]
     assert list(text["groups"]) == [" a ", "a", "b"]  # a name as written; blanks are no name

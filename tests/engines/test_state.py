@@ -40,8 +40,8 @@ def _same_bits(a: BinnedState, b: BinnedState) -> None:
     fb = () if b.fine is None else tuple(b.fine)
     assert len(fa) == len(fb)  # the fine histogram too (torchcal/engines/fine.py)
     for x, y in zip(
-        (*a.stats.__dict__.values(), a.nll, a.right, *fa),
-        (*b.stats.__dict__.values(), b.nll, b.right, *fb),
+        (*a.stats.__dict__.values(), a.nll, a.right, a.nll_inf, *fa),
+        (*b.stats.__dict__.values(), b.nll, b.right, b.nll_inf, *fb),
     ):
         if x is None:
             assert y is None
@@ -63,7 +63,7 @@ def test_round_trip_keeps_every_bit_and_the_header(tmp_path, ext, weighted):
         t = t.filter(pa.compute.greater_equal(t.column("slot"), 0)).drop_columns(fine)
         cols = ["group", "slot", "bin", "n", "sum_c", "sum_y", "sum_c2", "sum_cy"]
         cols += ["sum_w", "sum_w2"] if weighted else []
-        assert t.column_names == [*cols, "nll", "right"]
+        assert t.column_names == [*cols, "nll", "right", "nll_inf"]
         assert t.schema.field("n").type == pa.int64()
         assert all(t.schema.field(c).type == pa.float64() for c in cols[4:])
         h = json.loads(t.schema.metadata[METADATA_KEY])

@@ -329,7 +329,7 @@ def concentration(
     if reading == "confidence" and c.dim() == 2:
         c = c.max(1).values
     c = c.reshape(-1)
-    c = c[torch.isfinite(c)]
+    c = c[torch.isfinite(c)] + 0.0  # -0.0 is 0 (an engine's MIN may return either)
     if c.numel() == 0:
         return None
     values, counts = torch.unique(c, return_counts=True)

@@ -336,6 +336,9 @@ def state_of_binned(
     G = len(state.groups)
     nan = torch.full((G,), float("nan"), dtype=torch.float64)
     nll = nan if state.nll is None else state.nll.sum((1, 2))
+    inf = torch.zeros(G, dtype=torch.int64)
+    if state.nll_inf is not None and state.nll is not None:  # counted apart, as in-process
+        inf = state.nll_inf.sum((1, 2)).round().to(torch.int64)
     if state.right is not None:
         hits = state.right.sum((1, 2))
     elif h.reading == "confidence":
@@ -355,7 +358,7 @@ def state_of_binned(
     return AuditState(
         stats=state.stats,
         nll=nll,
-        nll_inf=torch.zeros(G, dtype=torch.int64),
+        nll_inf=inf,
         hits=hits,
         names=tuple(state.groups),
         grouped=h.group is not None,

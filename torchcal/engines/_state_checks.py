@@ -192,6 +192,13 @@ def _check_optional(d: dict[str, np.ndarray], m: np.ndarray, tol: np.ndarray, wh
         bad = v < 0 if name == "nll" else ~np.isfinite(v) | (v < -tol) | (v > m + tol)
         rng = ">= 0" if name == "nll" else "in [0, n] (weighted: [0, sum_w])"
         _fail(where, bad, f"{name} must be {rng}, got {_first(v, bad)}", d)
+    if "nll_inf" in d:  # rows of the cell: whole, in [0, n]; then nll is finite
+        v = np.asarray(d["nll_inf"], dtype=np.float64)
+        n = np.asarray(d["n"], dtype=np.float64)
+        bad = ~np.isfinite(v) | (v < 0) | (v > n) | (v != np.floor(v))
+        _fail(where, bad, f"nll_inf must be a whole number in [0, n], got {_first(v, bad)}", d)
+        nll = np.asarray(d["nll"], dtype=np.float64)
+        _fail(where, np.isinf(nll), "nll must be finite where nll_inf counts the rest", d)
 
 
 def check_rows(header: Any, kept: int, where: str) -> None:

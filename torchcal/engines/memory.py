@@ -164,7 +164,7 @@ def _kept_state(
             stats = BinnedStats(s.count, s.conf, s.acc, s.conf2, s.conf_acc, w0, w0.clone())
         z = torch.zeros(G, 1, B, dtype=torch.float64)
         empty = FineHistogram.zeros(G) if G <= MAX_FINE_GROUPS else None
-        return BinnedState(header, tuple(names), stats, z, z.clone(), empty)
+        return BinnedState(header, tuple(names), stats, z, z.clone(), empty, z.clone())
     prep = prepare_inputs(p, t, reading=reading, input="probs", groups=gt, num_groups=G)
     if w is None:
         stats = accumulate(prep, B)
@@ -182,16 +182,20 @@ def _kept_state(
         hit = ((p >= 0.5) == (t == 1)).to(torch.float64)
     else:
         hit = prep.outcome.to(torch.float64)  # the arg-max was the label
+    inf = torch.isinf(nll)  # a label with probability 0: counted apart, as the audit does
     if wk is not None:
+        inf = inf & (wk > 0)
         nll = torch.where(wk == 0, 0.0, wk * nll)
         hit = wk * hit
+    nll = torch.where(inf, 0.0, nll)
     size = G * B
     nll_c = cell_sums(idx, size, nll.to(torch.float64)).view(G, 1, B)
+    inf_c = cell_sums(idx, size, inf.to(torch.float64)).view(G, 1, B)
     hit_c = cell_sums(idx, size, hit).view(G, 1, B)
     fine = None  # the fine histogram (global ECCE, resolution), at most MAX_FINE_GROUPS groups
     if G <= MAX_FINE_GROUPS:
         fine = fine_histogram(prep.conf, prep.outcome, groups=gt, num_groups=G, weight=wk)
-    return BinnedState(header, tuple(names), stats, nll_c, hit_c, fine)
+    return BinnedState(header, tuple(names), stats, nll_c, hit_c, fine, inf_c)
 
 
 def _column(

@@ -274,9 +274,11 @@ def state_sql(
 
     Output columns: ``reason`` (NULL for kept rows), ``grp`` (the group as a string, ``'all'``
     without ``group``), ``bin`` (NULL for rejected rows), ``n``, ``sum_c``, ``sum_y``,
-    ``sum_c2``, ``sum_cy``, ``sum_w`` (NULL when unweighted), ``nll``, ``hits``, ``saturated``
-    (kept rows with a probability exactly 0 or 1), ``sum_w2`` (the sum of ``w * w``; NULL
-    when unweighted). Columns named
+    ``sum_c2``, ``sum_cy``, ``sum_w`` (NULL when unweighted), ``nll`` (over the rows whose
+    label got a probability above 0), ``hits``, ``saturated`` (kept rows with a probability
+    exactly 0 or 1), ``sum_w2`` (the sum of ``w * w``; NULL when unweighted), ``nll_inf``
+    (the rows, weight above 0, whose label got probability 0: their NLL is infinite, counted
+    apart as the in-process audit counts them). Columns named
     in ``text`` are text parsed by the readers' rule (:func:`text_value_sql`; a value that is
     no number nor percent is ``preds_unparsed``).
 
@@ -297,23 +299,29 @@ def state_sql(
     )
     d = _D[dialect]
     dbl, S = d["double"], d["sum"]
+    inf = f"CAST('inf' AS {dbl})"
     if weight:
         sums = (
             f"{S}(w * c) AS sum_c, {S}(w * o) AS sum_y, {S}(w * (c * c)) AS sum_c2, "
             f"{S}(w * (c * o)) AS sum_cy, {S}(w) AS sum_w, "
-            f"{S}(CASE WHEN w = 0 THEN 0 ELSE w * nll END) AS nll, {S}(w * hit) AS hits"
+            f"{S}(CASE WHEN w = 0 OR nll = {inf} THEN 0 ELSE w * nll END) AS nll, "
+            f"{S}(w * hit) AS hits"
         )
+        n_inf = f"SUM(CASE WHEN w > 0 AND nll = {inf} THEN 1 ELSE 0 END)"
     else:
         sums = (
             f"{S}(c) AS sum_c, {S}(o) AS sum_y, {S}(c * c) AS sum_c2, {S}(c * o) AS sum_cy, "
-            f"CAST(NULL AS {dbl}) AS sum_w, {S}(nll) AS nll, {S}(hit) AS hits"
+            f"CAST(NULL AS {dbl}) AS sum_w, {S}(CASE WHEN nll = {inf} THEN 0 ELSE nll END) "
+            f"AS nll, {S}(hit) AS hits"
         )
+        n_inf = f"SUM(CASE WHEN nll = {inf} THEN 1 ELSE 0 END)"
+
     pv = [f"p{k}" for k in range(len(_as_columns(preds)))]
     edge = " OR ".join(f"{v} = 0 OR {v} = 1" for v in pv)
     sat = f"SUM(CASE WHEN reason IS NULL AND ({edge}) THEN 1 ELSE 0 END) AS saturated"
     w2 = f"{S}(w * w)" if weight else f"CAST(NULL AS {dbl})"
     return f"""{with_sql}
-SELECT reason, g AS grp, bin, COUNT(*) AS n, {sums}, {sat}, {w2} AS sum_w2
+SELECT reason, g AS grp, bin, COUNT(*) AS n, {sums}, {sat}, {w2} AS sum_w2, {n_inf} AS nll_inf
 FROM scored
 GROUP BY reason, g, bin"""
 
@@ -336,12 +344,12 @@ def state_from_rows(rows: Iterable[Sequence[Any]], header: StateHeader) -> Binne
     check_cells(len(names), 1, B, "groups")  # before allocating
     shape = (len(names), 1, B)
     count = np.zeros(shape, np.int64)
-    # sum_c, sum_y, sum_c2, sum_cy, sum_w, nll, hits, sum_w2 (after saturated)
-    vals = np.zeros((8, *shape), np.float64)
+    # sum_c, sum_y, sum_c2, sum_cy, sum_w, nll, hits, sum_w2, nll_inf (after saturated)
+    vals = np.zeros((9, *shape), np.float64)
     for r in kept:
         gi, b = pos[str(r[1])], int(r[2])
         count[gi, 0, b] = int(r[3])
-        got = [*r[4:11], r[12] if len(r) > 12 else None]
+        got = [*r[4:11], r[12] if len(r) > 12 else None, r[13] if len(r) > 13 else 0]
         vals[:, gi, 0, b] = [np.nan if v is None else float(v) for v in got]
     t = [torch.from_numpy(v.copy()) for v in vals]
     weighted = header.weight is not None
@@ -351,7 +359,7 @@ def state_from_rows(rows: Iterable[Sequence[Any]], header: StateHeader) -> Binne
     )  # fmt: skip
     sat = sum(int(r[11] or 0) for r in kept if len(r) > 11)
     h = replace(header, rows_seen=seen, rows_rejected=rejected, rows_saturated=sat)
-    return BinnedState(h, tuple(names), stats, t[5], t[6])
+    return BinnedState(h, tuple(names), stats, t[5], t[6], nll_inf=t[8])
 
 
 def header_for(

@@ -16,6 +16,9 @@ One row per non-empty (group, slot, bin) cell (docs/design.md section 6f)::
     nll     float64  sum of -log p(y)  (weighted: sum w nll; null where the producer had none)
     right   float64  rows decided right: binary (c >= 0.5) == y, confidence argmax == y
                      (weighted: their weight; null where the producer had none)
+    nll_inf float64  rows whose label got probability 0 (weight > 0), their NLL infinite:
+                     where present, ``nll`` sums the other rows' (absent in states written
+                     before it: ``nll`` is then +inf in their cells)
 
 The file's schema metadata holds the header under the key ``torchcal.state`` (JSON):
 ``schema_version``, ``kind``, ``bin_rule``, ``n_bins``, ``reading``, ``input``,
@@ -186,6 +189,15 @@ class BinnedState:
     nll: Tensor | None = None
     right: Tensor | None = None
     fine: FineHistogram | None = None  # the fine histogram (torchcal/engines/fine.py)
+    #: rows whose label got probability 0 ``(G, K, B)``, counted apart from ``nll`` (None: a
+    #: producer that did not, whose ``nll`` holds +inf there)
+    nll_inf: Tensor | None = None
+
+    def nll_total(self) -> Tensor | None:
+        """``nll`` with +inf in the cells of ``nll_inf`` (the one meaning of every state)."""
+        if self.nll is None or self.nll_inf is None:
+            return self.nll
+        return torch.where(self.nll_inf > 0, math.inf, self.nll)
 
     def __post_init__(self) -> None:
         G, K, B = self.stats.count.shape
@@ -226,6 +238,8 @@ class BinnedState:
                 cols[name] = pa.nulls(len(g), pa.float64())
             else:
                 cols[name] = pa.array(t.numpy()[g, k, b], pa.float64())
+        if self.nll_inf is not None and self.nll is not None:
+            cols["nll_inf"] = pa.array(self.nll_inf.numpy()[g, k, b], pa.float64())
         fine_bins = None if self.fine is None else int(self.fine.count.shape[1])
         header = replace(self.header, fine_bins=fine_bins)
         meta = {METADATA_KEY: json.dumps(header.to_dict()).encode()}
@@ -250,6 +264,8 @@ class BinnedState:
             raise ValueError(f"{where}: the state table lacks the columns {missing}")
         if header.weight is not None and "sum_w2" in table.column_names:
             need.append("sum_w2")  # absent in weighted states written before it
+        if "nll_inf" in table.column_names:
+            need.append("nll_inf")  # absent in states written before it
         d = {c: table.column(c).to_numpy(zero_copy_only=False) for c in need}
         n_cells, slot, b = _checks.cell_indices(d, where)
         names = sorted(set(d["group"].tolist()))
@@ -284,7 +300,10 @@ class BinnedState:
             v = d[name].astype(np.float64)
             opt[name] = None if np.isnan(v).all() and len(v) else dense(v, np.float64)
         fine = fine_from_table(fine_rows, names, header, stats.count.sum((1, 2)), where)
-        return cls(header, tuple(names), stats, opt["nll"], opt["right"], fine)
+        inf = None
+        if "nll_inf" in d and opt["nll"] is not None:
+            inf = dense(d["nll_inf"].astype(np.float64), np.float64)
+        return cls(header, tuple(names), stats, opt["nll"], opt["right"], fine, inf)
 
     def pooled_groups(self) -> BinnedState:
         """One group holding every row (the header's ``group`` set to ``None``)."""
@@ -297,7 +316,8 @@ class BinnedState:
             else FineHistogram(*(t.sum(0, keepdim=True) for t in self.fine))
         )
         header = replace(self.header, group=None)
-        return BinnedState(header, (UNGROUPED,), stats, nll, right, fine)
+        inf = None if self.nll_inf is None else self.nll_inf.sum(0, keepdim=True)
+        return BinnedState(header, (UNGROUPED,), stats, nll, right, fine, inf)
 
 
 def write_state(state: BinnedState, path: str | os.PathLike[str]) -> None:
@@ -451,8 +471,9 @@ def merge_states(states: Iterable[BinnedState], names: Sequence[str] | None = No
         producer=" + ".join(producers),
         columns=h0.columns if all(st.header.columns == h0.columns for st in states) else {},
     )
-    nll = merged(lambda s: s.nll)
+    inf = merged(lambda s: s.nll_inf)  # None unless every part counted them apart
+    nll = merged(lambda s: s.nll if inf is not None else s.nll_total())
     right = merged(lambda s: s.right)
     fine = merge_fine([st.fine for st in states], [st.groups for st in states], groups)
     header = replace(header, fine_bins=None if fine is None else int(fine.count.shape[1]))
-    return BinnedState(header, groups, stats, nll, right, fine)
+    return BinnedState(header, groups, stats, nll, right, fine, inf)
