@@ -303,15 +303,10 @@ def read_rows(
 def check_rejected(state: BinnedState, source: str, max_share: float) -> None:
     """``ValueError`` naming ``source`` when the state's rejected rows exceed ``max_share``
     of the rows seen (reasons and counts in the message)."""
-    bad = {k: v for k, v in state.header.rows_rejected.items() if v}
-    rejected = sum(bad.values())
-    seen = max(int(state.header.rows_seen), rejected)
-    if rejected and rejected > max_share * seen:
-        parts = ", ".join(f"{k} {v}" for k, v in bad.items())
-        raise ValueError(
-            f"{source}: {rejected} of {seen} rows are invalid ({parts}), more than "
-            f"--max-unparsed {max_share:g} of them"
-        )
+    from torchcal.audit.io import refuse_share
+
+    bad = dict(state.header.rows_rejected)
+    refuse_share(source, bad, max(int(state.header.rows_seen), sum(bad.values())), max_share)
 
 
 def state_of_binned(

@@ -62,7 +62,7 @@ about and says where (``line N`` in a CSV, ``row i`` otherwise).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -232,15 +232,29 @@ def refuse_invalid(
     log: ReadLog, max_unparsed: float, source: str, first: str | None = None
 ) -> None:
     """``ValueError`` naming ``source`` when more than ``max_unparsed`` of the rows ``log``
-    saw are invalid, as the engines refuse (``engine_input.check_rejected``), with the first bad
-    row (``first``, else the log's own)."""
+    saw are invalid (:func:`refuse_share`), with the first bad row (``first``, else the
+    log's own)."""
     bad, n = invalid_rows(log)
+    refuse_share(source, bad, n, max_unparsed, lambda: first or first_bad(log))
+
+
+def refuse_share(
+    source: str,
+    bad: dict[str, int],
+    seen: int,
+    max_unparsed: float,
+    first: Callable[[], str] | None = None,
+) -> None:
+    """The one refusal line of every road: ``ValueError`` naming ``source`` when the rows
+    ``bad`` (reason -> count) are more than ``max_unparsed`` of the ``seen`` ones; ``first``
+    gives the first bad row where the road knows it."""
     k = sum(bad.values())
-    if k and k > max_unparsed * n:
-        parts = ", ".join(f"{r} {c}" for r, c in bad.items())
+    if k and k > max_unparsed * seen:
+        parts = ", ".join(f"{r} {c}" for r, c in bad.items() if c)
+        tail = "" if first is None else f"; the first: {first()}"
         raise ValueError(
-            f"{source}: {k} of {n} rows are invalid ({parts}), more than --max-unparsed "
-            f"{max_unparsed:g} of them; the first: {first or first_bad(log)}"
+            f"{source}: {k} of {seen} rows are invalid ({parts}), more than --max-unparsed "
+            f"{max_unparsed:g} of them{tail}"
         )
 
 
